@@ -1,0 +1,123 @@
+//! The [`Aggregate`] trait: an aggregate function that Eddy's host-side windows call.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::bindings::types::{Batch, OperatorError};
+use crate::operator::{Slot, decode_config};
+use crate::record::Record;
+use crate::{Error, Result, codec};
+
+/// An aggregate over the records of one key and one window, like Flink's `AggregateFunction`.
+///
+/// Laws the host relies on: `merge` is associative and commutative, and `create_accumulator`
+/// is its identity, so windows may add records in any grouping and merge sessions freely.
+pub trait Aggregate: Sized + 'static {
+    /// The step's `config`, decoded from JSON (`()` for none).
+    type Config: DeserializeOwned;
+    /// Intermediate state of one window, stored by the host between calls.
+    type Accumulator: Serialize + DeserializeOwned;
+    /// What the window emits.
+    type Output: Serialize;
+
+    /// Builds the aggregate from its configuration.
+    fn open(config: Self::Config) -> Result<Self>;
+
+    /// An empty accumulator.
+    fn create_accumulator(&self) -> Self::Accumulator;
+
+    /// Adds one record.
+    fn add(&self, acc: &mut Self::Accumulator, record: &Record<'_>) -> Result<()>;
+
+    /// Combines two accumulators.
+    fn merge(&self, a: Self::Accumulator, b: Self::Accumulator) -> Self::Accumulator;
+
+    /// The window's result.
+    fn result(&self, acc: Self::Accumulator) -> Self::Output;
+}
+
+fn with_aggregate<T: Aggregate, R>(slot: &'static Slot<T>, f: impl FnOnce(&T) -> Result<R>) -> Result<R, OperatorError> {
+    slot.with_borrow(|agg| match agg {
+        Some(agg) => f(agg),
+        None => Err(Error::failed("aggregate called before a successful open")),
+    })
+    .map_err(Error::into_wit)
+}
+
+#[doc(hidden)]
+pub fn open<T: Aggregate>(slot: &'static Slot<T>, config: String) -> Result<(), OperatorError> {
+    crate::operator::install_panic_hook();
+    let agg = decode_config(&config).and_then(T::open).map_err(Error::into_wit)?;
+    slot.set(Some(agg));
+    Ok(())
+}
+
+#[doc(hidden)]
+pub fn create_accumulator<T: Aggregate>(slot: &'static Slot<T>) -> Result<Vec<u8>, OperatorError> {
+    with_aggregate(slot, |agg| codec::encode(&agg.create_accumulator()))
+}
+
+#[doc(hidden)]
+pub fn add<T: Aggregate>(slot: &'static Slot<T>, acc: Vec<u8>, batch: Batch) -> Result<Vec<u8>, OperatorError> {
+    with_aggregate(slot, |agg| {
+        let mut acc: T::Accumulator = codec::decode(&acc)?;
+        for r in &batch.records {
+            agg.add(&mut acc, &Record::from_wit(&batch.data, r)?)?;
+        }
+        codec::encode(&acc)
+    })
+}
+
+#[doc(hidden)]
+pub fn merge<T: Aggregate>(slot: &'static Slot<T>, a: Vec<u8>, b: Vec<u8>) -> Result<Vec<u8>, OperatorError> {
+    with_aggregate(slot, |agg| codec::encode(&agg.merge(codec::decode(&a)?, codec::decode(&b)?)))
+}
+
+#[doc(hidden)]
+pub fn get_result<T: Aggregate>(slot: &'static Slot<T>, acc: Vec<u8>) -> Result<Vec<u8>, OperatorError> {
+    with_aggregate(slot, |agg| codec::encode(&agg.result(codec::decode(&acc)?)))
+}
+
+/// Exports a type implementing [`Aggregate`] as this component's aggregate function.
+///
+/// ```ignore
+/// eddy_sdk::export_aggregate!(PurchaseTotals);
+/// ```
+#[macro_export]
+macro_rules! export_aggregate {
+    ($agg:ty) => {
+        const _: () = {
+            ::std::thread_local! {
+                static __EDDY_AGGREGATE: ::core::cell::RefCell<::core::option::Option<$agg>> =
+                    const { ::core::cell::RefCell::new(::core::option::Option::None) };
+            }
+            struct __EddyAggregateExport;
+            impl $crate::__private::AggregateGuest for __EddyAggregateExport {
+                fn open(config: ::std::string::String) -> ::core::result::Result<(), $crate::__private::OperatorError> {
+                    $crate::__private::aggregate::open::<$agg>(&__EDDY_AGGREGATE, config)
+                }
+                fn create_accumulator() -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::OperatorError> {
+                    $crate::__private::aggregate::create_accumulator::<$agg>(&__EDDY_AGGREGATE)
+                }
+                fn add(
+                    accumulator: ::std::vec::Vec<u8>,
+                    records: $crate::__private::Batch,
+                ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::OperatorError> {
+                    $crate::__private::aggregate::add::<$agg>(&__EDDY_AGGREGATE, accumulator, records)
+                }
+                fn merge(
+                    a: ::std::vec::Vec<u8>,
+                    b: ::std::vec::Vec<u8>,
+                ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::OperatorError> {
+                    $crate::__private::aggregate::merge::<$agg>(&__EDDY_AGGREGATE, a, b)
+                }
+                fn get_result(
+                    accumulator: ::std::vec::Vec<u8>,
+                ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::OperatorError> {
+                    $crate::__private::aggregate::get_result::<$agg>(&__EDDY_AGGREGATE, accumulator)
+                }
+            }
+            $crate::__private::aggregate_world::__export_window_aggregate!(__EddyAggregateExport with_types_in $crate::__private::aggregate_world);
+        };
+    };
+}

@@ -1,0 +1,114 @@
+//! Read-only views of the records and timers a call received.
+
+use serde::Deserialize;
+
+use crate::bindings::types::{RecordRef, Span, TimeDomain as WitTimeDomain, TimerRef};
+use crate::{Error, Result, codec};
+
+fn slice(data: &[u8], span: Span) -> Result<&[u8]> {
+    let start = span.offset as usize;
+    start
+        .checked_add(span.len as usize)
+        .and_then(|end| data.get(start..end))
+        .ok_or_else(|| Error::bad_record("record span lies outside its batch"))
+}
+
+/// One input record.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    key: Option<&'a [u8]>,
+    value: &'a [u8],
+    timestamp: Option<i64>,
+}
+
+impl<'a> Record<'a> {
+    pub(crate) fn from_wit(data: &'a [u8], r: &RecordRef) -> Result<Self> {
+        Ok(Self {
+            key: r.key.map(|k| slice(data, k)).transpose()?,
+            value: slice(data, r.value)?,
+            timestamp: r.timestamp,
+        })
+    }
+
+    /// The raw key bytes; `None` on a stream that is not keyed.
+    pub fn key_bytes(&self) -> Option<&'a [u8]> {
+        self.key
+    }
+
+    /// The raw value bytes.
+    pub fn value_bytes(&self) -> &'a [u8] {
+        self.value
+    }
+
+    /// Event time in ms since the Unix epoch, if the record has one.
+    pub fn timestamp(&self) -> Option<i64> {
+        self.timestamp
+    }
+
+    /// The key, decoded.
+    pub fn key<K: Deserialize<'a>>(&self) -> Result<K> {
+        let key = self.key.ok_or_else(|| Error::bad_record("record has no key (is the stream keyed?)"))?;
+        codec::decode(key)
+    }
+
+    /// The value, decoded.
+    pub fn value<V: Deserialize<'a>>(&self) -> Result<V> {
+        codec::decode(self.value)
+    }
+}
+
+/// Which clock a timer belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeDomain {
+    /// Fires on the watermark.
+    EventTime,
+    /// Fires on the host's processing-time clock.
+    ProcessingTime,
+}
+
+impl TimeDomain {
+    pub(crate) fn to_wit(self) -> WitTimeDomain {
+        match self {
+            TimeDomain::EventTime => WitTimeDomain::EventTime,
+            TimeDomain::ProcessingTime => WitTimeDomain::ProcessingTime,
+        }
+    }
+}
+
+/// A timer that fired.
+#[derive(Debug, Clone, Copy)]
+pub struct Timer<'a> {
+    key: &'a [u8],
+    timestamp: i64,
+    domain: TimeDomain,
+}
+
+impl<'a> Timer<'a> {
+    pub(crate) fn from_wit(data: &'a [u8], t: &TimerRef) -> Result<Self> {
+        let domain = match t.domain {
+            WitTimeDomain::EventTime => TimeDomain::EventTime,
+            WitTimeDomain::ProcessingTime => TimeDomain::ProcessingTime,
+        };
+        Ok(Self { key: slice(data, t.key)?, timestamp: t.timestamp, domain })
+    }
+
+    /// The key the timer was registered for, raw.
+    pub fn key_bytes(&self) -> &'a [u8] {
+        self.key
+    }
+
+    /// The key, decoded.
+    pub fn key<K: Deserialize<'a>>(&self) -> Result<K> {
+        codec::decode(self.key)
+    }
+
+    /// When the timer was set to fire (ms).
+    pub fn timestamp(&self) -> i64 {
+        self.timestamp
+    }
+
+    /// Event time or processing time.
+    pub fn domain(&self) -> TimeDomain {
+        self.domain
+    }
+}

@@ -1,0 +1,138 @@
+//! Typed handles to keyed state. Every read and write applies to the key of the record (or
+//! timer) being handled right now; the host enforces that scope.
+
+use std::marker::PhantomData;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::bindings::state::{self as wit, StateKind};
+use crate::{Result, codec, context};
+
+fn declare(name: &str, kind: StateKind) -> u32 {
+    wit::declare(name, kind)
+}
+
+/// One value of type `T` per key.
+#[derive(Debug)]
+pub struct ValueState<T> {
+    id: u32,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: Serialize + DeserializeOwned> ValueState<T> {
+    pub(crate) fn declare(name: &str) -> Self {
+        Self { id: declare(name, StateKind::Value), _t: PhantomData }
+    }
+
+    /// The value for the current key, if one was set.
+    pub fn get(&self) -> Result<Option<T>> {
+        let key = context::current_key()?;
+        wit::value_get(self.id, key).map(|b| codec::decode(&b)).transpose()
+    }
+
+    /// Replaces the value for the current key.
+    pub fn set(&self, value: &T) -> Result<()> {
+        let key = context::current_key()?;
+        wit::value_set(self.id, key, &codec::encode(value)?);
+        Ok(())
+    }
+
+    /// Removes the value for the current key.
+    pub fn clear(&self) -> Result<()> {
+        wit::clear(self.id, context::current_key()?);
+        Ok(())
+    }
+}
+
+/// An ordered list of `T` per key.
+#[derive(Debug)]
+pub struct ListState<T> {
+    id: u32,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: Serialize + DeserializeOwned> ListState<T> {
+    pub(crate) fn declare(name: &str) -> Self {
+        Self { id: declare(name, StateKind::List), _t: PhantomData }
+    }
+
+    /// All items for the current key, oldest first.
+    pub fn get(&self) -> Result<Vec<T>> {
+        let key = context::current_key()?;
+        wit::list_get(self.id, key).iter().map(|b| codec::decode(b)).collect()
+    }
+
+    /// Appends one item for the current key.
+    pub fn push(&self, item: &T) -> Result<()> {
+        let key = context::current_key()?;
+        wit::list_append(self.id, key, &codec::encode(item)?);
+        Ok(())
+    }
+
+    /// Replaces all items for the current key.
+    pub fn replace(&self, items: &[T]) -> Result<()> {
+        let key = context::current_key()?;
+        let encoded = items.iter().map(codec::encode).collect::<Result<Vec<_>>>()?;
+        wit::list_replace(self.id, key, &encoded);
+        Ok(())
+    }
+
+    /// Removes every item for the current key.
+    pub fn clear(&self) -> Result<()> {
+        wit::clear(self.id, context::current_key()?);
+        Ok(())
+    }
+}
+
+/// A map from `K` to `V` per key.
+#[derive(Debug)]
+pub struct MapState<K, V> {
+    id: u32,
+    _t: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K, V> MapState<K, V>
+where
+    K: Serialize + DeserializeOwned,
+    V: Serialize + DeserializeOwned,
+{
+    pub(crate) fn declare(name: &str) -> Self {
+        Self { id: declare(name, StateKind::Map), _t: PhantomData }
+    }
+
+    /// The value under `map_key` for the current key.
+    pub fn get(&self, map_key: &K) -> Result<Option<V>> {
+        let key = context::current_key()?;
+        wit::map_get(self.id, key, &codec::encode(map_key)?).map(|b| codec::decode(&b)).transpose()
+    }
+
+    /// Sets the value under `map_key` for the current key.
+    pub fn insert(&self, map_key: &K, value: &V) -> Result<()> {
+        let key = context::current_key()?;
+        wit::map_put(self.id, key, &codec::encode(map_key)?, &codec::encode(value)?);
+        Ok(())
+    }
+
+    /// Removes `map_key` for the current key.
+    pub fn remove(&self, map_key: &K) -> Result<()> {
+        let key = context::current_key()?;
+        wit::map_remove(self.id, key, &codec::encode(map_key)?);
+        Ok(())
+    }
+
+    /// Every entry for the current key, ordered by the encoded map key.
+    pub fn entries(&self) -> Result<Vec<(K, V)>> {
+        let key = context::current_key()?;
+        wit::map_entries(self.id, key)
+            .iter()
+            .map(|(k, v)| Ok((codec::decode(k)?, codec::decode(v)?)))
+            .collect()
+    }
+
+    /// Removes every entry for the current key.
+    pub fn clear(&self) -> Result<()> {
+        wit::clear(self.id, context::current_key()?);
+        Ok(())
+    }
+}

@@ -1,0 +1,28 @@
+//! # eddy-core: Eddy's shared vocabulary
+//!
+//! Records and record batches, key groups, time domains and the timer service. Nothing here
+//! does I/O; every other crate builds on these types.
+//!
+//! ```
+//! use eddy_core::{KeyGroupRange, RecordBatch, key_group_of};
+//!
+//! let mut batch = RecordBatch::default();
+//! batch.push(Some(b"\"alice\""), b"42", Some(1_000));
+//! let rec = batch.get(0).expect("one record");
+//! assert_eq!(rec.value, b"42");
+//!
+//! // Keys hash into max_parallelism key groups; subtasks own contiguous ranges of them.
+//! let group = key_group_of(rec.key.expect("keyed"), 128);
+//! let owner = (0..4).find(|&i| KeyGroupRange::for_subtask(128, 4, i).contains(group));
+//! assert!(owner.is_some());
+//! ```
+
+mod key_group;
+mod record;
+mod time;
+mod timers;
+
+pub use key_group::{KeyGroup, KeyGroupRange, MAX_PARALLELISM_LIMIT, key_group_of};
+pub use record::{Record, RecordBatch, RecordView, Span};
+pub use time::{TimeDomain, WATERMARK_MIN};
+pub use timers::{FiredTimer, HeapTimerService, TimerService};

@@ -1,0 +1,24 @@
+//! Host bindings generated from `wit/dataflow.wit`. Every import is trappable: the host stops
+//! a guest that breaks a limit by returning an error from the import.
+
+pub(crate) mod operator_world {
+    wasmtime::component::bindgen!({
+        world: "keyed-operator",
+        path: "../../wit",
+        imports: { default: trappable },
+    });
+}
+
+pub(crate) mod aggregate_world {
+    wasmtime::component::bindgen!({
+        world: "window-aggregate",
+        path: "../../wit",
+        imports: { default: trappable },
+        with: {
+            "eddy:dataflow/types": super::operator_world::eddy::dataflow::types,
+            "eddy:dataflow/log": super::operator_world::eddy::dataflow::log,
+        },
+    });
+}
+
+pub(crate) use operator_world::eddy::dataflow::{log, output, state, timers, types};

@@ -1,0 +1,87 @@
+//! One guarded crossing into a guest: deadline, fuel, per-call bookkeeping, and the mapping of
+//! whatever went wrong onto a [`CallError`]. Shared by both worlds.
+
+use wasmtime::{Store, Trap};
+
+use crate::bindings::types::{ErrorKind, OperatorError};
+use crate::config::SandboxLimits;
+use crate::error::{CallError, CallErrorKind, GuestErrorKind, HostTrap};
+use crate::sandbox::HasSandbox;
+
+/// Per-instance call policy.
+#[derive(Debug, Clone)]
+pub(crate) struct CallPolicy {
+    pub(crate) limits: SandboxLimits,
+    pub(crate) deadline_ticks: u64,
+    pub(crate) poisoned: bool,
+}
+
+impl CallPolicy {
+    pub(crate) fn new(limits: SandboxLimits, epoch_tick_ms: u64) -> Self {
+        // One extra tick: the deadline counts ticks from an arbitrary point inside the current one.
+        let deadline_ticks = limits.call_timeout_ms.div_ceil(epoch_tick_ms.max(1)) + 1;
+        Self { limits, deadline_ticks, poisoned: false }
+    }
+
+    /// Arms the store for a call that is about to start.
+    pub(crate) fn arm<T: HasSandbox>(&self, store: &mut Store<T>) -> wasmtime::Result<()> {
+        store.set_epoch_deadline(self.deadline_ticks);
+        if let Some(fuel) = self.limits.fuel_per_call {
+            store.set_fuel(fuel)?;
+        }
+        store.data_mut().sandbox().begin_call();
+        Ok(())
+    }
+
+    /// Runs one export call. A trap poisons the instance: wasmtime forbids re-entering a
+    /// component instance that trapped, so the owner must recreate it.
+    pub(crate) fn call<T: HasSandbox, R>(
+        &mut self,
+        store: &mut Store<T>,
+        call: &'static str,
+        f: impl FnOnce(&mut Store<T>) -> wasmtime::Result<Result<R, OperatorError>>,
+    ) -> Result<R, CallError> {
+        let operator = store.data_mut().sandbox().operator.clone();
+        let fail = |kind, guest_message| CallError { operator: operator.clone(), call, kind, guest_message };
+        if self.poisoned {
+            return Err(fail(CallErrorKind::Poisoned, None));
+        }
+        if let Err(e) = self.arm(store) {
+            return Err(fail(CallErrorKind::Internal(format!("{e:#}")), None));
+        }
+        match f(store) {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(fail(CallErrorKind::Operator { kind: guest_kind(e.kind), message: e.message }, None)),
+            Err(e) => {
+                self.poisoned = true;
+                let guest_message = store.data_mut().sandbox().guest_message();
+                Err(fail(classify(&e, &self.limits), guest_message))
+            }
+        }
+    }
+}
+
+fn guest_kind(k: ErrorKind) -> GuestErrorKind {
+    match k {
+        ErrorKind::BadConfig => GuestErrorKind::BadConfig,
+        ErrorKind::BadRecord => GuestErrorKind::BadRecord,
+        ErrorKind::Failed => GuestErrorKind::Failed,
+    }
+}
+
+/// Maps a trap onto what the user needs to know.
+pub(crate) fn classify(e: &wasmtime::Error, limits: &SandboxLimits) -> CallErrorKind {
+    if let Some(host) = e.downcast_ref::<HostTrap>() {
+        return match host {
+            HostTrap::Violation(v) => CallErrorKind::Violation(v.clone()),
+            HostTrap::State(s) => CallErrorKind::State(s.to_string()),
+        };
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => CallErrorKind::Timeout { timeout_ms: limits.call_timeout_ms },
+        Some(Trap::StackOverflow) => CallErrorKind::StackOverflow,
+        Some(Trap::OutOfFuel) => CallErrorKind::OutOfFuel,
+        Some(t) => CallErrorKind::Trap { trap: t.to_string() },
+        None => CallErrorKind::Trap { trap: format!("{e:#}") },
+    }
+}

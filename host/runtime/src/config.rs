@@ -1,0 +1,96 @@
+//! Typed configuration of the runtime and of each sandbox, with units and sizing advice.
+
+use std::path::PathBuf;
+
+/// Limits every operator instance runs under. Exceeding one traps the call with
+/// [`crate::Violation`]; the host and other instances are unaffected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxLimits {
+    /// Linear memory of one instance, all its memories together. Rust operators need a few
+    /// MiB; a Python operator starts near 30 MiB.
+    pub memory_bytes: usize,
+    /// Wall time one call (`process`, `on-timer`, ...) may run before it traps. Measured in
+    /// epoch ticks, so the real bound is this plus up to one tick.
+    pub call_timeout_ms: u64,
+    /// Optional instruction budget per call (deterministic, unlike the timeout); costs 3-7%.
+    pub fuel_per_call: Option<u64>,
+    /// Wasm stack of one call; deep recursion traps with a stack overflow beyond it.
+    pub max_stack_bytes: usize,
+    /// Largest key or map key a guest may pass to state.
+    pub max_key_bytes: usize,
+    /// Largest value (or whole list) a guest may store or emit.
+    pub max_value_bytes: usize,
+    /// Bytes a guest may emit during one call.
+    pub max_output_bytes_per_call: usize,
+    /// States plus side outputs one instance may declare.
+    pub max_declarations: usize,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 256 << 20,
+            call_timeout_ms: 5_000,
+            fuel_per_call: None,
+            max_stack_bytes: 512 << 10,
+            max_key_bytes: 64 << 10,
+            max_value_bytes: 16 << 20,
+            max_output_bytes_per_call: 64 << 20,
+            max_declarations: 1_024,
+        }
+    }
+}
+
+/// WASI access a pipeline grants an operator. The default grants nothing: no files, no
+/// network, no environment, and clocks frozen at zero (time comes from the timer imports).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WasiGrants {
+    /// Environment variables the guest sees.
+    pub env: Vec<(String, String)>,
+    /// Real wall and monotonic clocks instead of frozen ones.
+    pub clocks: bool,
+    /// Host directories mounted read-only, as (host path, guest path).
+    pub read_only_dirs: Vec<(PathBuf, String)>,
+    /// Outgoing TCP/UDP and name lookups to any address.
+    pub network: bool,
+}
+
+/// How instances get their memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceAllocation {
+    /// mmap per instance: no up-front reservation; instantiation costs tens of microseconds.
+    OnDemand,
+    /// Pre-reserved slots (wasmtime's pooling allocator): instantiation in microseconds, at
+    /// the cost of reserving address space for `max_instances` instances at start-up.
+    Pooling {
+        /// Component instances alive at once (operator subtasks on this worker).
+        max_instances: u32,
+    },
+}
+
+/// Configuration of a [`crate::Runtime`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// Where precompiled artifacts are cached by digest; `None` compiles in memory each load.
+    pub cache_dir: Option<PathBuf>,
+    /// Largest `.wasm` accepted.
+    pub max_component_bytes: usize,
+    /// Default limits for instances.
+    pub limits: SandboxLimits,
+    /// Interval of the epoch ticker that enforces `call_timeout_ms`.
+    pub epoch_tick_ms: u64,
+    /// Instance memory strategy.
+    pub allocation: InstanceAllocation,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            cache_dir: None,
+            max_component_bytes: 128 << 20,
+            limits: SandboxLimits::default(),
+            epoch_tick_ms: 10,
+            allocation: InstanceAllocation::Pooling { max_instances: 128 },
+        }
+    }
+}

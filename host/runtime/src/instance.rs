@@ -1,0 +1,210 @@
+//! Live instances: one per operator subtask. Each call is guarded by [`CallPolicy`].
+
+use eddy_core::{FiredTimer, RecordBatch, TimerService};
+use eddy_state::StateBackend;
+use wasmtime::Store;
+
+use crate::bindings::aggregate_world::WindowAggregate;
+use crate::bindings::operator_world::KeyedOperator;
+use crate::bindings::types::{Batch, RecordRef, Span, TimeDomain as WitDomain, TimerBatch, TimerRef};
+use crate::call::CallPolicy;
+use crate::error::{CallError, CallErrorKind};
+use crate::keyed::{OperatorHost, Output};
+use crate::sandbox::{HasSandbox, Sandbox};
+
+fn wit_span(s: eddy_core::Span) -> Span {
+    Span { offset: s.offset, len: s.len }
+}
+
+/// Converts a host batch to the WIT shape (same layout: one buffer copy, one table copy).
+pub(crate) fn to_wit_batch(batch: &RecordBatch) -> Batch {
+    let (data, records) = batch.parts();
+    Batch {
+        data: data.to_vec(),
+        records: records
+            .iter()
+            .map(|m| RecordRef { key: m.key.map(wit_span), value: wit_span(m.value), timestamp: m.timestamp })
+            .collect(),
+    }
+}
+
+fn to_wit_timers(fired: &[FiredTimer]) -> TimerBatch {
+    let mut data = Vec::with_capacity(fired.iter().map(|t| t.key.len()).sum());
+    let timers = fired
+        .iter()
+        .map(|t| {
+            let offset = data.len() as u32;
+            data.extend_from_slice(&t.key);
+            TimerRef {
+                key: Span { offset, len: t.key.len() as u32 },
+                timestamp: t.timestamp,
+                domain: match t.domain {
+                    eddy_core::TimeDomain::EventTime => WitDomain::EventTime,
+                    eddy_core::TimeDomain::ProcessingTime => WitDomain::ProcessingTime,
+                },
+            }
+        })
+        .collect();
+    TimerBatch { data, timers }
+}
+
+/// A keyed operator subtask's sandboxed instance.
+pub struct OperatorInstance {
+    pub(crate) store: Store<OperatorHost>,
+    pub(crate) bindings: KeyedOperator,
+    pub(crate) policy: CallPolicy,
+}
+
+impl std::fmt::Debug for OperatorInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorInstance").field("operator", &self.store.data().sandbox.operator).finish_non_exhaustive()
+    }
+}
+
+impl OperatorInstance {
+    /// Calls `open(config)`; `config` is JSON text (`null` for none).
+    pub fn open(&mut self, config: &str) -> Result<(), CallError> {
+        let Self { store, bindings, policy } = self;
+        store.data_mut().keyed.keys.clear("open");
+        policy.call(store, "open", |s| bindings.eddy_dataflow_operator().call_open(s, config))
+    }
+
+    /// Processes a batch and returns what the operator emitted.
+    pub fn process(&mut self, batch: &RecordBatch) -> Result<Output, CallError> {
+        let Self { store, bindings, policy } = self;
+        if let Err(e) = store.data_mut().keyed.load_batch_keys(batch) {
+            let operator = store.data().sandbox.operator.clone();
+            return Err(CallError { operator, call: "process", kind: CallErrorKind::Internal(e), guest_message: None });
+        }
+        let wit = to_wit_batch(batch);
+        let result = Self::guarded(store, policy, "process", |s| bindings.eddy_dataflow_operator().call_process(s, &wit));
+        store.data_mut().keyed.keys.clear("process");
+        result
+    }
+
+    /// Delivers fired timers (all of this subtask's key groups) and returns the output.
+    pub fn on_timers(&mut self, fired: &[FiredTimer]) -> Result<Output, CallError> {
+        let Self { store, bindings, policy } = self;
+        store.data_mut().keyed.load_timer_keys(fired);
+        let wit = to_wit_timers(fired);
+        let result = Self::guarded(store, policy, "on-timer", |s| bindings.eddy_dataflow_operator().call_on_timer(s, &wit));
+        store.data_mut().keyed.keys.clear("on-timer");
+        result
+    }
+
+    /// Calls `close` at the end of a bounded input and returns its output.
+    pub fn close(&mut self) -> Result<Output, CallError> {
+        let Self { store, bindings, policy } = self;
+        store.data_mut().keyed.keys.clear("close");
+        Self::guarded(store, policy, "close", |s| bindings.eddy_dataflow_operator().call_close(s))
+    }
+
+    fn guarded(
+        store: &mut Store<OperatorHost>,
+        policy: &mut CallPolicy,
+        call: &'static str,
+        f: impl FnOnce(&mut Store<OperatorHost>) -> wasmtime::Result<Result<(), crate::bindings::types::OperatorError>>,
+    ) -> Result<Output, CallError> {
+        store.data_mut().keyed.begin_call();
+        match policy.call(store, call, f) {
+            Ok(()) => Ok(store.data_mut().keyed.take_output()),
+            Err(e) => {
+                store.data_mut().keyed.discard_output();
+                Err(e)
+            }
+        }
+    }
+
+    /// The subtask's state.
+    pub fn state_backend(&self) -> &dyn StateBackend {
+        self.store.data().keyed.backend.as_ref()
+    }
+
+    /// The subtask's timers, for the engine to advance.
+    pub fn timer_service(&mut self) -> &mut dyn TimerService {
+        self.store.data_mut().keyed.timers.as_mut()
+    }
+
+    /// Whether an earlier trap made this instance unusable.
+    pub fn is_poisoned(&self) -> bool {
+        self.policy.poisoned
+    }
+
+    /// Linear memory the instance holds now.
+    pub fn memory_bytes(&mut self) -> usize {
+        self.store.data_mut().sandbox().memory_used()
+    }
+}
+
+/// Store data of an aggregate instance: only the sandbox.
+pub(crate) struct AggregateHost {
+    pub(crate) sandbox: Sandbox,
+}
+
+impl HasSandbox for AggregateHost {
+    fn sandbox(&mut self) -> &mut Sandbox {
+        &mut self.sandbox
+    }
+}
+
+impl crate::bindings::types::Host for AggregateHost {}
+
+impl crate::bindings::log::Host for AggregateHost {
+    fn log(&mut self, level: crate::bindings::log::Level, message: String) -> wasmtime::Result<()> {
+        crate::sandbox::guest_log(&mut self.sandbox, level, message);
+        Ok(())
+    }
+}
+
+impl wasmtime_wasi::WasiView for AggregateHost {
+    fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
+        self.sandbox.ctx()
+    }
+}
+
+/// A window aggregate's sandboxed instance. Accumulators are opaque bytes the window operator
+/// keeps in its state.
+pub struct AggregateInstance {
+    pub(crate) store: Store<AggregateHost>,
+    pub(crate) bindings: WindowAggregate,
+    pub(crate) policy: CallPolicy,
+}
+
+impl std::fmt::Debug for AggregateInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AggregateInstance").field("operator", &self.store.data().sandbox.operator).finish_non_exhaustive()
+    }
+}
+
+impl AggregateInstance {
+    /// Calls `open(config)`.
+    pub fn open(&mut self, config: &str) -> Result<(), CallError> {
+        let Self { store, bindings, policy } = self;
+        policy.call(store, "open", |s| bindings.eddy_dataflow_aggregate().call_open(s, config))
+    }
+
+    /// A new empty accumulator.
+    pub fn create_accumulator(&mut self) -> Result<Vec<u8>, CallError> {
+        let Self { store, bindings, policy } = self;
+        policy.call(store, "create-accumulator", |s| bindings.eddy_dataflow_aggregate().call_create_accumulator(s))
+    }
+
+    /// Adds the batch's records (one key, one window) to `acc`.
+    pub fn add(&mut self, acc: &[u8], batch: &RecordBatch) -> Result<Vec<u8>, CallError> {
+        let Self { store, bindings, policy } = self;
+        let wit = to_wit_batch(batch);
+        policy.call(store, "add", |s| bindings.eddy_dataflow_aggregate().call_add(s, acc, &wit))
+    }
+
+    /// Merges two accumulators.
+    pub fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, CallError> {
+        let Self { store, bindings, policy } = self;
+        policy.call(store, "merge", |s| bindings.eddy_dataflow_aggregate().call_merge(s, a, b))
+    }
+
+    /// The window result for `acc`.
+    pub fn result(&mut self, acc: &[u8]) -> Result<Vec<u8>, CallError> {
+        let Self { store, bindings, policy } = self;
+        policy.call(store, "get-result", |s| bindings.eddy_dataflow_aggregate().call_get_result(s, acc))
+    }
+}

@@ -1,0 +1,394 @@
+//! Store data and host imports of the keyed-operator world: state, timers and output, each
+//! scoped to the keys of the current call and bounded by the sandbox limits.
+
+use std::collections::HashMap;
+
+use eddy_core::{FiredTimer, KeyGroup, KeyGroupRange, RecordBatch, TimeDomain, TimerService, key_group_of};
+use eddy_state::{StateBackend, StateError, StateKey, decode_list, encode_list};
+use wasmtime_wasi::{WasiCtxView, WasiView};
+
+use crate::bindings::{output, state, timers, types};
+use crate::config::SandboxLimits;
+use crate::error::{HostTrap, Violation};
+use crate::sandbox::{HasSandbox, Sandbox};
+
+/// Longest state or side-output name.
+const MAX_NAME_BYTES: usize = 256;
+
+type ImportResult<T> = wasmtime::Result<T>;
+
+fn trap(v: Violation) -> wasmtime::Error {
+    wasmtime::Error::new(HostTrap::from(v))
+}
+
+fn limit(what: &'static str, limit: usize, actual: usize) -> ImportResult<()> {
+    if actual > limit { Err(trap(Violation::Limit { what, limit, actual })) } else { Ok(()) }
+}
+
+/// Records emitted during one call.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// The main output.
+    pub main: RecordBatch,
+    /// Side outputs by name, in declaration order (only those declared).
+    pub side: Vec<(String, RecordBatch)>,
+}
+
+impl Output {
+    /// The records of side output `name`, if it was declared.
+    pub fn side(&self, name: &str) -> Option<&RecordBatch> {
+        self.side.iter().find(|(n, _)| n == name).map(|(_, b)| b)
+    }
+}
+
+/// The keys of the current call: handle `i` is record (or timer) `i`.
+#[derive(Debug, Default)]
+pub(crate) struct KeyTable {
+    data: Vec<u8>,
+    entries: Vec<Option<(KeyGroup, usize, usize)>>,
+    /// What the call is, for error messages about a missing key.
+    context: &'static str,
+}
+
+impl KeyTable {
+    pub(crate) fn clear(&mut self, context: &'static str) {
+        self.data.clear();
+        self.entries.clear();
+        self.context = context;
+    }
+
+    fn push(&mut self, key: Option<(&[u8], KeyGroup)>) {
+        let entry = key.map(|(k, g)| {
+            let start = self.data.len();
+            self.data.extend_from_slice(k);
+            (g, start, k.len())
+        });
+        self.entries.push(entry);
+    }
+
+    fn get(&self, handle: u32) -> ImportResult<(KeyGroup, &[u8])> {
+        match self.entries.get(handle as usize) {
+            Some(Some((g, start, len))) => Ok((*g, &self.data[*start..*start + *len])),
+            Some(None) => Err(trap(Violation::NoKey(format!("record {handle} has no key")))),
+            None if self.entries.is_empty() => Err(trap(Violation::NoKey(format!("no current key in {}", self.context)))),
+            None => Err(trap(Violation::BadKeyHandle { handle, records: self.entries.len() })),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Declared {
+    name: String,
+    kind: state::StateKind,
+}
+
+/// The keyed part of an operator instance's store.
+pub(crate) struct Keyed {
+    limits: SandboxLimits,
+    pub(crate) backend: Box<dyn StateBackend>,
+    pub(crate) timers: Box<dyn TimerService>,
+    key_groups: KeyGroupRange,
+    max_parallelism: u32,
+    states: Vec<Declared>,
+    side_outputs: Vec<String>,
+    by_name: HashMap<String, u32>,
+    pub(crate) keys: KeyTable,
+    key_buf: StateKey,
+    pub(crate) output: Output,
+    output_bytes: usize,
+}
+
+impl Keyed {
+    pub(crate) fn new(
+        limits: SandboxLimits,
+        backend: Box<dyn StateBackend>,
+        timers: Box<dyn TimerService>,
+        key_groups: KeyGroupRange,
+        max_parallelism: u32,
+    ) -> Self {
+        Self {
+            limits,
+            backend,
+            timers,
+            key_groups,
+            max_parallelism,
+            states: Vec::new(),
+            side_outputs: Vec::new(),
+            by_name: HashMap::new(),
+            keys: KeyTable::default(),
+            key_buf: StateKey::default(),
+            output: Output::default(),
+            output_bytes: 0,
+        }
+    }
+
+    /// Resets per-call output accounting.
+    pub(crate) fn begin_call(&mut self) {
+        self.output_bytes = 0;
+    }
+
+    /// Loads the keys of a batch; a record of a key group this subtask does not own is a
+    /// routing bug upstream and never reaches the guest.
+    pub(crate) fn load_batch_keys(&mut self, batch: &RecordBatch) -> Result<(), String> {
+        self.keys.clear("process");
+        for (i, r) in batch.iter().enumerate() {
+            let key = match r.key {
+                Some(k) => {
+                    let group = key_group_of(k, self.max_parallelism);
+                    if !self.key_groups.contains(group) {
+                        return Err(format!(
+                            "record {i} has key group {group}, outside this subtask's range {}..={}",
+                            self.key_groups.start, self.key_groups.end
+                        ));
+                    }
+                    Some((k, group))
+                }
+                None => None,
+            };
+            self.keys.push(key);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn load_timer_keys(&mut self, fired: &[FiredTimer]) {
+        self.keys.clear("on-timer");
+        for t in fired {
+            self.keys.push(Some((&t.key, t.key_group)));
+        }
+    }
+
+    /// Runs `f` on the backend with the state key for `state`/`handle` (and a map key),
+    /// after checking the declaration and the handle.
+    fn with_state_key<R>(
+        &mut self,
+        state: u32,
+        expect: Option<state::StateKind>,
+        handle: u32,
+        map_key: Option<&[u8]>,
+        f: impl FnOnce(&mut dyn StateBackend, &[u8], state::StateKind) -> Result<R, StateError>,
+    ) -> ImportResult<R> {
+        let Keyed { states, keys, key_buf, backend, .. } = self;
+        let declared = states
+            .get(state as usize)
+            .ok_or_else(|| trap(Violation::BadDeclaration(format!("state id {state} was never declared"))))?;
+        if let Some(expect) = expect
+            && declared.kind != expect
+        {
+            return Err(trap(Violation::BadDeclaration(format!(
+                "state `{}` is declared as {:?} but used as {:?}",
+                declared.name, declared.kind, expect
+            ))));
+        }
+        let (group, key) = keys.get(handle)?;
+        let state_key = match map_key {
+            None => key_buf.encode(group, key, &declared.name, b""),
+            Some(m) => key_buf.encode_map_entry(group, key, &declared.name, b"", m),
+        };
+        f(backend.as_mut(), state_key, declared.kind).map_err(|e| wasmtime::Error::new(HostTrap::from(e)))
+    }
+
+    fn declare(&mut self, name: String, declared_kind: Option<state::StateKind>) -> ImportResult<u32> {
+        limit("state or side-output name bytes", MAX_NAME_BYTES, name.len())?;
+        let qualified = match declared_kind {
+            Some(_) => format!("state:{name}"),
+            None => format!("output:{name}"),
+        };
+        if let Some(id) = self.by_name.get(&qualified) {
+            if let Some(kind) = declared_kind
+                && self.states[*id as usize].kind != kind
+            {
+                return Err(trap(Violation::BadDeclaration(format!(
+                    "state `{name}` declared again with another kind ({:?}, first {:?})",
+                    kind, self.states[*id as usize].kind
+                ))));
+            }
+            return Ok(*id);
+        }
+        limit("declared states and side outputs", self.limits.max_declarations, self.by_name.len() + 1)?;
+        let id = match declared_kind {
+            Some(kind) => {
+                self.states.push(Declared { name, kind });
+                self.states.len() as u32 - 1
+            }
+            None => {
+                self.output.side.push((name.clone(), RecordBatch::default()));
+                self.side_outputs.push(name);
+                self.side_outputs.len() as u32
+            }
+        };
+        self.by_name.insert(qualified, id);
+        Ok(id)
+    }
+
+    /// Takes the call's output, leaving empty side-output slots in place.
+    pub(crate) fn take_output(&mut self) -> Output {
+        let side = self.side_outputs.iter().map(|n| (n.clone(), RecordBatch::default())).collect();
+        std::mem::replace(&mut self.output, Output { main: RecordBatch::default(), side })
+    }
+
+    pub(crate) fn discard_output(&mut self) {
+        self.output.main.clear();
+        for (_, b) in &mut self.output.side {
+            b.clear();
+        }
+    }
+}
+
+/// Store data of an operator instance.
+pub(crate) struct OperatorHost {
+    pub(crate) sandbox: Sandbox,
+    pub(crate) keyed: Keyed,
+}
+
+impl HasSandbox for OperatorHost {
+    fn sandbox(&mut self) -> &mut Sandbox {
+        &mut self.sandbox
+    }
+}
+
+impl WasiView for OperatorHost {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        self.sandbox.ctx()
+    }
+}
+
+impl types::Host for OperatorHost {}
+
+impl crate::bindings::log::Host for OperatorHost {
+    fn log(&mut self, level: crate::bindings::log::Level, message: String) -> ImportResult<()> {
+        crate::sandbox::guest_log(&mut self.sandbox, level, message);
+        Ok(())
+    }
+}
+
+use state::StateKind::{List, Map, Value};
+
+impl state::Host for OperatorHost {
+    fn declare(&mut self, name: String, kind: state::StateKind) -> ImportResult<u32> {
+        self.keyed.declare(name, Some(kind))
+    }
+
+    fn value_get(&mut self, state: u32, key: u32) -> ImportResult<Option<Vec<u8>>> {
+        self.keyed.with_state_key(state, Some(Value), key, None, |b, k, _| b.get(k))
+    }
+
+    fn value_set(&mut self, state: u32, key: u32, value: Vec<u8>) -> ImportResult<()> {
+        limit("state value bytes", self.keyed.limits.max_value_bytes, value.len())?;
+        self.keyed.with_state_key(state, Some(Value), key, None, |b, k, _| b.put(k, &value))
+    }
+
+    fn list_get(&mut self, state: u32, key: u32) -> ImportResult<Vec<Vec<u8>>> {
+        self.keyed.with_state_key(state, Some(List), key, None, |b, k, _| match b.get(k)? {
+            Some(bytes) => decode_list(&bytes),
+            None => Ok(Vec::new()),
+        })
+    }
+
+    fn list_append(&mut self, state: u32, key: u32, item: Vec<u8>) -> ImportResult<()> {
+        let mut items = self.list_get(state, key)?;
+        items.push(item);
+        self.list_replace(state, key, items)
+    }
+
+    fn list_replace(&mut self, state: u32, key: u32, items: Vec<Vec<u8>>) -> ImportResult<()> {
+        let encoded = encode_list(&items);
+        limit("list state bytes", self.keyed.limits.max_value_bytes, encoded.len())?;
+        self.keyed.with_state_key(state, Some(List), key, None, |b, k, _| b.put(k, &encoded))
+    }
+
+    fn map_get(&mut self, state: u32, key: u32, map_key: Vec<u8>) -> ImportResult<Option<Vec<u8>>> {
+        limit("map key bytes", self.keyed.limits.max_key_bytes, map_key.len())?;
+        self.keyed.with_state_key(state, Some(Map), key, Some(&map_key), |b, k, _| b.get(k))
+    }
+
+    fn map_put(&mut self, state: u32, key: u32, map_key: Vec<u8>, value: Vec<u8>) -> ImportResult<()> {
+        limit("map key bytes", self.keyed.limits.max_key_bytes, map_key.len())?;
+        limit("state value bytes", self.keyed.limits.max_value_bytes, value.len())?;
+        self.keyed.with_state_key(state, Some(Map), key, Some(&map_key), |b, k, _| b.put(k, &value))
+    }
+
+    fn map_remove(&mut self, state: u32, key: u32, map_key: Vec<u8>) -> ImportResult<()> {
+        limit("map key bytes", self.keyed.limits.max_key_bytes, map_key.len())?;
+        self.keyed.with_state_key(state, Some(Map), key, Some(&map_key), |b, k, _| b.delete(k))
+    }
+
+    fn map_entries(&mut self, state: u32, key: u32) -> ImportResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.keyed.with_state_key(state, Some(Map), key, None, |b, prefix, _| {
+            let mut entries = Vec::new();
+            b.scan_prefix(prefix, &mut |k, v| entries.push((k[prefix.len()..].to_vec(), v.to_vec())))?;
+            Ok(entries)
+        })
+    }
+
+    fn clear(&mut self, state: u32, key: u32) -> ImportResult<()> {
+        self.keyed.with_state_key(state, None, key, None, |b, k, kind| match kind {
+            Map => b.delete_prefix(k),
+            _ => b.delete(k),
+        })
+    }
+}
+
+fn domain(d: types::TimeDomain) -> TimeDomain {
+    match d {
+        types::TimeDomain::EventTime => TimeDomain::EventTime,
+        types::TimeDomain::ProcessingTime => TimeDomain::ProcessingTime,
+    }
+}
+
+impl timers::Host for OperatorHost {
+    fn register_timer(&mut self, key: u32, d: types::TimeDomain, timestamp: i64) -> ImportResult<()> {
+        let k = &mut self.keyed;
+        let (group, key) = k.keys.get(key)?;
+        k.timers.register(domain(d), group, key, timestamp);
+        Ok(())
+    }
+
+    fn delete_timer(&mut self, key: u32, d: types::TimeDomain, timestamp: i64) -> ImportResult<()> {
+        let k = &mut self.keyed;
+        let (group, key) = k.keys.get(key)?;
+        k.timers.delete(domain(d), group, key, timestamp);
+        Ok(())
+    }
+
+    fn current_watermark(&mut self) -> ImportResult<i64> {
+        Ok(self.keyed.timers.current_watermark())
+    }
+
+    fn current_processing_time(&mut self) -> ImportResult<i64> {
+        Ok(self.keyed.timers.current_processing_time())
+    }
+}
+
+fn span(data: &[u8], s: types::Span, index: usize) -> ImportResult<&[u8]> {
+    let start = s.offset as usize;
+    data.get(start..start + s.len as usize).ok_or_else(|| trap(Violation::BadSpan { index }))
+}
+
+impl output::Host for OperatorHost {
+    fn side_output(&mut self, name: String) -> ImportResult<u32> {
+        self.keyed.declare(name, None)
+    }
+
+    fn emit(&mut self, records: types::OutputBatch) -> ImportResult<()> {
+        let k = &mut self.keyed;
+        k.output_bytes += records.data.len();
+        limit("output bytes in one call", k.limits.max_output_bytes_per_call, k.output_bytes)?;
+        for (i, r) in records.records.iter().enumerate() {
+            let key = r.key.map(|s| span(&records.data, s, i)).transpose()?;
+            let value = span(&records.data, r.value, i)?;
+            limit("emitted key bytes", k.limits.max_key_bytes, key.map_or(0, <[u8]>::len))?;
+            limit("emitted value bytes", k.limits.max_value_bytes, value.len())?;
+            let target = match r.output {
+                0 => &mut k.output.main,
+                n => match k.output.side.get_mut(n as usize - 1) {
+                    Some((_, batch)) => batch,
+                    None => {
+                        return Err(trap(Violation::BadDeclaration(format!("side output id {n} was never declared"))));
+                    }
+                },
+            };
+            target.push(key, value, r.timestamp);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,173 @@
+//! The part of an instance's store every world shares: WASI (deny by default), the memory
+//! limiter, the guest's stderr, and the guest's last error message.
+
+use wasmtime::ResourceLimiter;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use crate::bindings::log;
+use crate::config::WasiGrants;
+use crate::error::{HostTrap, Violation};
+
+/// Bytes of guest stderr kept for error reports.
+const STDERR_CAPACITY: usize = 64 << 10;
+/// Longest guest message attached to an error.
+const GUEST_MESSAGE_MAX: usize = 4 << 10;
+
+/// Caps the sum of all linear memories of one component instance (a Python component has
+/// several), trapping with a [`Violation`] instead of letting `memory.grow` fail silently.
+#[derive(Debug)]
+pub(crate) struct MemoryCap {
+    cap: usize,
+    used: usize,
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let after = self.used - current.min(self.used) + desired;
+        if after > self.cap {
+            return Err(wasmtime::Error::new(HostTrap::from(Violation::Limit {
+                what: "linear memory bytes",
+                limit: self.cap,
+                actual: after,
+            })));
+        }
+        self.used = after;
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+struct FrozenClock;
+
+impl HostWallClock for FrozenClock {
+    fn resolution(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
+    fn now(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+}
+
+impl HostMonotonicClock for FrozenClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// Store data shared by both worlds.
+pub(crate) struct Sandbox {
+    pub(crate) operator: String,
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) memory: MemoryCap,
+    stderr: MemoryOutputPipe,
+    stderr_seen: usize,
+    last_error_log: Option<String>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox").field("operator", &self.operator).field("memory", &self.memory).finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    pub(crate) fn new(operator: &str, grants: &WasiGrants, memory_bytes: usize) -> Self {
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stderr(stderr.clone()).envs(&grants.env);
+        if !grants.clocks {
+            wasi.wall_clock(FrozenClock).monotonic_clock(FrozenClock);
+        }
+        for (host, guest) in &grants.read_only_dirs {
+            // A directory that cannot be opened is simply not mounted; the guest sees ENOENT.
+            if let Err(e) = wasi.preopened_dir(host, guest, wasmtime_wasi::FsPerms::ReadOnly) {
+                tracing::warn!(operator, dir = %host.display(), error = %e, "cannot grant directory");
+            }
+        }
+        if grants.network {
+            wasi.inherit_network().allow_tcp(true).allow_udp(true).allow_ip_name_lookup(true);
+        }
+        Self {
+            operator: operator.to_owned(),
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            memory: MemoryCap { cap: memory_bytes, used: 0 },
+            stderr,
+            stderr_seen: 0,
+            last_error_log: None,
+        }
+    }
+
+    /// Linear memory the instance holds now (all memories).
+    pub(crate) fn memory_used(&self) -> usize {
+        self.memory.used
+    }
+
+    /// Forgets what the guest said before the call that is about to start.
+    pub(crate) fn begin_call(&mut self) {
+        self.last_error_log = None;
+        self.stderr_seen = self.stderr.contents().len();
+    }
+
+    /// The guest's own account of a failure: its last error log (the SDKs log panics there),
+    /// else whatever it wrote to stderr during the call.
+    pub(crate) fn guest_message(&self) -> Option<String> {
+        if let Some(msg) = &self.last_error_log {
+            return Some(msg.clone());
+        }
+        let all = self.stderr.contents();
+        let new = all.get(self.stderr_seen..).unwrap_or_default();
+        let text = String::from_utf8_lossy(new);
+        let text = text.trim();
+        (!text.is_empty()).then(|| tail(text, GUEST_MESSAGE_MAX))
+    }
+}
+
+fn tail(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("...{}", &text[start..])
+}
+
+impl WasiView for Sandbox {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+/// Gives the shared imports access to the sandbox part of any store data.
+pub(crate) trait HasSandbox {
+    fn sandbox(&mut self) -> &mut Sandbox;
+}
+
+/// The `log` import: guest logs join the host's log, tagged with the operator; error-level
+/// messages are kept as the guest's last words for error reports (the SDKs log panics there).
+pub(crate) fn guest_log(sandbox: &mut Sandbox, level: log::Level, message: String) {
+    let message = tail(&message, GUEST_MESSAGE_MAX);
+    let operator = sandbox.operator.as_str();
+    match level {
+        log::Level::Trace => tracing::trace!(operator, "{message}"),
+        log::Level::Debug => tracing::debug!(operator, "{message}"),
+        log::Level::Info => tracing::info!(operator, "{message}"),
+        log::Level::Warn => tracing::warn!(operator, "{message}"),
+        log::Level::Error => {
+            tracing::error!(operator, "{message}");
+            sandbox.last_error_log = Some(message);
+        }
+    }
+}

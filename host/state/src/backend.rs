@@ -1,0 +1,32 @@
+//! The contract every state backend keeps.
+
+/// Why a state operation failed. Whose fault: the backend's storage (I/O) or a corrupt entry.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Stored bytes do not decode; the state (or a snapshot it came from) is damaged.
+    #[error("corrupt state entry: {0}")]
+    Corrupt(String),
+    /// The storage under the backend failed; retrying the task may help.
+    #[error("state storage failed: {0}")]
+    Storage(String),
+}
+
+/// An ordered map of byte keys to byte values, owned by one subtask.
+///
+/// Contract: a `get` sees every `put` and `delete` before it; `scan_prefix` visits every live
+/// entry whose key starts with `prefix`, in ascending byte order of keys; `delete_prefix`
+/// removes exactly those. Keys are built by [`crate::StateKey`]; backends never interpret them.
+pub trait StateBackend: Send {
+    /// The value under `key`.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError>;
+    /// Sets the value under `key`.
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError>;
+    /// Removes `key` if present.
+    fn delete(&mut self, key: &[u8]) -> Result<(), StateError>;
+    /// Visits the entries under `prefix` in key order.
+    fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError>;
+    /// Removes the entries under `prefix`.
+    fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError>;
+    /// Number of live entries (for metrics and tests; may be an estimate on disk backends).
+    fn approximate_len(&self) -> usize;
+}

@@ -1,0 +1,114 @@
+//! State on the heap: fast, bounded by memory.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use crate::{StateBackend, StateError};
+
+/// A [`StateBackend`] in a `BTreeMap`, ordered so prefix scans are range scans.
+#[derive(Debug, Default, Clone)]
+pub struct HeapStateBackend {
+    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl HeapStateBackend {
+    fn range<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)> + 'a {
+        self.entries
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(move |(k, _)| k.starts_with(prefix))
+    }
+}
+
+impl StateBackend for HeapStateBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        Ok(self.entries.get(key).cloned())
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        match self.entries.get_mut(key) {
+            Some(v) => {
+                v.clear();
+                v.extend_from_slice(value);
+            }
+            None => {
+                self.entries.insert(key.to_vec(), value.to_vec());
+            }
+        }
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
+        self.entries.remove(key);
+        Ok(())
+    }
+
+    fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
+        for (k, v) in self.range(prefix) {
+            visit(k, v);
+        }
+        Ok(())
+    }
+
+    fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
+        let doomed: Vec<Vec<u8>> = self.range(prefix).map(|(k, _)| k.clone()).collect();
+        for k in doomed {
+            self.entries.remove(&k);
+        }
+        Ok(())
+    }
+
+    fn approximate_len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put(Vec<u8>, Vec<u8>),
+        Delete(Vec<u8>),
+        DeletePrefix(Vec<u8>),
+    }
+
+    fn small_bytes() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(0u8..4, 0..4)
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (small_bytes(), small_bytes()).prop_map(|(k, v)| Op::Put(k, v)),
+            small_bytes().prop_map(Op::Delete),
+            small_bytes().prop_map(Op::DeletePrefix),
+        ]
+    }
+
+    proptest! {
+        /// The backend behaves like a plain map (the oracle), and scans are ordered prefixes.
+        #[test]
+        fn behaves_like_a_map(ops in proptest::collection::vec(op(), 0..64), probe in small_bytes()) {
+            let mut backend = HeapStateBackend::default();
+            let mut oracle: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Put(k, v) => { backend.put(&k, &v).unwrap(); oracle.insert(k, v); }
+                    Op::Delete(k) => { backend.delete(&k).unwrap(); oracle.remove(&k); }
+                    Op::DeletePrefix(p) => { backend.delete_prefix(&p).unwrap(); oracle.retain(|k, _| !k.starts_with(&p)); }
+                }
+            }
+            for (k, v) in &oracle {
+                prop_assert_eq!(backend.get(k).unwrap(), Some(v.clone()));
+            }
+            prop_assert_eq!(backend.approximate_len(), oracle.len());
+            let mut scanned = Vec::new();
+            backend.scan_prefix(&probe, &mut |k, v| scanned.push((k.to_vec(), v.to_vec()))).unwrap();
+            let mut expected: Vec<_> = oracle.into_iter().filter(|(k, _)| k.starts_with(&probe)).collect();
+            expected.sort();
+            prop_assert_eq!(scanned, expected);
+        }
+    }
+}

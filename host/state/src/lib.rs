@@ -1,0 +1,24 @@
+//! # eddy-state: where keyed state lives
+//!
+//! [`StateBackend`] is an ordered key-value store with prefix scans; [`HeapStateBackend`] keeps
+//! it in memory (a RocksDB backend implements the same trait). Every state entry's key
+//! follows one layout ([`StateKey`]): `key group | key | state name | namespace | map key`, so
+//! everything of one key group is one contiguous range and a rescale moves ranges.
+//!
+//! ```
+//! use eddy_state::{HeapStateBackend, StateBackend, StateKey};
+//!
+//! let mut backend = HeapStateBackend::default();
+//! let mut key = StateKey::default();
+//! backend.put(key.encode(7, b"\"alice\"", "total", b""), b"42")?;
+//! assert_eq!(backend.get(key.encode(7, b"\"alice\"", "total", b""))?, Some(b"42".to_vec()));
+//! # Ok::<(), eddy_state::StateError>(())
+//! ```
+
+mod backend;
+mod heap;
+mod layout;
+
+pub use backend::{StateBackend, StateError};
+pub use heap::HeapStateBackend;
+pub use layout::{DecodedStateKey, StateKey, decode_list, decode_state_key, encode_list};

@@ -1,0 +1,79 @@
+//! Builds every guest component and writes their paths as constants, so a test that names a
+//! guest cannot compile unless that guest built. Rust guests build with their own target dir
+//! (a nested cargo on the outer target dir would wait on its lock forever); the Python guest
+//! is built with componentize-py.
+
+use std::env;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// (constant, cargo package, artifact file stem)
+const RUST_GUESTS: &[(&str, &str, &str)] = &[
+    ("WORDCOUNT_SPLIT", "wordcount-split", "wordcount_split"),
+    ("WORDCOUNT_COUNT", "wordcount-count", "wordcount_count"),
+    ("PURCHASE_TOTALS", "purchase-totals", "purchase_totals"),
+    ("FRAUD_DETECTOR", "fraud-detector", "fraud_detector"),
+    ("HOSTILE", "hostile", "hostile"),
+    ("MISSING_EXPORT", "missing-export", "missing_export"),
+    ("COMMAND", "command", "command"),
+];
+
+fn main() -> Result<()> {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
+    let root = manifest.join("../..").canonicalize()?;
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
+    let target_dir = out_dir.ancestors().nth(4).context("unexpected OUT_DIR layout")?.join("wasm-guests");
+
+    for watched in ["wit", "guest-sdk", "examples", "tests/guests", "Cargo.toml", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    }
+
+    let mut consts = String::new();
+    for (name, path) in build_rust_guests(&root, &target_dir)? {
+        writeln!(consts, "/// Path of the `{name}` guest component.\npub const {name}: &str = {:?};", path.display())?;
+    }
+    let python = build_python_guest(&root, &target_dir)?;
+    writeln!(consts, "/// Path of the Python word counter component.\npub const PYTHON_WORDCOUNT: &str = {:?};", python.display())?;
+    std::fs::write(out_dir.join("artifacts.rs"), consts)?;
+    Ok(())
+}
+
+fn build_rust_guests(root: &Path, target_dir: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
+    let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root)
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+        .arg(target_dir)
+        // Guests ship without debug info: smaller components, faster compiles.
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_TARGET_DIR");
+    for (_, package, _) in RUST_GUESTS {
+        cmd.args(["-p", package]);
+    }
+    let status = cmd.status().context("running cargo for the guest components")?;
+    if !status.success() {
+        bail!("building the guest components failed (is the wasm32-wasip2 target installed? `rustup target add wasm32-wasip2`)");
+    }
+    let dir = target_dir.join("wasm32-wasip2/release");
+    Ok(RUST_GUESTS.iter().map(|(name, _, stem)| (*name, dir.join(format!("{stem}.wasm")))).collect())
+}
+
+fn build_python_guest(root: &Path, target_dir: &Path) -> Result<PathBuf> {
+    let out = target_dir.join("python_wordcount.wasm");
+    let status = Command::new("componentize-py")
+        .current_dir(root)
+        .args(["-d", "wit", "-w", "keyed-operator", "componentize", "-p", "examples/python-wordcount", "app", "-o"])
+        .arg(&out)
+        .status()
+        .context("componentize-py not found: run tests/run.sh once (it installs it), or `pip install componentize-py==0.25.1`")?;
+    if !status.success() {
+        bail!("componentize-py failed to build examples/python-wordcount");
+    }
+    Ok(out)
+}

@@ -1,0 +1,91 @@
+//! A hostile operator. `config.mode` picks the misbehaviour, which starts at the first record:
+//!
+//! - `loop`: spins forever; `allocate`: allocates without bound; `recurse`: recurses without
+//!   bound; `gigantic-output`: emits 1 MiB values without end; `panic`: panics with a message;
+//! - `oversized-key`: writes map state under a 1 MiB map key;
+//! - `foreign-key`: reads state through a key handle that names no record of the call;
+//! - `state-in-open`: reads state in `open`, where there is no key;
+//! - `probe`: tries the environment, files, clocks and network, and emits what it could see;
+//! - `error`: returns an operator error (not a trap).
+
+use std::hint::black_box;
+
+use eddy_sdk::raw::state as raw_state;
+use eddy_sdk::{Context, Error, MapState, OpenContext, Operator, Record, Result};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+pub struct Config {
+    mode: String,
+}
+
+#[derive(Debug)]
+pub struct Hostile {
+    mode: String,
+    map: MapState<String, u8>,
+}
+
+#[allow(unconditional_recursion)]
+fn recurse(depth: u64) -> u64 {
+    black_box(recurse(black_box(depth + 1))) + 1
+}
+
+fn probe() -> serde_json::Value {
+    let env: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
+    let file = std::fs::read_to_string("/etc/hostname").is_ok() || std::fs::read_dir("/").is_ok();
+    let clock_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let network = std::net::TcpStream::connect(("127.0.0.1", 9)).is_ok()
+        || std::net::TcpListener::bind(("127.0.0.1", 0)).is_ok();
+    serde_json::json!({ "env": env, "file": file, "clock_ms": clock_ms, "network": network })
+}
+
+impl Operator for Hostile {
+    type Config = Config;
+
+    fn open(config: Config, ctx: &mut OpenContext) -> Result<Self> {
+        let map = ctx.map_state("map");
+        if config.mode == "state-in-open" {
+            let id = raw_state::declare("v", raw_state::StateKind::Value);
+            black_box(raw_state::value_get(id, 0));
+        }
+        Ok(Hostile { mode: config.mode, map })
+    }
+
+    fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
+        match self.mode.as_str() {
+            "loop" => loop {
+                black_box(record);
+            },
+            "allocate" => {
+                let mut hoard = Vec::new();
+                loop {
+                    hoard.push(black_box(vec![1u8; 1 << 20]));
+                }
+            }
+            "recurse" => {
+                black_box(recurse(0));
+            }
+            "gigantic-output" => {
+                let value = vec![b'x'; 1 << 20];
+                loop {
+                    ctx.emit_raw(None, None, &value, None)?;
+                }
+            }
+            "panic" => panic!("hostile operator gave up on purpose"),
+            "oversized-key" => self.map.insert(&"k".repeat(1 << 20), &1)?,
+            "foreign-key" => {
+                let id = raw_state::declare("v", raw_state::StateKind::Value);
+                black_box(raw_state::value_get(id, 1_000));
+            }
+            "probe" => ctx.emit_value(&probe())?,
+            "error" => return Err(Error::bad_record("hostile operator rejects every record")),
+            other => return Err(Error::bad_config(format!("unknown mode {other}"))),
+        }
+        Ok(())
+    }
+}
+
+eddy_sdk::export_operator!(Hostile);
