@@ -1,1 +1,58 @@
+//! Helpers shared by the end-to-end tests: one runtime per process (engines are expensive),
+//! instances over fresh heap state, and readable views of output.
 
+use std::sync::OnceLock;
+
+use eddy_core::{HeapTimerService, RecordBatch};
+use eddy_runtime::{Component, OperatorInstance, Runtime, RuntimeConfig, Subtask};
+use eddy_state::HeapStateBackend;
+
+/// Where compiled artifacts are cached between test runs (the Python guest takes ~20 s to
+/// compile cold).
+pub fn test_cache_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/eddy-test-cache")
+}
+
+/// The shared runtime, with the default sandbox and the persistent artifact cache.
+pub fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        Runtime::new(RuntimeConfig { cache_dir: Some(test_cache_dir()), ..RuntimeConfig::default() })
+            .expect("default runtime config is valid")
+    })
+}
+
+/// Loads a guest by path into the shared runtime.
+pub fn load(name: &str, path: &str) -> Component {
+    runtime().load_file(name, path.as_ref()).unwrap_or_else(|e| panic!("loading {name} from {path}: {e}"))
+}
+
+/// An opened operator instance for `subtask` over empty heap state.
+pub fn open_operator(component: &Component, subtask: Subtask, config: &str) -> OperatorInstance {
+    let mut instance = component
+        .instantiate_operator(subtask, Box::new(HeapStateBackend::default()), Box::new(HeapTimerService::default()))
+        .expect("instantiate");
+    instance.open(config).expect("open");
+    instance
+}
+
+/// A batch of JSON-encoded (key, value) records without timestamps.
+pub fn json_batch<K: serde::Serialize, V: serde::Serialize>(records: &[(Option<K>, V)]) -> RecordBatch {
+    let mut batch = RecordBatch::default();
+    for (k, v) in records {
+        let key = k.as_ref().map(|k| serde_json::to_vec(k).expect("encode key"));
+        batch.push(key.as_deref(), &serde_json::to_vec(v).expect("encode value"), None);
+    }
+    batch
+}
+
+/// Decodes a batch of JSON keys and values.
+pub fn decode<K: serde::de::DeserializeOwned, V: serde::de::DeserializeOwned>(batch: &RecordBatch) -> Vec<(Option<K>, V)> {
+    batch
+        .iter()
+        .map(|r| {
+            let key = r.key.map(|k| serde_json::from_slice(k).expect("key is JSON"));
+            (key, serde_json::from_slice(r.value).expect("value is JSON"))
+        })
+        .collect()
+}

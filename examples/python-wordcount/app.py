@@ -23,9 +23,15 @@ def fail(kind: types.ErrorKind, message: str) -> Err:
     return Err(types.OperatorError(kind=kind, message=message))
 
 
+# componentize-py makes a fresh `Operator` object per export call, so the instance's
+# lasting data lives at module level (one component instance = one subtask).
+COUNT_STATE = None
+
+
 class Operator(exports.Operator):
     def open(self, config: str) -> None:
-        self.count = state.declare("count", state.StateKind.VALUE)
+        global COUNT_STATE
+        COUNT_STATE = state.declare("count", state.StateKind.VALUE)
 
     def process(self, records: types.Batch) -> None:
         data = records.data
@@ -39,9 +45,9 @@ class Operator(exports.Operator):
                 n = json.loads(data[r.value.offset : r.value.offset + r.value.len])
             except ValueError as e:
                 raise fail(types.ErrorKind.BAD_RECORD, str(e))
-            current = state.value_get(self.count, handle)
+            current = state.value_get(COUNT_STATE, handle)
             count = (json.loads(current) if current is not None else 0) + n
-            state.value_set(self.count, handle, encode(count))
+            state.value_set(COUNT_STATE, handle, encode(count))
             key_bytes, value_bytes = encode(word), encode(count)
             key_span = types.Span(offset=len(out), len=len(key_bytes))
             out += key_bytes

@@ -22,10 +22,11 @@
 //!     }
 //!
 //!     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-//!         let word: &str = record.key()?;
+//!         // String, not &str: a JSON key with escapes cannot be borrowed.
+//!         let word: String = record.key()?;
 //!         let count = self.count.get()?.unwrap_or(0) + 1;
 //!         self.count.set(&count)?;
-//!         ctx.emit(word, &count)
+//!         ctx.emit(&word, &count)
 //!     }
 //! }
 //!

@@ -1,1 +1,9 @@
+//! End-to-end tests: real guest components (built by `eddy-guest-artifacts`) through the real
+//! runtime. One test binary, one module per concern.
 
+mod cache;
+mod hostile;
+mod load;
+mod operators;
+mod pipeline;
+mod polyglot;

@@ -1,1 +1,162 @@
-fn main(){}
+//! Sandbox cost benchmark: the word-count counter through the sandbox at several batch sizes,
+//! next to the same logic as native Rust over the same state backend, in the same run; and
+//! the cost of getting an instance (cold compile, cached artifact, instantiate only).
+//!
+//! Run: `cargo bench -p eddy-runtime --bench sandbox` (add `-- --quick` for fewer samples).
+//! Prints medians; ratios are computed from medians of the same run.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use eddy_core::{HeapTimerService, KeyGroup, RecordBatch, key_group_of};
+use eddy_guest_artifacts as guests;
+use eddy_runtime::{InstanceAllocation, Runtime, RuntimeConfig, Subtask};
+use eddy_state::{HeapStateBackend, StateBackend, StateKey};
+
+const KEYS: usize = 10_000;
+const RECORDS: usize = 200_000;
+const MAX_PARALLELISM: u32 = 128;
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn measure(samples: usize, mut f: impl FnMut()) -> Duration {
+    f(); // warm-up
+    median((0..samples).map(|_| {
+        let t = Instant::now();
+        f();
+        t.elapsed()
+    }).collect())
+}
+
+/// The input: RECORDS words over KEYS distinct keys, JSON-encoded as the SDK expects.
+fn input_batches(batch_size: usize) -> Vec<RecordBatch> {
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let words: Vec<Vec<u8>> = (0..KEYS).map(|i| serde_json::to_vec(&format!("word-{i:08}")).expect("json")).collect();
+    let mut batches = Vec::new();
+    let mut batch = RecordBatch::default();
+    for _ in 0..RECORDS {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        batch.push(Some(&words[(rng % KEYS as u64) as usize]), b"1", None);
+        if batch.len() == batch_size {
+            batches.push(std::mem::take(&mut batch));
+        }
+    }
+    if !batch.is_empty() {
+        batches.push(batch);
+    }
+    batches
+}
+
+/// The counter's logic in native Rust, over the same backend and key layout the sandbox uses.
+struct NativeCounter {
+    backend: HeapStateBackend,
+    key: StateKey,
+}
+
+impl NativeCounter {
+    fn process(&mut self, batch: &RecordBatch) -> RecordBatch {
+        let mut out = RecordBatch::with_capacity(batch.len(), batch.byte_len() * 2);
+        for r in batch.iter() {
+            let key = r.key.expect("keyed");
+            let group: KeyGroup = key_group_of(key, MAX_PARALLELISM);
+            let word: String = serde_json::from_slice(key).expect("key");
+            let n: u64 = serde_json::from_slice(r.value).expect("value");
+            let state_key = self.key.encode(group, key, "count", b"").to_vec();
+            let current: u64 = match self.backend.get(&state_key).expect("get") {
+                Some(v) => serde_json::from_slice(&v).expect("state"),
+                None => 0,
+            };
+            let count = current + n;
+            self.backend.put(&state_key, &serde_json::to_vec(&count).expect("json")).expect("put");
+            out.push(Some(&serde_json::to_vec(&word).expect("json")), &serde_json::to_vec(&count).expect("json"), r.timestamp);
+        }
+        out
+    }
+}
+
+/// The least a counter can do: a HashMap of counts, no encoding, no key layout.
+fn bare_native(batches: &[RecordBatch], counts: &mut HashMap<Vec<u8>, u64>) {
+    for b in batches {
+        for r in b.iter() {
+            *counts.entry(r.key.expect("keyed").to_vec()).or_default() += 1;
+        }
+    }
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let samples = if quick { 3 } else { 11 };
+    let runtime = Runtime::new(RuntimeConfig::default()).expect("runtime");
+    let component = runtime.load_file("count", guests::WORDCOUNT_COUNT.as_ref()).expect("load");
+
+    println!("word-count counter, {RECORDS} records over {KEYS} keys, median of {samples} runs\n");
+    println!("| batch | sandbox ns/record | native ns/record (same backend) | ratio | bare HashMap ns/record |");
+    println!("|---:|---:|---:|---:|---:|");
+    for batch_size in [1usize, 64, 256, 1024] {
+        let batches = input_batches(batch_size);
+        let sandbox = measure(samples, || {
+            let mut op = component
+                .instantiate_operator(Subtask::single(MAX_PARALLELISM), Box::new(HeapStateBackend::default()), Box::new(HeapTimerService::default()))
+                .expect("instantiate");
+            op.open("null").expect("open");
+            for b in &batches {
+                black_box(op.process(b).expect("process"));
+            }
+        });
+        let native = measure(samples, || {
+            let mut op = NativeCounter { backend: HeapStateBackend::default(), key: StateKey::default() };
+            for b in &batches {
+                black_box(op.process(b));
+            }
+        });
+        let bare = measure(samples, || {
+            let mut counts = HashMap::new();
+            bare_native(&batches, &mut counts);
+            black_box(counts);
+        });
+        let per = |d: Duration| d.as_nanos() as f64 / RECORDS as f64;
+        println!(
+            "| {batch_size} | {:.0} | {:.0} | {:.2}x | {:.0} |",
+            per(sandbox),
+            per(native),
+            per(sandbox) / per(native),
+            per(bare)
+        );
+    }
+
+    println!("\ninstance start-up (wordcount counter), median of {samples} runs\n");
+    println!("| path | time |");
+    println!("|---|---:|");
+    let wasm = std::fs::read(guests::WORDCOUNT_COUNT).expect("guest");
+    let cache = tempfile::tempdir().expect("tempdir");
+    let cached_runtime = Runtime::new(RuntimeConfig { cache_dir: Some(cache.path().to_owned()), ..RuntimeConfig::default() }).expect("runtime");
+    cached_runtime.load("count", &wasm).expect("fill cache");
+    let cold = measure(samples, || {
+        black_box(runtime.load("count", &wasm).expect("compile"));
+    });
+    let cached = measure(samples, || {
+        black_box(cached_runtime.load("count", &wasm).expect("cached"));
+    });
+    println!("| load: validate + Cranelift compile (cold) | {cold:.2?} |");
+    println!("| load: validate + map cached artifact | {cached:.2?} |");
+    for (label, allocation) in [
+        ("pooling", InstanceAllocation::Pooling { max_instances: 128 }),
+        ("on-demand", InstanceAllocation::OnDemand),
+    ] {
+        let rt = Runtime::new(RuntimeConfig { allocation, ..RuntimeConfig::default() }).expect("runtime");
+        let c = rt.load("count", &wasm).expect("load");
+        let inst = measure(samples * 20, || {
+            let op = c
+                .instantiate_operator(Subtask::single(MAX_PARALLELISM), Box::new(HeapStateBackend::default()), Box::new(HeapTimerService::default()))
+                .expect("instantiate");
+            black_box(op);
+        });
+        println!("| instantiate from pre-linked component ({label}) | {inst:.2?} |");
+    }
+}

@@ -18,11 +18,12 @@ impl Operator for Count {
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        let word: &str = record.key()?;
+        // String, not &str: a JSON key with escapes cannot be borrowed.
+        let word: String = record.key()?;
         let n: u64 = record.value()?;
         let count = self.count.get()?.unwrap_or(0) + n;
         self.count.set(&count)?;
-        ctx.emit(word, &count)
+        ctx.emit(&word, &count)
     }
 }
 

@@ -6,12 +6,15 @@
 //! - `foreign-key`: reads state through a key handle that names no record of the call;
 //! - `state-in-open`: reads state in `open`, where there is no key;
 //! - `probe`: tries the environment, files, clocks and network, and emits what it could see;
-//! - `error`: returns an operator error (not a trap).
+//! - `error`: returns an operator error (not a trap);
+//! - `list-map` (well-behaved): per key, appends each value (a string) to a list state and
+//!   counts it in a map state, then emits `{"list": [...], "map": [[k, n], ...]}`; the value
+//!   `"clear"` clears both instead.
 
 use std::hint::black_box;
 
 use eddy_sdk::raw::state as raw_state;
-use eddy_sdk::{Context, Error, MapState, OpenContext, Operator, Record, Result};
+use eddy_sdk::{Context, Error, ListState, MapState, OpenContext, Operator, Record, Result};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -23,6 +26,8 @@ pub struct Config {
 pub struct Hostile {
     mode: String,
     map: MapState<String, u8>,
+    list: ListState<String>,
+    counts: MapState<String, u64>,
 }
 
 #[allow(unconditional_recursion)]
@@ -51,7 +56,7 @@ impl Operator for Hostile {
             let id = raw_state::declare("v", raw_state::StateKind::Value);
             black_box(raw_state::value_get(id, 0));
         }
-        Ok(Hostile { mode: config.mode, map })
+        Ok(Hostile { mode: config.mode, map, list: ctx.list_state("list"), counts: ctx.map_state("counts") })
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
@@ -81,6 +86,19 @@ impl Operator for Hostile {
                 black_box(raw_state::value_get(id, 1_000));
             }
             "probe" => ctx.emit_value(&probe())?,
+            "list-map" => {
+                let value: String = record.value()?;
+                if value == "clear" {
+                    self.list.clear()?;
+                    self.counts.clear()?;
+                } else {
+                    self.list.push(&value)?;
+                    let n = self.counts.get(&value)?.unwrap_or(0) + 1;
+                    self.counts.insert(&value, &n)?;
+                }
+                let summary = serde_json::json!({ "list": self.list.get()?, "map": self.counts.entries()? });
+                ctx.emit_raw(None, record.key_bytes(), &serde_json::to_vec(&summary)?, record.timestamp())?;
+            }
             "error" => return Err(Error::bad_record("hostile operator rejects every record")),
             other => return Err(Error::bad_config(format!("unknown mode {other}"))),
         }

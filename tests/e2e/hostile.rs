@@ -1,0 +1,205 @@
+//! Hostile operators: each misbehaviour fails with its own error, the failing instance is
+//! poisoned, and the same runtime keeps serving a healthy operator.
+
+use std::sync::OnceLock;
+
+use eddy_guest_artifacts as guests;
+use eddy_runtime::{
+    CallError, CallErrorKind, Component, Fault, GuestErrorKind, Runtime, RuntimeConfig, SandboxLimits, Subtask, Violation,
+    WasiGrants,
+};
+use eddy_tests::{decode, json_batch, load, open_operator, runtime};
+
+/// Limits small enough that every test runs fast; the defaults are tested in `sandbox_defaults`.
+fn tight_limits() -> SandboxLimits {
+    SandboxLimits {
+        memory_bytes: 64 << 20,
+        call_timeout_ms: 300,
+        max_output_bytes_per_call: 8 << 20,
+        ..SandboxLimits::default()
+    }
+}
+
+fn hostile() -> &'static Component {
+    static HOSTILE: OnceLock<Component> = OnceLock::new();
+    HOSTILE.get_or_init(|| load("hostile", guests::HOSTILE).with_limits(tight_limits()))
+}
+
+/// Opens the hostile operator in `mode` and feeds it one record.
+fn misbehave(mode: &str) -> (CallError, bool) {
+    let mut op = open_operator(hostile(), Subtask::single(128), &format!(r#"{{"mode": "{mode}"}}"#));
+    let err = op.process(&json_batch(&[(Some("k"), "v")])).expect_err(mode);
+    assert_eq!(err.operator, "hostile");
+    assert_eq!(err.call, "process");
+    (err, op.is_poisoned())
+}
+
+/// The runtime still serves a healthy operator after whatever came before.
+fn healthy_operator_still_works() {
+    let count = load("count", guests::WORDCOUNT_COUNT);
+    let mut op = open_operator(&count, Subtask::single(128), "null");
+    let out = op.process(&json_batch(&[(Some("ok"), 1u64), (Some("ok"), 1)])).expect("healthy");
+    assert_eq!(decode::<String, u64>(&out.main), vec![(Some("ok".into()), 1), (Some("ok".into()), 2)]);
+}
+
+#[test]
+fn an_endless_loop_is_interrupted_by_the_call_deadline() {
+    let (err, poisoned) = misbehave("loop");
+    assert_eq!(err.kind, CallErrorKind::Timeout { timeout_ms: 300 }, "{err}");
+    assert!(poisoned && err.retryable());
+    healthy_operator_still_works();
+}
+
+#[test]
+fn unbounded_allocation_hits_the_memory_cap() {
+    let (err, poisoned) = misbehave("allocate");
+    assert!(
+        matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "linear memory bytes", limit, .. }) if limit == 64 << 20),
+        "{err}"
+    );
+    assert!(poisoned);
+    assert!(err.to_string().contains("linear memory bytes"), "{err}");
+    healthy_operator_still_works();
+}
+
+#[test]
+fn unbounded_recursion_overflows_the_stack() {
+    let (err, poisoned) = misbehave("recurse");
+    assert_eq!(err.kind, CallErrorKind::StackOverflow, "{err}");
+    assert!(poisoned);
+    healthy_operator_still_works();
+}
+
+#[test]
+fn gigantic_output_is_cut_off() {
+    let (err, poisoned) = misbehave("gigantic-output");
+    assert!(
+        matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "output bytes in one call", .. })),
+        "{err}"
+    );
+    assert!(poisoned);
+    healthy_operator_still_works();
+}
+
+#[test]
+fn a_panic_becomes_a_trap_carrying_the_guest_message() {
+    let (err, poisoned) = misbehave("panic");
+    assert!(matches!(err.kind, CallErrorKind::Trap { .. }), "{err}");
+    let said = err.guest_message.clone().unwrap_or_default();
+    assert!(said.contains("hostile operator gave up on purpose"), "guest message: {said:?}");
+    assert!(poisoned);
+    assert_eq!(err.fault(), Fault::UserOperator);
+    healthy_operator_still_works();
+}
+
+#[test]
+fn an_oversized_state_key_is_refused() {
+    let (err, _) = misbehave("oversized-key");
+    assert!(
+        matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "map key bytes", limit, .. }) if limit == 64 << 10),
+        "{err}"
+    );
+    healthy_operator_still_works();
+}
+
+#[test]
+fn a_key_handle_outside_the_call_cannot_reach_other_keys() {
+    let (err, _) = misbehave("foreign-key");
+    assert_eq!(err.kind, CallErrorKind::Violation(Violation::BadKeyHandle { handle: 1_000, records: 1 }), "{err}");
+}
+
+#[test]
+fn state_without_a_current_key_is_refused() {
+    let mut op = hostile()
+        .instantiate_operator(
+            Subtask::single(128),
+            Box::new(eddy_state::HeapStateBackend::default()),
+            Box::new(eddy_core::HeapTimerService::default()),
+        )
+        .expect("instantiate");
+    let err = op.open(r#"{"mode": "state-in-open"}"#).expect_err("no key in open");
+    assert!(matches!(err.kind, CallErrorKind::Violation(Violation::NoKey(ref m)) if m.contains("open")), "{err}");
+}
+
+#[test]
+fn an_operator_error_is_not_a_trap_and_the_instance_goes_on() {
+    let mut op = open_operator(hostile(), Subtask::single(128), r#"{"mode": "error"}"#);
+    for _ in 0..2 {
+        let err = op.process(&json_batch(&[(Some("k"), "v")])).expect_err("error");
+        assert_eq!(
+            err.kind,
+            CallErrorKind::Operator { kind: GuestErrorKind::BadRecord, message: "hostile operator rejects every record".into() }
+        );
+        assert!(!op.is_poisoned());
+    }
+}
+
+#[test]
+fn bad_config_is_reported_as_such() {
+    let mut op = hostile()
+        .instantiate_operator(
+            Subtask::single(128),
+            Box::new(eddy_state::HeapStateBackend::default()),
+            Box::new(eddy_core::HeapTimerService::default()),
+        )
+        .expect("instantiate");
+    let err = op.open(r#"{"mood": "loop"}"#).expect_err("bad config");
+    assert!(matches!(err.kind, CallErrorKind::Operator { kind: GuestErrorKind::BadConfig, ref message } if message.contains("mode")), "{err}");
+}
+
+#[test]
+fn a_poisoned_instance_refuses_further_calls() {
+    let mut op = open_operator(hostile(), Subtask::single(128), r#"{"mode": "panic"}"#);
+    assert!(op.process(&json_batch(&[(Some("k"), "v")])).is_err());
+    let err = op.process(&json_batch(&[(Some("k"), "v")])).expect_err("poisoned");
+    assert_eq!(err.kind, CallErrorKind::Poisoned);
+}
+
+fn probe(component: &Component) -> serde_json::Value {
+    let mut op = open_operator(component, Subtask::single(128), r#"{"mode": "probe"}"#);
+    let out = op.process(&json_batch(&[(Some("k"), "v")])).expect("probe");
+    decode::<(), serde_json::Value>(&out.main).pop().expect("one report").1
+}
+
+#[test]
+fn the_sandbox_grants_nothing_by_default() {
+    let report = probe(&load("hostile", guests::HOSTILE));
+    assert_eq!(report["env"], serde_json::json!([]), "{report}");
+    assert_eq!(report["file"], false, "{report}");
+    assert_eq!(report["clock_ms"], 0, "clocks are frozen: {report}");
+    assert_eq!(report["network"], false, "{report}");
+}
+
+#[test]
+fn granted_access_is_visible_and_only_that() {
+    let grants = WasiGrants { env: vec![("EDDY_REGION".into(), "eu".into())], clocks: true, ..WasiGrants::default() };
+    let report = probe(&load("hostile", guests::HOSTILE).with_grants(grants));
+    assert_eq!(report["env"], serde_json::json!(["EDDY_REGION"]), "{report}");
+    assert!(report["clock_ms"].as_u64().unwrap_or(0) > 1_600_000_000_000, "real clock: {report}");
+    assert_eq!(report["file"], false, "{report}");
+    assert_eq!(report["network"], false, "{report}");
+}
+
+#[test]
+fn fuel_bounds_a_loop_deterministically() {
+    static FUELED: OnceLock<Runtime> = OnceLock::new();
+    let runtime = FUELED.get_or_init(|| {
+        let limits = SandboxLimits { fuel_per_call: Some(50_000_000), call_timeout_ms: 60_000, ..SandboxLimits::default() };
+        Runtime::new(RuntimeConfig { limits, ..RuntimeConfig::default() }).expect("runtime")
+    });
+    let component = runtime.load_file("hostile", guests::HOSTILE.as_ref()).expect("load");
+    let mut op = open_operator(&component, Subtask::single(128), r#"{"mode": "loop"}"#);
+    let err = op.process(&json_batch(&[(Some("k"), "v")])).expect_err("out of fuel");
+    assert_eq!(err.kind, CallErrorKind::OutOfFuel, "{err}");
+    // The same fuel budget is plenty for real work.
+    let count = runtime.load_file("count", guests::WORDCOUNT_COUNT.as_ref()).expect("load");
+    let mut ok = open_operator(&count, Subtask::single(128), "null");
+    assert_eq!(ok.process(&json_batch(&[(Some("w"), 1u64)])).expect("healthy").main.len(), 1);
+}
+
+#[test]
+fn sandbox_defaults_are_bounded() {
+    let limits = runtime().config().limits.clone();
+    assert!(limits.memory_bytes <= 1 << 30 && limits.call_timeout_ms <= 60_000);
+    assert!(limits.max_key_bytes < limits.max_value_bytes && limits.max_value_bytes <= limits.max_output_bytes_per_call);
+}

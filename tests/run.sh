@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs every test: installs what is missing (deploy/setup.sh), then unit, integration,
+# guest-program and doc tests of the host workspace (building every guest component on the
+# way), then formatting and lints for host and guest code.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/setup.sh
+GUESTS=(-p eddy-sdk -p wordcount-split -p wordcount-count -p purchase-totals -p fraud-detector -p hostile -p missing-export -p command)
+cargo fmt --all -- --check
+cargo test
+cargo clippy --all-targets -- -D warnings
+cargo clippy --release --target wasm32-wasip2 "${GUESTS[@]}" -- -D warnings
