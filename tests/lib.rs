@@ -47,7 +47,9 @@ pub fn json_batch<K: serde::Serialize, V: serde::Serialize>(records: &[(Option<K
 }
 
 /// Decodes a batch of JSON keys and values.
-pub fn decode<K: serde::de::DeserializeOwned, V: serde::de::DeserializeOwned>(batch: &RecordBatch) -> Vec<(Option<K>, V)> {
+pub fn decode<K: serde::de::DeserializeOwned, V: serde::de::DeserializeOwned>(
+    batch: &RecordBatch,
+) -> Vec<(Option<K>, V)> {
     batch
         .iter()
         .map(|r| {

@@ -31,7 +31,7 @@ COUNT_STATE = None
 class Operator(exports.Operator):
     def open(self, config: str) -> None:
         global COUNT_STATE
-        COUNT_STATE = state.declare("count", state.StateKind.VALUE)
+        COUNT_STATE = state.declare("count", state.StateKind.VALUE, False)
 
     def process(self, records: types.Batch) -> None:
         data = records.data

@@ -36,7 +36,10 @@ pub trait Aggregate: Sized + 'static {
     fn result(&self, acc: Self::Accumulator) -> Self::Output;
 }
 
-fn with_aggregate<T: Aggregate, R>(slot: &'static Slot<T>, f: impl FnOnce(&T) -> Result<R>) -> Result<R, OperatorError> {
+fn with_aggregate<T: Aggregate, R>(
+    slot: &'static Slot<T>,
+    f: impl FnOnce(&T) -> Result<R>,
+) -> Result<R, OperatorError> {
     slot.with_borrow(|agg| match agg {
         Some(agg) => f(agg),
         None => Err(Error::failed("aggregate called before a successful open")),

@@ -1,10 +1,14 @@
 //! What an operator can do while it handles a call: emit records, use timers, read time.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::rc::Rc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::bindings::state::ValueWrite;
 use crate::bindings::types::{OutputBatch, OutputRef, Span};
 use crate::bindings::{output, timers};
 use crate::record::TimeDomain;
@@ -14,19 +18,144 @@ use crate::{Error, Result, codec};
 /// Output is handed to the host in one crossing per call, or earlier once this much is buffered.
 const OUTPUT_FLUSH_BYTES: usize = 1 << 20;
 
+/// The record (or timer) being handled: its key handle, where its key bytes are in the call's
+/// buffer, and its row in the prefetch table (records only).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Current {
+    pub(crate) handle: u32,
+    pub(crate) key: Span,
+    pub(crate) row: Option<usize>,
+}
+
+/// What the current call brought in: its buffer and the prefetched state values.
+#[derive(Default)]
+struct Scope {
+    data: Rc<Vec<u8>>,
+    prefetched_states: Vec<u32>,
+    prefetched: Vec<Option<Span>>,
+    current: Option<Current>,
+}
+
+/// A value-state write not yet handed to the host: (key handle, value or `None` = cleared).
+type Pending = (u32, Option<Vec<u8>>);
+/// Pending writes by state id, then by key bytes.
+type Writes = HashMap<u32, HashMap<Vec<u8>, Pending, FxBuild>, FxBuild>;
+
 thread_local! {
-    static CURRENT_KEY: Cell<Option<u32>> = const { Cell::new(None) };
+    static SCOPE: RefCell<Scope> = RefCell::new(Scope::default());
+    /// Value-state writes of this call, by state id and key bytes; applied in one crossing
+    /// when the call ends, so later records of the same key read them back from here.
+    static WRITES: RefCell<Writes> = RefCell::new(HashMap::default());
     static OUTPUT: RefCell<OutputBatch> = const { RefCell::new(OutputBatch { data: Vec::new(), records: Vec::new() }) };
 }
 
-pub(crate) fn current_key() -> Result<u32> {
-    CURRENT_KEY
-        .get()
-        .ok_or_else(|| Error::failed("keyed state used outside process/on_timer: there is no current key"))
+/// A fast, non-cryptographic hasher for the write buffer (keys come from the host, and the
+/// map lives for one call, so flooding is not a concern).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FxBuild;
+
+impl BuildHasher for FxBuild {
+    type Hasher = FxHasher;
+    fn build_hasher(&self) -> FxHasher {
+        FxHasher(0)
+    }
 }
 
-pub(crate) fn set_current_key(handle: Option<u32>) {
-    CURRENT_KEY.set(handle);
+pub(crate) struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        // The multiply in `write` leaves low bits depending only on low input bits, and keys
+        // often differ only in their middle bytes; hashbrown indexes buckets by low bits, so
+        // finish with a full avalanche (murmur3's fmix64).
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+}
+
+/// Starts a call: `data` is the call's buffer (batch or timers).
+pub(crate) fn begin_scope(data: Rc<Vec<u8>>, prefetched_states: Vec<u32>, prefetched: Vec<Option<Span>>) {
+    SCOPE.set(Scope { data, prefetched_states, prefetched, current: None });
+}
+
+pub(crate) fn set_current(current: Option<Current>) {
+    SCOPE.with_borrow_mut(|s| s.current = current);
+}
+
+pub(crate) fn current_key() -> Result<u32> {
+    SCOPE.with_borrow(|s| s.current.map(|c| c.handle)).ok_or_else(no_key)
+}
+
+fn no_key() -> Error {
+    Error::failed("keyed state used outside process/on_timer, or on a record without a key")
+}
+
+fn key_bytes(scope: &Scope, current: Current) -> &[u8] {
+    let start = current.key.offset as usize;
+    scope.data.get(start..start + current.key.len as usize).unwrap_or_default()
+}
+
+/// Reads value state `state` for the current key and hands the bytes to `f`: this call's own
+/// writes first, then the prefetched value, else one crossing to the host.
+pub(crate) fn with_value<R>(state: u32, f: impl FnOnce(Option<&[u8]>) -> Result<R>) -> Result<R> {
+    SCOPE.with_borrow(|scope| {
+        let current = scope.current.ok_or_else(no_key)?;
+        let key = key_bytes(scope, current);
+        let mut f = Some(f);
+        // `f` only decodes bytes; it cannot reach WRITES, so calling it under the borrow is safe.
+        let pending = WRITES.with_borrow(|w| {
+            let (_, value) = w.get(&state)?.get(key)?;
+            f.take().map(|f| f(value.as_deref()))
+        });
+        if let Some(result) = pending {
+            return result;
+        }
+        let Some(f) = f else { return Err(Error::failed("state read consumed twice")) };
+        let column = scope.prefetched_states.iter().position(|&s| s == state);
+        if let (Some(row), Some(column)) = (current.row, column) {
+            let span = scope.prefetched.get(row * scope.prefetched_states.len() + column).copied().flatten();
+            return f(span.and_then(|s| scope.data.get(s.offset as usize..(s.offset + s.len) as usize)));
+        }
+        f(crate::bindings::state::value_get(state, current.handle).as_deref())
+    })
+}
+
+/// Buffers a write (or, with `None`, a clear) of value state `state` for the current key.
+pub(crate) fn value_put(state: u32, value: Option<Vec<u8>>) -> Result<()> {
+    SCOPE.with_borrow(|scope| {
+        let current = scope.current.ok_or_else(no_key)?;
+        let key = key_bytes(scope, current).to_vec();
+        WRITES.with_borrow_mut(|w| w.entry(state).or_default().insert(key, (current.handle, value)));
+        Ok(())
+    })
+}
+
+/// Hands this call's value-state writes to the host in one crossing.
+pub(crate) fn flush_state() {
+    let writes: Vec<ValueWrite> = WRITES.with_borrow_mut(|w| {
+        w.iter_mut()
+            .flat_map(|(&state, m)| m.drain().map(move |(_, (key, value))| ValueWrite { state, key, value }))
+            .collect()
+    });
+    if !writes.is_empty() {
+        crate::bindings::state::value_set_many(&writes);
+    }
+}
+
+/// Forgets this call's buffered state writes: a failed call's writes must not land.
+pub(crate) fn discard_state() {
+    WRITES.with_borrow_mut(HashMap::clear);
 }
 
 /// Sends buffered output to the host. Called at the end of every call.
@@ -98,9 +227,15 @@ impl OpenContext {
         Self { _private: () }
     }
 
-    /// Declares a value state named `name`.
+    /// Declares a value state named `name`, read for most records: its values for a batch's
+    /// keys come with the batch (no crossing per read).
     pub fn value_state<T: Serialize + DeserializeOwned>(&mut self, name: &str) -> ValueState<T> {
-        ValueState::declare(name)
+        ValueState::declare(name, true)
+    }
+
+    /// Declares a value state read only now and then: read on demand, not prefetched.
+    pub fn rare_value_state<T: Serialize + DeserializeOwned>(&mut self, name: &str) -> ValueState<T> {
+        ValueState::declare(name, false)
     }
 
     /// Declares a list state named `name`.

@@ -1,12 +1,13 @@
 //! The [`Operator`] trait and the glue that runs it behind the `eddy:dataflow/operator` export.
 
 use std::cell::RefCell;
+use std::rc::Rc;
 use std::thread::LocalKey;
 
 use serde::de::DeserializeOwned;
 
 use crate::bindings::types::{Batch, OperatorError, TimerBatch};
-use crate::context::{self, Context, OpenContext};
+use crate::context::{self, Context, Current, OpenContext};
 use crate::record::{Record, Timer};
 use crate::{Error, Result};
 
@@ -47,18 +48,24 @@ pub(crate) fn decode_config<C: DeserializeOwned>(config: &str) -> Result<C> {
     serde_json::from_str(text).map_err(|e| Error::bad_config(format!("config {config:?}: {e}")))
 }
 
-fn with_operator<T: Operator>(slot: &'static Slot<T>, f: impl FnOnce(&mut T) -> Result<()>) -> Result<(), OperatorError> {
+fn with_operator<T: Operator>(
+    slot: &'static Slot<T>,
+    f: impl FnOnce(&mut T) -> Result<()>,
+) -> Result<(), OperatorError> {
     let result = slot.with_borrow_mut(|op| match op {
         Some(op) => f(op),
         None => Err(Error::failed("operator called before a successful open")),
     });
-    context::set_current_key(None);
+    context::set_current(None);
     match result {
         Ok(()) => {
+            // State first: by the time the host sees the output, the state it reflects is stored.
+            context::flush_state();
             context::flush_output();
             Ok(())
         }
         Err(e) => {
+            context::discard_state();
             context::discard_output();
             Err(e.into_wit())
         }
@@ -80,10 +87,13 @@ pub fn open<T: Operator>(slot: &'static Slot<T>, config: String) -> Result<(), O
 
 #[doc(hidden)]
 pub fn process<T: Operator>(slot: &'static Slot<T>, batch: Batch) -> Result<(), OperatorError> {
+    let Batch { data, records, prefetched_states, prefetched } = batch;
+    let data = Rc::new(data);
+    context::begin_scope(data.clone(), prefetched_states, prefetched);
     with_operator(slot, |op| {
-        for (i, r) in batch.records.iter().enumerate() {
-            let record = Record::from_wit(&batch.data, r)?;
-            context::set_current_key(record.key_bytes().map(|_| i as u32));
+        for (i, r) in records.iter().enumerate() {
+            let record = Record::from_wit(&data, r)?;
+            context::set_current(r.key.map(|key| Current { handle: i as u32, key, row: Some(i) }));
             op.process(&record, &mut Context::new(record.timestamp()))?;
         }
         Ok(())
@@ -92,10 +102,13 @@ pub fn process<T: Operator>(slot: &'static Slot<T>, batch: Batch) -> Result<(), 
 
 #[doc(hidden)]
 pub fn on_timer<T: Operator>(slot: &'static Slot<T>, timers: TimerBatch) -> Result<(), OperatorError> {
+    let TimerBatch { data, timers } = timers;
+    let data = Rc::new(data);
+    context::begin_scope(data.clone(), Vec::new(), Vec::new());
     with_operator(slot, |op| {
-        for (i, t) in timers.timers.iter().enumerate() {
-            let timer = Timer::from_wit(&timers.data, t)?;
-            context::set_current_key(Some(i as u32));
+        for (i, t) in timers.iter().enumerate() {
+            let timer = Timer::from_wit(&data, t)?;
+            context::set_current(Some(Current { handle: i as u32, key: t.key, row: None }));
             op.on_timer(&timer, &mut Context::new(Some(timer.timestamp())))?;
         }
         Ok(())
@@ -104,6 +117,7 @@ pub fn on_timer<T: Operator>(slot: &'static Slot<T>, timers: TimerBatch) -> Resu
 
 #[doc(hidden)]
 pub fn close<T: Operator>(slot: &'static Slot<T>) -> Result<(), OperatorError> {
+    context::begin_scope(Rc::default(), Vec::new(), Vec::new());
     with_operator(slot, |op| op.close(&mut Context::new(None)))
 }
 

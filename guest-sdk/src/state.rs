@@ -1,5 +1,8 @@
 //! Typed handles to keyed state. Every read and write applies to the key of the record (or
 //! timer) being handled right now; the host enforces that scope.
+//!
+//! Value state is cheap to use per record: values of prefetched states arrive with the batch,
+//! and writes are buffered and handed to the host in one crossing at the end of the call.
 
 use std::marker::PhantomData;
 
@@ -9,8 +12,8 @@ use serde::de::DeserializeOwned;
 use crate::bindings::state::{self as wit, StateKind};
 use crate::{Result, codec, context};
 
-fn declare(name: &str, kind: StateKind) -> u32 {
-    wit::declare(name, kind)
+fn declare(name: &str, kind: StateKind, prefetch: bool) -> u32 {
+    wit::declare(name, kind, prefetch)
 }
 
 /// One value of type `T` per key.
@@ -21,27 +24,23 @@ pub struct ValueState<T> {
 }
 
 impl<T: Serialize + DeserializeOwned> ValueState<T> {
-    pub(crate) fn declare(name: &str) -> Self {
-        Self { id: declare(name, StateKind::Value), _t: PhantomData }
+    pub(crate) fn declare(name: &str, prefetch: bool) -> Self {
+        Self { id: declare(name, StateKind::Value, prefetch), _t: PhantomData }
     }
 
     /// The value for the current key, if one was set.
     pub fn get(&self) -> Result<Option<T>> {
-        let key = context::current_key()?;
-        wit::value_get(self.id, key).map(|b| codec::decode(&b)).transpose()
+        context::with_value(self.id, |bytes| bytes.map(codec::decode).transpose())
     }
 
     /// Replaces the value for the current key.
     pub fn set(&self, value: &T) -> Result<()> {
-        let key = context::current_key()?;
-        wit::value_set(self.id, key, &codec::encode(value)?);
-        Ok(())
+        context::value_put(self.id, Some(codec::encode(value)?))
     }
 
     /// Removes the value for the current key.
     pub fn clear(&self) -> Result<()> {
-        wit::clear(self.id, context::current_key()?);
-        Ok(())
+        context::value_put(self.id, None)
     }
 }
 
@@ -54,7 +53,7 @@ pub struct ListState<T> {
 
 impl<T: Serialize + DeserializeOwned> ListState<T> {
     pub(crate) fn declare(name: &str) -> Self {
-        Self { id: declare(name, StateKind::List), _t: PhantomData }
+        Self { id: declare(name, StateKind::List, false), _t: PhantomData }
     }
 
     /// All items for the current key, oldest first.
@@ -98,7 +97,7 @@ where
     V: Serialize + DeserializeOwned,
 {
     pub(crate) fn declare(name: &str) -> Self {
-        Self { id: declare(name, StateKind::Map), _t: PhantomData }
+        Self { id: declare(name, StateKind::Map, false), _t: PhantomData }
     }
 
     /// The value under `map_key` for the current key.
@@ -124,10 +123,7 @@ where
     /// Every entry for the current key, ordered by the encoded map key.
     pub fn entries(&self) -> Result<Vec<(K, V)>> {
         let key = context::current_key()?;
-        wit::map_entries(self.id, key)
-            .iter()
-            .map(|(k, v)| Ok((codec::decode(k)?, codec::decode(v)?)))
-            .collect()
+        wit::map_entries(self.id, key).iter().map(|(k, v)| Ok((codec::decode(k)?, codec::decode(v)?))).collect()
     }
 
     /// Removes every entry for the current key.

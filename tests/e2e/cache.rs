@@ -41,7 +41,9 @@ fn second_load_hits_the_cache_and_damage_is_rebuilt() {
     bytes[middle] ^= 0x55;
     fs::write(&entry, &bytes).expect("damage entry");
     let rebuilt = runtime.load_file("count", guests::WORDCOUNT_COUNT.as_ref()).expect("load");
-    let CacheOutcome::Rebuilt { reason } = rebuilt.cache_outcome() else { panic!("expected rebuild, got {:?}", rebuilt.cache_outcome()) };
+    let CacheOutcome::Rebuilt { reason } = rebuilt.cache_outcome() else {
+        panic!("expected rebuild, got {:?}", rebuilt.cache_outcome())
+    };
     assert!(reason.contains("checksum"), "{reason}");
     still_counts(&rebuilt);
 
@@ -49,5 +51,8 @@ fn second_load_hits_the_cache_and_damage_is_rebuilt() {
     fs::write(&entry, &bytes[..10]).expect("truncate entry");
     let rebuilt = runtime.load_file("count", guests::WORDCOUNT_COUNT.as_ref()).expect("load");
     assert!(matches!(rebuilt.cache_outcome(), CacheOutcome::Rebuilt { .. }));
-    assert_eq!(runtime.load_file("count", guests::WORDCOUNT_COUNT.as_ref()).expect("load").cache_outcome(), &CacheOutcome::Hit);
+    assert_eq!(
+        runtime.load_file("count", guests::WORDCOUNT_COUNT.as_ref()).expect("load").cache_outcome(),
+        &CacheOutcome::Hit
+    );
 }

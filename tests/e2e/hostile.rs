@@ -5,8 +5,8 @@ use std::sync::OnceLock;
 
 use eddy_guest_artifacts as guests;
 use eddy_runtime::{
-    CallError, CallErrorKind, Component, Fault, GuestErrorKind, Runtime, RuntimeConfig, SandboxLimits, Subtask, Violation,
-    WasiGrants,
+    CallError, CallErrorKind, Component, Fault, GuestErrorKind, Runtime, RuntimeConfig, SandboxLimits, Subtask,
+    Violation, WasiGrants,
 };
 use eddy_tests::{decode, json_batch, load, open_operator, runtime};
 
@@ -128,7 +128,10 @@ fn an_operator_error_is_not_a_trap_and_the_instance_goes_on() {
         let err = op.process(&json_batch(&[(Some("k"), "v")])).expect_err("error");
         assert_eq!(
             err.kind,
-            CallErrorKind::Operator { kind: GuestErrorKind::BadRecord, message: "hostile operator rejects every record".into() }
+            CallErrorKind::Operator {
+                kind: GuestErrorKind::BadRecord,
+                message: "hostile operator rejects every record".into()
+            }
         );
         assert!(!op.is_poisoned());
     }
@@ -144,7 +147,10 @@ fn bad_config_is_reported_as_such() {
         )
         .expect("instantiate");
     let err = op.open(r#"{"mood": "loop"}"#).expect_err("bad config");
-    assert!(matches!(err.kind, CallErrorKind::Operator { kind: GuestErrorKind::BadConfig, ref message } if message.contains("mode")), "{err}");
+    assert!(
+        matches!(err.kind, CallErrorKind::Operator { kind: GuestErrorKind::BadConfig, ref message } if message.contains("mode")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -184,7 +190,8 @@ fn granted_access_is_visible_and_only_that() {
 fn fuel_bounds_a_loop_deterministically() {
     static FUELED: OnceLock<Runtime> = OnceLock::new();
     let runtime = FUELED.get_or_init(|| {
-        let limits = SandboxLimits { fuel_per_call: Some(50_000_000), call_timeout_ms: 60_000, ..SandboxLimits::default() };
+        let limits =
+            SandboxLimits { fuel_per_call: Some(50_000_000), call_timeout_ms: 60_000, ..SandboxLimits::default() };
         Runtime::new(RuntimeConfig { limits, ..RuntimeConfig::default() }).expect("runtime")
     });
     let component = runtime.load_file("hostile", guests::HOSTILE.as_ref()).expect("load");
@@ -201,5 +208,7 @@ fn fuel_bounds_a_loop_deterministically() {
 fn sandbox_defaults_are_bounded() {
     let limits = runtime().config().limits.clone();
     assert!(limits.memory_bytes <= 1 << 30 && limits.call_timeout_ms <= 60_000);
-    assert!(limits.max_key_bytes < limits.max_value_bytes && limits.max_value_bytes <= limits.max_output_bytes_per_call);
+    assert!(
+        limits.max_key_bytes < limits.max_value_bytes && limits.max_value_bytes <= limits.max_output_bytes_per_call
+    );
 }

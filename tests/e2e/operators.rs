@@ -76,12 +76,15 @@ proptest! {
 #[test]
 fn a_record_of_a_foreign_key_group_never_reaches_the_guest() {
     let count = load("count", guests::WORDCOUNT_COUNT);
-    let mut subtask0 = open_operator(&count, Subtask { index: 0, parallelism: 2, max_parallelism: MAX_PARALLELISM }, "null");
+    let mut subtask0 =
+        open_operator(&count, Subtask { index: 0, parallelism: 2, max_parallelism: MAX_PARALLELISM }, "null");
     let foreign = (0..1000)
         .map(|i| format!("w{i}"))
         .find(|w| {
             let key = serde_json::to_vec(w).expect("json");
-            !Subtask { index: 0, parallelism: 2, max_parallelism: MAX_PARALLELISM }.key_groups().contains(key_group_of(&key, MAX_PARALLELISM))
+            !Subtask { index: 0, parallelism: 2, max_parallelism: MAX_PARALLELISM }
+                .key_groups()
+                .contains(key_group_of(&key, MAX_PARALLELISM))
         })
         .expect("some key lands on subtask 1");
     let err = subtask0.process(&json_batch(&[(Some(foreign), 1u64)])).expect_err("misrouted");
@@ -117,9 +120,18 @@ fn list_and_map_state_behave_like_their_oracles() {
             lists.entry(key).or_default().push(value);
             *counts.entry(key).or_default().entry(serde_json::to_string(value).expect("json")).or_default() += 1;
         }
-        let map: Vec<_> = counts.get(key).into_iter().flatten().map(|(k, n)| json!([serde_json::from_str::<String>(k).expect("json"), n])).collect();
+        let map: Vec<_> = counts
+            .get(key)
+            .into_iter()
+            .flatten()
+            .map(|(k, n)| json!([serde_json::from_str::<String>(k).expect("json"), n]))
+            .collect();
         let expected = json!({ "list": lists.get(key).cloned().unwrap_or_default(), "map": map });
-        assert_eq!(decode::<String, serde_json::Value>(&out.main), vec![(Some(key.to_owned()), expected)], "after {key}={value}");
+        assert_eq!(
+            decode::<String, serde_json::Value>(&out.main),
+            vec![(Some(key.to_owned()), expected)],
+            "after {key}={value}"
+        );
     }
 }
 
@@ -133,11 +145,15 @@ fn purchase_totals_equal_a_batch_sum_however_records_are_grouped_and_merged() {
     // operator may pre-aggregate panes (sliding) or merge sessions.
     let mut left = agg.create_accumulator().expect("create");
     for chunk in purchases[..77].chunks(13) {
-        let batch = json_batch(&chunk.iter().map(|c| (Some("u1"), json!({"user_id": "u1", "amount_cents": c}))).collect::<Vec<_>>());
+        let batch = json_batch(
+            &chunk.iter().map(|c| (Some("u1"), json!({"user_id": "u1", "amount_cents": c}))).collect::<Vec<_>>(),
+        );
         left = agg.add(&left, &batch).expect("add");
     }
     let mut right = agg.create_accumulator().expect("create");
-    let batch = json_batch(&purchases[77..].iter().map(|c| (Some("u1"), json!({"user_id": "u1", "amount_cents": c}))).collect::<Vec<_>>());
+    let batch = json_batch(
+        &purchases[77..].iter().map(|c| (Some("u1"), json!({"user_id": "u1", "amount_cents": c}))).collect::<Vec<_>>(),
+    );
     right = agg.add(&right, &batch).expect("add");
     let merged = agg.merge(&right, &left).expect("merge");
     let result: serde_json::Value = serde_json::from_slice(&agg.result(&merged).expect("result")).expect("json");
@@ -188,7 +204,9 @@ fn run_detector(txs: &[Tx]) -> Vec<(u64, i64)> {
         if !fired.is_empty() {
             assert!(op.on_timers(&fired).expect("on_timer").main.is_empty());
         }
-        let out = op.process(&json_batch(&[(Some(account), json!({"account_id": account, "amount_cents": amount}))])).expect("process");
+        let out = op
+            .process(&json_batch(&[(Some(account), json!({"account_id": account, "amount_cents": amount}))]))
+            .expect("process");
         for (_, alert) in decode::<u64, serde_json::Value>(&out.main) {
             alerts.push((alert["account_id"].as_u64().expect("id"), alert["amount_cents"].as_i64().expect("amount")));
         }

@@ -37,7 +37,11 @@ fn main() -> Result<()> {
         writeln!(consts, "/// Path of the `{name}` guest component.\npub const {name}: &str = {:?};", path.display())?;
     }
     let python = build_python_guest(&root, &target_dir)?;
-    writeln!(consts, "/// Path of the Python word counter component.\npub const PYTHON_WORDCOUNT: &str = {:?};", python.display())?;
+    writeln!(
+        consts,
+        "/// Path of the Python word counter component.\npub const PYTHON_WORDCOUNT: &str = {:?};",
+        python.display()
+    )?;
     std::fs::write(out_dir.join("artifacts.rs"), consts)?;
     Ok(())
 }
@@ -52,13 +56,18 @@ fn build_rust_guests(root: &Path, target_dir: &Path) -> Result<Vec<(&'static str
         .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_TARGET_DIR");
+        .env_remove("CARGO_TARGET_DIR")
+        // Under `cargo clippy` the outer build runs clippy-driver; guests are linted on their own.
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CLIPPY_ARGS");
     for (_, package, _) in RUST_GUESTS {
         cmd.args(["-p", package]);
     }
     let status = cmd.status().context("running cargo for the guest components")?;
     if !status.success() {
-        bail!("building the guest components failed (is the wasm32-wasip2 target installed? `rustup target add wasm32-wasip2`)");
+        bail!(
+            "building the guest components failed (is the wasm32-wasip2 target installed? `rustup target add wasm32-wasip2`)"
+        );
     }
     let dir = target_dir.join("wasm32-wasip2/release");
     Ok(RUST_GUESTS.iter().map(|(name, _, stem)| (*name, dir.join(format!("{stem}.wasm")))).collect())

@@ -52,7 +52,7 @@ impl Operator for FraudDetector {
     type Config = ();
 
     fn open(_config: (), ctx: &mut OpenContext) -> Result<Self> {
-        Ok(FraudDetector { flag: ctx.value_state("flag"), timer: ctx.value_state("timer") })
+        Ok(FraudDetector { flag: ctx.value_state("flag"), timer: ctx.rare_value_state("timer") })
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {

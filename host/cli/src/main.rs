@@ -40,7 +40,8 @@ fn runtime(cache_dir: PathBuf) -> Result<Runtime> {
 
 fn report(summary: &RunSummary, done: bool) {
     let secs = summary.elapsed.as_secs_f64().max(1e-9);
-    let steps: Vec<String> = summary.steps.iter().map(|s| format!("{} {}->{}", s.name, s.records_in, s.records_out)).collect();
+    let steps: Vec<String> =
+        summary.steps.iter().map(|s| format!("{} {}->{}", s.name, s.records_in, s.records_out)).collect();
     eprintln!(
         "{} {:.1}s  in {} ({:.0}/s)  out {}  [{}]",
         if done { "done" } else { "running" },

@@ -118,7 +118,11 @@ impl RecordBatch {
     }
 
     fn view(&self, m: &RecordMeta) -> RecordView<'_> {
-        RecordView { key: m.key.map(|k| &self.data[k.range()]), value: &self.data[m.value.range()], timestamp: m.timestamp }
+        RecordView {
+            key: m.key.map(|k| &self.data[k.range()]),
+            value: &self.data[m.value.range()],
+            timestamp: m.timestamp,
+        }
     }
 
     /// The records in order.

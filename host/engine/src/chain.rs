@@ -190,8 +190,10 @@ impl<'r> ChainRunner<'r> {
             .steps
             .iter()
             .map(|s| {
-                let component =
-                    self.runtime.load_file(&s.name, &s.wasm).map_err(|source| RunError::Load { step: s.name.clone(), source })?;
+                let component = self
+                    .runtime
+                    .load_file(&s.name, &s.wasm)
+                    .map_err(|source| RunError::Load { step: s.name.clone(), source })?;
                 let mut instance = component.instantiate_operator(
                     subtask,
                     Box::new(HeapStateBackend::default()),
@@ -249,13 +251,24 @@ fn encode_line(line: &str, format: SourceFormat, path: &Path, number: usize) -> 
         SourceFormat::Lines => Ok(serde_json::to_vec(line).unwrap_or_default()),
         SourceFormat::JsonLines => match serde_json::from_str::<serde_json::Value>(line) {
             Ok(v) => Ok(serde_json::to_vec(&v).unwrap_or_default()),
-            Err(e) => Err(RunError::BadInput { path: path.display().to_string(), line: number, problem: format!("not JSON: {e}") }),
+            Err(e) => Err(RunError::BadInput {
+                path: path.display().to_string(),
+                line: number,
+                problem: format!("not JSON: {e}"),
+            }),
         },
     }
 }
 
 /// Feeds `batch` to step `from` and everything after it.
-fn push(steps: &mut [Step], from: usize, batch: RecordBatch, sink: &mut dyn Sink, summary: &mut RunSummary, path: &Path) -> Result<(), RunError> {
+fn push(
+    steps: &mut [Step],
+    from: usize,
+    batch: RecordBatch,
+    sink: &mut dyn Sink,
+    summary: &mut RunSummary,
+    path: &Path,
+) -> Result<(), RunError> {
     if batch.is_empty() {
         return Ok(());
     }
@@ -269,7 +282,14 @@ fn push(steps: &mut [Step], from: usize, batch: RecordBatch, sink: &mut dyn Sink
 }
 
 /// Sends step `at`'s output on: main output to the next step, side outputs to the sink.
-fn route(steps: &mut [Step], at: usize, out: Output, sink: &mut dyn Sink, summary: &mut RunSummary, path: &Path) -> Result<(), RunError> {
+fn route(
+    steps: &mut [Step],
+    at: usize,
+    out: Output,
+    sink: &mut dyn Sink,
+    summary: &mut RunSummary,
+    path: &Path,
+) -> Result<(), RunError> {
     steps[at].counts.records_out += out.main.len() as u64;
     for (name, side) in &out.side {
         steps[at].counts.side_records_out += side.len() as u64;
@@ -280,4 +300,3 @@ fn route(steps: &mut [Step], at: usize, out: Output, sink: &mut dyn Sink, summar
     }
     push(steps, at + 1, out.main, sink, summary, path)
 }
-

@@ -124,7 +124,8 @@ impl PipelineSpec {
 
     /// Reads a spec file; relative paths in it are resolved against its directory.
     pub fn from_file(path: &Path) -> Result<Self, SpecError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read { path: path.display().to_string(), source })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| SpecError::Read { path: path.display().to_string(), source })?;
         let mut spec = Self::from_yaml(&text)?;
         let base = path.parent().unwrap_or(Path::new("."));
         spec.resolve_paths(base);
@@ -174,7 +175,8 @@ impl PipelineSpec {
 mod tests {
     use super::*;
 
-    const OK: &str = "name: wc\nsource: {type: file, path: in.txt}\nsteps:\n  - {name: a, wasm: a.wasm}\nsink: {type: print}\n";
+    const OK: &str =
+        "name: wc\nsource: {type: file, path: in.txt}\nsteps:\n  - {name: a, wasm: a.wasm}\nsink: {type: print}\n";
 
     #[test]
     fn defaults_apply() {
@@ -189,7 +191,10 @@ mod tests {
         let cases = [
             (OK.replace("name: wc", "name: ''"), "`name`"),
             (OK.replace("steps:", "max_parallelism: 0\nsteps:"), "max_parallelism"),
-            (OK.replace("{name: a, wasm: a.wasm}", "{name: a, wasm: a.wasm}\n  - {name: a, wasm: b.wasm}"), "steps[1].name"),
+            (
+                OK.replace("{name: a, wasm: a.wasm}", "{name: a, wasm: a.wasm}\n  - {name: a, wasm: b.wasm}"),
+                "steps[1].name",
+            ),
             (OK.replace("wasm: a.wasm", "wasm: a.wasm, confg: 1"), "confg"),
             (OK.replace("type: print", "type: kafka"), "kafka"),
             (OK.replace("sink: {type: print}\n", ""), "sink"),

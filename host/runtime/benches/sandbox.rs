@@ -15,7 +15,7 @@ use eddy_runtime::{InstanceAllocation, Runtime, RuntimeConfig, Subtask};
 use eddy_state::{HeapStateBackend, StateBackend, StateKey};
 
 const KEYS: usize = 10_000;
-const RECORDS: usize = 200_000;
+const RECORDS: usize = 100_000;
 const MAX_PARALLELISM: u32 = 128;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -25,11 +25,15 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 
 fn measure(samples: usize, mut f: impl FnMut()) -> Duration {
     f(); // warm-up
-    median((0..samples).map(|_| {
-        let t = Instant::now();
-        f();
-        t.elapsed()
-    }).collect())
+    median(
+        (0..samples)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .collect(),
+    )
 }
 
 /// The input: RECORDS words over KEYS distinct keys, JSON-encoded as the SDK expects.
@@ -74,7 +78,11 @@ impl NativeCounter {
             };
             let count = current + n;
             self.backend.put(&state_key, &serde_json::to_vec(&count).expect("json")).expect("put");
-            out.push(Some(&serde_json::to_vec(&word).expect("json")), &serde_json::to_vec(&count).expect("json"), r.timestamp);
+            out.push(
+                Some(&serde_json::to_vec(&word).expect("json")),
+                &serde_json::to_vec(&count).expect("json"),
+                r.timestamp,
+            );
         }
         out
     }
@@ -91,41 +99,66 @@ fn bare_native(batches: &[RecordBatch], counts: &mut HashMap<Vec<u8>, u64>) {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let samples = if quick { 3 } else { 11 };
+    let samples = if quick { 5 } else { 21 };
     let runtime = Runtime::new(RuntimeConfig::default()).expect("runtime");
     let component = runtime.load_file("count", guests::WORDCOUNT_COUNT.as_ref()).expect("load");
 
-    println!("word-count counter, {RECORDS} records over {KEYS} keys, median of {samples} runs\n");
-    println!("| batch | sandbox ns/record | native ns/record (same backend) | ratio | bare HashMap ns/record |");
+    println!("word-count counter, {RECORDS} records over {KEYS} keys; {samples} samples, each running the sandbox");
+    println!("and the native twin back to back; medians of each and of the per-sample ratio\n");
+    println!(
+        "| batch | sandbox ns/record | native ns/record (same backend) | sandbox / native | bare HashMap ns/record |"
+    );
     println!("|---:|---:|---:|---:|---:|");
-    for batch_size in [1usize, 64, 256, 1024] {
+    let sizes: Vec<usize> = match std::env::var("EDDY_BENCH_BATCHES") {
+        Ok(list) => list.split(',').filter_map(|s| s.trim().parse().ok()).collect(),
+        Err(_) => vec![1, 64, 256, 1024],
+    };
+    for batch_size in sizes {
         let batches = input_batches(batch_size);
-        let sandbox = measure(samples, || {
+        let run_sandbox = || {
+            let t = Instant::now();
             let mut op = component
-                .instantiate_operator(Subtask::single(MAX_PARALLELISM), Box::new(HeapStateBackend::default()), Box::new(HeapTimerService::default()))
+                .instantiate_operator(
+                    Subtask::single(MAX_PARALLELISM),
+                    Box::new(HeapStateBackend::default()),
+                    Box::new(HeapTimerService::default()),
+                )
                 .expect("instantiate");
             op.open("null").expect("open");
             for b in &batches {
                 black_box(op.process(b).expect("process"));
             }
-        });
-        let native = measure(samples, || {
+            t.elapsed()
+        };
+        let run_native = || {
+            let t = Instant::now();
             let mut op = NativeCounter { backend: HeapStateBackend::default(), key: StateKey::default() };
             for b in &batches {
                 black_box(op.process(b));
             }
-        });
+            t.elapsed()
+        };
+        run_sandbox();
+        run_native();
+        let (mut sandbox, mut native, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..samples {
+            let (s, n) = (run_sandbox(), run_native());
+            ratios.push(s.as_secs_f64() / n.as_secs_f64());
+            sandbox.push(s);
+            native.push(n);
+        }
         let bare = measure(samples, || {
             let mut counts = HashMap::new();
             bare_native(&batches, &mut counts);
             black_box(counts);
         });
+        ratios.sort_by(f64::total_cmp);
         let per = |d: Duration| d.as_nanos() as f64 / RECORDS as f64;
         println!(
             "| {batch_size} | {:.0} | {:.0} | {:.2}x | {:.0} |",
-            per(sandbox),
-            per(native),
-            per(sandbox) / per(native),
+            per(median(sandbox)),
+            per(median(native)),
+            ratios[ratios.len() / 2],
             per(bare)
         );
     }
@@ -135,7 +168,9 @@ fn main() {
     println!("|---|---:|");
     let wasm = std::fs::read(guests::WORDCOUNT_COUNT).expect("guest");
     let cache = tempfile::tempdir().expect("tempdir");
-    let cached_runtime = Runtime::new(RuntimeConfig { cache_dir: Some(cache.path().to_owned()), ..RuntimeConfig::default() }).expect("runtime");
+    let cached_runtime =
+        Runtime::new(RuntimeConfig { cache_dir: Some(cache.path().to_owned()), ..RuntimeConfig::default() })
+            .expect("runtime");
     cached_runtime.load("count", &wasm).expect("fill cache");
     let cold = measure(samples, || {
         black_box(runtime.load("count", &wasm).expect("compile"));
@@ -145,15 +180,18 @@ fn main() {
     });
     println!("| load: validate + Cranelift compile (cold) | {cold:.2?} |");
     println!("| load: validate + map cached artifact | {cached:.2?} |");
-    for (label, allocation) in [
-        ("pooling", InstanceAllocation::Pooling { max_instances: 128 }),
-        ("on-demand", InstanceAllocation::OnDemand),
-    ] {
+    for (label, allocation) in
+        [("pooling", InstanceAllocation::Pooling { max_instances: 128 }), ("on-demand", InstanceAllocation::OnDemand)]
+    {
         let rt = Runtime::new(RuntimeConfig { allocation, ..RuntimeConfig::default() }).expect("runtime");
         let c = rt.load("count", &wasm).expect("load");
         let inst = measure(samples * 20, || {
             let op = c
-                .instantiate_operator(Subtask::single(MAX_PARALLELISM), Box::new(HeapStateBackend::default()), Box::new(HeapTimerService::default()))
+                .instantiate_operator(
+                    Subtask::single(MAX_PARALLELISM),
+                    Box::new(HeapStateBackend::default()),
+                    Box::new(HeapTimerService::default()),
+                )
                 .expect("instantiate");
             black_box(op);
         });

@@ -92,7 +92,8 @@ impl ArtifactCache {
         let body = engine.precompile_component(wasm).map_err(|e| LoadError::Invalid(format!("{e:#}")))?;
         self.store(&path, &body)?;
         // SAFETY: produced just now by this engine.
-        let component = unsafe { Component::deserialize(engine, &body) }.map_err(|e| LoadError::Invalid(format!("{e:#}")))?;
+        let component =
+            unsafe { Component::deserialize(engine, &body) }.map_err(|e| LoadError::Invalid(format!("{e:#}")))?;
         Ok((component, outcome))
     }
 

@@ -26,7 +26,9 @@ pub enum LoadError {
         limit: usize,
     },
     /// Not WebAssembly at all.
-    #[error("not a WebAssembly binary (it does not start with the \\0asm magic); upload the .wasm built for wasm32-wasip2")]
+    #[error(
+        "not a WebAssembly binary (it does not start with the \\0asm magic); upload the .wasm built for wasm32-wasip2"
+    )]
     NotWasm,
     /// A core module where a component is needed.
     #[error(
@@ -200,7 +202,9 @@ impl fmt::Display for CallError {
         write!(f, "operator `{}` failed in {}: ", self.operator, self.call)?;
         match &self.kind {
             CallErrorKind::Operator { kind, message } => write!(f, "{kind:?}: {message}")?,
-            CallErrorKind::Timeout { timeout_ms } => write!(f, "call ran longer than {timeout_ms} ms and was interrupted")?,
+            CallErrorKind::Timeout { timeout_ms } => {
+                write!(f, "call ran longer than {timeout_ms} ms and was interrupted")?
+            }
             CallErrorKind::OutOfFuel => write!(f, "ran out of fuel")?,
             CallErrorKind::StackOverflow => write!(f, "wasm stack overflow (unbounded recursion?)")?,
             CallErrorKind::Violation(v) => write!(f, "stopped by the sandbox: {v}")?,

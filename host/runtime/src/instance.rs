@@ -8,7 +8,7 @@ use crate::bindings::aggregate_world::WindowAggregate;
 use crate::bindings::operator_world::KeyedOperator;
 use crate::bindings::types::{Batch, RecordRef, Span, TimeDomain as WitDomain, TimerBatch, TimerRef};
 use crate::call::CallPolicy;
-use crate::error::{CallError, CallErrorKind};
+use crate::error::CallError;
 use crate::keyed::{OperatorHost, Output};
 use crate::sandbox::{HasSandbox, Sandbox};
 
@@ -25,6 +25,8 @@ pub(crate) fn to_wit_batch(batch: &RecordBatch) -> Batch {
             .iter()
             .map(|m| RecordRef { key: m.key.map(wit_span), value: wit_span(m.value), timestamp: m.timestamp })
             .collect(),
+        prefetched_states: Vec::new(),
+        prefetched: Vec::new(),
     }
 }
 
@@ -57,7 +59,9 @@ pub struct OperatorInstance {
 
 impl std::fmt::Debug for OperatorInstance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OperatorInstance").field("operator", &self.store.data().sandbox.operator).finish_non_exhaustive()
+        f.debug_struct("OperatorInstance")
+            .field("operator", &self.store.data().sandbox.operator)
+            .finish_non_exhaustive()
     }
 }
 
@@ -72,12 +76,15 @@ impl OperatorInstance {
     /// Processes a batch and returns what the operator emitted.
     pub fn process(&mut self, batch: &RecordBatch) -> Result<Output, CallError> {
         let Self { store, bindings, policy } = self;
-        if let Err(e) = store.data_mut().keyed.load_batch_keys(batch) {
-            let operator = store.data().sandbox.operator.clone();
-            return Err(CallError { operator, call: "process", kind: CallErrorKind::Internal(e), guest_message: None });
-        }
-        let wit = to_wit_batch(batch);
-        let result = Self::guarded(store, policy, "process", |s| bindings.eddy_dataflow_operator().call_process(s, &wit));
+        let wit = match store.data_mut().keyed.batch_for_guest(batch) {
+            Ok(wit) => wit,
+            Err(kind) => {
+                let operator = store.data().sandbox.operator.clone();
+                return Err(CallError { operator, call: "process", kind, guest_message: None });
+            }
+        };
+        let result =
+            Self::guarded(store, policy, "process", |s| bindings.eddy_dataflow_operator().call_process(s, &wit));
         store.data_mut().keyed.keys.clear("process");
         result
     }
@@ -87,7 +94,8 @@ impl OperatorInstance {
         let Self { store, bindings, policy } = self;
         store.data_mut().keyed.load_timer_keys(fired);
         let wit = to_wit_timers(fired);
-        let result = Self::guarded(store, policy, "on-timer", |s| bindings.eddy_dataflow_operator().call_on_timer(s, &wit));
+        let result =
+            Self::guarded(store, policy, "on-timer", |s| bindings.eddy_dataflow_operator().call_on_timer(s, &wit));
         store.data_mut().keyed.keys.clear("on-timer");
         result
     }
@@ -172,7 +180,9 @@ pub struct AggregateInstance {
 
 impl std::fmt::Debug for AggregateInstance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AggregateInstance").field("operator", &self.store.data().sandbox.operator).finish_non_exhaustive()
+        f.debug_struct("AggregateInstance")
+            .field("operator", &self.store.data().sandbox.operator)
+            .finish_non_exhaustive()
     }
 }
 

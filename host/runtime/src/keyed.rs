@@ -9,7 +9,7 @@ use wasmtime_wasi::{WasiCtxView, WasiView};
 
 use crate::bindings::{output, state, timers, types};
 use crate::config::SandboxLimits;
-use crate::error::{HostTrap, Violation};
+use crate::error::{CallErrorKind, HostTrap, Violation};
 use crate::sandbox::{HasSandbox, Sandbox};
 
 /// Longest state or side-output name.
@@ -70,7 +70,9 @@ impl KeyTable {
         match self.entries.get(handle as usize) {
             Some(Some((g, start, len))) => Ok((*g, &self.data[*start..*start + *len])),
             Some(None) => Err(trap(Violation::NoKey(format!("record {handle} has no key")))),
-            None if self.entries.is_empty() => Err(trap(Violation::NoKey(format!("no current key in {}", self.context)))),
+            None if self.entries.is_empty() => {
+                Err(trap(Violation::NoKey(format!("no current key in {}", self.context))))
+            }
             None => Err(trap(Violation::BadKeyHandle { handle, records: self.entries.len() })),
         }
     }
@@ -90,6 +92,8 @@ pub(crate) struct Keyed {
     key_groups: KeyGroupRange,
     max_parallelism: u32,
     states: Vec<Declared>,
+    /// Value states whose values travel with each batch, ascending ids.
+    prefetch: Vec<u32>,
     side_outputs: Vec<String>,
     by_name: HashMap<String, u32>,
     pub(crate) keys: KeyTable,
@@ -113,6 +117,7 @@ impl Keyed {
             key_groups,
             max_parallelism,
             states: Vec::new(),
+            prefetch: Vec::new(),
             side_outputs: Vec::new(),
             by_name: HashMap::new(),
             keys: KeyTable::default(),
@@ -127,27 +132,47 @@ impl Keyed {
         self.output_bytes = 0;
     }
 
-    /// Loads the keys of a batch; a record of a key group this subtask does not own is a
-    /// routing bug upstream and never reaches the guest.
-    pub(crate) fn load_batch_keys(&mut self, batch: &RecordBatch) -> Result<(), String> {
+    /// Builds the WIT batch for `process`: loads the call's keys (a record of a key group this
+    /// subtask does not own is a routing bug upstream and never reaches the guest) and appends
+    /// the prefetched state values to the batch's buffer.
+    pub(crate) fn batch_for_guest(&mut self, batch: &RecordBatch) -> Result<types::Batch, CallErrorKind> {
         self.keys.clear("process");
+        let mut wit = crate::instance::to_wit_batch(batch);
+        wit.prefetched_states = self.prefetch.clone();
+        wit.prefetched.reserve(batch.len() * self.prefetch.len());
+        let mut out = std::mem::take(&mut wit.data);
         for (i, r) in batch.iter().enumerate() {
-            let key = match r.key {
-                Some(k) => {
-                    let group = key_group_of(k, self.max_parallelism);
-                    if !self.key_groups.contains(group) {
-                        return Err(format!(
-                            "record {i} has key group {group}, outside this subtask's range {}..={}",
-                            self.key_groups.start, self.key_groups.end
-                        ));
-                    }
-                    Some((k, group))
-                }
-                None => None,
+            let Some(key) = r.key else {
+                self.keys.push(None);
+                wit.prefetched.extend(self.prefetch.iter().map(|_| None));
+                continue;
             };
-            self.keys.push(key);
+            let group = key_group_of(key, self.max_parallelism);
+            if !self.key_groups.contains(group) {
+                return Err(CallErrorKind::Internal(format!(
+                    "record {i} has key group {group}, outside this subtask's range {}..={}",
+                    self.key_groups.start, self.key_groups.end
+                )));
+            }
+            self.keys.push(Some((key, group)));
+            for &state in &self.prefetch {
+                let name = &self.states[state as usize].name;
+                let value = self
+                    .backend
+                    .get(self.key_buf.encode(group, key, name, b""))
+                    .map_err(|e| CallErrorKind::State(e.to_string()))?;
+                wit.prefetched.push(value.map(|v| {
+                    let offset = out.len() as u32;
+                    out.extend_from_slice(&v);
+                    types::Span { offset, len: v.len() as u32 }
+                }));
+            }
         }
-        Ok(())
+        if out.len() > u32::MAX as usize {
+            return Err(CallErrorKind::Internal("batch with prefetched state exceeds 4 GiB".into()));
+        }
+        wit.data = out;
+        Ok(wit)
     }
 
     pub(crate) fn load_timer_keys(&mut self, fired: &[FiredTimer]) {
@@ -187,7 +212,7 @@ impl Keyed {
         f(backend.as_mut(), state_key, declared.kind).map_err(|e| wasmtime::Error::new(HostTrap::from(e)))
     }
 
-    fn declare(&mut self, name: String, declared_kind: Option<state::StateKind>) -> ImportResult<u32> {
+    fn declare(&mut self, name: String, declared_kind: Option<state::StateKind>, prefetch: bool) -> ImportResult<u32> {
         limit("state or side-output name bytes", MAX_NAME_BYTES, name.len())?;
         let qualified = match declared_kind {
             Some(_) => format!("state:{name}"),
@@ -208,7 +233,11 @@ impl Keyed {
         let id = match declared_kind {
             Some(kind) => {
                 self.states.push(Declared { name, kind });
-                self.states.len() as u32 - 1
+                let id = self.states.len() as u32 - 1;
+                if prefetch && kind == state::StateKind::Value {
+                    self.prefetch.push(id);
+                }
+                id
             }
             None => {
                 self.output.side.push((name.clone(), RecordBatch::default()));
@@ -264,8 +293,18 @@ impl crate::bindings::log::Host for OperatorHost {
 use state::StateKind::{List, Map, Value};
 
 impl state::Host for OperatorHost {
-    fn declare(&mut self, name: String, kind: state::StateKind) -> ImportResult<u32> {
-        self.keyed.declare(name, Some(kind))
+    fn declare(&mut self, name: String, kind: state::StateKind, prefetch: bool) -> ImportResult<u32> {
+        self.keyed.declare(name, Some(kind), prefetch)
+    }
+
+    fn value_set_many(&mut self, writes: Vec<state::ValueWrite>) -> ImportResult<()> {
+        for w in writes {
+            match w.value {
+                Some(value) => self.value_set(w.state, w.key, value)?,
+                None => self.keyed.with_state_key(w.state, Some(Value), w.key, None, |b, k, _| b.delete(k))?,
+            }
+        }
+        Ok(())
     }
 
     fn value_get(&mut self, state: u32, key: u32) -> ImportResult<Option<Vec<u8>>> {
@@ -366,7 +405,7 @@ fn span(data: &[u8], s: types::Span, index: usize) -> ImportResult<&[u8]> {
 
 impl output::Host for OperatorHost {
     fn side_output(&mut self, name: String) -> ImportResult<u32> {
-        self.keyed.declare(name, None)
+        self.keyed.declare(name, None, false)
     }
 
     fn emit(&mut self, records: types::OutputBatch) -> ImportResult<()> {

@@ -148,7 +148,8 @@ impl Runtime {
 
     /// Reads and loads a `.wasm` file.
     pub fn load_file(&self, name: &str, path: &Path) -> Result<Component, LoadError> {
-        let wasm = std::fs::read(path).map_err(|source| LoadError::Read { path: path.display().to_string(), source })?;
+        let wasm =
+            std::fs::read(path).map_err(|source| LoadError::Read { path: path.display().to_string(), source })?;
         self.load(name, &wasm)
     }
 
@@ -164,12 +165,14 @@ impl Runtime {
         let (component, outcome) = match &self.cache {
             Some(cache) => cache.load_or_compile(&self.engine, &digest, wasm)?,
             None => (
-                wasmtime::component::Component::new(&self.engine, wasm).map_err(|e| LoadError::Invalid(format!("{e:#}")))?,
+                wasmtime::component::Component::new(&self.engine, wasm)
+                    .map_err(|e| LoadError::Invalid(format!("{e:#}")))?,
                 CacheOutcome::Uncached,
             ),
         };
         let world = validate::world_of(&self.engine, &component)?;
-        let unsupported = |e: wasmtime::Error| LoadError::UnsupportedImport { import: first_line(&e), reason: format!("{e:#}") };
+        let unsupported =
+            |e: wasmtime::Error| LoadError::UnsupportedImport { import: first_line(&e), reason: format!("{e:#}") };
         let pre = match world {
             World::KeyedOperator => {
                 let pre = self.operator_linker.instantiate_pre(&component).map_err(unsupported)?;

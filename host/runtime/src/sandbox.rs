@@ -76,7 +76,10 @@ pub(crate) struct Sandbox {
 
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sandbox").field("operator", &self.operator).field("memory", &self.memory).finish_non_exhaustive()
+        f.debug_struct("Sandbox")
+            .field("operator", &self.operator)
+            .field("memory", &self.memory)
+            .finish_non_exhaustive()
     }
 }
 

@@ -33,7 +33,9 @@ pub(crate) fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
         [1, 0, 0, 0] => Err(LoadError::CoreModule),
         // Component binaries: version 0x0d, layer 1.
         [0x0d, 0, 1, 0] => Ok(()),
-        [a, b, c, d] => Err(LoadError::Invalid(format!("unknown wasm binary version/layer {a:#04x} {b:#04x} {c:#04x} {d:#04x}"))),
+        [a, b, c, d] => {
+            Err(LoadError::Invalid(format!("unknown wasm binary version/layer {a:#04x} {b:#04x} {c:#04x} {d:#04x}")))
+        }
     }
 }
 
@@ -44,9 +46,14 @@ pub(crate) fn world_of(engine: &Engine, component: &Component) -> Result<World, 
         (OPERATOR_EXPORT, World::KeyedOperator, OPERATOR_FUNCTIONS),
         (AGGREGATE_EXPORT, World::WindowAggregate, AGGREGATE_FUNCTIONS),
     ] {
-        let Some(item) = ty.get_export(engine, export) else { continue };
+        let Some(item) = ty.get_export(engine, export) else {
+            continue;
+        };
         let ComponentItem::ComponentInstance(instance) = item.ty else {
-            return Err(LoadError::MissingExports { interface: export.into(), missing: "all (it is not an instance)".into() });
+            return Err(LoadError::MissingExports {
+                interface: export.into(),
+                missing: "all (it is not an instance)".into(),
+            });
         };
         let missing: Vec<&str> = functions
             .iter()

@@ -38,12 +38,10 @@ fn recurse(depth: u64) -> u64 {
 fn probe() -> serde_json::Value {
     let env: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
     let file = std::fs::read_to_string("/etc/hostname").is_ok() || std::fs::read_dir("/").is_ok();
-    let clock_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    let network = std::net::TcpStream::connect(("127.0.0.1", 9)).is_ok()
-        || std::net::TcpListener::bind(("127.0.0.1", 0)).is_ok();
+    let clock_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let network =
+        std::net::TcpStream::connect(("127.0.0.1", 9)).is_ok() || std::net::TcpListener::bind(("127.0.0.1", 0)).is_ok();
     serde_json::json!({ "env": env, "file": file, "clock_ms": clock_ms, "network": network })
 }
 
@@ -53,7 +51,7 @@ impl Operator for Hostile {
     fn open(config: Config, ctx: &mut OpenContext) -> Result<Self> {
         let map = ctx.map_state("map");
         if config.mode == "state-in-open" {
-            let id = raw_state::declare("v", raw_state::StateKind::Value);
+            let id = raw_state::declare("v", raw_state::StateKind::Value, false);
             black_box(raw_state::value_get(id, 0));
         }
         Ok(Hostile { mode: config.mode, map, list: ctx.list_state("list"), counts: ctx.map_state("counts") })
@@ -82,7 +80,7 @@ impl Operator for Hostile {
             "panic" => panic!("hostile operator gave up on purpose"),
             "oversized-key" => self.map.insert(&"k".repeat(1 << 20), &1)?,
             "foreign-key" => {
-                let id = raw_state::declare("v", raw_state::StateKind::Value);
+                let id = raw_state::declare("v", raw_state::StateKind::Value, false);
                 black_box(raw_state::value_get(id, 1_000));
             }
             "probe" => ctx.emit_value(&probe())?,
