@@ -34,72 +34,66 @@ fn misbehave(mode: &str) -> (CallError, bool) {
     (err, op.is_poisoned())
 }
 
-/// The runtime still serves a healthy operator after whatever came before.
-fn healthy_operator_still_works() {
+/// A trap in `mode`: the failing instance is poisoned, and the same runtime still serves a
+/// healthy operator afterwards.
+fn contained_trap(mode: &str) -> CallError {
+    let (err, poisoned) = misbehave(mode);
+    assert!(poisoned, "a trap must poison the instance: {err}");
     let count = load("count", guests::WORDCOUNT_COUNT);
     let mut op = open_operator(&count, Subtask::single(128), "null");
     let out = op.process(&json_batch(&[(Some("ok"), 1u64), (Some("ok"), 1)])).expect("healthy");
     assert_eq!(decode::<String, u64>(&out.main), vec![(Some("ok".into()), 1), (Some("ok".into()), 2)]);
+    err
 }
 
 #[test]
 fn an_endless_loop_is_interrupted_by_the_call_deadline() {
-    let (err, poisoned) = misbehave("loop");
+    let err = contained_trap("loop");
     assert_eq!(err.kind, CallErrorKind::Timeout { timeout_ms: 300 }, "{err}");
-    assert!(poisoned && err.retryable());
-    healthy_operator_still_works();
+    assert!(err.retryable());
 }
 
 #[test]
 fn unbounded_allocation_hits_the_memory_cap() {
-    let (err, poisoned) = misbehave("allocate");
+    let err = contained_trap("allocate");
     assert!(
         matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "linear memory bytes", limit, .. }) if limit == 64 << 20),
         "{err}"
     );
-    assert!(poisoned);
     assert!(err.to_string().contains("linear memory bytes"), "{err}");
-    healthy_operator_still_works();
 }
 
 #[test]
 fn unbounded_recursion_overflows_the_stack() {
-    let (err, poisoned) = misbehave("recurse");
+    let err = contained_trap("recurse");
     assert_eq!(err.kind, CallErrorKind::StackOverflow, "{err}");
-    assert!(poisoned);
-    healthy_operator_still_works();
 }
 
 #[test]
 fn gigantic_output_is_cut_off() {
-    let (err, poisoned) = misbehave("gigantic-output");
+    let err = contained_trap("gigantic-output");
     assert!(
         matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "output bytes in one call", .. })),
         "{err}"
     );
-    assert!(poisoned);
-    healthy_operator_still_works();
 }
 
 #[test]
 fn a_panic_becomes_a_trap_carrying_the_guest_message() {
-    let (err, poisoned) = misbehave("panic");
+    let err = contained_trap("panic");
     assert!(matches!(err.kind, CallErrorKind::Trap { .. }), "{err}");
     let said = err.guest_message.clone().unwrap_or_default();
     assert!(said.contains("hostile operator gave up on purpose"), "guest message: {said:?}");
-    assert!(poisoned);
     assert_eq!(err.fault(), Fault::UserOperator);
-    healthy_operator_still_works();
 }
 
 #[test]
 fn an_oversized_state_key_is_refused() {
-    let (err, _) = misbehave("oversized-key");
+    let err = contained_trap("oversized-key");
     assert!(
         matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "map key bytes", limit, .. }) if limit == 64 << 10),
         "{err}"
     );
-    healthy_operator_still_works();
 }
 
 #[test]
