@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use crate::bindings::state::ValueWrite;
 use crate::bindings::types::{OutputBatch, OutputRef, Span};
 use crate::bindings::{output, timers};
-use crate::record::TimeDomain;
+use crate::record::{TimeDomain, slice};
 use crate::state::{ListState, MapState, ValueState};
 use crate::{Error, Result, codec};
 
@@ -101,9 +101,8 @@ fn no_key() -> Error {
     Error::failed("keyed state used outside process/on_timer, or on a record without a key")
 }
 
-fn key_bytes(scope: &Scope, current: Current) -> &[u8] {
-    let start = current.key.offset as usize;
-    scope.data.get(start..start + current.key.len as usize).unwrap_or_default()
+fn key_bytes(scope: &Scope, current: Current) -> Result<&[u8]> {
+    slice(&scope.data, current.key)
 }
 
 /// Reads value state `state` for the current key and hands the bytes to `f`: this call's own
@@ -111,7 +110,7 @@ fn key_bytes(scope: &Scope, current: Current) -> &[u8] {
 pub(crate) fn with_value<R>(state: u32, f: impl FnOnce(Option<&[u8]>) -> Result<R>) -> Result<R> {
     SCOPE.with_borrow(|scope| {
         let current = scope.current.ok_or_else(no_key)?;
-        let key = key_bytes(scope, current);
+        let key = key_bytes(scope, current)?;
         let mut f = Some(f);
         // `f` only decodes bytes; it cannot reach WRITES, so calling it under the borrow is safe.
         let pending = WRITES.with_borrow(|w| {
@@ -125,7 +124,7 @@ pub(crate) fn with_value<R>(state: u32, f: impl FnOnce(Option<&[u8]>) -> Result<
         let column = scope.prefetched_states.iter().position(|&s| s == state);
         if let (Some(row), Some(column)) = (current.row, column) {
             let span = scope.prefetched.get(row * scope.prefetched_states.len() + column).copied().flatten();
-            return f(span.and_then(|s| scope.data.get(s.offset as usize..(s.offset + s.len) as usize)));
+            return f(span.map(|s| slice(&scope.data, s)).transpose()?);
         }
         f(crate::bindings::state::value_get(state, current.handle).as_deref())
     })
@@ -135,7 +134,7 @@ pub(crate) fn with_value<R>(state: u32, f: impl FnOnce(Option<&[u8]>) -> Result<
 pub(crate) fn value_put(state: u32, value: Option<Vec<u8>>) -> Result<()> {
     SCOPE.with_borrow(|scope| {
         let current = scope.current.ok_or_else(no_key)?;
-        let key = key_bytes(scope, current).to_vec();
+        let key = key_bytes(scope, current)?.to_vec();
         WRITES.with_borrow_mut(|w| w.entry(state).or_default().insert(key, (current.handle, value)));
         Ok(())
     })

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use crate::bindings::types::{RecordRef, Span, TimeDomain as WitTimeDomain, TimerRef};
 use crate::{Error, Result, codec};
 
-fn slice(data: &[u8], span: Span) -> Result<&[u8]> {
+pub(crate) fn slice(data: &[u8], span: Span) -> Result<&[u8]> {
     let start = span.offset as usize;
     start
         .checked_add(span.len as usize)
