@@ -1,7 +1,7 @@
 //! # eddy-core: Eddy's shared vocabulary
 //!
-//! Records and record batches, key groups, time domains and the timer service. Nothing here
-//! does I/O; every other crate builds on these types.
+//! Records and record batches, key groups, time domains, the timer service and watermark
+//! tracking. Nothing here does I/O; every other crate builds on these types.
 //!
 //! ```
 //! use eddy_core::{KeyGroupRange, RecordBatch, key_group_of};
@@ -21,8 +21,10 @@ mod key_group;
 mod record;
 mod time;
 mod timers;
+mod watermark;
 
 pub use key_group::{KeyGroup, KeyGroupRange, MAX_PARALLELISM_LIMIT, key_group_of};
 pub use record::{Record, RecordBatch, RecordView, Span};
 pub use time::{TimeDomain, WATERMARK_MIN};
 pub use timers::{FiredTimer, HeapTimerService, TimerService};
+pub use watermark::{BoundedOutOfOrderness, WatermarkTracker};
