@@ -5,8 +5,9 @@
 //! [`ChainRunner`] runs it in one thread on the embedded runtime: records flow from the source
 //! in batches through each step in order, and the last step's output goes to the sink.
 //!
-//! Scope today: a linear chain at parallelism 1 (every key group on one subtask), heap state.
-//! Keyed exchanges, parallel subtasks, watermarks and windows build on this crate.
+//! Scope today: a linear chain at parallelism 1 (every key group on one subtask), heap state;
+//! and the I/O-free channel protocol pieces the parallel engine is being built from:
+//! [`credit`] (credit-based flow control) and [`buffer`] (size/timeout flushing).
 //!
 //! ```
 //! use eddy_engine::PipelineSpec;
@@ -25,7 +26,9 @@
 //! # Ok::<(), eddy_engine::SpecError>(())
 //! ```
 
+pub mod buffer;
 mod chain;
+pub mod credit;
 mod spec;
 
 pub use chain::{Blackhole, ChainRunner, JsonLinesSink, PrintSink, RunError, RunSummary, Sink, StepCounts};
