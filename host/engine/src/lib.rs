@@ -7,7 +7,8 @@
 //!
 //! Scope today: a linear chain at parallelism 1 (every key group on one subtask), heap state;
 //! and the I/O-free channel protocol pieces the parallel engine is being built from:
-//! [`credit`] (credit-based flow control) and [`buffer`] (size/timeout flushing).
+//! [`credit`] (credit-based flow control), [`buffer`] (size/timeout flushing) and [`window`]
+//! (tumbling, sliding and merging session windows).
 //!
 //! ```
 //! use eddy_engine::PipelineSpec;
@@ -30,6 +31,7 @@ pub mod buffer;
 mod chain;
 pub mod credit;
 mod spec;
+pub mod window;
 
 pub use chain::{Blackhole, ChainRunner, JsonLinesSink, PrintSink, RunError, RunSummary, Sink, StepCounts};
 pub use spec::{PipelineSpec, SinkSpec, SourceFormat, SourceSpec, SpecError, StepSpec};
