@@ -41,21 +41,26 @@ impl CallPolicy {
         call: &'static str,
         f: impl FnOnce(&mut Store<T>) -> wasmtime::Result<Result<R, OperatorError>>,
     ) -> Result<R, CallError> {
-        let operator = store.data_mut().sandbox().operator.clone();
-        let fail = |kind, guest_message| CallError { operator: operator.clone(), call, kind, guest_message };
+        // The operator name is cloned only on failure: this runs once per batch.
+        let fail = |store: &mut Store<T>, kind, guest_message| {
+            let operator = store.data_mut().sandbox().operator.clone();
+            CallError { operator, call, kind, guest_message }
+        };
         if self.poisoned {
-            return Err(fail(CallErrorKind::Poisoned, None));
+            return Err(fail(store, CallErrorKind::Poisoned, None));
         }
         if let Err(e) = self.arm(store) {
-            return Err(fail(CallErrorKind::Internal(format!("{e:#}")), None));
+            return Err(fail(store, CallErrorKind::Internal(format!("{e:#}")), None));
         }
         match f(store) {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) => Err(fail(CallErrorKind::Operator { kind: guest_kind(e.kind), message: e.message }, None)),
+            Ok(Err(e)) => {
+                Err(fail(store, CallErrorKind::Operator { kind: guest_kind(e.kind), message: e.message }, None))
+            }
             Err(e) => {
                 self.poisoned = true;
                 let guest_message = store.data_mut().sandbox().guest_message();
-                Err(fail(classify(&e, &self.limits), guest_message))
+                Err(fail(store, classify(&e, &self.limits), guest_message))
             }
         }
     }

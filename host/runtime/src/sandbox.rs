@@ -70,7 +70,6 @@ pub(crate) struct Sandbox {
     table: ResourceTable,
     pub(crate) memory: MemoryCap,
     stderr: MemoryOutputPipe,
-    stderr_seen: usize,
     last_error_log: Option<String>,
 }
 
@@ -106,7 +105,6 @@ impl Sandbox {
             table: ResourceTable::new(),
             memory: MemoryCap { cap: memory_bytes, used: 0 },
             stderr,
-            stderr_seen: 0,
             last_error_log: None,
         }
     }
@@ -116,21 +114,19 @@ impl Sandbox {
         self.memory.used
     }
 
-    /// Forgets what the guest said before the call that is about to start.
+    /// Forgets the error log of earlier calls (cheap: runs once per call).
     pub(crate) fn begin_call(&mut self) {
         self.last_error_log = None;
-        self.stderr_seen = self.stderr.contents().len();
     }
 
-    /// The guest's own account of a failure: its last error log (the SDKs log panics there),
-    /// else whatever it wrote to stderr during the call.
+    /// The guest's own account of a failure: its last error log in this call (the SDKs log
+    /// panics there), else the tail of what it wrote to stderr (Python tracebacks land there).
     pub(crate) fn guest_message(&self) -> Option<String> {
         if let Some(msg) = &self.last_error_log {
             return Some(msg.clone());
         }
         let all = self.stderr.contents();
-        let new = all.get(self.stderr_seen..).unwrap_or_default();
-        let text = String::from_utf8_lossy(new);
+        let text = String::from_utf8_lossy(&all);
         let text = text.trim();
         (!text.is_empty()).then(|| tail(text, GUEST_MESSAGE_MAX))
     }
