@@ -27,11 +27,16 @@ pub fn load(name: &str, path: &str) -> Component {
     runtime().load_file(name, path.as_ref()).unwrap_or_else(|e| panic!("loading {name} from {path}: {e}"))
 }
 
+/// An operator instance for `subtask` over empty heap state, not yet opened.
+pub fn instantiate(component: &Component, subtask: Subtask) -> OperatorInstance {
+    component
+        .instantiate_operator(subtask, Box::new(HeapStateBackend::default()), Box::new(HeapTimerService::default()))
+        .expect("instantiate")
+}
+
 /// An opened operator instance for `subtask` over empty heap state.
 pub fn open_operator(component: &Component, subtask: Subtask, config: &str) -> OperatorInstance {
-    let mut instance = component
-        .instantiate_operator(subtask, Box::new(HeapStateBackend::default()), Box::new(HeapTimerService::default()))
-        .expect("instantiate");
+    let mut instance = instantiate(component, subtask);
     instance.open(config).expect("open");
     instance
 }

@@ -8,7 +8,7 @@ use eddy_runtime::{
     CallError, CallErrorKind, Component, Fault, GuestErrorKind, Runtime, RuntimeConfig, SandboxLimits, Subtask,
     Violation, WasiGrants,
 };
-use eddy_tests::{decode, json_batch, load, open_operator, runtime};
+use eddy_tests::{decode, instantiate, json_batch, load, open_operator, runtime};
 
 /// Limits small enough that every test runs fast; the defaults are tested in `sandbox_defaults`.
 fn tight_limits() -> SandboxLimits {
@@ -104,13 +104,7 @@ fn a_key_handle_outside_the_call_cannot_reach_other_keys() {
 
 #[test]
 fn state_without_a_current_key_is_refused() {
-    let mut op = hostile()
-        .instantiate_operator(
-            Subtask::single(128),
-            Box::new(eddy_state::HeapStateBackend::default()),
-            Box::new(eddy_core::HeapTimerService::default()),
-        )
-        .expect("instantiate");
+    let mut op = instantiate(hostile(), Subtask::single(128));
     let err = op.open(r#"{"mode": "state-in-open"}"#).expect_err("no key in open");
     assert!(matches!(err.kind, CallErrorKind::Violation(Violation::NoKey(ref m)) if m.contains("open")), "{err}");
 }
@@ -133,13 +127,7 @@ fn an_operator_error_is_not_a_trap_and_the_instance_goes_on() {
 
 #[test]
 fn bad_config_is_reported_as_such() {
-    let mut op = hostile()
-        .instantiate_operator(
-            Subtask::single(128),
-            Box::new(eddy_state::HeapStateBackend::default()),
-            Box::new(eddy_core::HeapTimerService::default()),
-        )
-        .expect("instantiate");
+    let mut op = instantiate(hostile(), Subtask::single(128));
     let err = op.open(r#"{"mood": "loop"}"#).expect_err("bad config");
     assert!(
         matches!(err.kind, CallErrorKind::Operator { kind: GuestErrorKind::BadConfig, ref message } if message.contains("mode")),
