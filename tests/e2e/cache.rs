@@ -56,3 +56,24 @@ fn second_load_hits_the_cache_and_damage_is_rebuilt() {
         &CacheOutcome::Hit
     );
 }
+
+/// Test threads (and the tasks of one job) load the same component at the same moment into an
+/// empty cache; every load must succeed and leave exactly one valid entry.
+#[test]
+fn concurrent_first_loads_of_one_component_all_succeed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = runtime_with_cache(dir.path());
+    let barrier = std::sync::Barrier::new(6);
+    std::thread::scope(|s| {
+        for _ in 0..6 {
+            s.spawn(|| {
+                barrier.wait();
+                let component = runtime.load_file("count", guests::WORDCOUNT_COUNT.as_ref()).expect("concurrent load");
+                still_counts(&component);
+            });
+        }
+    });
+    only_entry(dir.path());
+    let again = runtime_with_cache(dir.path()).load_file("count", guests::WORDCOUNT_COUNT.as_ref()).expect("load");
+    assert_eq!(again.cache_outcome(), &CacheOutcome::Hit);
+}

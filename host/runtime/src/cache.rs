@@ -10,6 +10,7 @@
 use std::fs;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
@@ -103,7 +104,11 @@ impl ArtifactCache {
         file.extend_from_slice(MAGIC);
         file.extend_from_slice(&Sha256::digest(body));
         file.extend_from_slice(body);
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // Unique per writer: threads of one process may store the same entry at once, and a
+        // shared temporary name would let one rename away the file the other is about to rename.
+        static NEXT_TMP: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT_TMP.fetch_add(1, Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
         fs::write(&tmp, &file).map_err(|e| cache_err(&tmp, e))?;
         fs::rename(&tmp, path).map_err(|e| cache_err(path, e))
     }
