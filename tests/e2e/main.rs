@@ -5,5 +5,4 @@ mod cache;
 mod hostile;
 mod load;
 mod operators;
-mod pipeline;
 mod polyglot;

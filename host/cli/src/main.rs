@@ -1,10 +1,11 @@
 //! `eddy`: run pipelines on the embedded runtime and inspect operator components.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use eddy_engine::{ChainRunner, PipelineSpec, RunSummary};
+use eddy_engine::{Job, JobOptions, MetricsSnapshot, PhysicalPlan, PipelineSpec, RunSummary};
 use eddy_runtime::{Runtime, RuntimeConfig};
 
 #[derive(Parser)]
@@ -24,6 +25,11 @@ enum Command {
         #[arg(long, default_value = ".eddy/artifacts")]
         cache_dir: PathBuf,
     },
+    /// Print the physical plan: tasks (chains), their subtasks and key groups, and the exchanges.
+    Plan {
+        /// The pipeline spec (YAML).
+        pipeline: PathBuf,
+    },
     /// Validate a component and print what it is.
     Inspect {
         /// The `.wasm` file.
@@ -38,29 +44,80 @@ fn runtime(cache_dir: PathBuf) -> Result<Runtime> {
     Ok(Runtime::new(RuntimeConfig { cache_dir: Some(cache_dir), ..RuntimeConfig::default() })?)
 }
 
-fn report(summary: &RunSummary, done: bool) {
-    let secs = summary.elapsed.as_secs_f64().max(1e-9);
-    let steps: Vec<String> =
-        summary.steps.iter().map(|s| format!("{} {}->{}", s.name, s.records_in, s.records_out)).collect();
+fn watermark_text(w: Option<i64>) -> String {
+    match w {
+        None => "-".into(),
+        Some(i64::MAX) => "end".into(),
+        Some(w) => w.to_string(),
+    }
+}
+
+/// One progress line: rates since the previous snapshot.
+fn progress(job: &Job, now: &MetricsSnapshot, before: &MetricsSnapshot) {
+    let secs = now.elapsed.saturating_sub(before.elapsed).as_secs_f64().max(1e-9);
+    let rate = |a: u64, b: u64| a.saturating_sub(b) as f64 / secs;
     eprintln!(
-        "{} {:.1}s  in {} ({:.0}/s)  out {}  [{}]",
-        if done { "done" } else { "running" },
-        secs,
-        summary.records_in,
-        summary.records_in as f64 / secs,
-        summary.records_out,
-        steps.join(", ")
+        "[{:>6.1}s] in {} ({:.0}/s)  out {} ({:.0}/s)  watermark {}  backpressure {:.0}%  late {}",
+        now.elapsed.as_secs_f64(),
+        now.source_records,
+        rate(now.source_records, before.source_records),
+        now.sink_records,
+        rate(now.sink_records, before.sink_records),
+        watermark_text(now.watermark()),
+        100.0 * now.backpressure_since(before, &job.parallelisms()),
+        now.late_records(),
     );
+}
+
+fn summary(plan: &PhysicalPlan, run: &RunSummary) {
+    let m = &run.metrics;
+    let secs = m.elapsed.as_secs_f64().max(1e-9);
+    eprintln!(
+        "{} in {:.2}s: {} records in ({:.0}/s), {} out, {} late",
+        if run.finished { "finished" } else { "cancelled" },
+        secs,
+        m.source_records,
+        m.source_records as f64 / secs,
+        m.sink_records,
+        m.late_records()
+    );
+    for (task, t) in plan.tasks.iter().zip(&m.tasks) {
+        eprintln!(
+            "  task {} x{}  {}: in {}  out {}  watermark {}",
+            task.id,
+            task.parallelism,
+            t.label,
+            t.records_in,
+            t.records_out,
+            watermark_text(Some(t.watermark))
+        );
+    }
 }
 
 fn run(pipeline: PathBuf, cache_dir: PathBuf) -> Result<()> {
     let spec = PipelineSpec::from_file(&pipeline)?;
-    eprintln!("pipeline `{}`: {} step(s), max_parallelism {}", spec.name, spec.steps.len(), spec.max_parallelism);
+    let plan = PhysicalPlan::new(&spec);
+    eprintln!(
+        "pipeline `{}`: {} task(s), {} subtask(s), max_parallelism {} (`eddy plan` shows the chains)",
+        spec.name,
+        plan.tasks.len(),
+        plan.subtasks(),
+        spec.max_parallelism
+    );
     let runtime = runtime(cache_dir)?;
-    let runner = ChainRunner::new(spec, &runtime);
-    let mut sink = runner.open_sink()?;
-    let summary = runner.run(sink.as_mut(), |s| report(s, false)).context("the pipeline failed")?;
-    report(&summary, true);
+    let mut before = MetricsSnapshot::default();
+    let summary_of_run = Job::run(&spec, &runtime, JobOptions::default(), Duration::from_secs(1), |job, now| {
+        progress(job, now, &before);
+        before = now.clone();
+    })
+    .context("the pipeline failed")?;
+    summary(&plan, &summary_of_run);
+    Ok(())
+}
+
+fn plan(pipeline: PathBuf) -> Result<()> {
+    let spec = PipelineSpec::from_file(&pipeline)?;
+    print!("{}", PhysicalPlan::new(&spec));
     Ok(())
 }
 
@@ -81,6 +138,7 @@ fn main() {
         .init();
     let result = match Cli::parse().command {
         Command::Run { pipeline, cache_dir } => run(pipeline, cache_dir),
+        Command::Plan { pipeline } => plan(pipeline),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
     };
     if let Err(e) = result {

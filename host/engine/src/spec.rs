@@ -1,50 +1,169 @@
 //! The pipeline spec: what a user writes. Unknown fields are errors, so a typo never silently
-//! does nothing; every validation error names the field.
+//! does nothing; every validation error names the field and what would be right.
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-/// A pipeline: source -> steps -> sink.
+use crate::window::WindowKind;
+
+/// A pipeline: sources -> steps -> sink.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSpec {
     /// Shown in logs and summaries.
     pub name: String,
-    /// Number of key groups (the upper bound of any future parallelism).
+    /// Number of key groups: the upper bound of any parallelism, fixed for the life of the state.
     #[serde(default = "default_max_parallelism")]
     pub max_parallelism: u32,
-    /// Where records come from.
-    pub source: SourceSpec,
-    /// Operators applied in order.
-    pub steps: Vec<StepSpec>,
-    /// Where the last step's records go.
-    pub sink: SinkSpec,
-    /// Records per batch handed to a step.
+    /// Parallelism of steps that do not set their own.
+    #[serde(default = "one")]
+    pub parallelism: u32,
+    /// Records a source reads per batch.
     #[serde(default = "default_batch_size")]
     pub batch_size: usize,
+    /// A channel buffer is shipped at the latest after this long (latency bound at low load).
+    #[serde(default = "default_buffer_timeout_ms")]
+    pub buffer_timeout_ms: i64,
+    /// Where records come from; their streams are united in front of the first step.
+    pub sources: Vec<SourceSpec>,
+    /// Event-time progress at the sources.
+    #[serde(default)]
+    pub watermarks: WatermarkSpec,
+    /// Operators applied in order.
+    pub steps: Vec<StepSpec>,
+    /// Where the last step's records and every side output go.
+    pub sink: SinkSpec,
 }
 
 fn default_max_parallelism() -> u32 {
     128
 }
 
+fn one() -> u32 {
+    1
+}
+
 fn default_batch_size() -> usize {
     256
 }
 
-/// A source.
+fn default_buffer_timeout_ms() -> i64 {
+    20
+}
+
+/// A source. `name` identifies it in the plan and in metrics.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceSpec {
-    /// A file, read once (a bounded input).
+    /// A file read line by line (one split, so parallelism 1).
     File {
+        /// Unique among sources.
+        name: String,
         /// Path, relative to the spec file.
         path: PathBuf,
         /// How lines become records.
         #[serde(default)]
         format: SourceFormat,
+        /// JSON pointer (e.g. `/ts`) to the event time in ms; none = records carry no event time.
+        #[serde(default)]
+        timestamp: Option<String>,
+        /// Keep reading as the file grows (an unbounded source) instead of ending at EOF.
+        #[serde(default)]
+        follow: bool,
     },
+    /// Deterministic synthetic events: event `i` is a pure function of `(seed, i)`.
+    Generator(GeneratorSpec),
+}
+
+impl SourceSpec {
+    /// The source's name.
+    pub fn name(&self) -> &str {
+        match self {
+            SourceSpec::File { name, .. } => name,
+            SourceSpec::Generator(g) => &g.name,
+        }
+    }
+
+    /// Number of parallel readers.
+    pub fn parallelism(&self) -> u32 {
+        match self {
+            SourceSpec::File { .. } => 1,
+            SourceSpec::Generator(g) => g.parallelism,
+        }
+    }
+}
+
+/// The generator's event shape: `{"<key_field>": "<key_prefix><k>", "<value_field>": v,
+/// "ts": t, "seq": i}` with event time `t = start_ms + i * interval_ms - disorder(i)`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GeneratorSpec {
+    /// Unique among sources.
+    pub name: String,
+    /// Same seed, same events.
+    #[serde(default)]
+    pub seed: u64,
+    /// Number of events; none = unbounded.
+    #[serde(default)]
+    pub events: Option<u64>,
+    /// Parallel readers; reader `j` produces the events `i` with `i % parallelism == j`.
+    #[serde(default = "one")]
+    pub parallelism: u32,
+    /// Number of distinct keys.
+    #[serde(default = "default_keys")]
+    pub keys: u64,
+    /// Field holding the key.
+    #[serde(default = "default_key_field")]
+    pub key_field: String,
+    /// Prefix of key strings.
+    #[serde(default = "default_key_prefix")]
+    pub key_prefix: String,
+    /// Field holding the integer value.
+    #[serde(default = "default_value_field")]
+    pub value_field: String,
+    /// Smallest value.
+    #[serde(default)]
+    pub min_value: i64,
+    /// Largest value.
+    #[serde(default = "default_max_value")]
+    pub max_value: i64,
+    /// Event time of event 0.
+    #[serde(default)]
+    pub start_ms: i64,
+    /// Event-time distance between consecutive events.
+    #[serde(default = "default_interval_ms")]
+    pub interval_ms: i64,
+    /// Each event's time is moved back by up to this much (bounded disorder).
+    #[serde(default)]
+    pub max_disorder_ms: i64,
+    /// Events per second per reader; none = as fast as possible.
+    #[serde(default)]
+    pub rate_per_sec: Option<u64>,
+}
+
+fn default_keys() -> u64 {
+    100
+}
+
+fn default_key_field() -> String {
+    "key".into()
+}
+
+fn default_key_prefix() -> String {
+    "k".into()
+}
+
+fn default_value_field() -> String {
+    "value".into()
+}
+
+fn default_max_value() -> i64 {
+    100
+}
+
+fn default_interval_ms() -> i64 {
+    1
 }
 
 /// How a file's lines become records.
@@ -56,28 +175,143 @@ pub enum SourceFormat {
     Lines,
     /// Each line is a JSON value.
     JsonLines,
+    /// Comma-separated values; the first line names the fields; each row becomes a JSON object
+    /// (fields that parse as numbers become numbers).
+    Csv,
 }
 
-/// One operator step.
+/// Watermark strategy, applied at every source reader.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatermarkSpec {
+    /// Events arrive at most this much out of order (bounded out-of-orderness).
+    #[serde(default)]
+    pub out_of_orderness_ms: i64,
+    /// An input silent this long stops holding back the watermark until it speaks again;
+    /// none = a silent input stalls event time (correct when every input matters).
+    #[serde(default)]
+    pub idleness_ms: Option<i64>,
+}
+
+/// Which bytes of a record become its key (and decide its key group).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyBy {
+    /// The key the upstream operator emitted.
+    Key,
+    /// The whole value.
+    Value,
+    /// A field of the JSON value, by JSON pointer (`/user/id`); the key is that field's JSON.
+    Field(String),
+}
+
+impl<'de> Deserialize<'de> for KeyBy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.as_str() {
+            "key" => Ok(KeyBy::Key),
+            "value" => Ok(KeyBy::Value),
+            p if p.starts_with('/') => Ok(KeyBy::Field(text)),
+            other => Err(serde::de::Error::custom(format!(
+                "key_by `{other}` is not `key`, `value` or a JSON pointer such as `/user_id`"
+            ))),
+        }
+    }
+}
+
+/// One operator step: a keyed Wasm operator, or a window whose `wasm` is an aggregate.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepSpec {
-    /// Unique within the pipeline; names the operator in errors and logs.
+    /// Unique within the pipeline; names the operator in errors, logs and metrics.
     pub name: String,
     /// The component, relative to the spec file.
     pub wasm: PathBuf,
-    /// Handed to the operator's `open` as JSON.
+    /// Handed to the component's `open` as JSON.
     #[serde(default)]
     pub config: serde_json::Value,
+    /// Parallel instances; default: the pipeline's `parallelism`.
+    #[serde(default)]
+    pub parallelism: Option<u32>,
+    /// Repartition by key in front of this step (an exchange).
+    #[serde(default)]
+    pub key_by: Option<KeyBy>,
+    /// Keyed state not written for this long reads as absent and is purged.
+    #[serde(default)]
+    pub state_ttl_ms: Option<i64>,
+    /// Makes the step a window over the aggregate in `wasm`.
+    #[serde(default)]
+    pub window: Option<WindowSpec>,
 }
 
-/// A sink.
+/// A window step's assigner, lateness and late-data handling.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowSpec {
+    /// `tumbling`, `sliding` or `session`.
+    #[serde(rename = "type")]
+    pub kind: WindowType,
+    /// Window length (tumbling, sliding).
+    #[serde(default)]
+    pub size_ms: Option<i64>,
+    /// Distance between window starts (sliding).
+    #[serde(default)]
+    pub slide_ms: Option<i64>,
+    /// Inactivity that closes a session (session).
+    #[serde(default)]
+    pub gap_ms: Option<i64>,
+    /// How long after firing a window still accepts records (each re-fires the result).
+    #[serde(default)]
+    pub allowed_lateness_ms: i64,
+    /// Side output receiving records later than that.
+    #[serde(default = "default_late_output")]
+    pub late_output: String,
+    /// Drop late records instead (still counted in metrics).
+    #[serde(default)]
+    pub drop_late: bool,
+}
+
+fn default_late_output() -> String {
+    "late".into()
+}
+
+/// Window assigners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowType {
+    /// Fixed, non-overlapping.
+    Tumbling,
+    /// Fixed length, overlapping.
+    Sliding,
+    /// Per-key activity sessions.
+    Session,
+}
+
+impl WindowSpec {
+    /// The assigner, or the name of the missing or wrong field.
+    pub fn kind(&self) -> Result<WindowKind, (String, String)> {
+        let need = |v: Option<i64>, field: &str, kind: &str| {
+            v.ok_or_else(|| (field.to_string(), format!("a {kind} window needs `{field}`")))
+        };
+        let kind = match self.kind {
+            WindowType::Tumbling => WindowKind::Tumbling { size_ms: need(self.size_ms, "size_ms", "tumbling")? },
+            WindowType::Sliding => WindowKind::Sliding {
+                size_ms: need(self.size_ms, "size_ms", "sliding")?,
+                slide_ms: need(self.slide_ms, "slide_ms", "sliding")?,
+            },
+            WindowType::Session => WindowKind::Session { gap_ms: need(self.gap_ms, "gap_ms", "session")? },
+        };
+        kind.validate().map_err(|problem| ("type".to_string(), problem))?;
+        Ok(kind)
+    }
+}
+
+/// The sink.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SinkSpec {
-    /// Prints `key => value` lines to stdout.
+    /// Prints `key => value` lines to stdout (side outputs prefixed with `[name]`).
     Print,
-    /// Writes JSON lines `{"key": .., "value": .., "timestamp": ..}` to a file.
+    /// Writes JSON lines `{"output", "key", "value", "timestamp"}` to a file.
     File {
         /// Path, relative to the spec file.
         path: PathBuf,
@@ -133,8 +367,11 @@ impl PipelineSpec {
     }
 
     fn resolve_paths(&mut self, base: &Path) {
-        let SourceSpec::File { path, .. } = &mut self.source;
-        *path = base.join(&*path);
+        for source in &mut self.sources {
+            if let SourceSpec::File { path, .. } = source {
+                *path = base.join(&*path);
+            }
+        }
         for step in &mut self.steps {
             step.wasm = base.join(&step.wasm);
         }
@@ -143,28 +380,109 @@ impl PipelineSpec {
         }
     }
 
+    /// The parallelism of step `i`.
+    pub fn step_parallelism(&self, i: usize) -> u32 {
+        self.steps.get(i).and_then(|s| s.parallelism).unwrap_or(self.parallelism)
+    }
+
     fn validate(&self) -> Result<(), SpecError> {
         if self.name.trim().is_empty() {
             return Err(invalid("name", "must not be empty"));
         }
-        if !(1..=eddy_core::MAX_PARALLELISM_LIMIT).contains(&self.max_parallelism) {
+        let max_p = self.max_parallelism;
+        if !(1..=eddy_core::MAX_PARALLELISM_LIMIT).contains(&max_p) {
             return Err(invalid(
                 "max_parallelism",
-                format!("{} is outside 1..={}", self.max_parallelism, eddy_core::MAX_PARALLELISM_LIMIT),
+                format!("{max_p} is outside 1..={}", eddy_core::MAX_PARALLELISM_LIMIT),
             ));
         }
+        let check_parallelism = |field: String, p: u32| {
+            if (1..=max_p).contains(&p) {
+                Ok(())
+            } else {
+                Err(invalid(field, format!("{p} is outside 1..={max_p} (max_parallelism bounds every parallelism)")))
+            }
+        };
+        check_parallelism("parallelism".into(), self.parallelism)?;
         if !(1..=65_536).contains(&self.batch_size) {
             return Err(invalid("batch_size", format!("{} is outside 1..=65536", self.batch_size)));
+        }
+        if self.buffer_timeout_ms < 0 {
+            return Err(invalid("buffer_timeout_ms", "must not be negative"));
+        }
+        if self.watermarks.out_of_orderness_ms < 0 {
+            return Err(invalid("watermarks.out_of_orderness_ms", "must not be negative"));
+        }
+        if self.watermarks.idleness_ms.is_some_and(|ms| ms <= 0) {
+            return Err(invalid("watermarks.idleness_ms", "must be positive (omit it to disable idleness)"));
+        }
+        if self.sources.is_empty() {
+            return Err(invalid("sources", "needs at least one source"));
+        }
+        for (i, source) in self.sources.iter().enumerate() {
+            let field = |f: &str| format!("sources[{i}].{f}");
+            if source.name().trim().is_empty() {
+                return Err(invalid(field("name"), "must not be empty"));
+            }
+            if self.sources[..i].iter().any(|s| s.name() == source.name()) {
+                return Err(invalid(field("name"), format!("`{}` is used by an earlier source", source.name())));
+            }
+            match source {
+                SourceSpec::File { timestamp: Some(p), .. } if !p.starts_with('/') => {
+                    return Err(invalid(field("timestamp"), format!("`{p}` is not a JSON pointer such as `/ts`")));
+                }
+                SourceSpec::Generator(g) => {
+                    check_parallelism(field("parallelism"), g.parallelism)?;
+                    if g.keys == 0 {
+                        return Err(invalid(field("keys"), "must be at least 1"));
+                    }
+                    if g.min_value > g.max_value {
+                        return Err(invalid(field("min_value"), "must not exceed max_value"));
+                    }
+                    if g.interval_ms < 0 || g.max_disorder_ms < 0 {
+                        return Err(invalid(
+                            field("interval_ms"),
+                            "interval_ms and max_disorder_ms must not be negative",
+                        ));
+                    }
+                    if g.rate_per_sec == Some(0) {
+                        return Err(invalid(field("rate_per_sec"), "must be positive (omit it for full speed)"));
+                    }
+                }
+                SourceSpec::File { .. } => {}
+            }
         }
         if self.steps.is_empty() {
             return Err(invalid("steps", "needs at least one operator step"));
         }
         for (i, step) in self.steps.iter().enumerate() {
+            let field = |f: &str| format!("steps[{i}].{f}");
             if step.name.trim().is_empty() {
-                return Err(invalid(format!("steps[{i}].name"), "must not be empty"));
+                return Err(invalid(field("name"), "must not be empty"));
             }
             if self.steps[..i].iter().any(|s| s.name == step.name) {
-                return Err(invalid(format!("steps[{i}].name"), format!("`{}` is used by an earlier step", step.name)));
+                return Err(invalid(field("name"), format!("`{}` is used by an earlier step", step.name)));
+            }
+            if let Some(p) = step.parallelism {
+                check_parallelism(field("parallelism"), p)?;
+            }
+            if step.state_ttl_ms.is_some_and(|ms| ms <= 0) {
+                return Err(invalid(field("state_ttl_ms"), "must be positive (omit it to keep state forever)"));
+            }
+            if let Some(window) = &step.window {
+                window.kind().map_err(|(f, problem)| invalid(field(&format!("window.{f}")), problem))?;
+                if window.allowed_lateness_ms < 0 {
+                    return Err(invalid(field("window.allowed_lateness_ms"), "must not be negative"));
+                }
+                if step.key_by.is_none() {
+                    return Err(invalid(
+                        field("key_by"),
+                        "a window step needs `key_by` (`key`, `value` or a JSON pointer such as `/user_id`)",
+                    ));
+                }
+                if step.state_ttl_ms.is_some() {
+                    return Err(invalid(field("state_ttl_ms"), "window state is purged by the window itself"));
+                }
             }
         }
         Ok(())
@@ -175,29 +493,66 @@ impl PipelineSpec {
 mod tests {
     use super::*;
 
-    const OK: &str =
-        "name: wc\nsource: {type: file, path: in.txt}\nsteps:\n  - {name: a, wasm: a.wasm}\nsink: {type: print}\n";
+    const OK: &str = "name: wc\nsources: [{type: file, name: in, path: in.txt}]\nsteps:\n  - {name: a, wasm: a.wasm}\nsink: {type: print}\n";
 
     #[test]
     fn defaults_apply() {
         let spec = PipelineSpec::from_yaml(OK).unwrap();
         assert_eq!(spec.max_parallelism, 128);
         assert_eq!(spec.batch_size, 256);
-        assert_eq!(spec.source, SourceSpec::File { path: "in.txt".into(), format: SourceFormat::Lines });
+        assert_eq!(spec.step_parallelism(0), 1);
+        assert_eq!(spec.watermarks, WatermarkSpec { out_of_orderness_ms: 0, idleness_ms: None });
+        assert_eq!(
+            spec.sources[0],
+            SourceSpec::File {
+                name: "in".into(),
+                path: "in.txt".into(),
+                format: SourceFormat::Lines,
+                timestamp: None,
+                follow: false
+            }
+        );
+    }
+
+    #[test]
+    fn windows_and_key_by_parse() {
+        let yaml = OK.replace(
+            "{name: a, wasm: a.wasm}",
+            "{name: a, wasm: a.wasm, key_by: /user, window: {type: sliding, size_ms: 60000, slide_ms: 10000}}",
+        );
+        let spec = PipelineSpec::from_yaml(&yaml).unwrap();
+        let step = &spec.steps[0];
+        assert_eq!(step.key_by, Some(KeyBy::Field("/user".into())));
+        let window = step.window.as_ref().unwrap();
+        assert_eq!(window.kind().unwrap(), WindowKind::Sliding { size_ms: 60_000, slide_ms: 10_000 });
+        assert_eq!(window.late_output, "late");
     }
 
     #[test]
     fn errors_name_the_field() {
+        let step = |s: &str| OK.replace("{name: a, wasm: a.wasm}", s);
         let cases = [
             (OK.replace("name: wc", "name: ''"), "`name`"),
             (OK.replace("steps:", "max_parallelism: 0\nsteps:"), "max_parallelism"),
+            (OK.replace("steps:", "parallelism: 200\nsteps:"), "`parallelism`: 200 is outside 1..=128"),
+            (step("{name: a, wasm: a.wasm}\n  - {name: a, wasm: b.wasm}"), "steps[1].name"),
+            (step("{name: a, wasm: a.wasm, confg: 1}"), "confg"),
+            (step("{name: a, wasm: a.wasm, key_by: user}"), "JSON pointer"),
+            (step("{name: a, wasm: a.wasm, key_by: key, window: {type: tumbling}}"), "steps[0].window.size_ms"),
             (
-                OK.replace("{name: a, wasm: a.wasm}", "{name: a, wasm: a.wasm}\n  - {name: a, wasm: b.wasm}"),
-                "steps[1].name",
+                step("{name: a, wasm: a.wasm, key_by: key, window: {type: sliding, size_ms: 10, slide_ms: 3}}"),
+                "multiple",
             ),
-            (OK.replace("wasm: a.wasm", "wasm: a.wasm, confg: 1"), "confg"),
+            (step("{name: a, wasm: a.wasm, window: {type: session, gap_ms: 5}}"), "steps[0].key_by"),
+            (step("{name: a, wasm: a.wasm, state_ttl_ms: 0}"), "steps[0].state_ttl_ms"),
             (OK.replace("type: print", "type: kafka"), "kafka"),
             (OK.replace("sink: {type: print}\n", ""), "sink"),
+            (OK.replace("path: in.txt}", "path: in.txt, timestamp: ts}"), "sources[0].timestamp"),
+            (OK.replace("steps:", "watermarks: {idleness_ms: 0}\nsteps:"), "watermarks.idleness_ms"),
+            (
+                OK.replace("{type: file, name: in, path: in.txt}", "{type: generator, name: g, keys: 0}"),
+                "sources[0].keys",
+            ),
         ];
         for (yaml, needle) in cases {
             let err = PipelineSpec::from_yaml(&yaml).unwrap_err().to_string();
@@ -210,5 +565,7 @@ mod tests {
         let mut spec = PipelineSpec::from_yaml(OK).unwrap();
         spec.resolve_paths(Path::new("/pipelines"));
         assert_eq!(spec.steps[0].wasm, PathBuf::from("/pipelines/a.wasm"));
+        let SourceSpec::File { path, .. } = &spec.sources[0] else { panic!("file source") };
+        assert_eq!(path, &PathBuf::from("/pipelines/in.txt"));
     }
 }

@@ -128,6 +128,11 @@ impl OperatorInstance {
         self.store.data().keyed.backend.as_ref()
     }
 
+    /// The subtask's state, for maintenance such as purging expired entries.
+    pub fn state_backend_mut(&mut self) -> &mut dyn StateBackend {
+        self.store.data_mut().keyed.backend.as_mut()
+    }
+
     /// The subtask's timers, for the engine to advance.
     pub fn timer_service(&mut self) -> &mut dyn TimerService {
         self.store.data_mut().keyed.timers.as_mut()

@@ -29,4 +29,10 @@ pub trait StateBackend: Send {
     fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError>;
     /// Number of live entries (for metrics and tests; may be an estimate on disk backends).
     fn approximate_len(&self) -> usize;
+    /// Reclaims space held by entries no read can see any more (expired TTL state) and returns
+    /// how many were removed. The engine calls it periodically; backends without expiry have
+    /// nothing to do.
+    fn purge_expired(&mut self) -> Result<usize, StateError> {
+        Ok(0)
+    }
 }

@@ -3,7 +3,8 @@
 //! [`StateBackend`] is an ordered key-value store with prefix scans; [`HeapStateBackend`] keeps
 //! it in memory (a RocksDB backend implements the same trait). Every state entry's key
 //! follows one layout ([`StateKey`]): `key group | key | state name | namespace | map key`, so
-//! everything of one key group is one contiguous range and a rescale moves ranges.
+//! everything of one key group is one contiguous range and a rescale moves ranges. [`TtlBackend`]
+//! wraps any backend so state expires a fixed processing time after its last write.
 //!
 //! ```
 //! use eddy_state::{HeapStateBackend, StateBackend, StateKey};
@@ -18,7 +19,9 @@
 mod backend;
 mod heap;
 mod layout;
+mod ttl;
 
 pub use backend::{StateBackend, StateError};
 pub use heap::HeapStateBackend;
 pub use layout::{DecodedStateKey, StateKey, decode_list, decode_state_key, encode_list};
+pub use ttl::{TtlBackend, TtlClock};

@@ -1,0 +1,154 @@
+//! Live job metrics: each subtask thread updates its own atomics; readers (the progress line,
+//! tests, the final summary) take snapshots without stopping anything.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use eddy_core::WATERMARK_MIN;
+
+/// Counters of one subtask.
+#[derive(Debug)]
+pub struct SubtaskMetrics {
+    /// Task id in the plan.
+    pub task: usize,
+    /// Subtask index.
+    pub index: u32,
+    /// Records read (sources) or received on the main stream.
+    pub records_in: AtomicU64,
+    /// Records leaving the chain (main and side outputs).
+    pub records_out: AtomicU64,
+    /// The subtask's current watermark.
+    pub watermark: AtomicI64,
+    /// Time spent waiting for credit on output channels (backpressure), in ns.
+    pub blocked_ns: Arc<AtomicU64>,
+    /// Records too late for their windows.
+    pub late_records: AtomicU64,
+}
+
+impl SubtaskMetrics {
+    /// Zeroed counters.
+    pub fn new(task: usize, index: u32) -> Self {
+        Self {
+            task,
+            index,
+            records_in: AtomicU64::new(0),
+            records_out: AtomicU64::new(0),
+            watermark: AtomicI64::new(WATERMARK_MIN),
+            blocked_ns: Arc::new(AtomicU64::new(0)),
+            late_records: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// Totals of one task at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskSnapshot {
+    /// The chain's label.
+    pub label: String,
+    /// Summed over subtasks.
+    pub records_in: u64,
+    /// Summed over subtasks.
+    pub records_out: u64,
+    /// Minimum over subtasks.
+    pub watermark: i64,
+    /// Summed over subtasks.
+    pub blocked_ns: u64,
+    /// Summed over subtasks.
+    pub late_records: u64,
+}
+
+/// The whole job at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetricsSnapshot {
+    /// Since the job started.
+    pub elapsed: Duration,
+    /// Per task, in plan order.
+    pub tasks: Vec<TaskSnapshot>,
+    /// Records read by all sources.
+    pub source_records: u64,
+    /// Records that reached the sink.
+    pub sink_records: u64,
+}
+
+impl MetricsSnapshot {
+    /// Lowest watermark of any task that has one (where event time stands in the job).
+    pub fn watermark(&self) -> Option<i64> {
+        self.tasks.iter().map(|t| t.watermark).filter(|w| *w > WATERMARK_MIN).min()
+    }
+
+    /// Late records over all window steps.
+    pub fn late_records(&self) -> u64 {
+        self.tasks.iter().map(|t| t.late_records).sum()
+    }
+
+    /// The share of the interval since `earlier` the most blocked task spent waiting for
+    /// credit (0.0-1.0): near 1 means a downstream task is the bottleneck.
+    pub fn backpressure_since(&self, earlier: &MetricsSnapshot, subtasks_per_task: &[u32]) -> f64 {
+        let interval = self.elapsed.saturating_sub(earlier.elapsed).as_nanos() as f64;
+        if interval <= 0.0 {
+            return 0.0;
+        }
+        self.tasks
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let before = earlier.tasks.get(i).map_or(0, |e| e.blocked_ns);
+                let subtasks = f64::from(subtasks_per_task.get(i).copied().unwrap_or(1).max(1));
+                t.blocked_ns.saturating_sub(before) as f64 / subtasks / interval
+            })
+            .fold(0.0, f64::max)
+            .min(1.0)
+    }
+}
+
+/// All subtasks of a job.
+#[derive(Debug)]
+pub struct JobMetrics {
+    started: Instant,
+    labels: Vec<String>,
+    source_tasks: Vec<usize>,
+    sink_task: usize,
+    /// Every subtask's counters.
+    pub subtasks: Vec<Arc<SubtaskMetrics>>,
+}
+
+impl JobMetrics {
+    /// Metrics for tasks labelled `labels`; `source_tasks` and `sink_task` say which count as
+    /// the job's input and output.
+    pub fn new(labels: Vec<String>, source_tasks: Vec<usize>, sink_task: usize) -> Self {
+        Self { started: Instant::now(), labels, source_tasks, sink_task, subtasks: Vec::new() }
+    }
+
+    /// Registers a subtask.
+    pub fn register(&mut self, task: usize, index: u32) -> Arc<SubtaskMetrics> {
+        let m = Arc::new(SubtaskMetrics::new(task, index));
+        self.subtasks.push(m.clone());
+        m
+    }
+
+    /// Reads every counter now.
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let mut tasks: Vec<TaskSnapshot> = self
+            .labels
+            .iter()
+            .map(|l| TaskSnapshot { label: l.clone(), watermark: i64::MAX, ..TaskSnapshot::default() })
+            .collect();
+        for s in &self.subtasks {
+            let Some(t) = tasks.get_mut(s.task) else { continue };
+            t.records_in += s.records_in.load(Ordering::Relaxed);
+            t.records_out += s.records_out.load(Ordering::Relaxed);
+            t.watermark = t.watermark.min(s.watermark.load(Ordering::Relaxed));
+            t.blocked_ns += s.blocked_ns.load(Ordering::Relaxed);
+            t.late_records += s.late_records.load(Ordering::Relaxed);
+        }
+        let source_records = self.source_tasks.iter().filter_map(|&i| tasks.get(i)).map(|t| t.records_in).sum();
+        let sink_records = tasks.get(self.sink_task).map_or(0, |t| t.records_out);
+        MetricsSnapshot { elapsed: self.started.elapsed(), tasks, source_records, sink_records }
+    }
+}

@@ -1,0 +1,55 @@
+//! The host-side operator contract every step of a chain implements: Wasm keyed operators
+//! ([`crate::wasm_operator`]) and host window operators ([`crate::window_operator`]).
+//!
+//! A task drives its chain through this trait only: records in, watermark and processing-time
+//! progress, end of input. Every call returns what the operator emitted; the task forwards the
+//! main output to the next operator of the chain and side outputs to the sink.
+
+use eddy_core::RecordBatch;
+use eddy_runtime::{CallError, Output};
+use eddy_state::StateError;
+
+/// Why an operator failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// The sandboxed guest failed (trap, limit, operator error).
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// A record cannot be processed by this operator (for example a window step got a record
+    /// without event time); names the operator and what is wrong.
+    #[error("operator `{operator}`: {problem}")]
+    BadRecord {
+        /// The operator.
+        operator: String,
+        /// What is wrong with the record and what would fix it.
+        problem: String,
+    },
+    /// State storage failed or holds damaged entries.
+    #[error("operator `{operator}` state: {source}")]
+    State {
+        /// The operator.
+        operator: String,
+        /// The cause.
+        source: StateError,
+    },
+}
+
+/// One operator of a chain, owned by one subtask thread.
+pub trait StreamOperator: Send {
+    /// The step name (for errors, logs and metrics).
+    fn name(&self) -> &str;
+    /// Processes a batch of records.
+    fn process(&mut self, batch: &RecordBatch) -> Result<Output, OperatorError>;
+    /// The subtask's input watermark advanced to `watermark`: fire event-time timers and
+    /// windows up to it.
+    fn on_watermark(&mut self, watermark: i64) -> Result<Output, OperatorError>;
+    /// Processing time advanced to `now_ms`: fire processing-time timers up to it.
+    fn on_processing_time(&mut self, now_ms: i64) -> Result<Output, OperatorError>;
+    /// End of a bounded input (after the final watermark): emit whatever is pending.
+    fn finish(&mut self) -> Result<Output, OperatorError>;
+    /// Records that arrived too late for any window and went to the late output or were
+    /// dropped (0 for operators without windows).
+    fn late_records(&self) -> u64 {
+        0
+    }
+}

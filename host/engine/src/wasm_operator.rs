@@ -1,0 +1,70 @@
+//! A keyed Wasm operator as a chain member: records go to the guest's `process`, watermark and
+//! processing-time progress fire the guest's timers through `on-timer`, and state older than
+//! the step's TTL is purged on the processing-time tick.
+
+use eddy_core::RecordBatch;
+use eddy_runtime::{OperatorInstance, Output};
+
+use crate::operator::{OperatorError, StreamOperator};
+
+/// How often expired state is purged (a full scan of the subtask's state).
+const PURGE_EVERY_MS: i64 = 10_000;
+
+/// One subtask of a Wasm operator step.
+#[derive(Debug)]
+pub struct WasmOperator {
+    name: String,
+    instance: OperatorInstance,
+    purge_due_ms: Option<i64>,
+}
+
+impl WasmOperator {
+    /// Wraps an opened instance; `purges_state` when its backend expires entries (TTL).
+    pub fn new(name: String, instance: OperatorInstance, purges_state: bool) -> Self {
+        Self { name, instance, purge_due_ms: purges_state.then_some(i64::MIN) }
+    }
+
+    fn fire(&mut self, fired: Vec<eddy_core::FiredTimer>) -> Result<Output, OperatorError> {
+        if fired.is_empty() {
+            return Ok(Output::default());
+        }
+        Ok(self.instance.on_timers(&fired)?)
+    }
+}
+
+impl StreamOperator for WasmOperator {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn process(&mut self, batch: &RecordBatch) -> Result<Output, OperatorError> {
+        Ok(self.instance.process(batch)?)
+    }
+
+    fn on_watermark(&mut self, watermark: i64) -> Result<Output, OperatorError> {
+        let fired = self.instance.timer_service().advance_watermark(watermark);
+        self.fire(fired)
+    }
+
+    fn on_processing_time(&mut self, now_ms: i64) -> Result<Output, OperatorError> {
+        if let Some(due) = self.purge_due_ms
+            && now_ms >= due
+        {
+            self.purge_due_ms = Some(now_ms.saturating_add(PURGE_EVERY_MS));
+            let removed = self
+                .instance
+                .state_backend_mut()
+                .purge_expired()
+                .map_err(|source| OperatorError::State { operator: self.name.clone(), source })?;
+            if removed > 0 {
+                tracing::debug!(operator = %self.name, removed, "purged expired state");
+            }
+        }
+        let fired = self.instance.timer_service().advance_processing_time(now_ms);
+        self.fire(fired)
+    }
+
+    fn finish(&mut self) -> Result<Output, OperatorError> {
+        Ok(self.instance.close()?)
+    }
+}

@@ -1,0 +1,638 @@
+//! The window operator: event-time windows (tumbling, sliding, merging sessions) over an
+//! aggregate, with allowed lateness and a late-data side output. Flink's event-time windows
+//! with the default event-time trigger, on Eddy's state backends.
+//!
+//! Per (key, window) the operator keeps one accumulator; the aggregate (usually a Wasm
+//! component, [`AggregateFn`] for [`AggregateInstance`]) creates, adds to, merges and reads it.
+//! A window fires when the watermark reaches its firing time and emits one record
+//! `{"start": s, "end": e, "result": R}` with the key and timestamp `end - 1`; it is purged
+//! `allowed_lateness_ms` later, and a record arriving in between re-fires it at once.
+//!
+//! Firing time: `max_timestamp()` (`end - 1`) for tumbling and sliding windows, but `end` for
+//! sessions, because [`SessionWindows`] merges sessions that merely touch: a record at exactly
+//! `end` still extends `[start, end)`, so the session is only final once the watermark (the
+//! last time known complete) reaches `end`. Firing one millisecond earlier would split a
+//! session that a batch computation keeps whole.
+//!
+//! State (all in the [`StateBackend`], so a snapshot of the backend is a snapshot of the
+//! operator), under the [`StateKey`] layout with the key's key group:
+//! - `window-acc`, namespace = the window (16 bytes, see [`encode_window`]): one flag byte
+//!   (1 = the window has fired) followed by the aggregate's accumulator bytes;
+//! - `window-sessions` (session windows only), empty namespace: the key's open sessions as a
+//!   list ([`eddy_state::encode_list`]) of encoded windows. A session stays in it until purged,
+//!   so a record within the allowed lateness can still merge into a fired session.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN, key_group_of};
+use eddy_runtime::{AggregateInstance, Output};
+use eddy_state::{StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list};
+
+use crate::operator::{OperatorError, StreamOperator};
+use crate::window::{SessionWindows, Window, WindowKind};
+
+#[cfg(test)]
+mod tests;
+
+/// State name of the per-(key, window) accumulators.
+pub const ACC_STATE: &str = "window-acc";
+/// State name of the per-key session sets.
+pub const SESSIONS_STATE: &str = "window-sessions";
+
+const NOT_FIRED: u8 = 0;
+const FIRED: u8 = 1;
+
+/// The aggregate a window operator folds records into. Accumulators and results are opaque
+/// bytes; the operator only stores them and hands them back.
+pub trait AggregateFn: Send {
+    /// A new, empty accumulator.
+    fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError>;
+    /// `acc` with `records` added; the records share one key and one window, in arrival order.
+    fn add(&mut self, acc: &[u8], records: &RecordBatch) -> Result<Vec<u8>, OperatorError>;
+    /// One accumulator holding what `a` and `b` hold (sessions that merged).
+    fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, OperatorError>;
+    /// The window's result for `acc`.
+    fn result(&mut self, acc: &[u8]) -> Result<Vec<u8>, OperatorError>;
+}
+
+impl AggregateFn for AggregateInstance {
+    fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError> {
+        Ok(AggregateInstance::create_accumulator(self)?)
+    }
+
+    fn add(&mut self, acc: &[u8], records: &RecordBatch) -> Result<Vec<u8>, OperatorError> {
+        Ok(AggregateInstance::add(self, acc, records)?)
+    }
+
+    fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        Ok(AggregateInstance::merge(self, a, b)?)
+    }
+
+    fn result(&mut self, acc: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        Ok(AggregateInstance::result(self, acc)?)
+    }
+}
+
+/// What happens to records too late for every window they belong to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LateData {
+    /// They go, unchanged, to the side output of this name.
+    SideOutput(String),
+    /// They are dropped (still counted by [`StreamOperator::late_records`]).
+    Drop,
+}
+
+/// How a window operator groups records and treats late ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowConfig {
+    /// The assigner; must pass [`WindowKind::validate`].
+    pub kind: WindowKind,
+    /// How long after firing a window still accepts records (and re-fires); negative means 0.
+    pub allowed_lateness_ms: i64,
+    /// Where records later than that go.
+    pub late_data: LateData,
+    /// Number of key groups of the job (`1..=MAX_PARALLELISM_LIMIT`), for the state keys.
+    pub max_parallelism: u32,
+}
+
+/// The 16-byte state namespace of a window: start and end as big-endian i64 with the sign bit
+/// flipped, so byte order is (start, end) order, negative times included, and a scan of one
+/// key's accumulators visits its windows in time order.
+pub fn encode_window(window: &Window) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&((window.start as u64) ^ (1 << 63)).to_be_bytes());
+    out[8..].copy_from_slice(&((window.end as u64) ^ (1 << 63)).to_be_bytes());
+    out
+}
+
+/// Reads what [`encode_window`] wrote.
+pub fn decode_window(bytes: &[u8]) -> Result<Window, StateError> {
+    let Ok(bytes) = <[u8; 16]>::try_from(bytes) else {
+        return Err(StateError::Corrupt(format!("a window is 16 bytes, got {}", bytes.len())));
+    };
+    let both = u128::from_be_bytes(bytes);
+    let start = (((both >> 64) as u64) ^ (1 << 63)) as i64;
+    let end = ((both as u64) ^ (1 << 63)) as i64;
+    if start >= end {
+        return Err(StateError::Corrupt(format!("window [{start}, {end}) is empty")));
+    }
+    Ok(Window { start, end })
+}
+
+/// One pending timer: (time, key, window). Ordering by time then key is the emission order.
+type Timer = (i64, Vec<u8>, Window);
+
+/// Pending firing and cleanup times of every window that has state.
+///
+/// Kept in memory rather than in the backend because firing needs them in time order across
+/// all keys, while the backend orders by key group first; and they need no snapshot of their
+/// own: every accumulator entry is exactly one window with a cleanup time, and a firing time
+/// unless its fired flag is set, so [`Timers::rebuild`] recovers the index from the backend
+/// alone (which is what the next milestone snapshots).
+#[derive(Debug, Default)]
+struct Timers {
+    fire: BTreeSet<Timer>,
+    cleanup: BTreeSet<Timer>,
+}
+
+impl Timers {
+    /// Removes and returns the timers due at `watermark`, earliest first.
+    fn take_due(set: &mut BTreeSet<Timer>, watermark: i64) -> BTreeSet<Timer> {
+        match watermark.checked_add(1) {
+            Some(bound) => {
+                let later = set.split_off(&(bound, Vec::new(), Window { start: i64::MIN, end: i64::MIN }));
+                std::mem::replace(set, later)
+            }
+            None => std::mem::take(set),
+        }
+    }
+}
+
+/// The operator's state entries, keyed by the `StateKey` layout.
+struct WindowStore {
+    backend: Box<dyn StateBackend>,
+    keys: StateKey,
+    operator: String,
+    max_parallelism: u32,
+}
+
+impl WindowStore {
+    fn error(&self, source: StateError) -> OperatorError {
+        OperatorError::State { operator: self.operator.clone(), source }
+    }
+
+    fn corrupt(&self, problem: String) -> OperatorError {
+        self.error(StateError::Corrupt(problem))
+    }
+
+    /// The window's fired flag and accumulator, if it has state.
+    fn acc(&mut self, key: &[u8], window: &Window) -> Result<Option<(bool, Vec<u8>)>, OperatorError> {
+        let group = key_group_of(key, self.max_parallelism);
+        let entry = self.keys.encode(group, key, ACC_STATE, &encode_window(window));
+        match self.backend.get(entry).map_err(|e| self.error(e))? {
+            None => Ok(None),
+            Some(mut value) => match value.first().copied() {
+                Some(flag @ (NOT_FIRED | FIRED)) => {
+                    value.remove(0);
+                    Ok(Some((flag == FIRED, value)))
+                }
+                _ => Err(self.corrupt(format!(
+                    "accumulator of window [{}, {}) has no valid flag byte",
+                    window.start, window.end
+                ))),
+            },
+        }
+    }
+
+    fn put_acc(&mut self, key: &[u8], window: &Window, fired: bool, acc: &[u8]) -> Result<(), OperatorError> {
+        let mut value = Vec::with_capacity(1 + acc.len());
+        value.push(if fired { FIRED } else { NOT_FIRED });
+        value.extend_from_slice(acc);
+        let group = key_group_of(key, self.max_parallelism);
+        let entry = self.keys.encode(group, key, ACC_STATE, &encode_window(window));
+        self.backend.put(entry, &value).map_err(|e| self.error(e))
+    }
+
+    fn delete_acc(&mut self, key: &[u8], window: &Window) -> Result<(), OperatorError> {
+        let group = key_group_of(key, self.max_parallelism);
+        let entry = self.keys.encode(group, key, ACC_STATE, &encode_window(window));
+        self.backend.delete(entry).map_err(|e| self.error(e))
+    }
+
+    fn sessions(&mut self, key: &[u8]) -> Result<Vec<Window>, OperatorError> {
+        let group = key_group_of(key, self.max_parallelism);
+        let entry = self.keys.encode(group, key, SESSIONS_STATE, b"");
+        let Some(list) = self.backend.get(entry).map_err(|e| self.error(e))? else {
+            return Ok(Vec::new());
+        };
+        let items = decode_list(&list).map_err(|e| self.error(e))?;
+        items.iter().map(|w| decode_window(w).map_err(|e| self.error(e))).collect()
+    }
+
+    fn put_sessions(&mut self, key: &[u8], sessions: &[Window]) -> Result<(), OperatorError> {
+        let group = key_group_of(key, self.max_parallelism);
+        let entry = self.keys.encode(group, key, SESSIONS_STATE, b"");
+        let result = if sessions.is_empty() {
+            self.backend.delete(entry)
+        } else {
+            let items: Vec<[u8; 16]> = sessions.iter().map(encode_window).collect();
+            self.backend.put(entry, &encode_list(&items))
+        };
+        result.map_err(|e| self.error(e))
+    }
+
+    /// Every window with an accumulator: (key, window, fired).
+    fn windows(&self) -> Result<Vec<(Vec<u8>, Window, bool)>, OperatorError> {
+        let mut found = Vec::new();
+        let mut damage: Option<StateError> = None;
+        self.backend
+            .scan_prefix(b"", &mut |entry, value| {
+                if damage.is_some() {
+                    return;
+                }
+                let parsed = decode_state_key(entry).and_then(|k| {
+                    if k.state != ACC_STATE {
+                        return Ok(None);
+                    }
+                    let window = decode_window(k.namespace)?;
+                    match value.first() {
+                        Some(&flag @ (NOT_FIRED | FIRED)) => Ok(Some((k.key.to_vec(), window, flag == FIRED))),
+                        _ => Err(StateError::Corrupt("window accumulator without a valid flag byte".into())),
+                    }
+                });
+                match parsed {
+                    Ok(Some(w)) => found.push(w),
+                    Ok(None) => {}
+                    Err(e) => damage = Some(e),
+                }
+            })
+            .map_err(|e| self.error(e))?;
+        match damage {
+            Some(e) => Err(self.error(e)),
+            None => Ok(found),
+        }
+    }
+}
+
+/// A result that is due: (firing time, key, window, result bytes).
+type Fired = (i64, Vec<u8>, Window, Vec<u8>);
+
+/// A session built during one batch: the stored sessions it swallowed and its new records.
+#[derive(Debug, Default)]
+struct PendingSession {
+    stored: Vec<Window>,
+    records: Vec<usize>,
+}
+
+/// Event-time windows of keyed records over an aggregate (see the module docs).
+pub struct WindowOperator<A: AggregateFn> {
+    name: String,
+    kind: WindowKind,
+    allowed_lateness_ms: i64,
+    late_data: LateData,
+    aggregate: A,
+    store: WindowStore,
+    watermark: i64,
+    /// `None` until the first call rebuilds it from the backend (which may hold restored state).
+    timers: Option<Timers>,
+    late_records: u64,
+}
+
+impl<A: AggregateFn> std::fmt::Debug for WindowOperator<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowOperator")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("allowed_lateness_ms", &self.allowed_lateness_ms)
+            .field("late_data", &self.late_data)
+            .field("watermark", &self.watermark)
+            .field("late_records", &self.late_records)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: AggregateFn> WindowOperator<A> {
+    /// A window operator named `name` over `aggregate`, keeping its state in `state`. The
+    /// backend may hold state of an earlier run of this operator: its windows are picked up
+    /// (and fire) as if they had never stopped.
+    pub fn new(name: impl Into<String>, config: WindowConfig, aggregate: A, state: Box<dyn StateBackend>) -> Self {
+        debug_assert!(config.kind.validate().is_ok(), "unvalidated window config {:?}", config.kind);
+        let name = name.into();
+        Self {
+            store: WindowStore {
+                backend: state,
+                keys: StateKey::default(),
+                operator: name.clone(),
+                max_parallelism: config.max_parallelism,
+            },
+            name,
+            kind: config.kind,
+            allowed_lateness_ms: config.allowed_lateness_ms.max(0),
+            late_data: config.late_data,
+            aggregate,
+            watermark: WATERMARK_MIN,
+            timers: None,
+            late_records: 0,
+        }
+    }
+
+    /// The state backend (for metrics, snapshots and tests).
+    pub fn state(&self) -> &dyn StateBackend {
+        self.store.backend.as_ref()
+    }
+
+    /// Gives the state backend back, to snapshot it or hand it to a restarted operator.
+    pub fn into_state(self) -> Box<dyn StateBackend> {
+        self.store.backend
+    }
+
+    /// The aggregate.
+    pub fn aggregate(&self) -> &A {
+        &self.aggregate
+    }
+
+    /// The watermark the operator last saw.
+    pub fn current_watermark(&self) -> i64 {
+        self.watermark
+    }
+
+    /// When `window` fires (see the module docs for why sessions fire at `end`).
+    fn fire_time(&self, window: &Window) -> i64 {
+        match self.kind {
+            WindowKind::Session { .. } => window.end,
+            WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } => window.max_timestamp(),
+        }
+    }
+
+    /// When `window`'s state is purged; from then on it takes no records.
+    fn cleanup_time(&self, window: &Window) -> i64 {
+        self.fire_time(window).saturating_add(self.allowed_lateness_ms)
+    }
+
+    fn past_cleanup(&self, window: &Window) -> bool {
+        self.cleanup_time(window) <= self.watermark
+    }
+
+    fn bad_record(&self, problem: String) -> OperatorError {
+        OperatorError::BadRecord { operator: self.name.clone(), problem }
+    }
+
+    fn empty_output(&self) -> Output {
+        let side = match &self.late_data {
+            LateData::SideOutput(name) => vec![(name.clone(), RecordBatch::default())],
+            LateData::Drop => Vec::new(),
+        };
+        Output { main: RecordBatch::default(), side }
+    }
+
+    fn emit_late(&mut self, out: &mut Output, record: &RecordView<'_>) {
+        self.late_records += 1;
+        if let Some((_, batch)) = out.side.first_mut() {
+            batch.push_view(record);
+        }
+    }
+
+    /// The timer index, rebuilt from the backend on first use.
+    fn timers(&mut self) -> Result<&mut Timers, OperatorError> {
+        if self.timers.is_none() {
+            let mut timers = Timers::default();
+            for (key, window, fired) in self.store.windows()? {
+                if !fired {
+                    timers.fire.insert((self.fire_time(&window), key.clone(), window));
+                }
+                timers.cleanup.insert((self.cleanup_time(&window), key, window));
+            }
+            self.timers = Some(timers);
+        }
+        Ok(self.timers.get_or_insert_with(Timers::default))
+    }
+
+    /// Checks every record before any state changes, so a bad batch leaves no partial effect.
+    fn validate(&self, batch: &RecordBatch) -> Result<(), OperatorError> {
+        let reach = match self.kind {
+            WindowKind::Tumbling { size_ms } | WindowKind::Sliding { size_ms, .. } => size_ms,
+            WindowKind::Session { gap_ms } => gap_ms,
+        };
+        for (i, r) in batch.iter().enumerate() {
+            if r.key.is_none() {
+                return Err(self.bad_record(format!(
+                    "record {i} of the batch has no key; a window needs keyed records: add `key_by` to the step"
+                )));
+            }
+            let Some(t) = r.timestamp else {
+                return Err(self.bad_record(format!(
+                    "record {i} of the batch has no event timestamp; a window needs event time: add `timestamp` \
+                     (a JSON pointer such as `/ts`) to the source"
+                )));
+            };
+            // Window bounds are computed as t -/+ the window's reach; keep them inside i64.
+            if t.checked_sub(reach).is_none() || t.checked_add(reach).is_none() {
+                return Err(self.bad_record(format!(
+                    "record {i} has timestamp {t}, too close to the limits of i64 for a window reaching {reach} ms"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores `acc` for (key, window), keeps its timers, and fires it now if the watermark
+    /// already passed its firing time (a late-but-allowed record, or a window first seen then).
+    fn store_window(
+        &mut self,
+        key: &[u8],
+        window: Window,
+        acc: &[u8],
+        fired_now: &mut Vec<Fired>,
+    ) -> Result<(), OperatorError> {
+        let fire_time = self.fire_time(&window);
+        let cleanup_time = self.cleanup_time(&window);
+        let due = fire_time <= self.watermark;
+        if due {
+            let result = self.aggregate.result(acc)?;
+            fired_now.push((fire_time, key.to_vec(), window, result));
+        }
+        self.store.put_acc(key, &window, due, acc)?;
+        let timers = self.timers()?;
+        if !due {
+            timers.fire.insert((fire_time, key.to_vec(), window));
+        }
+        timers.cleanup.insert((cleanup_time, key.to_vec(), window));
+        Ok(())
+    }
+
+    fn sub_batch(batch: &RecordBatch, indices: &[usize]) -> RecordBatch {
+        indices.iter().filter_map(|&i| batch.get(i)).collect()
+    }
+
+    fn process_fixed(&mut self, batch: &RecordBatch, out: &mut Output) -> Result<Vec<Fired>, OperatorError> {
+        // One `add` per (key, window): each call crosses into Wasm.
+        let mut groups: BTreeMap<(&[u8], Window), Vec<usize>> = BTreeMap::new();
+        for (i, r) in batch.iter().enumerate() {
+            let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
+            let mut live = self.kind.assign(t).into_iter().filter(|w| !self.past_cleanup(w)).peekable();
+            if live.peek().is_none() {
+                self.emit_late(out, &r);
+                continue;
+            }
+            for w in live {
+                groups.entry((key, w)).or_default().push(i);
+            }
+        }
+        let mut fired_now = Vec::new();
+        for ((key, window), indices) in groups {
+            let acc = match self.store.acc(key, &window)? {
+                Some((_, acc)) => acc,
+                None => self.aggregate.create_accumulator()?,
+            };
+            let acc = self.aggregate.add(&acc, &Self::sub_batch(batch, &indices))?;
+            self.store_window(key, window, &acc, &mut fired_now)?;
+        }
+        Ok(fired_now)
+    }
+
+    fn process_sessions(
+        &mut self,
+        batch: &RecordBatch,
+        gap_ms: i64,
+        out: &mut Output,
+    ) -> Result<Vec<Fired>, OperatorError> {
+        // Late records first, in batch order; the rest grouped by key, in arrival order.
+        let mut by_key: BTreeMap<&[u8], Vec<usize>> = BTreeMap::new();
+        for (i, r) in batch.iter().enumerate() {
+            let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
+            if self.past_cleanup(&Window { start: t, end: t + gap_ms }) {
+                self.emit_late(out, &r);
+            } else {
+                by_key.entry(key).or_default().push(i);
+            }
+        }
+        let mut fired_now = Vec::new();
+        for (key, indices) in by_key {
+            let mut sessions = SessionWindows::default();
+            for w in self.store.sessions(key)? {
+                sessions.add(w);
+            }
+            // Merge the whole batch's windows first, so each final session costs one `add`.
+            let mut pending: BTreeMap<Window, PendingSession> = BTreeMap::new();
+            for i in indices {
+                let Some(t) = batch.get(i).and_then(|r| r.timestamp) else { continue };
+                let merge = sessions.add(Window { start: t, end: t + gap_ms });
+                let mut session = PendingSession::default();
+                for absorbed in merge.absorbed {
+                    match pending.remove(&absorbed) {
+                        Some(p) => {
+                            session.stored.extend(p.stored);
+                            session.records.extend(p.records);
+                        }
+                        // Not touched in this batch yet: a stored session with an accumulator.
+                        None => session.stored.push(absorbed),
+                    }
+                }
+                session.records.push(i);
+                pending.insert(merge.result, session);
+            }
+            for (window, mut session) in pending {
+                let mut acc: Option<Vec<u8>> = None;
+                for part in &session.stored {
+                    let Some((_, part_acc)) = self.store.acc(key, part)? else {
+                        return Err(self.store.corrupt(format!(
+                            "session [{}, {}) is in the session set but has no accumulator",
+                            part.start, part.end
+                        )));
+                    };
+                    acc = Some(match acc {
+                        None => part_acc,
+                        Some(a) => self.aggregate.merge(&a, &part_acc)?,
+                    });
+                    if *part != window {
+                        // Absorbed: its state and timers give way to the merged session's.
+                        self.store.delete_acc(key, part)?;
+                        let (fire, cleanup) = (self.fire_time(part), self.cleanup_time(part));
+                        let timers = self.timers()?;
+                        timers.fire.remove(&(fire, key.to_vec(), *part));
+                        timers.cleanup.remove(&(cleanup, key.to_vec(), *part));
+                    }
+                }
+                let acc = match acc {
+                    Some(acc) => acc,
+                    None => self.aggregate.create_accumulator()?,
+                };
+                session.records.sort_unstable();
+                let acc = self.aggregate.add(&acc, &Self::sub_batch(batch, &session.records))?;
+                self.store_window(key, window, &acc, &mut fired_now)?;
+            }
+            self.store.put_sessions(key, sessions.sessions())?;
+        }
+        Ok(fired_now)
+    }
+
+    fn result_record(out: &mut Output, key: &[u8], window: &Window, result: &[u8]) {
+        let mut value = format!("{{\"start\":{},\"end\":{},\"result\":", window.start, window.end).into_bytes();
+        if serde_json::from_slice::<serde::de::IgnoredAny>(result).is_ok() {
+            value.extend_from_slice(result.trim_ascii());
+        } else {
+            // Not JSON: embed it as a string so the output stays one JSON value.
+            let text = serde_json::Value::String(String::from_utf8_lossy(result).into_owned());
+            value.extend_from_slice(text.to_string().as_bytes());
+        }
+        value.push(b'}');
+        out.main.push(Some(key), &value, Some(window.max_timestamp()));
+    }
+
+    fn emit_results(out: &mut Output, mut fired: Vec<Fired>) {
+        fired.sort_by(|a, b| (a.0, &a.1, a.2).cmp(&(b.0, &b.1, b.2)));
+        for (_, key, window, result) in fired {
+            Self::result_record(out, &key, &window, &result);
+        }
+    }
+}
+
+impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn process(&mut self, batch: &RecordBatch) -> Result<Output, OperatorError> {
+        self.validate(batch)?;
+        self.timers()?;
+        let mut out = self.empty_output();
+        let fired = match self.kind {
+            WindowKind::Session { gap_ms } => self.process_sessions(batch, gap_ms, &mut out)?,
+            WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } => self.process_fixed(batch, &mut out)?,
+        };
+        Self::emit_results(&mut out, fired);
+        Ok(out)
+    }
+
+    fn on_watermark(&mut self, watermark: i64) -> Result<Output, OperatorError> {
+        let mut out = self.empty_output();
+        if watermark <= self.watermark {
+            return Ok(out);
+        }
+        self.watermark = watermark;
+        let timers = self.timers()?;
+        let due_fire = Timers::take_due(&mut timers.fire, watermark);
+        let due_cleanup = Timers::take_due(&mut timers.cleanup, watermark);
+        // Already in (firing time, key) order.
+        for (_, key, window) in due_fire {
+            let Some((_, acc)) = self.store.acc(&key, &window)? else {
+                return Err(self.store.corrupt(format!(
+                    "window [{}, {}) has a pending firing but no accumulator",
+                    window.start, window.end
+                )));
+            };
+            let result = self.aggregate.result(&acc)?;
+            Self::result_record(&mut out, &key, &window, &result);
+            if self.cleanup_time(&window) > watermark {
+                // Kept for the allowed lateness; the flag stops a restored operator re-firing it.
+                self.store.put_acc(&key, &window, true, &acc)?;
+            }
+        }
+        let mut purged_sessions: BTreeMap<Vec<u8>, Vec<Window>> = BTreeMap::new();
+        for (_, key, window) in due_cleanup {
+            self.store.delete_acc(&key, &window)?;
+            if matches!(self.kind, WindowKind::Session { .. }) {
+                purged_sessions.entry(key).or_default().push(window);
+            }
+        }
+        for (key, purged) in purged_sessions {
+            let mut sessions = self.store.sessions(&key)?;
+            sessions.retain(|s| !purged.contains(s));
+            self.store.put_sessions(&key, &sessions)?;
+        }
+        Ok(out)
+    }
+
+    fn on_processing_time(&mut self, _now_ms: i64) -> Result<Output, OperatorError> {
+        Ok(Output::default())
+    }
+
+    /// Emits nothing: the engine's final watermark (`i64::MAX`) already fired every window.
+    fn finish(&mut self) -> Result<Output, OperatorError> {
+        Ok(self.empty_output())
+    }
+
+    fn late_records(&self) -> u64 {
+        self.late_records
+    }
+}

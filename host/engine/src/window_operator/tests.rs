@@ -1,0 +1,806 @@
+//! Window operator tests: batch oracles under bounded and unbounded disorder (property tests),
+//! allowed lateness and purging, session merging across batches, restore from the backend,
+//! and the real Wasm purchase-totals aggregate.
+
+use std::collections::BTreeMap;
+
+use eddy_core::BoundedOutOfOrderness;
+use eddy_state::HeapStateBackend;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn test_error(problem: String) -> OperatorError {
+    OperatorError::BadRecord { operator: "test-aggregate".into(), problem }
+}
+
+fn json_of(bytes: &[u8]) -> Result<Value, OperatorError> {
+    serde_json::from_slice(bytes).map_err(|e| test_error(format!("not JSON: {e}")))
+}
+
+/// Count and sum of the integer `v` of JSON values `{"v": n}`; the accumulator and the
+/// result are `{"count": c, "sum": s}`. Counts its `add` calls (Wasm crossings).
+#[derive(Debug, Default)]
+struct SumCount {
+    adds: usize,
+}
+
+fn sum_count(acc: &[u8]) -> Result<(i64, i64), OperatorError> {
+    let v = json_of(acc)?;
+    match (v["count"].as_i64(), v["sum"].as_i64()) {
+        (Some(c), Some(s)) => Ok((c, s)),
+        _ => Err(test_error(format!("bad accumulator {v}"))),
+    }
+}
+
+fn sum_count_bytes(count: i64, sum: i64) -> Vec<u8> {
+    json!({"count": count, "sum": sum}).to_string().into_bytes()
+}
+
+impl AggregateFn for SumCount {
+    fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError> {
+        Ok(sum_count_bytes(0, 0))
+    }
+
+    fn add(&mut self, acc: &[u8], records: &RecordBatch) -> Result<Vec<u8>, OperatorError> {
+        self.adds += 1;
+        let (mut count, mut sum) = sum_count(acc)?;
+        for r in records.iter() {
+            let v = json_of(r.value)?["v"].as_i64().ok_or_else(|| test_error("no `v`".into()))?;
+            count += 1;
+            sum += v;
+        }
+        Ok(sum_count_bytes(count, sum))
+    }
+
+    fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        let ((ca, sa), (cb, sb)) = (sum_count(a)?, sum_count(b)?);
+        Ok(sum_count_bytes(ca + cb, sa + sb))
+    }
+
+    fn result(&mut self, acc: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        Ok(acc.to_vec())
+    }
+}
+
+/// The `v`s in the order they were added: shows record order within a group.
+#[derive(Debug, Default)]
+struct Concat {
+    adds: usize,
+}
+
+impl AggregateFn for Concat {
+    fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError> {
+        Ok(b"[]".to_vec())
+    }
+
+    fn add(&mut self, acc: &[u8], records: &RecordBatch) -> Result<Vec<u8>, OperatorError> {
+        self.adds += 1;
+        let mut list: Vec<Value> = serde_json::from_slice(acc).map_err(|e| test_error(e.to_string()))?;
+        for r in records.iter() {
+            list.push(json_of(r.value)?["v"].clone());
+        }
+        Ok(Value::from(list).to_string().into_bytes())
+    }
+
+    fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        let mut a: Vec<Value> = serde_json::from_slice(a).map_err(|e| test_error(e.to_string()))?;
+        let b: Vec<Value> = serde_json::from_slice(b).map_err(|e| test_error(e.to_string()))?;
+        a.extend(b);
+        Ok(Value::from(a).to_string().into_bytes())
+    }
+
+    fn result(&mut self, acc: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        Ok(acc.to_vec())
+    }
+}
+
+/// Returns fixed bytes as the result (to check how results are embedded).
+#[derive(Debug)]
+struct Fixed(&'static [u8]);
+
+impl AggregateFn for Fixed {
+    fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError> {
+        Ok(Vec::new())
+    }
+    fn add(&mut self, acc: &[u8], _: &RecordBatch) -> Result<Vec<u8>, OperatorError> {
+        Ok(acc.to_vec())
+    }
+    fn merge(&mut self, a: &[u8], _: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        Ok(a.to_vec())
+    }
+    fn result(&mut self, _: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        Ok(self.0.to_vec())
+    }
+}
+
+const LATE: &str = "late";
+
+fn config(kind: WindowKind, allowed_lateness_ms: i64) -> WindowConfig {
+    WindowConfig { kind, allowed_lateness_ms, late_data: LateData::SideOutput(LATE.into()), max_parallelism: 128 }
+}
+
+fn operator<A: AggregateFn>(kind: WindowKind, allowed_lateness_ms: i64, aggregate: A) -> WindowOperator<A> {
+    WindowOperator::new("win", config(kind, allowed_lateness_ms), aggregate, Box::new(HeapStateBackend::default()))
+}
+
+/// One event: key `k{key}`, event time, value `{"v": v}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ev {
+    key: u8,
+    ts: i64,
+    v: i64,
+}
+
+fn key_bytes(key: u8) -> Vec<u8> {
+    format!("\"k{key}\"").into_bytes()
+}
+
+fn batch(events: &[Ev]) -> RecordBatch {
+    let mut b = RecordBatch::default();
+    for e in events {
+        b.push(Some(&key_bytes(e.key)), json!({"v": e.v}).to_string().as_bytes(), Some(e.ts));
+    }
+    b
+}
+
+fn decode_events(batch: &RecordBatch) -> Vec<Ev> {
+    batch
+        .iter()
+        .map(|r| {
+            let key = std::str::from_utf8(r.key.expect("late records keep their key")).expect("utf8");
+            let key = key.trim_matches('"').trim_start_matches('k').parse().expect("key k<n>");
+            let v = serde_json::from_slice::<Value>(r.value).expect("json")["v"].as_i64().expect("v");
+            Ev { key, ts: r.timestamp.expect("late records keep their timestamp"), v }
+        })
+        .collect()
+}
+
+/// One emitted window result of [`SumCount`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Emitted {
+    key: String,
+    window: Window,
+    count: i64,
+    sum: i64,
+}
+
+/// Decodes results and checks the record shape: key, timestamp `end - 1`, JSON value.
+fn emitted(batch: &RecordBatch) -> Vec<Emitted> {
+    batch
+        .iter()
+        .map(|r| {
+            let v: Value = serde_json::from_slice(r.value).expect("result is JSON");
+            let window = Window { start: v["start"].as_i64().expect("start"), end: v["end"].as_i64().expect("end") };
+            assert_eq!(r.timestamp, Some(window.max_timestamp()), "result timestamp is end - 1");
+            Emitted {
+                key: String::from_utf8(r.key.expect("results are keyed").to_vec()).expect("utf8"),
+                window,
+                count: v["result"]["count"].as_i64().expect("count"),
+                sum: v["result"]["sum"].as_i64().expect("sum"),
+            }
+        })
+        .collect()
+}
+
+fn single(count: i64, sum: i64, key: u8, start: i64, end: i64) -> Emitted {
+    Emitted { key: format!("\"k{key}\""), window: Window { start, end }, count, sum }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Oracles, computed from scratch (they do not use `WindowKind::assign` or `SessionWindows`).
+
+/// The windows of a fixed (tumbling or sliding) assigner containing `ts`.
+fn oracle_windows(kind: WindowKind, ts: i64) -> Vec<Window> {
+    let (size, slide) = match kind {
+        WindowKind::Tumbling { size_ms } => (size_ms, size_ms),
+        WindowKind::Sliding { size_ms, slide_ms } => (size_ms, slide_ms),
+        WindowKind::Session { .. } => unreachable!("sessions have their own oracle"),
+    };
+    let mut windows = Vec::new();
+    let mut start = ts.div_euclid(slide) * slide;
+    while start + size > ts {
+        windows.push(Window { start, end: start + size });
+        start -= slide;
+    }
+    windows
+}
+
+/// The windows a record at `ts` is assigned to, for the lateness check: sessions use the
+/// record's own `[ts, ts + gap)`.
+fn record_windows(kind: WindowKind, ts: i64) -> Vec<Window> {
+    match kind {
+        WindowKind::Session { gap_ms } => vec![Window { start: ts, end: ts + gap_ms }],
+        _ => oracle_windows(kind, ts),
+    }
+}
+
+/// When a window stops taking records (with allowed lateness 0): the watermark at which it
+/// fires (sessions at `end`, see the module docs).
+fn oracle_fire_time(kind: WindowKind, w: &Window) -> i64 {
+    match kind {
+        WindowKind::Session { .. } => w.end,
+        _ => w.max_timestamp(),
+    }
+}
+
+/// Group all events by key and window and sum them, as a batch job would.
+fn batch_oracle(kind: WindowKind, events: &[Ev]) -> Vec<Emitted> {
+    let mut acc: BTreeMap<(u8, Window), (i64, i64)> = BTreeMap::new();
+    match kind {
+        WindowKind::Session { gap_ms } => {
+            let mut by_key: BTreeMap<u8, Vec<Ev>> = BTreeMap::new();
+            for e in events {
+                by_key.entry(e.key).or_default().push(*e);
+            }
+            for (key, mut evs) in by_key {
+                evs.sort_by_key(|e| e.ts);
+                let mut current: Option<(Window, i64, i64)> = None;
+                for e in evs {
+                    current = match current {
+                        // Within `gap` of the session's end: the same session.
+                        Some((w, c, s)) if e.ts <= w.end => {
+                            Some((Window { start: w.start, end: w.end.max(e.ts + gap_ms) }, c + 1, s + e.v))
+                        }
+                        other => {
+                            if let Some((w, c, s)) = other {
+                                acc.insert((key, w), (c, s));
+                            }
+                            Some((Window { start: e.ts, end: e.ts + gap_ms }, 1, e.v))
+                        }
+                    };
+                }
+                if let Some((w, c, s)) = current {
+                    acc.insert((key, w), (c, s));
+                }
+            }
+        }
+        _ => {
+            for e in events {
+                for w in oracle_windows(kind, e.ts) {
+                    let entry = acc.entry((e.key, w)).or_default();
+                    entry.0 += 1;
+                    entry.1 += e.v;
+                }
+            }
+        }
+    }
+    acc.into_iter().map(|((key, w), (c, s))| single(c, s, key, w.start, w.end)).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The driver: arrival order, small batches, BoundedOutOfOrderness watermarks.
+
+/// What a run produced.
+#[derive(Debug)]
+struct Run {
+    /// Every result, sorted.
+    results: Vec<Emitted>,
+    /// The late side output, in emission order.
+    late: Vec<Ev>,
+    /// The operator's watermark when each event (in arrival order) was processed.
+    watermark_at_arrival: Vec<i64>,
+    late_count: u64,
+    state_entries_after: usize,
+}
+
+/// In-order event times with bounded random delays, sorted by arrival.
+fn arrivals(start: i64, raw: &[(u8, i64, i64, i64)], max_delay: i64) -> Vec<Ev> {
+    let mut ts = start;
+    let mut timed: Vec<(i64, Ev)> = raw
+        .iter()
+        .map(|&(key, step, v, delay)| {
+            ts += step;
+            (ts + delay.rem_euclid(max_delay + 1), Ev { key, ts, v })
+        })
+        .collect();
+    // Stable: events arriving at the same moment keep their generation order.
+    timed.sort_by_key(|(arrival, _)| *arrival);
+    timed.into_iter().map(|(_, e)| e).collect()
+}
+
+fn drive(kind: WindowKind, lateness: i64, bound: i64, events: &[Ev], chunks: &[usize]) -> Run {
+    let mut op = operator(kind, lateness, SumCount::default());
+    let mut generator = BoundedOutOfOrderness::new(bound);
+    let mut results = Vec::new();
+    let mut late = Vec::new();
+    let mut watermark_at_arrival = Vec::new();
+    let mut rest = events;
+    let mut sizes = chunks.iter().copied().cycle();
+    while !rest.is_empty() {
+        let n = sizes.next().unwrap_or(1).clamp(1, rest.len());
+        let (now, later) = rest.split_at(n);
+        rest = later;
+        watermark_at_arrival.extend(std::iter::repeat_n(op.current_watermark(), now.len()));
+        let out = op.process(&batch(now)).expect("process");
+        results.extend(emitted(&out.main));
+        late.extend(decode_events(out.side(LATE).expect("the late output is declared")));
+        for e in now {
+            generator.on_event(e.ts);
+        }
+        let out = op.on_watermark(generator.current()).expect("watermark");
+        assert!(out.side(LATE).is_some_and(RecordBatch::is_empty), "watermarks emit no late records");
+        check_firing_order(kind, &out.main);
+        results.extend(emitted(&out.main));
+    }
+    let out = op.on_watermark(i64::MAX).expect("final watermark");
+    check_firing_order(kind, &out.main);
+    results.extend(emitted(&out.main));
+    let finished = op.finish().expect("finish");
+    assert!(finished.main.is_empty(), "finish emits nothing after the final watermark");
+    results.sort();
+    Run {
+        results,
+        late,
+        watermark_at_arrival,
+        late_count: op.late_records(),
+        state_entries_after: op.state().approximate_len(),
+    }
+}
+
+/// A watermark emits its windows in (firing time, key) order.
+fn check_firing_order(kind: WindowKind, main: &RecordBatch) {
+    let order: Vec<(i64, Vec<u8>)> =
+        emitted(main).into_iter().map(|e| (oracle_fire_time(kind, &e.window), e.key.into_bytes())).collect();
+    assert!(order.windows(2).all(|p| p[0] <= p[1]), "not in (firing time, key) order: {order:?}");
+}
+
+fn no_duplicates(results: &[Emitted]) -> bool {
+    results.windows(2).all(|p| (&p[0].key, p[0].window) != (&p[1].key, p[1].window))
+}
+
+fn window_kind() -> impl Strategy<Value = WindowKind> {
+    prop_oneof![
+        (1i64..60).prop_map(|size_ms| WindowKind::Tumbling { size_ms }),
+        (1i64..25, 1i64..5).prop_map(|(slide_ms, n)| WindowKind::Sliding { size_ms: slide_ms * n, slide_ms }),
+        (1i64..40).prop_map(|gap_ms| WindowKind::Session { gap_ms }),
+    ]
+}
+
+/// (key, step to the next event time, value, raw delay).
+fn raw_events() -> impl Strategy<Value = Vec<(u8, i64, i64, i64)>> {
+    proptest::collection::vec((0u8..4, 0i64..9, -50i64..50, 0i64..10_000), 0..120)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Disorder within the watermark's bound: nothing is late, every (key, window) fires
+    /// exactly once, the results equal a batch computation, and all state is purged.
+    #[test]
+    fn within_the_bound_results_equal_the_batch_oracle(
+        kind in window_kind(),
+        start in -500i64..500,
+        raw in raw_events(),
+        bound in 0i64..40,
+        lateness in prop_oneof![Just(0i64), 0i64..100],
+        chunks in proptest::collection::vec(1usize..8, 1..20),
+    ) {
+        let events = arrivals(start, &raw, bound);
+        let run = drive(kind, lateness, bound, &events, &chunks);
+        prop_assert_eq!(run.late_count, 0);
+        prop_assert!(run.late.is_empty());
+        prop_assert!(no_duplicates(&run.results), "a window fired twice: {:?}", run.results);
+        prop_assert_eq!(&run.results, &batch_oracle(kind, &events));
+        prop_assert_eq!(run.state_entries_after, 0, "state left after the final watermark");
+    }
+
+    /// Disorder beyond the bound, no allowed lateness: the late output holds exactly the
+    /// records whose every window had closed when they arrived (in arrival order), and the
+    /// results count exactly the (record, window) pairs whose window was still open.
+    #[test]
+    fn beyond_the_bound_late_records_are_exactly_the_oracles(
+        kind in window_kind(),
+        start in -500i64..500,
+        raw in raw_events(),
+        bound in 0i64..20,
+        extra in 1i64..150,
+        chunks in proptest::collection::vec(1usize..8, 1..20),
+    ) {
+        let events = arrivals(start, &raw, bound + extra);
+        let run = drive(kind, 0, bound, &events, &chunks);
+        // Oracle: replay arrivals against the watermark each one met.
+        let mut expected_late = Vec::new();
+        let mut on_time = Vec::new();
+        for (e, &wm) in events.iter().zip(&run.watermark_at_arrival) {
+            if record_windows(kind, e.ts).iter().all(|w| oracle_fire_time(kind, w) <= wm) {
+                expected_late.push(*e);
+            } else {
+                on_time.push((*e, wm));
+            }
+        }
+        prop_assert_eq!(&run.late, &expected_late);
+        prop_assert_eq!(run.late_count, expected_late.len() as u64);
+        prop_assert_eq!(run.state_entries_after, 0);
+        match kind {
+            WindowKind::Session { .. } => {
+                // Purged sessions cannot absorb later records, so the grouping depends on
+                // arrival; but every on-time record is counted exactly once.
+                let count: i64 = run.results.iter().map(|r| r.count).sum();
+                let sum: i64 = run.results.iter().map(|r| r.sum).sum();
+                prop_assert_eq!(count, on_time.len() as i64);
+                prop_assert_eq!(sum, on_time.iter().map(|(e, _)| e.v).sum::<i64>());
+                prop_assert!(run.results.iter().all(|r| r.count > 0));
+            }
+            _ => {
+                let mut acc: BTreeMap<(u8, Window), (i64, i64)> = BTreeMap::new();
+                for (e, wm) in on_time {
+                    for w in oracle_windows(kind, e.ts).into_iter().filter(|w| w.max_timestamp() > wm) {
+                        let entry = acc.entry((e.key, w)).or_default();
+                        entry.0 += 1;
+                        entry.1 += e.v;
+                    }
+                }
+                let expected: Vec<Emitted> =
+                    acc.into_iter().map(|((key, w), (c, s))| single(c, s, key, w.start, w.end)).collect();
+                prop_assert!(no_duplicates(&run.results));
+                prop_assert_eq!(&run.results, &expected);
+            }
+        }
+    }
+
+    /// A tumbling window over records that never fall behind the watermark equals the
+    /// batch oracle however the input is cut into batches (one `add` per group per batch).
+    #[test]
+    fn one_add_per_key_and_window_per_batch(
+        raw in proptest::collection::vec((0u8..3, 0i64..30), 1..60),
+    ) {
+        let events: Vec<Ev> = raw.iter().map(|&(key, ts)| Ev { key, ts, v: ts }).collect();
+        let mut op = operator(WindowKind::Tumbling { size_ms: 10 }, 0, SumCount::default());
+        op.process(&batch(&events)).expect("process");
+        let groups: BTreeSet<(u8, i64)> = events.iter().map(|e| (e.key, e.ts.div_euclid(10))).collect();
+        prop_assert_eq!(op.aggregate().adds, groups.len());
+    }
+
+    #[test]
+    fn windows_encode_in_order(a in any::<(i64, i64)>(), b in any::<(i64, i64)>()) {
+        let wa = Window { start: a.0.min(a.1), end: a.0.max(a.1) };
+        let wb = Window { start: b.0.min(b.1), end: b.0.max(b.1) };
+        prop_assert_eq!(wa.cmp(&wb), encode_window(&wa).cmp(&encode_window(&wb)));
+        if wa.start < wa.end {
+            prop_assert_eq!(decode_window(&encode_window(&wa)).expect("decodes"), wa);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allowed lateness and purging.
+
+fn ev(key: u8, ts: i64, v: i64) -> Ev {
+    Ev { key, ts, v }
+}
+
+#[test]
+fn a_record_within_the_allowed_lateness_refires_and_one_after_it_is_late() {
+    let mut op = operator(WindowKind::Tumbling { size_ms: 10 }, 5, SumCount::default());
+    op.process(&batch(&[ev(0, 1, 1), ev(0, 3, 2), ev(1, 12, 7)])).expect("process");
+    assert!(emitted(&op.on_watermark(8).expect("wm").main).is_empty(), "[0, 10) fires at 9, not before");
+    let out = op.on_watermark(9).expect("wm");
+    assert_eq!(emitted(&out.main), vec![single(2, 3, 0, 0, 10)]);
+
+    // Late but allowed (9 + 5 > 9): updates the accumulator and re-fires from `process`.
+    let out = op.process(&batch(&[ev(0, 5, 10)])).expect("process");
+    assert_eq!(emitted(&out.main), vec![single(3, 13, 0, 0, 10)]);
+    assert!(out.side(LATE).is_some_and(RecordBatch::is_empty));
+    assert_eq!(op.late_records(), 0);
+    let out = op.process(&batch(&[ev(0, 9, 100), ev(0, 2, 1000)])).expect("process");
+    assert_eq!(emitted(&out.main), vec![single(5, 1113, 0, 0, 10)], "one re-fire per batch and window");
+
+    // The window is purged at 9 + 5 = 14; [10, 20) of key 1 stays until it fires.
+    assert_eq!(op.state().approximate_len(), 2);
+    assert!(emitted(&op.on_watermark(13).expect("wm").main).is_empty());
+    assert_eq!(op.state().approximate_len(), 2);
+    assert!(emitted(&op.on_watermark(14).expect("wm").main).is_empty(), "purging emits nothing");
+    assert_eq!(op.state().approximate_len(), 1);
+
+    let out = op.process(&batch(&[ev(0, 6, 1), ev(1, 13, 1)])).expect("process");
+    assert_eq!(decode_events(out.side(LATE).expect("declared")), vec![ev(0, 6, 1)]);
+    assert!(emitted(&out.main).is_empty(), "a late record changes no result");
+    assert_eq!(op.late_records(), 1);
+
+    let out = op.on_watermark(i64::MAX).expect("final");
+    assert_eq!(emitted(&out.main), vec![single(2, 8, 1, 10, 20)]);
+    assert_eq!(op.state().approximate_len(), 0, "everything purged after the final watermark");
+}
+
+#[test]
+fn without_allowed_lateness_state_is_purged_when_the_window_fires() {
+    let mut op = operator(WindowKind::Sliding { size_ms: 20, slide_ms: 10 }, 0, SumCount::default());
+    op.process(&batch(&[ev(0, 15, 1)])).expect("process");
+    assert_eq!(op.state().approximate_len(), 2, "[0, 20) and [10, 30)");
+    let out = op.on_watermark(19).expect("wm");
+    assert_eq!(emitted(&out.main), vec![single(1, 1, 0, 0, 20)]);
+    assert_eq!(op.state().approximate_len(), 1);
+    // 15 is still in the open [10, 30): not late, and the closed [0, 20) is skipped.
+    let out = op.process(&batch(&[ev(0, 15, 2)])).expect("process");
+    assert!(out.main.is_empty() && out.side(LATE).is_some_and(RecordBatch::is_empty));
+    // 5 belongs to closed windows only.
+    let out = op.process(&batch(&[ev(0, 5, 4)])).expect("process");
+    assert_eq!(decode_events(out.side(LATE).expect("declared")), vec![ev(0, 5, 4)]);
+    assert_eq!(emitted(&op.on_watermark(29).expect("wm").main), vec![single(2, 3, 0, 10, 30)]);
+    assert_eq!(op.state().approximate_len(), 0);
+}
+
+#[test]
+fn dropped_late_records_are_counted_and_no_side_output_is_declared() {
+    let mut op = WindowOperator::new(
+        "win",
+        WindowConfig {
+            kind: WindowKind::Tumbling { size_ms: 10 },
+            allowed_lateness_ms: 0,
+            late_data: LateData::Drop,
+            max_parallelism: 128,
+        },
+        SumCount::default(),
+        Box::new(HeapStateBackend::default()),
+    );
+    op.on_watermark(100).expect("wm");
+    let out = op.process(&batch(&[ev(0, 5, 1), ev(0, 50, 1), ev(0, 150, 1)])).expect("process");
+    assert!(out.side.is_empty() && out.main.is_empty());
+    assert_eq!(op.late_records(), 2);
+    assert_eq!(emitted(&op.on_watermark(i64::MAX).expect("wm").main), vec![single(1, 1, 0, 150, 160)]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions.
+
+#[test]
+fn sessions_merge_across_batches_and_absorbed_sessions_never_fire_alone() {
+    let mut op = operator(WindowKind::Session { gap_ms: 10 }, 0, SumCount::default());
+    op.process(&batch(&[ev(0, 0, 1), ev(0, 30, 2), ev(1, 0, 100)])).expect("process");
+    op.process(&batch(&[ev(0, 15, 4)])).expect("process");
+    // [0,10) [15,25) [30,40) for key 0; 10 touches [0,10) and overlaps [15,25).
+    op.process(&batch(&[ev(0, 10, 8)])).expect("process");
+    assert_eq!(op.state().approximate_len(), 2 + 1 + 2, "two sessions of key 0, one of key 1, two sets");
+    // Key 1's [0, 10) fires at 10 (a record at 10 could still extend it); key 0's [0,10) was
+    // absorbed into [0, 25) and must not fire on its old timer.
+    assert!(emitted(&op.on_watermark(9).expect("wm").main).is_empty());
+    assert_eq!(emitted(&op.on_watermark(10).expect("wm").main), vec![single(1, 100, 1, 0, 10)]);
+    // 25 touches [0, 25) and overlaps [30, 40): everything is one session now.
+    op.process(&batch(&[ev(0, 25, 16)])).expect("process");
+    assert!(emitted(&op.on_watermark(39).expect("wm").main).is_empty());
+    assert_eq!(emitted(&op.on_watermark(40).expect("wm").main), vec![single(5, 31, 0, 0, 40)]);
+    assert_eq!(op.state().approximate_len(), 0);
+}
+
+#[test]
+fn a_record_at_a_sessions_end_still_extends_it() {
+    let mut op = operator(WindowKind::Session { gap_ms: 10 }, 0, SumCount::default());
+    op.process(&batch(&[ev(0, 0, 1)])).expect("process");
+    // Watermark 9: times up to 9 are complete, but a record at 10 touches [0, 10).
+    assert!(emitted(&op.on_watermark(9).expect("wm").main).is_empty());
+    op.process(&batch(&[ev(0, 10, 2)])).expect("process");
+    assert_eq!(emitted(&op.on_watermark(i64::MAX).expect("wm").main), vec![single(2, 3, 0, 0, 20)]);
+}
+
+#[test]
+fn a_late_but_allowed_record_merges_fired_sessions_and_refires_the_merged_one() {
+    let mut op = operator(WindowKind::Session { gap_ms: 10 }, 100, SumCount::default());
+    op.process(&batch(&[ev(0, 0, 1), ev(0, 20, 2)])).expect("process");
+    let out = op.on_watermark(30).expect("wm");
+    assert_eq!(emitted(&out.main), vec![single(1, 1, 0, 0, 10), single(1, 2, 0, 20, 30)]);
+    // [10, 20) touches both fired sessions: one merged result, fired at once.
+    let out = op.process(&batch(&[ev(0, 10, 4)])).expect("process");
+    assert_eq!(emitted(&out.main), vec![single(3, 7, 0, 0, 30)]);
+    assert_eq!(op.state().approximate_len(), 2, "one accumulator and the session set");
+    // The absorbed sessions' cleanups (110, 130) are replaced by the merged one's (130).
+    assert!(emitted(&op.on_watermark(129).expect("wm").main).is_empty());
+    assert_eq!(op.state().approximate_len(), 2);
+    op.on_watermark(130).expect("wm");
+    assert_eq!(op.state().approximate_len(), 0);
+    let out = op.process(&batch(&[ev(0, 5, 1)])).expect("process");
+    assert_eq!(decode_events(out.side(LATE).expect("declared")), vec![ev(0, 5, 1)]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grouping, result shape, restore, bad input, limits.
+
+#[test]
+fn records_are_added_once_per_key_and_window_in_arrival_order() {
+    let mut op = operator(WindowKind::Tumbling { size_ms: 10 }, 0, Concat::default());
+    op.process(&batch(&[ev(0, 1, 1), ev(1, 2, 2), ev(0, 3, 3), ev(0, 15, 4), ev(1, 4, 5), ev(0, 5, 6)]))
+        .expect("process");
+    assert_eq!(op.aggregate().adds, 3);
+    let out = op.on_watermark(i64::MAX).expect("wm");
+    let results: Vec<(Vec<u8>, Value)> =
+        out.main.iter().map(|r| (r.key.expect("key").to_vec(), json_of(r.value).expect("json"))).collect();
+    assert_eq!(
+        results,
+        vec![
+            (key_bytes(0), json!({"start": 0, "end": 10, "result": [1, 3, 6]})),
+            (key_bytes(1), json!({"start": 0, "end": 10, "result": [2, 5]})),
+            (key_bytes(0), json!({"start": 10, "end": 20, "result": [4]})),
+        ]
+    );
+
+    let mut sessions = operator(WindowKind::Session { gap_ms: 10 }, 0, Concat::default());
+    sessions.process(&batch(&[ev(0, 0, 1), ev(0, 20, 2), ev(0, 5, 3), ev(0, 12, 4)])).expect("process");
+    assert_eq!(sessions.aggregate().adds, 1, "the batch's sessions merge before the one add");
+    let out = sessions.on_watermark(i64::MAX).expect("wm");
+    assert_eq!(json_of(out.main.get(0).expect("one").value).expect("json")["result"], json!([1, 2, 3, 4]));
+}
+
+#[test]
+fn results_are_embedded_as_json_or_as_a_string() {
+    let cases: [(&'static [u8], Value); 5] = [
+        (b" {\"a\": [1, 2]} ", json!({"a": [1, 2]})),
+        (b"42", json!(42)),
+        (b"not json", json!("not json")),
+        (b"", json!("")),
+        (b"\xff\"x", json!("\u{fffd}\"x")),
+    ];
+    for (result, expected) in cases {
+        let mut op = operator(WindowKind::Tumbling { size_ms: 10 }, 0, Fixed(result));
+        op.process(&batch(&[ev(0, -3, 0)])).expect("process");
+        let out = op.on_watermark(i64::MAX).expect("wm");
+        let record = out.main.get(0).expect("one result");
+        assert_eq!(record.timestamp, Some(-1));
+        assert_eq!(json_of(record.value).expect("JSON"), json!({"start": -10, "end": 0, "result": expected}));
+    }
+}
+
+#[test]
+fn a_restored_operator_fires_what_was_pending_and_not_what_already_fired() {
+    let kind = WindowKind::Tumbling { size_ms: 10 };
+    let mut op = operator(kind, 50, SumCount::default());
+    op.process(&batch(&[ev(0, 1, 1), ev(0, 11, 2), ev(1, 25, 3)])).expect("process");
+    assert_eq!(emitted(&op.on_watermark(9).expect("wm").main), vec![single(1, 1, 0, 0, 10)]);
+    let state = op.into_state();
+
+    let mut restored = WindowOperator::new("win", config(kind, 50), SumCount::default(), state);
+    let out = restored.on_watermark(i64::MAX).expect("wm");
+    assert_eq!(emitted(&out.main), vec![single(1, 2, 0, 10, 20), single(1, 3, 1, 20, 30)]);
+    assert_eq!(restored.state().approximate_len(), 0, "the fired window's cleanup was restored too");
+}
+
+#[test]
+fn records_without_key_or_timestamp_are_rejected_naming_the_operator_and_the_fix() {
+    let mut op = operator(WindowKind::Tumbling { size_ms: 10 }, 0, SumCount::default());
+    let mut no_key = batch(&[ev(0, 1, 1)]);
+    no_key.push(None, b"{\"v\":1}", Some(2));
+    let err = op.process(&no_key).expect_err("no key");
+    let text = err.to_string();
+    assert!(matches!(&err, OperatorError::BadRecord { operator, .. } if operator == "win"), "{err:?}");
+    assert!(text.contains("`win`") && text.contains("record 1") && text.contains("key_by"), "{text}");
+
+    let mut no_ts = RecordBatch::default();
+    no_ts.push(Some(b"\"k0\""), b"{\"v\":1}", None);
+    let err = op.process(&no_ts).expect_err("no timestamp");
+    let text = err.to_string();
+    assert!(matches!(&err, OperatorError::BadRecord { operator, .. } if operator == "win"), "{err:?}");
+    assert!(text.contains("record 0") && text.contains("timestamp") && text.contains("source"), "{text}");
+
+    let err = op.process(&batch(&[ev(0, i64::MAX - 3, 1)])).expect_err("timestamp at the limit");
+    assert!(err.to_string().contains("limits"), "{err}");
+
+    // A rejected batch changes nothing, not even its valid records.
+    assert_eq!(op.state().approximate_len(), 0);
+    assert!(op.on_watermark(i64::MAX).expect("wm").main.is_empty());
+}
+
+#[test]
+fn the_final_watermark_fires_windows_at_the_end_of_time_without_overflow() {
+    for kind in [
+        WindowKind::Tumbling { size_ms: 10 },
+        WindowKind::Sliding { size_ms: 20, slide_ms: 10 },
+        WindowKind::Session { gap_ms: 10 },
+    ] {
+        let mut op = operator(kind, i64::MAX, SumCount::default());
+        // The extreme timestamps whose windows still fit in i64.
+        let reach = match kind {
+            WindowKind::Tumbling { size_ms } | WindowKind::Sliding { size_ms, .. } => size_ms,
+            WindowKind::Session { gap_ms } => gap_ms,
+        };
+        let (high, low) = (i64::MAX - reach, i64::MIN + reach);
+        op.process(&batch(&[ev(0, high, 1), ev(0, low, 2)])).expect("process");
+        let mut results = emitted(&op.on_watermark(i64::MAX - 1).expect("wm").main);
+        results.extend(emitted(&op.on_watermark(i64::MAX).expect("final watermark").main));
+        for t in [high, low] {
+            assert!(results.iter().any(|r| r.window.start <= t && t < r.window.end), "{kind:?} {t}: {results:?}");
+        }
+        assert_eq!(op.state().approximate_len(), 0, "{kind:?}");
+        assert!(op.finish().expect("finish").main.is_empty());
+        assert!(op.on_processing_time(i64::MAX).expect("tick").main.is_empty());
+    }
+}
+
+#[test]
+fn damaged_state_is_an_error_not_a_panic() {
+    let mut backend = HeapStateBackend::default();
+    let mut keys = StateKey::default();
+    backend.put(keys.encode(0, b"\"k0\"", ACC_STATE, b"short"), b"\x01{}").expect("put");
+    let mut op = WindowOperator::new(
+        "win",
+        config(WindowKind::Tumbling { size_ms: 10 }, 0),
+        SumCount::default(),
+        Box::new(backend),
+    );
+    let err = op.on_watermark(5).expect_err("damaged");
+    assert!(matches!(&err, OperatorError::State { operator, .. } if operator == "win"), "{err:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real Wasm aggregate.
+
+fn runtime() -> &'static eddy_runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<eddy_runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let cache = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/eddy-test-cache");
+        eddy_runtime::Runtime::new(eddy_runtime::RuntimeConfig {
+            cache_dir: Some(cache),
+            ..eddy_runtime::RuntimeConfig::default()
+        })
+        .expect("runtime")
+    })
+}
+
+fn purchase_totals() -> AggregateInstance {
+    let component = runtime()
+        .load_file("purchase-totals", std::path::Path::new(eddy_guest_artifacts::PURCHASE_TOTALS))
+        .expect("load purchase-totals");
+    let mut instance = component.instantiate_aggregate().expect("instantiate");
+    instance.open("null").expect("open");
+    instance
+}
+
+#[test]
+fn hourly_purchase_totals_through_the_wasm_aggregate_equal_a_hand_sum() {
+    const HOUR: i64 = 3_600_000;
+    let mut op = WindowOperator::new(
+        "hourly-totals",
+        config(WindowKind::Tumbling { size_ms: HOUR }, 0),
+        purchase_totals(),
+        Box::new(HeapStateBackend::default()),
+    );
+    // (user, minute of the day, cents), slightly out of order.
+    let purchases: [(&str, i64, i64); 9] = [
+        ("alice", 5, 1_250),
+        ("bob", 12, 999),
+        ("alice", 59, 100),
+        ("alice", 61, 5_000),
+        ("bob", 3, 1),
+        ("carol", 119, 42),
+        ("alice", 70, 250),
+        ("bob", 118, 10_000),
+        ("alice", 30, 7),
+    ];
+    let mut records = RecordBatch::default();
+    for (user, minute, cents) in purchases {
+        let key = serde_json::to_vec(user).expect("key");
+        let value = json!({"user_id": user, "amount_cents": cents}).to_string();
+        records.push(Some(&key), value.as_bytes(), Some(minute * 60_000));
+    }
+    assert!(op.process(&records).expect("process").main.is_empty());
+    let first_hour = op.on_watermark(HOUR - 1).expect("first hour").main;
+    let mut results: Vec<(String, i64, Value)> = Vec::new();
+    for batch in [first_hour, op.on_watermark(i64::MAX).expect("final").main] {
+        for r in batch.iter() {
+            let v = json_of(r.value).expect("json");
+            let user: String = serde_json::from_slice(r.key.expect("key")).expect("key is JSON");
+            results.push((user, v["start"].as_i64().expect("start") / HOUR, v["result"].clone()));
+        }
+    }
+    // By hand: hour 0: alice 1250+100+7, bob 999+1; hour 1: alice 5000+250, bob 10000, carol 42.
+    assert_eq!(
+        results,
+        vec![
+            ("alice".into(), 0, json!({"purchases": 3, "total_cents": 1_357})),
+            ("bob".into(), 0, json!({"purchases": 2, "total_cents": 1_000})),
+            ("alice".into(), 1, json!({"purchases": 2, "total_cents": 5_250})),
+            ("bob".into(), 1, json!({"purchases": 1, "total_cents": 10_000})),
+            ("carol".into(), 1, json!({"purchases": 1, "total_cents": 42})),
+        ]
+    );
+    assert_eq!(op.state().approximate_len(), 0);
+}
+
+#[test]
+fn a_wasm_aggregate_error_surfaces_as_a_call_error() {
+    let mut op = operator(WindowKind::Tumbling { size_ms: 10 }, 0, purchase_totals());
+    let mut records = RecordBatch::default();
+    records.push(Some(b"\"u\""), br#"{"user_id": "u"}"#, Some(1));
+    let err = op.process(&records).expect_err("no amount_cents");
+    assert!(matches!(err, OperatorError::Call(_)), "{err:?}");
+    assert!(err.to_string().contains("amount_cents"), "{err}");
+}
