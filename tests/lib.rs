@@ -63,3 +63,28 @@ pub fn decode<K: serde::de::DeserializeOwned, V: serde::de::DeserializeOwned>(
         })
         .collect()
 }
+
+/// What a sink received: `(side output name or None for main, record)`.
+pub type Received = std::sync::Arc<std::sync::Mutex<Vec<(Option<String>, eddy_core::Record)>>>;
+
+/// A sink that keeps every record in memory, optionally sleeping per batch (a slow sink).
+#[derive(Debug, Default)]
+pub struct MemorySink {
+    /// Everything received so far.
+    pub received: Received,
+    /// Sleep per written batch.
+    pub delay: std::time::Duration,
+}
+
+impl eddy_engine::Sink for MemorySink {
+    fn write(&mut self, output: Option<&str>, batch: &RecordBatch) -> std::io::Result<()> {
+        std::thread::sleep(self.delay);
+        let mut received = self.received.lock().expect("sink lock");
+        received.extend(batch.iter().map(|r| (output.map(str::to_string), r.to_owned())));
+        Ok(())
+    }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup.sh
-GUESTS=(-p eddy-sdk -p wordcount-split -p wordcount-count -p purchase-totals -p fraud-detector -p hostile -p missing-export -p command)
+GUESTS=(-p eddy-sdk -p wordcount-split -p wordcount-count -p purchase-totals -p fraud-detector -p surge-request-counter -p surge-pricing -p hostile -p missing-export -p command)
 cargo fmt --all -- --check
 cargo test
 cargo clippy --all-targets -- -D warnings

@@ -2,6 +2,7 @@
 //! runtime. One test binary, one module per concern.
 
 mod cache;
+mod engine;
 mod hostile;
 mod load;
 mod operators;

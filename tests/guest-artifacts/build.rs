@@ -16,6 +16,8 @@ const RUST_GUESTS: &[(&str, &str, &str)] = &[
     ("WORDCOUNT_COUNT", "wordcount-count", "wordcount_count"),
     ("PURCHASE_TOTALS", "purchase-totals", "purchase_totals"),
     ("FRAUD_DETECTOR", "fraud-detector", "fraud_detector"),
+    ("SURGE_REQUEST_COUNTER", "surge-request-counter", "surge_request_counter"),
+    ("SURGE_PRICING", "surge-pricing", "surge_pricing"),
     ("HOSTILE", "hostile", "hostile"),
     ("MISSING_EXPORT", "missing-export", "missing_export"),
     ("COMMAND", "command", "command"),
