@@ -393,7 +393,8 @@ fn failures_name_what_is_wrong() {
     assert!(matches!(err, RunError::WrongKind { .. }) && err.to_string().contains("window aggregate"), "{err}");
 
     std::fs::write(dir.path().join("ok.jsonl"), "\"ok\"\n").expect("input");
-    let no_key = base.replace("in.jsonl", "ok.jsonl").replace("{name: split, wasm:", "{name: split, key_by: key, wasm:");
+    let no_key =
+        base.replace("in.jsonl", "ok.jsonl").replace("{name: split, wasm:", "{name: split, key_by: key, wasm:");
     let err = start(&spec_in(dir.path(), &no_key), MemorySink::default(), JobOptions::default())
         .wait()
         .expect_err("no key to key by");

@@ -37,6 +37,7 @@ struct Channel {
     watermark: i64,
     last_active_ms: i64,
     idle: bool,
+    ended: bool,
 }
 
 /// The watermark of an operator with several input channels: the minimum over the channels
@@ -57,7 +58,7 @@ pub struct WatermarkTracker {
 impl WatermarkTracker {
     /// A tracker for `channels` inputs, all active as of `now_ms`.
     pub fn new(channels: usize, idle_timeout_ms: Option<i64>, now_ms: i64) -> Self {
-        let channel = Channel { watermark: WATERMARK_MIN, last_active_ms: now_ms, idle: false };
+        let channel = Channel { watermark: WATERMARK_MIN, last_active_ms: now_ms, idle: false, ended: false };
         Self { channels: vec![channel; channels], idle_timeout_ms, output: WATERMARK_MIN }
     }
 
@@ -90,11 +91,22 @@ impl WatermarkTracker {
         self.advance()
     }
 
+    /// `channel` ended: it holds nothing back any more, ever. An ended channel is never idle
+    /// (else, once every other input went idle too, the output would hold forever instead of
+    /// following the live inputs). Returns the new output watermark if it advanced.
+    pub fn on_end(&mut self, channel: usize) -> Option<i64> {
+        let c = self.channels.get_mut(channel)?;
+        c.watermark = i64::MAX;
+        c.idle = false;
+        c.ended = true;
+        self.advance()
+    }
+
     /// Marks channels silent for the idle timeout as idle. Call it periodically (the engine
     /// does, on its processing-time tick). Returns the new output watermark if it advanced.
     pub fn on_tick(&mut self, now_ms: i64) -> Option<i64> {
         let timeout = self.idle_timeout_ms?;
-        for c in &mut self.channels {
+        for c in self.channels.iter_mut().filter(|c| !c.ended) {
             if now_ms.saturating_sub(c.last_active_ms) >= timeout {
                 c.idle = true;
             }
@@ -137,6 +149,16 @@ mod tests {
         assert_eq!(t.on_watermark(1, 200, 3), Some(100));
         assert_eq!(t.on_watermark(0, 90, 4), None, "a channel's watermark never goes back");
         assert_eq!(t.current(), 100);
+    }
+
+    #[test]
+    fn an_ended_channel_never_counts_as_idle() {
+        // Both channels fall silent at once: the live one idles, the ended one must not, so
+        // event time follows the ended channel (to the end) instead of freezing.
+        let mut t = WatermarkTracker::new(2, Some(100), 0);
+        assert_eq!(t.on_end(0), None, "channel 1 still holds the watermark back");
+        assert_eq!(t.on_tick(100), Some(i64::MAX));
+        assert!(t.is_idle(1) && !t.is_idle(0));
     }
 
     #[test]

@@ -34,12 +34,12 @@ use crate::window_operator::{LateData, WindowConfig, WindowOperator};
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// A step's component could not be loaded.
-    #[error("step `{step}`: {source}")]
+    #[error("step `{step}`: {error}")]
     Load {
         /// The step.
         step: String,
         /// Why.
-        source: LoadError,
+        error: LoadError,
     },
     /// A step's component is the wrong kind for how the step uses it.
     #[error("step `{step}`: {problem}")]
@@ -53,33 +53,33 @@ pub enum RunError {
     #[error(transparent)]
     Instantiate(#[from] RuntimeError),
     /// A step's `open` rejected its config or failed.
-    #[error("step `{step}` failed to open: {source}")]
+    #[error("step `{step}` failed to open: {error}")]
     Open {
         /// The step.
         step: String,
         /// Why.
-        source: Box<CallError>,
+        error: Box<CallError>,
     },
     /// A source could not be opened.
     #[error(transparent)]
     Source(#[from] SourceError),
     /// The sink could not be opened.
-    #[error("opening sink {path}: {source}")]
+    #[error("opening sink {path}: {error}")]
     Sink {
         /// The sink's file.
         path: String,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A subtask failed while running.
-    #[error("task `{task}` subtask {subtask}: {source}")]
+    #[error("task `{task}` subtask {subtask}: {error}")]
     Task {
         /// The chain's label.
         task: String,
         /// The subtask.
         subtask: u32,
         /// What failed.
-        source: Box<TaskError>,
+        error: Box<TaskError>,
     },
     /// A subtask thread panicked (a bug in Eddy, not in an operator: guests cannot panic the host).
     #[error("task `{task}` subtask {subtask} panicked: {message}")]
@@ -168,8 +168,8 @@ fn open_spec_sink(spec: &SinkSpec) -> Result<Box<dyn Sink>, RunError> {
         SinkSpec::Print => Box::new(PrintSink(std::io::stdout())),
         SinkSpec::Blackhole => Box::new(Blackhole),
         SinkSpec::File { path } => {
-            let file =
-                File::create(path).map_err(|source| RunError::Sink { path: path.display().to_string(), source })?;
+            let file = File::create(path)
+                .map_err(|source| RunError::Sink { path: path.display().to_string(), error: source })?;
             Box::new(JsonLinesSink(BufWriter::new(file)))
         }
     })
@@ -178,7 +178,7 @@ fn open_spec_sink(spec: &SinkSpec) -> Result<Box<dyn Sink>, RunError> {
 fn load_step(runtime: &Runtime, step: &StepSpec) -> Result<Component, RunError> {
     let component = runtime
         .load_file(&step.name, Path::new(&step.wasm))
-        .map_err(|source| RunError::Load { step: step.name.clone(), source })?;
+        .map_err(|source| RunError::Load { step: step.name.clone(), error: source })?;
     let wrong = |problem: &str| Err(RunError::WrongKind { step: step.name.clone(), problem: problem.into() });
     match (component.world(), step.window.is_some()) {
         (World::KeyedOperator, true) => {
@@ -208,7 +208,7 @@ impl StepContext<'_> {
             let mut aggregate = component.instantiate_aggregate()?;
             aggregate
                 .open(&s.config.to_string())
-                .map_err(|source| RunError::Open { step: s.name.clone(), source: Box::new(source) })?;
+                .map_err(|source| RunError::Open { step: s.name.clone(), error: Box::new(source) })?;
             let config = WindowConfig {
                 kind,
                 allowed_lateness_ms: window.allowed_lateness_ms,
@@ -229,7 +229,7 @@ impl StepContext<'_> {
         let mut instance = component.instantiate_operator(subtask, backend, timers)?;
         instance
             .open(&s.config.to_string())
-            .map_err(|source| RunError::Open { step: s.name.clone(), source: Box::new(source) })?;
+            .map_err(|source| RunError::Open { step: s.name.clone(), error: Box::new(source) })?;
         Ok(Box::new(WasmOperator::new(s.name.clone(), instance, s.state_ttl_ms.is_some())))
     }
 }
@@ -418,7 +418,7 @@ impl Job {
                     finished = false;
                     None
                 }
-                Ok(Err(source)) => Some(RunError::Task { task: label, subtask, source: Box::new(source) }),
+                Ok(Err(source)) => Some(RunError::Task { task: label, subtask, error: Box::new(source) }),
                 Err(panic) => {
                     let message = panic
                         .downcast_ref::<String>()
@@ -464,7 +464,7 @@ impl Job {
 }
 
 fn is_disconnect(e: &RunError) -> bool {
-    matches!(e, RunError::Task { source, .. } if matches!(**source, TaskError::Route(crate::router::RouteError::Disconnected(_))))
+    matches!(e, RunError::Task { error, .. } if matches!(**error, TaskError::Route(crate::router::RouteError::Disconnected(_))))
 }
 
 fn poisoned() -> RunError {

@@ -195,6 +195,7 @@ impl SubtaskRunner {
                 }
             }
             Message::Data { side: Some(name), batch } => {
+                SubtaskMetrics::add(&self.metrics.records_in, batch.len());
                 SubtaskMetrics::add(&self.metrics.records_out, batch.len());
                 self.tail.side(&name, batch)?;
             }
@@ -211,7 +212,7 @@ impl SubtaskRunner {
                 }
                 let all_ended = ended.iter().all(|e| *e);
                 // An ended channel holds nothing back any more.
-                if let Some(w) = tracker.on_watermark(channel, i64::MAX, now)
+                if let Some(w) = tracker.on_end(channel)
                     && !all_ended
                 {
                     self.advance_watermark(w)?;

@@ -265,6 +265,9 @@ struct PendingSession {
 }
 
 /// Event-time windows of keyed records over an aggregate (see the module docs).
+///
+/// An error from the aggregate or the state backend can leave a batch or a watermark half
+/// applied; the task then fails and restarts from its last checkpoint, as for a guest trap.
 pub struct WindowOperator<A: AggregateFn> {
     name: String,
     kind: WindowKind,
@@ -623,8 +626,9 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
         Ok(out)
     }
 
+    /// Nothing: windows here run on event time only.
     fn on_processing_time(&mut self, _now_ms: i64) -> Result<Output, OperatorError> {
-        Ok(Output::default())
+        Ok(self.empty_output())
     }
 
     /// Emits nothing: the engine's final watermark (`i64::MAX`) already fired every window.
