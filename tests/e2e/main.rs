@@ -3,6 +3,7 @@
 
 mod cache;
 mod engine;
+mod examples;
 mod hostile;
 mod load;
 mod operators;
