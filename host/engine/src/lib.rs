@@ -1,25 +1,34 @@
 //! # eddy-engine: pipelines and how they run
 //!
-//! A pipeline spec (YAML) names sources, a chain of Wasm operator steps (keyed operators and
-//! windows over aggregates) and a sink. [`PipelineSpec::from_yaml`] parses and validates it,
-//! naming the field at fault.
+//! A pipeline spec (YAML) names sources, steps (keyed Wasm operators, or windows over a Wasm
+//! aggregate) and a sink. [`PipelineSpec::from_yaml`] parses and validates it, naming the field
+//! at fault; [`PhysicalPlan`] chains steps joined by forward edges into tasks and puts
+//! exchanges at `key_by` and parallelism changes; [`Job`] runs the plan on the embedded default:
+//! one thread per subtask, local channels with credit-based flow control, heap state.
 //!
 //! ```
-//! use eddy_engine::PipelineSpec;
+//! use eddy_engine::{PhysicalPlan, PipelineSpec};
 //!
 //! let spec = PipelineSpec::from_yaml(r#"
 //! name: demo
 //! sources: [{ type: file, name: lines, path: input.txt }]
 //! steps:
 //!   - { name: split, wasm: split.wasm }
+//!   - { name: count, wasm: count.wasm, key_by: key, parallelism: 2 }
 //! sink: { type: print }
 //! "#)?;
-//! assert_eq!(spec.steps[0].name, "split");
+//! let plan = PhysicalPlan::new(&spec);
+//! assert_eq!(plan.task_label(0), "source:lines -> split");   // chained: forward edge
+//! assert_eq!(plan.edges[0].partitioning.to_string(), "hash(key)");
+//! assert!(plan.to_string().contains("subtask 1: key groups 64..=127"));
 //!
 //! let err = PipelineSpec::from_yaml("name: demo\nsteps: []\nsources: [{type: file, name: a, path: x}]\nsink: {type: print}").unwrap_err();
 //! assert!(err.to_string().contains("steps"));
 //! # Ok::<(), eddy_engine::SpecError>(())
 //! ```
+//!
+//! Running it needs the components: `Job::start(&spec, &runtime, JobOptions::default())?.wait()?`
+//! (see `eddy run` in `host/cli`).
 
 pub mod buffer;
 pub mod channel;
