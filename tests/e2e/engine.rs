@@ -349,7 +349,7 @@ fn state_expires_after_its_ttl() {
     std::fs::write(&input, "a a\n").expect("input");
     let yaml = format!(
         "name: ttl\nbuffer_timeout_ms: 1\nsources: [{{type: file, name: words, path: words.txt, follow: true}}]\nsteps:\n  \
-         - {{name: split, wasm: {}}}\n  - {{name: count, wasm: {}, key_by: key, state_ttl_ms: 300}}\nsink: {{type: blackhole}}\n",
+         - {{name: split, wasm: {}}}\n  - {{name: count, wasm: {}, key_by: key, state_ttl_ms: 1500}}\nsink: {{type: blackhole}}\n",
         guests::WORDCOUNT_SPLIT,
         guests::WORDCOUNT_COUNT
     );
@@ -361,11 +361,11 @@ fn state_expires_after_its_ttl() {
         received.lock().expect("lock").iter().map(|(_, r)| json(&r.value).as_u64().expect("n")).collect()
     };
     wait_for("the first counts", Duration::from_secs(30), || counts().len() == 2);
-    // Within the TTL the count continues ...
+    // Within the TTL the count continues (the TTL is generous: test threads share 2 cores) ...
     std::fs::OpenOptions::new().append(true).open(&input).expect("open").write_all(b"a\n").expect("append");
     wait_for("the third count", Duration::from_secs(30), || counts().len() == 3);
     // ... after it, the state is gone and counting starts over.
-    std::thread::sleep(Duration::from_millis(700));
+    std::thread::sleep(Duration::from_millis(2_500));
     std::fs::OpenOptions::new().append(true).open(&input).expect("open").write_all(b"a\n").expect("append");
     wait_for("the fourth count", Duration::from_secs(30), || counts().len() == 4);
     job.cancel();

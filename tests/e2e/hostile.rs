@@ -27,7 +27,11 @@ fn hostile() -> &'static Component {
 
 /// Opens the hostile operator in `mode` and feeds it one record.
 fn misbehave(mode: &str) -> (CallError, bool) {
-    let mut op = open_operator(hostile(), Subtask::single(128), &format!(r#"{{"mode": "{mode}"}}"#));
+    misbehave_in(hostile(), mode)
+}
+
+fn misbehave_in(component: &Component, mode: &str) -> (CallError, bool) {
+    let mut op = open_operator(component, Subtask::single(128), &format!(r#"{{"mode": "{mode}"}}"#));
     let err = op.process(&json_batch(&[(Some("k"), "v")])).expect_err(mode);
     assert_eq!(err.operator, "hostile");
     assert_eq!(err.call, "process");
@@ -37,7 +41,11 @@ fn misbehave(mode: &str) -> (CallError, bool) {
 /// A trap in `mode`: the failing instance is poisoned, and the same runtime still serves a
 /// healthy operator afterwards.
 fn contained_trap(mode: &str) -> CallError {
-    let (err, poisoned) = misbehave(mode);
+    contained_trap_in(hostile(), mode)
+}
+
+fn contained_trap_in(component: &Component, mode: &str) -> CallError {
+    let (err, poisoned) = misbehave_in(component, mode);
     assert!(poisoned, "a trap must poison the instance: {err}");
     let count = load("count", guests::WORDCOUNT_COUNT);
     let mut op = open_operator(&count, Subtask::single(128), "null");
@@ -71,7 +79,11 @@ fn unbounded_recursion_overflows_the_stack() {
 
 #[test]
 fn gigantic_output_is_cut_off() {
-    let err = contained_trap("gigantic-output");
+    // Copying megabytes is slow on a loaded machine: a generous deadline keeps this test about
+    // the output limit, not about the clock.
+    let patient =
+        load("hostile", guests::HOSTILE).with_limits(SandboxLimits { call_timeout_ms: 20_000, ..tight_limits() });
+    let err = contained_trap_in(&patient, "gigantic-output");
     assert!(
         matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "output bytes in one call", .. })),
         "{err}"
