@@ -6,5 +6,6 @@ mod engine;
 mod examples;
 mod hostile;
 mod load;
+mod nexmark;
 mod operators;
 mod polyglot;

@@ -52,7 +52,7 @@ pub use operator::{OperatorError, StreamOperator};
 pub use plan::PhysicalPlan;
 pub use sink::{Blackhole, JsonLinesSink, PrintSink, Sink};
 pub use spec::{
-    GeneratorSpec, KeyBy, PipelineSpec, SinkSpec, SourceFormat, SourceSpec, SpecError, StepSpec, WatermarkSpec,
-    WindowSpec, WindowType,
+    GeneratorSpec, KeyBy, NexmarkSourceSpec, PipelineSpec, SinkSpec, SourceFormat, SourceSpec, SpecError, StepSpec,
+    WatermarkSpec, WindowSpec, WindowType,
 };
 pub use task::TaskError;

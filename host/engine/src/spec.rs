@@ -74,6 +74,8 @@ pub enum SourceSpec {
     },
     /// Deterministic synthetic events: event `i` is a pure function of `(seed, i)`.
     Generator(GeneratorSpec),
+    /// The Nexmark benchmark's persons, auctions and bids (`eddy_nexmark`), deterministic too.
+    Nexmark(NexmarkSourceSpec),
 }
 
 impl SourceSpec {
@@ -82,6 +84,7 @@ impl SourceSpec {
         match self {
             SourceSpec::File { name, .. } => name,
             SourceSpec::Generator(g) => &g.name,
+            SourceSpec::Nexmark(n) => &n.name,
         }
     }
 
@@ -90,6 +93,7 @@ impl SourceSpec {
         match self {
             SourceSpec::File { .. } => 1,
             SourceSpec::Generator(g) => g.parallelism,
+            SourceSpec::Nexmark(n) => n.parallelism,
         }
     }
 }
@@ -164,6 +168,96 @@ fn default_max_value() -> i64 {
 
 fn default_interval_ms() -> i64 {
     1
+}
+
+/// The Nexmark source: events as `eddy_nexmark::to_json` (`{"type":"person"|"auction"|"bid",
+/// ...}`) with their `date_time` as event time; event `i` is `eddy_nexmark::event(config, i)`.
+/// Every field but `name` is optional; the generator's fields and defaults are those of
+/// `eddy_nexmark::NexmarkConfig`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NexmarkSourceSpec {
+    /// Unique among sources.
+    pub name: String,
+    /// Parallel readers; reader `j` produces the events `i` with `i % parallelism == j`.
+    pub parallelism: u32,
+    /// Events per second per reader; none = as fast as possible.
+    pub rate_per_sec: Option<u64>,
+    /// Same seed, same events.
+    pub seed: u64,
+    /// Number of events over all readers; none = unbounded.
+    pub events: Option<u64>,
+    /// Event time of event 0, ms since the epoch.
+    pub first_event_time_ms: i64,
+    /// Event-time distance between consecutive events in µs (100 = 10 000 events/s).
+    pub inter_event_us: u64,
+    /// Each event's time is moved back by up to this much (bounded disorder).
+    pub max_disorder_ms: i64,
+    /// A bid is on the hot auction with probability `1 - 1/hot_auction_ratio`.
+    pub hot_auction_ratio: u64,
+    /// A bid is by the hot bidder with probability `1 - 1/hot_bidder_ratio`.
+    pub hot_bidder_ratio: u64,
+    /// An auction is by the hot seller with probability `1 - 1/hot_seller_ratio`.
+    pub hot_seller_ratio: u64,
+    /// Other sellers and bidders are among this many most recent persons.
+    pub num_active_people: u64,
+    /// Other bids are on one of this many most recent auctions.
+    pub num_in_flight_auctions: u64,
+    /// Auction categories: `10..10 + num_categories`.
+    pub num_categories: u64,
+    /// Average person size in bytes (`extra` pads to it).
+    pub avg_person_bytes: u64,
+    /// Average auction size in bytes.
+    pub avg_auction_bytes: u64,
+    /// Average bid size in bytes.
+    pub avg_bid_bytes: u64,
+}
+
+impl Default for NexmarkSourceSpec {
+    fn default() -> Self {
+        let c = eddy_nexmark::NexmarkConfig::default();
+        NexmarkSourceSpec {
+            name: String::new(),
+            parallelism: 1,
+            rate_per_sec: None,
+            seed: c.seed,
+            events: c.events,
+            first_event_time_ms: c.first_event_time_ms,
+            inter_event_us: c.inter_event_us,
+            max_disorder_ms: c.max_disorder_ms,
+            hot_auction_ratio: c.hot_auction_ratio,
+            hot_bidder_ratio: c.hot_bidder_ratio,
+            hot_seller_ratio: c.hot_seller_ratio,
+            num_active_people: c.num_active_people,
+            num_in_flight_auctions: c.num_in_flight_auctions,
+            num_categories: c.num_categories,
+            avg_person_bytes: c.avg_person_bytes,
+            avg_auction_bytes: c.avg_auction_bytes,
+            avg_bid_bytes: c.avg_bid_bytes,
+        }
+    }
+}
+
+impl NexmarkSourceSpec {
+    /// The generator's configuration.
+    pub fn config(&self) -> eddy_nexmark::NexmarkConfig {
+        eddy_nexmark::NexmarkConfig {
+            seed: self.seed,
+            events: self.events,
+            first_event_time_ms: self.first_event_time_ms,
+            inter_event_us: self.inter_event_us,
+            max_disorder_ms: self.max_disorder_ms,
+            hot_auction_ratio: self.hot_auction_ratio,
+            hot_bidder_ratio: self.hot_bidder_ratio,
+            hot_seller_ratio: self.hot_seller_ratio,
+            num_active_people: self.num_active_people,
+            num_in_flight_auctions: self.num_in_flight_auctions,
+            num_categories: self.num_categories,
+            avg_person_bytes: self.avg_person_bytes,
+            avg_auction_bytes: self.avg_auction_bytes,
+            avg_bid_bytes: self.avg_bid_bytes,
+        }
+    }
 }
 
 /// How a file's lines become records.
@@ -449,6 +543,13 @@ impl PipelineSpec {
                         return Err(invalid(field("rate_per_sec"), "must be positive (omit it for full speed)"));
                     }
                 }
+                SourceSpec::Nexmark(n) => {
+                    check_parallelism(field("parallelism"), n.parallelism)?;
+                    n.config().validate().map_err(|e| invalid(field(e.field), e.problem))?;
+                    if n.rate_per_sec == Some(0) {
+                        return Err(invalid(field("rate_per_sec"), "must be positive (omit it for full speed)"));
+                    }
+                }
                 SourceSpec::File { .. } => {}
             }
         }
@@ -553,11 +654,48 @@ mod tests {
                 OK.replace("{type: file, name: in, path: in.txt}", "{type: generator, name: g, keys: 0}"),
                 "sources[0].keys",
             ),
+            (OK.replace("{type: file, name: in, path: in.txt}", "{type: nexmark}"), "sources[0].name"),
+            (
+                OK.replace("{type: file, name: in, path: in.txt}", "{type: nexmark, name: n, hot_bidder_ratio: 0}"),
+                "sources[0].hot_bidder_ratio",
+            ),
+            (
+                OK.replace("{type: file, name: in, path: in.txt}", "{type: nexmark, name: n, max_disorder_ms: -5}"),
+                "sources[0].max_disorder_ms",
+            ),
+            (
+                OK.replace("{type: file, name: in, path: in.txt}", "{type: nexmark, name: n, parallelism: 0}"),
+                "sources[0].parallelism",
+            ),
+            (
+                OK.replace("{type: file, name: in, path: in.txt}", "{type: nexmark, name: n, rate_per_sec: 0}"),
+                "sources[0].rate_per_sec",
+            ),
+            (OK.replace("{type: file, name: in, path: in.txt}", "{type: nexmark, name: n, keys: 3}"), "keys"),
         ];
         for (yaml, needle) in cases {
             let err = PipelineSpec::from_yaml(&yaml).unwrap_err().to_string();
             assert!(err.contains(needle), "error for {needle}: {err}");
         }
+    }
+
+    #[test]
+    fn nexmark_sources_default_to_the_generator_defaults() {
+        let yaml = OK.replace(
+            "{type: file, name: in, path: in.txt}",
+            "{type: nexmark, name: bids, seed: 3, events: 1000, parallelism: 2, hot_auction_ratio: 5}",
+        );
+        let spec = PipelineSpec::from_yaml(&yaml).unwrap();
+        let SourceSpec::Nexmark(n) = &spec.sources[0] else { panic!("nexmark source") };
+        assert_eq!((spec.sources[0].name(), spec.sources[0].parallelism()), ("bids", 2));
+        assert_eq!(n.rate_per_sec, None);
+        let expected = eddy_nexmark::NexmarkConfig {
+            seed: 3,
+            events: Some(1000),
+            hot_auction_ratio: 5,
+            ..eddy_nexmark::NexmarkConfig::default()
+        };
+        assert_eq!(n.config(), expected);
     }
 
     #[test]

@@ -193,9 +193,9 @@ impl super::Source for GeneratorSource {
 }
 
 /// Spreads a reader's events evenly over time: event `n` (counted from the reader's start) is
-/// due `n / rate` seconds after it.
+/// due `n / rate` seconds after it. Shared with the Nexmark source.
 #[derive(Debug)]
-struct Pacer {
+pub(super) struct Pacer {
     rate: u64,
     origin: Instant,
     /// Events handed out, as counted by the schedule.
@@ -203,7 +203,7 @@ struct Pacer {
 }
 
 impl Pacer {
-    fn new(rate: u64) -> Self {
+    pub(super) fn new(rate: u64) -> Self {
         // Validation rejects rate 0; treating it as 1 keeps the arithmetic total.
         Pacer { rate: rate.max(1), origin: Instant::now(), granted: 0 }
     }
@@ -216,7 +216,7 @@ impl Pacer {
 
     /// How many events may go out now, at most `max`: sleeps up to [`MAX_SLEEP`] for the next
     /// one when ahead of schedule, and allows none if it is further off.
-    fn allowance(&mut self, max: usize) -> usize {
+    pub(super) fn allowance(&mut self, max: usize) -> usize {
         let mut due = self.due();
         // A reader held up (backpressure, a slow poller) catches up at most one second's worth
         // in a burst, instead of flooding the pipeline with everything it missed.
@@ -234,7 +234,7 @@ impl Pacer {
         usize::try_from(due.saturating_sub(self.granted)).unwrap_or(usize::MAX).min(max)
     }
 
-    fn spent(&mut self, events: usize) {
+    pub(super) fn spent(&mut self, events: usize) {
         self.granted = self.granted.saturating_add(events as u64);
     }
 }

@@ -26,6 +26,7 @@
 
 mod file;
 mod generator;
+mod nexmark;
 
 use std::path::PathBuf;
 
@@ -47,7 +48,7 @@ pub enum SourcePosition {
         /// Byte offset just after the last consumed line.
         byte: u64,
     },
-    /// A generator reader: the next event index it will produce.
+    /// A generator (or Nexmark) reader: the next event index it will produce.
     Generator {
         /// The index of the next event (congruent to the reader's subtask modulo parallelism).
         next_index: u64,
@@ -131,8 +132,8 @@ pub enum SourceError {
 
 /// Opens reader `subtask` of `parallelism` for `spec`, resuming at `start` when given.
 ///
-/// A file is one split, so its only reader is `0` of `1`. A generator's reader `j` of `p`
-/// produces the events `i` with `i % p == j`.
+/// A file is one split, so its only reader is `0` of `1`. A generator's (or Nexmark source's)
+/// reader `j` of `p` produces the events `i` with `i % p == j`.
 pub fn open_source(
     spec: &SourceSpec,
     subtask: u32,
@@ -165,6 +166,7 @@ pub fn open_source(
         SourceSpec::Generator(g) => {
             Ok(Box::new(generator::GeneratorSource::open(g.clone(), subtask, parallelism, start)?))
         }
+        SourceSpec::Nexmark(n) => Ok(Box::new(nexmark::NexmarkSource::open(n, subtask, parallelism, start)?)),
     }
 }
 

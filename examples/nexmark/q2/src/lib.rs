@@ -1,0 +1,52 @@
+//! Nexmark q2, selection: the bids on a sample of auctions (ids that are multiples of 123).
+//! Nexmark's definition:
+//!
+//! ```sql
+//! SELECT auction, price FROM bid WHERE MOD(auction, 123) = 0
+//! ```
+//!
+//! The pipeline (`q2.yaml`) is this one stateless step right after the source: it drops
+//! persons, auctions and other bids and emits `{"auction", "price"}` per selected bid,
+//! unkeyed, with the bid's event time.
+
+use eddy_sdk::{Context, OpenContext, Operator, Record, Result};
+use nexmark_model::{Bid, EventType};
+use serde::Serialize;
+
+/// Auctions whose id is a multiple of this are selected.
+pub const AUCTION_SKIP: u64 = 123;
+
+/// One output row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AuctionPrice {
+    /// The auction.
+    pub auction: u64,
+    /// The bid's price.
+    pub price: u64,
+}
+
+/// The operator.
+#[derive(Debug)]
+pub struct Selection;
+
+impl Operator for Selection {
+    type Config = ();
+
+    fn open(_config: (), _ctx: &mut OpenContext) -> Result<Self> {
+        Ok(Selection)
+    }
+
+    fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
+        let kind: EventType<'_> = record.value()?;
+        if kind.kind != "bid" {
+            return Ok(());
+        }
+        let bid: Bid = record.value()?;
+        if !bid.auction.is_multiple_of(AUCTION_SKIP) {
+            return Ok(());
+        }
+        ctx.emit_value(&AuctionPrice { auction: bid.auction, price: bid.price })
+    }
+}
+
+eddy_sdk::export_operator!(Selection);

@@ -1,0 +1,121 @@
+//! Nexmark q5, hot items: in every sliding window of 10 s (starting every 2 s), the auctions
+//! with the most bids. Nexmark's definition:
+//!
+//! ```sql
+//! SELECT AuctionBids.auction, AuctionBids.num
+//! FROM (SELECT auction, COUNT(*) AS num, HOP_END(date_time, INTERVAL '2' SECOND, INTERVAL '10' SECOND) AS window_end
+//!       FROM bid GROUP BY auction, HOP(date_time, INTERVAL '2' SECOND, INTERVAL '10' SECOND)) AS AuctionBids
+//! JOIN (SELECT MAX(num) AS maxn, window_end
+//!       FROM (SELECT COUNT(*) AS num, HOP_END(date_time, INTERVAL '2' SECOND, INTERVAL '10' SECOND) AS window_end
+//!             FROM bid GROUP BY auction, HOP(date_time, INTERVAL '2' SECOND, INTERVAL '10' SECOND)) AS CountBids
+//!       GROUP BY window_end) AS MaxBids
+//! ON AuctionBids.window_end = MaxBids.window_end AND AuctionBids.num >= MaxBids.maxn
+//! ```
+//!
+//! Rows: `{"window_end", "auction", "count"}`, one per auction tied for the most bids.
+//!
+//! The pipeline (`q5.yaml`):
+//! 1. `nexmark-select` keeps bids, keyed by `auction`;
+//! 2. a sliding window (10 s / 2 s, `key_by: key`) with the `nexmark-count` aggregate emits
+//!    per auction and window `{"start", "end", "result": {"auction", "count"}}`, timestamp
+//!    `end - 1`, when the watermark reaches `end - 1`;
+//! 3. this operator, `key_by: /end` (one key per window end, so all auctions of a window meet
+//!    in one subtask), keeps per window end the highest count and the auctions that have it
+//!    (`ValueState`), and emits them when an event-time timer at `end` fires, then forgets
+//!    the window.
+//!
+//! Why the output is complete when the timer fires: every subtask of step 2 fires window
+//! `[end - 10 s, end)` at the first watermark `>= end - 1` it sees and sends the results
+//! ahead of that watermark on the same channel (events never overtake records). This
+//! operator's watermark is the minimum over those channels, so once it reaches `end - 1`
+//! every result of the window has been processed; and while a result is processed the
+//! watermark is still below `end - 1` (its channel has not delivered the firing watermark
+//! yet), so the timer is registered before it is due. The result's own timestamp (`end - 1`)
+//! is thus never behind this operator's watermark, but a timer at `end - 1` would leave no
+//! margin: the timer sits at `end`, which keeps the operator right should the window fire at
+//! `end` instead (as session windows do). A timer registered late would still fire, at the
+//! next watermark. What this relies on: no `allowed_lateness_ms` on the window (a late
+//! re-fire would come after the rows were emitted and start a second, partial set of rows)
+//! and no idleness that lets the watermark pass a silent window subtask.
+//! Rows are emitted in auction order, keyed by the window end, with timestamp `end`.
+
+use eddy_sdk::{Context, OpenContext, Operator, Record, Result, TimeDomain, Timer, ValueState};
+use nexmark_model::WindowResult;
+use serde::{Deserialize, Serialize};
+
+/// What `nexmark-count` (config `{key_as: auction, count_as: count}`) computes per window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct AuctionCount {
+    /// The auction.
+    pub auction: u64,
+    /// Its bids in the window.
+    pub count: u64,
+}
+
+/// The leaders of one window so far.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leaders {
+    /// The highest count.
+    pub count: u64,
+    /// The auctions with that count.
+    pub auctions: Vec<u64>,
+}
+
+impl Leaders {
+    /// Takes one auction's count into account.
+    pub fn offer(&mut self, c: AuctionCount) {
+        if c.count > self.count || self.auctions.is_empty() {
+            self.count = c.count;
+            self.auctions.clear();
+        }
+        if c.count == self.count && !self.auctions.contains(&c.auction) {
+            self.auctions.push(c.auction);
+        }
+    }
+}
+
+/// One output row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HotItem {
+    /// End of the window (exclusive, ms).
+    pub window_end: i64,
+    /// An auction with the most bids in it.
+    pub auction: u64,
+    /// Its number of bids.
+    pub count: u64,
+}
+
+/// The operator.
+#[derive(Debug)]
+pub struct HotItems {
+    leaders: ValueState<Leaders>,
+}
+
+impl Operator for HotItems {
+    type Config = ();
+
+    fn open(_config: (), ctx: &mut OpenContext) -> Result<Self> {
+        Ok(HotItems { leaders: ctx.value_state("leaders") })
+    }
+
+    fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
+        let window: WindowResult<AuctionCount> = record.value()?;
+        let mut leaders = self.leaders.get()?.unwrap_or_default();
+        leaders.offer(window.result);
+        self.leaders.set(&leaders)?;
+        ctx.register_timer(TimeDomain::EventTime, window.end)
+    }
+
+    fn on_timer(&mut self, timer: &Timer<'_>, ctx: &mut Context) -> Result<()> {
+        let window_end: i64 = timer.key()?;
+        let Some(mut leaders) = self.leaders.get()? else { return Ok(()) };
+        self.leaders.clear()?;
+        leaders.auctions.sort_unstable();
+        for auction in leaders.auctions {
+            ctx.emit(&window_end, &HotItem { window_end, auction, count: leaders.count })?;
+        }
+        Ok(())
+    }
+}
+
+eddy_sdk::export_operator!(HotItems);

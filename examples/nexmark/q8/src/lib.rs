@@ -1,0 +1,127 @@
+//! Nexmark q8, monitor new users: the persons who created an auction in the same 10-second
+//! tumbling window in which they registered. Nexmark's definition:
+//!
+//! ```sql
+//! SELECT P.id, P.name, P.starttime
+//! FROM (SELECT id, name, TUMBLE_START(date_time, INTERVAL '10' SECOND) AS starttime,
+//!              TUMBLE_END(date_time, INTERVAL '10' SECOND) AS endtime
+//!       FROM person GROUP BY id, name, TUMBLE(date_time, INTERVAL '10' SECOND)) P
+//! JOIN (SELECT seller, TUMBLE_START(date_time, INTERVAL '10' SECOND) AS starttime,
+//!              TUMBLE_END(date_time, INTERVAL '10' SECOND) AS endtime
+//!       FROM auction GROUP BY seller, TUMBLE(date_time, INTERVAL '10' SECOND)) A
+//! ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime
+//! ```
+//!
+//! Rows: `{"id", "name", "window_start"}`, once per person (and name) and window, however many
+//! auctions the person created in it.
+//!
+//! The pipeline (`q8.yaml`): `nexmark-select` keeps persons keyed by `id` and auctions keyed
+//! by `seller`; `key_by: key` brings a person and their auctions to the same key, where this
+//! operator is both windows and the join. Per person id it keeps, in one `ValueState`, the
+//! windows still open: for each, the names registered in it and whether an auction was
+//! created in it. An event-time timer at the window's last millisecond (`end - 1`, when a
+//! host window would fire) emits the row if both happened, then forgets the window; so the
+//! order in which a person and their auctions arrive does not matter. Like a host window
+//! without allowed lateness, a record whose window already fired (`end - 1` at or behind
+//! the watermark) goes to the side output `late` instead. Rows carry the timestamp `end - 1`
+//! and the person's id as key.
+
+use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result, SideOutput, TimeDomain, Timer, ValueState};
+use nexmark_model::{Event, tumble_start};
+use serde::{Deserialize, Serialize};
+
+/// The tumbling window.
+pub const WINDOW_MS: i64 = 10_000;
+
+/// What happened for one person id in one window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seen {
+    /// The window's start (ms).
+    pub window_start: i64,
+    /// Names the person registered with in the window (sorted, distinct; one in Nexmark).
+    pub names: Vec<String>,
+    /// Whether the person created an auction in the window.
+    pub sold: bool,
+}
+
+/// One output row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NewUser<'a> {
+    /// The person's id.
+    pub id: u64,
+    /// The person's name.
+    pub name: &'a str,
+    /// Start of the window (ms).
+    pub window_start: i64,
+}
+
+/// The operator.
+#[derive(Debug)]
+pub struct MonitorNewUsers {
+    windows: ValueState<Vec<Seen>>,
+    late: SideOutput,
+}
+
+impl Operator for MonitorNewUsers {
+    type Config = ();
+
+    fn open(_config: (), ctx: &mut OpenContext) -> Result<Self> {
+        Ok(MonitorNewUsers { windows: ctx.value_state("open-windows"), late: ctx.side_output("late") })
+    }
+
+    fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
+        let Some(t) = record.timestamp() else {
+            return Err(Error::bad_record("an event without event time: set `timestamp` on the source"));
+        };
+        let window_start = tumble_start(t, WINDOW_MS);
+        let fire_at = window_start + WINDOW_MS - 1;
+        if fire_at <= ctx.current_watermark() {
+            return ctx.emit_raw(Some(self.late), record.key_bytes(), record.value_bytes(), Some(t));
+        }
+        let person_name = match record.value()? {
+            Event::Person(p) => Some(p.name),
+            Event::Auction(_) => None,
+            Event::Bid(_) => return Ok(()),
+        };
+        let mut windows = self.windows.get()?.unwrap_or_default();
+        let i = match windows.iter().position(|w| w.window_start == window_start) {
+            Some(i) => i,
+            None => {
+                windows.push(Seen { window_start, names: Vec::new(), sold: false });
+                windows.len() - 1
+            }
+        };
+        let seen = &mut windows[i];
+        match person_name {
+            Some(name) => {
+                if let Err(at) = seen.names.binary_search(&name) {
+                    seen.names.insert(at, name);
+                }
+            }
+            None => seen.sold = true,
+        }
+        self.windows.set(&windows)?;
+        ctx.register_timer(TimeDomain::EventTime, fire_at)
+    }
+
+    fn on_timer(&mut self, timer: &Timer<'_>, ctx: &mut Context) -> Result<()> {
+        let window_start = timer.timestamp() + 1 - WINDOW_MS;
+        let Some(mut windows) = self.windows.get()? else { return Ok(()) };
+        let Some(i) = windows.iter().position(|w| w.window_start == window_start) else { return Ok(()) };
+        let seen = windows.swap_remove(i);
+        if windows.is_empty() {
+            self.windows.clear()?
+        } else {
+            self.windows.set(&windows)?
+        }
+        if seen.sold {
+            let id: u64 = timer.key()?;
+            for name in &seen.names {
+                ctx.emit(&id, &NewUser { id, name, window_start })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+eddy_sdk::export_operator!(MonitorNewUsers);

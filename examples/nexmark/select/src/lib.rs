@@ -1,0 +1,123 @@
+//! Nexmark, the first step of most queries: keeps the event types a query reads, drops the
+//! rest, and gives each kept event the key the next step partitions by. Values pass through
+//! byte for byte (the whole event JSON, `"type"` included) with their event time.
+//!
+//! The step's `config` maps an event type (`person`, `auction`, `bid`) to how events of that
+//! type are keyed; types not named are dropped:
+//!
+//! ```yaml
+//! config:
+//!   person: {key: /id}          # key = the JSON of the field at this JSON pointer
+//!   auction: {key: /seller}
+//!   bid: {constant_key: 0}      # key = this JSON value for every event (one group)
+//!   # bid: {}                   # no key: keep the event as it is
+//! ```
+//!
+//! In SQL terms, for `{person: {key: /id}, auction: {key: /seller}}`:
+//!
+//! ```sql
+//! SELECT id AS key, * FROM person UNION ALL SELECT seller AS key, * FROM auction
+//! ```
+//!
+//! Used by q0 (`{bid: {}}`: the pass-through query itself), q3 and q8 (persons by `id`,
+//! auctions by `seller`, then `key_by: key` into the join), q5 (bids by `auction`), q7 (bids
+//! by the constant `0`: one global window) and q11 (bids by `bidder`). A key is the JSON
+//! encoding of the field, so a person's `id` and an auction's `seller` of the same value are
+//! the same key bytes and meet in the same subtask. An event of a kept type that lacks the
+//! key field is a bad record (the job fails and names it).
+
+use std::collections::BTreeMap;
+
+use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result};
+use nexmark_model::EventType;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// How the events of one type are keyed (the config's value per type).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// JSON pointer to the field whose JSON becomes the key.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// A JSON value used as the key of every event of the type.
+    #[serde(default)]
+    pub constant_key: Option<Value>,
+}
+
+/// A route, checked and ready: how to key one type.
+#[derive(Debug)]
+enum Keying {
+    /// Emit as it came (no key).
+    None,
+    /// The JSON at this pointer.
+    Field(String),
+    /// These key bytes.
+    Constant(Vec<u8>),
+}
+
+/// The operator: event type -> keying.
+#[derive(Debug)]
+pub struct Select {
+    routes: Vec<(String, Keying)>,
+}
+
+const TYPES: [&str; 3] = ["person", "auction", "bid"];
+
+impl Select {
+    /// Checks a config (event type -> route).
+    pub fn new(config: BTreeMap<String, Route>) -> Result<Self> {
+        if config.is_empty() {
+            return Err(Error::bad_config(
+                "nexmark-select keeps nothing: name at least one of person, auction, bid (e.g. `{bid: {key: /auction}}`)",
+            ));
+        }
+        let mut routes = Vec::new();
+        for (kind, route) in config {
+            if !TYPES.contains(&kind.as_str()) {
+                return Err(Error::bad_config(format!("`{kind}` is not a Nexmark event type (person, auction, bid)")));
+            }
+            let keying = match route {
+                Route { key: Some(_), constant_key: Some(_) } => {
+                    return Err(Error::bad_config(format!("`{kind}`: set `key` or `constant_key`, not both")));
+                }
+                Route { key: Some(p), .. } if !p.starts_with('/') => {
+                    return Err(Error::bad_config(format!("`{kind}.key`: `{p}` is not a JSON pointer such as `/id`")));
+                }
+                Route { key: Some(p), .. } => Keying::Field(p),
+                Route { constant_key: Some(v), .. } => Keying::Constant(eddy_sdk::codec::encode(&v)?),
+                Route { key: None, constant_key: None } => Keying::None,
+            };
+            routes.push((kind, keying));
+        }
+        Ok(Select { routes })
+    }
+}
+
+impl Operator for Select {
+    type Config = Option<BTreeMap<String, Route>>;
+
+    fn open(config: Self::Config, _ctx: &mut OpenContext) -> Result<Self> {
+        Select::new(config.unwrap_or_default())
+    }
+
+    fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
+        let value = record.value_bytes();
+        let kind: EventType<'_> = record.value()?;
+        let Some((_, keying)) = self.routes.iter().find(|(k, _)| *k == kind.kind) else { return Ok(()) };
+        let key = match keying {
+            Keying::None => None,
+            Keying::Constant(bytes) => Some(bytes.clone()),
+            Keying::Field(pointer) => {
+                let event: Value = record.value()?;
+                let field = event.pointer(pointer).ok_or_else(|| {
+                    Error::bad_record(format!("a `{}` event has no field at `{pointer}` to key by", kind.kind))
+                })?;
+                Some(eddy_sdk::codec::encode(field)?)
+            }
+        };
+        ctx.emit_raw(None, key.as_deref(), value, record.timestamp())
+    }
+}
+
+eddy_sdk::export_operator!(Select);

@@ -1,0 +1,780 @@
+//! The deterministic generator: event `i` is a pure function of `(config, i)`.
+//!
+//! There is no generator state. Which kind of event index `i` is, and how many persons and
+//! auctions precede it, follow from `i` alone (per 50 events: 1 person, 3 auctions, 46 bids, by
+//! `i % 50`), so ids derive from the index and references (sellers, bidders, auctions) are drawn
+//! among ids known to exist. Every random choice is an xxh3 hash of `(seed, i, salt)`. Hence any
+//! partitioning of the index space yields the same events, and a reader resumes at any index.
+//!
+//! Shapes and proportions follow the Nexmark generator (Beam / Flink): hot sellers, bidders and
+//! auctions chosen with probability `1 - 1/ratio` among the latest group of 100, the others
+//! among active people or in-flight auctions; prices spread over six decades from $1; auction
+//! lengths around the time it takes to create `num_in_flight_auctions` more auctions; `extra`
+//! padding to an average event size. Unlike that generator, references never point at ids not
+//! yet generated, so every join partner exists earlier in index order.
+
+use std::fmt::{self, Write};
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::model::{Auction, Bid, Event, Person};
+
+/// Id of the first person; person `n` (counted from 0) has id `FIRST_PERSON_ID + n`.
+pub const FIRST_PERSON_ID: u64 = 1000;
+/// Id of the first auction; auction `m` (counted from 0) has id `FIRST_AUCTION_ID + m`.
+pub const FIRST_AUCTION_ID: u64 = 1000;
+/// The smallest category id; categories are `FIRST_CATEGORY_ID..FIRST_CATEGORY_ID + num_categories`.
+pub const FIRST_CATEGORY_ID: u64 = 10;
+/// Persons per [`TOTAL_PROPORTION`] events (at `i % 50 == 0`).
+pub const PERSON_PROPORTION: u64 = 1;
+/// Auctions per [`TOTAL_PROPORTION`] events (at `i % 50` in `1..=3`).
+pub const AUCTION_PROPORTION: u64 = 3;
+/// Bids per [`TOTAL_PROPORTION`] events (at `i % 50` in `4..50`).
+pub const BID_PROPORTION: u64 = 46;
+/// Length of the repeating person / auction / bid pattern.
+pub const TOTAL_PROPORTION: u64 = PERSON_PROPORTION + AUCTION_PROPORTION + BID_PROPORTION;
+/// The states a person lives in. Few, so that q3 (OR, ID, CA) finds results in small runs.
+pub const US_STATES: [&str; 6] = ["AZ", "CA", "ID", "OR", "WA", "WY"];
+
+/// Hot entities are the first of the latest group of this many ids (as in Nexmark).
+const HOT_GROUP: u64 = 100;
+const US_CITIES: [&str; 10] =
+    ["Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend", "Redmond", "Seattle", "Kent", "Cheyenne"];
+const FIRST_NAMES: [&str; 11] =
+    ["Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter", "Walter"];
+const LAST_NAMES: [&str; 9] = ["Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris"];
+const HOT_CHANNELS: [&str; 4] = ["Google", "Facebook", "Baidu", "Apple"];
+/// Other channels are `channel-0` .. `channel-9999`.
+const COLD_CHANNELS: u64 = 10_000;
+/// One bid in this many comes from a cold channel.
+const HOT_CHANNEL_RATIO: u64 = 2;
+
+/// What to generate. `Default` gives the Nexmark defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NexmarkConfig {
+    /// Same seed, same events.
+    pub seed: u64,
+    /// Number of events for [`events`]; none = unbounded. [`event`] ignores it.
+    pub events: Option<u64>,
+    /// Event time of event 0, ms since the epoch.
+    pub first_event_time_ms: i64,
+    /// Event-time distance between consecutive events in µs (100 = 10 000 events per second
+    /// of event time).
+    pub inter_event_us: u64,
+    /// Each event's time is moved back by up to this much (bounded disorder); 0 = in order.
+    pub max_disorder_ms: i64,
+    /// A bid is on the hot auction with probability `1 - 1/hot_auction_ratio`.
+    pub hot_auction_ratio: u64,
+    /// A bid is by the hot bidder with probability `1 - 1/hot_bidder_ratio`.
+    pub hot_bidder_ratio: u64,
+    /// An auction is by the hot seller with probability `1 - 1/hot_seller_ratio`.
+    pub hot_seller_ratio: u64,
+    /// Other sellers and bidders are drawn among this many most recent persons.
+    pub num_active_people: u64,
+    /// Other bids go to one of this many most recent auctions; auctions last about as long as
+    /// it takes to create this many more.
+    pub num_in_flight_auctions: u64,
+    /// Number of auction categories.
+    pub num_categories: u64,
+    /// Average person size in bytes (numbers count 8, strings their length); `extra` pads to it.
+    pub avg_person_bytes: u64,
+    /// Average auction size in bytes, as for persons.
+    pub avg_auction_bytes: u64,
+    /// Average bid size in bytes, as for persons.
+    pub avg_bid_bytes: u64,
+}
+
+impl Default for NexmarkConfig {
+    fn default() -> Self {
+        NexmarkConfig {
+            seed: 0,
+            events: None,
+            first_event_time_ms: 1_700_000_000_000,
+            inter_event_us: 100,
+            max_disorder_ms: 0,
+            hot_auction_ratio: 2,
+            hot_bidder_ratio: 4,
+            hot_seller_ratio: 4,
+            num_active_people: 1000,
+            num_in_flight_auctions: 100,
+            num_categories: 5,
+            avg_person_bytes: 200,
+            avg_auction_bytes: 500,
+            avg_bid_bytes: 100,
+        }
+    }
+}
+
+/// A configuration field with a value that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidConfig {
+    /// The field's name in [`NexmarkConfig`].
+    pub field: &'static str,
+    /// What is wrong and what would be right.
+    pub problem: String,
+}
+
+impl fmt::Display for InvalidConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "nexmark `{}`: {}", self.field, self.problem)
+    }
+}
+
+impl std::error::Error for InvalidConfig {}
+
+impl NexmarkConfig {
+    /// Checks the fields; the error names the first bad one. [`event`] never panics on an
+    /// invalid configuration (it treats zero counts and ratios as 1 and negative disorder as
+    /// none), but such a configuration does not mean what it says.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        let invalid = |field, problem: &str| Err(InvalidConfig { field, problem: problem.to_string() });
+        if self.max_disorder_ms < 0 {
+            return invalid("max_disorder_ms", "must not be negative");
+        }
+        let at_least_one = [
+            ("hot_auction_ratio", self.hot_auction_ratio, "(1 = no hot auction)"),
+            ("hot_bidder_ratio", self.hot_bidder_ratio, "(1 = no hot bidder)"),
+            ("hot_seller_ratio", self.hot_seller_ratio, "(1 = no hot seller)"),
+            ("num_active_people", self.num_active_people, ""),
+            ("num_in_flight_auctions", self.num_in_flight_auctions, ""),
+            ("num_categories", self.num_categories, ""),
+        ];
+        for (field, value, hint) in at_least_one {
+            if value == 0 {
+                return invalid(field, format!("must be at least 1 {hint}").trim_end());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kind of event at an index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// `index % 50 == 0`.
+    Person,
+    /// `index % 50` in `1..=3`.
+    Auction,
+    /// `index % 50` in `4..50`.
+    Bid,
+}
+
+/// The kind of event `index` is.
+pub fn kind(index: u64) -> EventKind {
+    match index % TOTAL_PROPORTION {
+        offset if offset < PERSON_PROPORTION => EventKind::Person,
+        offset if offset < PERSON_PROPORTION + AUCTION_PROPORTION => EventKind::Auction,
+        _ => EventKind::Bid,
+    }
+}
+
+/// Number of persons among the events `0..index`; a person at `index` has id
+/// `FIRST_PERSON_ID + persons_before(index)`.
+pub fn persons_before(index: u64) -> u64 {
+    let (epoch, offset) = (index / TOTAL_PROPORTION, index % TOTAL_PROPORTION);
+    epoch * PERSON_PROPORTION + offset.min(PERSON_PROPORTION)
+}
+
+/// Number of auctions among the events `0..index`; an auction at `index` has id
+/// `FIRST_AUCTION_ID + auctions_before(index)`.
+pub fn auctions_before(index: u64) -> u64 {
+    let (epoch, offset) = (index / TOTAL_PROPORTION, index % TOTAL_PROPORTION);
+    epoch * AUCTION_PROPORTION + offset.saturating_sub(PERSON_PROPORTION).min(AUCTION_PROPORTION)
+}
+
+/// The event time of event `index`:
+/// `first_event_time_ms + index * inter_event_us / 1000 - disorder(index)`, with the disorder
+/// drawn uniformly from `0..=max_disorder_ms`, saturating at the ends of `i64`.
+pub fn event_time(config: &NexmarkConfig, index: u64) -> i64 {
+    let draws = Draws { seed: config.seed, index };
+    let disorder = match config.max_disorder_ms {
+        d if d > 0 => draws.below(Salt::Disorder, d as u64 + 1),
+        _ => 0,
+    };
+    let base = i128::from(index).saturating_mul(i128::from(config.inter_event_us)) / 1000;
+    clamp_i64(i128::from(config.first_event_time_ms) + base - i128::from(disorder))
+}
+
+/// Event `index`: a pure function of `(config, index)` (see the module docs).
+pub fn event(config: &NexmarkConfig, index: u64) -> Event {
+    let draws = Draws { seed: config.seed, index };
+    let date_time = event_time(config, index);
+    match kind(index) {
+        EventKind::Person => Event::Person(person(config, draws, date_time)),
+        EventKind::Auction => Event::Auction(auction(config, draws, date_time)),
+        EventKind::Bid => Event::Bid(bid(config, draws, date_time)),
+    }
+}
+
+/// The events `0..config.events` in index order (`0..u64::MAX` when unbounded).
+pub fn events(config: &NexmarkConfig) -> impl Iterator<Item = Event> + '_ {
+    (0..config.events.unwrap_or(u64::MAX)).map(move |index| event(config, index))
+}
+
+fn person(config: &NexmarkConfig, draws: Draws, date_time: i64) -> Person {
+    let name = format!(
+        "{} {}",
+        FIRST_NAMES[draws.below(Salt::FirstName, FIRST_NAMES.len() as u64) as usize],
+        LAST_NAMES[draws.below(Salt::LastName, LAST_NAMES.len() as u64) as usize]
+    );
+    let email_address =
+        format!("{}@{}.com", words(draws.hash(Salt::EmailUser), 7), words(draws.hash(Salt::EmailHost), 5));
+    // Four groups of four digits from one hash: 10^16 is far below 2^64, so the bias is tiny.
+    let digits = draws.hash(Salt::CreditCard) % 10_000_000_000_000_000;
+    let group = |g: u32| digits / 10_000u64.pow(g) % 10_000;
+    let credit_card = format!("{:04} {:04} {:04} {:04}", group(3), group(2), group(1), group(0));
+    let city = US_CITIES[draws.below(Salt::City, US_CITIES.len() as u64) as usize].to_string();
+    let state = US_STATES[draws.below(Salt::State, US_STATES.len() as u64) as usize].to_string();
+    let size = 16 + name.len() + email_address.len() + credit_card.len() + city.len() + state.len();
+    Person {
+        id: FIRST_PERSON_ID + persons_before(draws.index),
+        name,
+        email_address,
+        credit_card,
+        city,
+        state,
+        date_time,
+        extra: extra(draws, size, config.avg_person_bytes),
+    }
+}
+
+fn auction(config: &NexmarkConfig, draws: Draws, date_time: i64) -> Auction {
+    // Event 0 is a person, so an auction always has one before it.
+    let last_person = persons_before(draws.index).saturating_sub(1);
+    let seller = if draws.hot(Salt::HotSeller, config.hot_seller_ratio) {
+        last_person / HOT_GROUP * HOT_GROUP
+    } else {
+        active_person(config, draws, Salt::Seller, last_person)
+    };
+    let item_name = words(draws.hash(Salt::ItemName), 20);
+    let description = words(draws.hash(Salt::Description), 100);
+    let initial_bid = price(draws.hash(Salt::InitialBid));
+    // About as long as it takes to create `num_in_flight_auctions` more auctions, so that
+    // roughly that many are open at any time.
+    let horizon_events = u128::from(config.num_in_flight_auctions.max(1)) * u128::from(TOTAL_PROPORTION)
+        / u128::from(AUCTION_PROPORTION);
+    let horizon_ms = horizon_events.saturating_mul(u128::from(config.inter_event_us)) / 1000;
+    let length = 1 + draws.below(Salt::Expires, u64::try_from(horizon_ms * 2).unwrap_or(u64::MAX - 1).max(1));
+    let size = 56 + item_name.len() + description.len();
+    Auction {
+        id: FIRST_AUCTION_ID + auctions_before(draws.index),
+        item_name,
+        description,
+        initial_bid,
+        reserve: initial_bid.saturating_add(price(draws.hash(Salt::Reserve))),
+        date_time,
+        expires: clamp_i64(i128::from(date_time) + i128::from(length)),
+        seller: FIRST_PERSON_ID + seller,
+        category: FIRST_CATEGORY_ID + draws.below(Salt::Category, config.num_categories.max(1)),
+        extra: extra(draws, size, config.avg_auction_bytes),
+    }
+}
+
+fn bid(config: &NexmarkConfig, draws: Draws, date_time: i64) -> Bid {
+    // Events 1..=3 are auctions, so a bid always has three before it.
+    let last_auction = auctions_before(draws.index).saturating_sub(1);
+    let auction = if draws.hot(Salt::HotAuction, config.hot_auction_ratio) {
+        last_auction / HOT_GROUP * HOT_GROUP
+    } else {
+        let oldest = (last_auction + 1).saturating_sub(config.num_in_flight_auctions.max(1));
+        oldest + draws.below(Salt::Auction, last_auction - oldest + 1)
+    };
+    let last_person = persons_before(draws.index).saturating_sub(1);
+    let bidder = if draws.hot(Salt::HotBidder, config.hot_bidder_ratio) {
+        // The second of the group, so that the hot bidder is not the hot seller (unless the
+        // group has only one person yet).
+        (last_person / HOT_GROUP * HOT_GROUP + 1).min(last_person)
+    } else {
+        active_person(config, draws, Salt::Bidder, last_person)
+    };
+    let (channel, url) = if draws.hot(Salt::HotChannel, HOT_CHANNEL_RATIO) {
+        let hot = draws.below(Salt::Channel, HOT_CHANNELS.len() as u64);
+        (HOT_CHANNELS[hot as usize].to_string(), channel_url(config.seed, COLD_CHANNELS + hot, 64))
+    } else {
+        let cold = draws.below(Salt::Channel, COLD_CHANNELS);
+        let mut url = channel_url(config.seed, cold, 80);
+        // Writing to a String cannot fail.
+        let _ = write!(url, "&channel_id={cold}");
+        (format!("channel-{cold}"), url)
+    };
+    let size = 32 + channel.len() + url.len();
+    Bid {
+        auction: FIRST_AUCTION_ID + auction,
+        bidder: FIRST_PERSON_ID + bidder,
+        price: price(draws.hash(Salt::Price)),
+        channel,
+        url,
+        date_time,
+        extra: extra(draws, size, config.avg_bid_bytes),
+    }
+}
+
+/// A person (base 0) among the `num_active_people` most recent ones up to `last_person`:
+/// limiting to active people keeps the bids and auctions per person steady in long runs.
+fn active_person(config: &NexmarkConfig, draws: Draws, salt: Salt, last_person: u64) -> u64 {
+    let people = last_person + 1;
+    let active = people.min(config.num_active_people.max(1));
+    people - active + draws.below(salt, active)
+}
+
+/// A price in cents, log-spread from $1 to $1M: a decade drawn uniformly, then a uniform
+/// value inside it (integer arithmetic only, so identical on every platform).
+fn price(hash: u64) -> u64 {
+    let low = 100 * 10u64.pow(below(hash, 6) as u32);
+    // The decade comes from the high bits, the value inside it from the low bits.
+    low + hash % (9 * low)
+}
+
+/// Text of 3 to `max - 1` characters (letters and spaces), trimmed, like Nexmark's strings.
+fn words(hash: u64, max: u64) -> String {
+    let len = 3 + below(hash, max.saturating_sub(3).max(1)) as usize;
+    let start = (hash % (TEXT.len() - len + 1) as u64) as usize;
+    TEXT[start..start + len].trim().to_string()
+}
+
+/// Padding so that events of this kind are `avg` bytes on average: `avg - size` ± 20 %.
+fn extra(draws: Draws, size: usize, avg: u64) -> String {
+    let want = avg.saturating_sub(size as u64);
+    let delta = (want + 2) / 5;
+    let hash = draws.hash(Salt::Extra);
+    let len = (want - delta + below(hash, 2 * delta + 1)) as usize;
+    let mut out = String::with_capacity(len);
+    let mut start = (hash % TEXT.len() as u64) as usize;
+    // Long paddings wrap around the text.
+    while out.len() < len {
+        let take = (len - out.len()).min(TEXT.len() - start);
+        out.push_str(&TEXT[start..start + take]);
+        start = 0;
+    }
+    out
+}
+
+/// The page of a channel: `https://www.nexmark.com/<a>/<b>/<c>/item.htm?query=1`, a function of
+/// `(seed, channel)` only, so a channel keeps its URL. Built in one buffer: it is made for
+/// every bid, and separate strings per part cost a third of the generator's time.
+fn channel_url(seed: u64, channel: u64, capacity: usize) -> String {
+    let draws = Draws { seed, index: channel };
+    let mut url = String::with_capacity(capacity);
+    url.push_str("https://www.nexmark.com/");
+    for salt in [Salt::UrlA, Salt::UrlB, Salt::UrlC] {
+        let hash = draws.hash(salt);
+        let len = 3 + below(hash, 3) as usize;
+        let start = (hash % (TEXT.len() - len + 1) as u64) as usize;
+        url.extend(TEXT[start..start + len].chars().map(|c| if c == ' ' { '_' } else { c }));
+        url.push('/');
+    }
+    url.push_str("item.htm?query=1");
+    url
+}
+
+fn clamp_i64(value: i128) -> i64 {
+    value.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
+
+/// Maps a uniform 64-bit hash to `0..n` (`n >= 1`) by multiply-high: no division, bias at most
+/// `n / 2^64`, and it uses the high bits, leaving the low bits for a second choice.
+fn below(hash: u64, n: u64) -> u64 {
+    ((u128::from(hash) * u128::from(n)) >> 64) as u64
+}
+
+/// One independent draw per quantity of an event: the salt in the hashed input.
+#[derive(Debug, Clone, Copy)]
+enum Salt {
+    Disorder = 1,
+    FirstName,
+    LastName,
+    EmailUser,
+    EmailHost,
+    CreditCard,
+    City,
+    State,
+    HotSeller,
+    Seller,
+    ItemName,
+    Description,
+    InitialBid,
+    Reserve,
+    Expires,
+    Category,
+    HotAuction,
+    Auction,
+    HotBidder,
+    Bidder,
+    HotChannel,
+    Channel,
+    Price,
+    Extra,
+    UrlA,
+    UrlB,
+    UrlC,
+}
+
+/// The random choices of one event (or of one channel's URL).
+#[derive(Debug, Clone, Copy)]
+struct Draws {
+    seed: u64,
+    index: u64,
+}
+
+impl Draws {
+    /// xxh3 of `(index, salt)` seeded with `seed`: a fixed algorithm, so events are the same
+    /// across builds and machines.
+    fn hash(self, salt: Salt) -> u64 {
+        let mut input = [0u8; 16];
+        input[..8].copy_from_slice(&self.index.to_le_bytes());
+        input[8..].copy_from_slice(&(salt as u64).to_le_bytes());
+        xxh3_64_with_seed(&input, self.seed)
+    }
+
+    /// Uniform in `0..n`; `n == 0` is treated as 1.
+    fn below(self, salt: Salt, n: u64) -> u64 {
+        below(self.hash(salt), n.max(1))
+    }
+
+    /// True with probability `1 - 1/ratio` (never for ratio 0 or 1).
+    fn hot(self, salt: Salt, ratio: u64) -> bool {
+        self.below(salt, ratio) > 0
+    }
+}
+
+/// Random letters with one space in 13 (as in Nexmark's strings), made at compile time.
+/// Strings are slices of it: generating per character would dominate the generator's cost.
+static TEXT: &str = match std::str::from_utf8(&TEXT_BYTES) {
+    Ok(text) => text,
+    Err(_) => panic!("the text is ASCII"),
+};
+
+const TEXT_LEN: usize = 8192;
+const TEXT_BYTES: [u8; TEXT_LEN] = random_text();
+
+const fn random_text() -> [u8; TEXT_LEN] {
+    let mut text = [0u8; TEXT_LEN];
+    let mut state: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut i = 0;
+    while i < TEXT_LEN {
+        // splitmix64: any fixed sequence works; this one is well mixed and tiny.
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        text[i] = if z.is_multiple_of(13) { b' ' } else { b'a' + ((z >> 32) % 26) as u8 };
+        i += 1;
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::to_json;
+
+    fn config(seed: u64) -> NexmarkConfig {
+        NexmarkConfig { seed, ..NexmarkConfig::default() }
+    }
+
+    /// Events as sorted JSON texts: a multiset that ignores the order of generation.
+    fn multiset(events: impl IntoIterator<Item = Event>) -> Vec<Vec<u8>> {
+        let mut texts: Vec<Vec<u8>> = events.into_iter().map(|e| to_json(&e)).collect();
+        texts.sort();
+        texts
+    }
+
+    #[test]
+    fn same_seed_same_events_other_seed_other_events() {
+        let a: Vec<Event> = (0..2000).map(|i| event(&config(42), i)).collect();
+        // Backwards: no hidden state carried from one event to the next.
+        let mut b: Vec<Event> = (0..2000).rev().map(|i| event(&config(42), i)).collect();
+        b.reverse();
+        assert_eq!(a, b);
+        let c: Vec<Event> = (0..2000).map(|i| event(&config(43), i)).collect();
+        let differing = a.iter().zip(&c).filter(|(x, y)| x != y).count();
+        assert!(differing > 1900, "only {differing} of 2000 events depend on the seed");
+    }
+
+    proptest! {
+        /// Any assignment of the indices to 1 to 4 readers, each generating its share in any
+        /// order, yields the same multiset of events as one reader going through them in order.
+        #[test]
+        fn any_partition_of_the_indices_yields_the_same_events(
+            seed in any::<u64>(),
+            start in 0u64..1_000_000,
+            readers in 1usize..=4,
+            picks in prop::collection::vec(any::<usize>(), 0..300),
+            max_disorder_ms in 0i64..1000,
+        ) {
+            let config = NexmarkConfig { seed, max_disorder_ms, ..NexmarkConfig::default() };
+            let indices = start..start + picks.len() as u64;
+            let sequential = multiset(indices.clone().map(|i| event(&config, i)));
+            let mut shares = vec![Vec::new(); readers];
+            for (i, pick) in indices.clone().zip(&picks) {
+                shares[pick % readers].push(i);
+            }
+            let mut union = Vec::new();
+            for (r, share) in shares.iter().enumerate() {
+                // Every other reader goes backwards.
+                let order: Box<dyn Iterator<Item = &u64>> =
+                    if r % 2 == 0 { Box::new(share.iter()) } else { Box::new(share.iter().rev()) };
+                union.extend(order.map(|&i| event(&config, i)));
+            }
+            prop_assert_eq!(multiset(union), sequential.clone());
+            // The engine's split: reader j of p takes the indices i with i % p == j.
+            let residues = (0..readers as u64)
+                .flat_map(|j| indices.clone().filter(move |i| i % readers as u64 == j))
+                .map(|i| event(&config, i));
+            prop_assert_eq!(multiset(residues), sequential);
+        }
+    }
+
+    #[test]
+    fn proportions_are_1_3_46_per_50() {
+        let config = config(1);
+        for block in [0u64, 1, 7, 1_000_000] {
+            let mut counts = BTreeMap::new();
+            for i in block * 50..(block + 1) * 50 {
+                let e = event(&config, i);
+                let name = match (&e, kind(i)) {
+                    (Event::Person(_), EventKind::Person) => "person",
+                    (Event::Auction(_), EventKind::Auction) => "auction",
+                    (Event::Bid(_), EventKind::Bid) => "bid",
+                    (e, k) => panic!("event {i} is {e:?} but kind says {k:?}"),
+                };
+                *counts.entry(name).or_insert(0) += 1;
+            }
+            assert_eq!(counts, BTreeMap::from([("person", 1), ("auction", 3), ("bid", 46)]), "block {block}");
+        }
+        assert_eq!((kind(0), kind(1), kind(3), kind(4), kind(49), kind(50)).0, EventKind::Person);
+        assert_eq!([kind(1), kind(3), kind(53)], [EventKind::Auction; 3]);
+        assert_eq!([kind(4), kind(49), kind(54)], [EventKind::Bid; 3]);
+    }
+
+    /// Walks the events in order, checking ids are consecutive and every reference points at
+    /// an earlier event (in flight, for auctions).
+    fn check_references(config: &NexmarkConfig, events: u64) {
+        let (mut persons, mut auctions) = (HashSet::new(), Vec::new());
+        for i in 0..events {
+            match event(config, i) {
+                Event::Person(p) => {
+                    assert_eq!(p.id, FIRST_PERSON_ID + persons.len() as u64, "event {i}");
+                    assert_eq!(p.id, FIRST_PERSON_ID + persons_before(i));
+                    assert!(US_STATES.contains(&p.state.as_str()), "event {i}: state {}", p.state);
+                    assert!(US_CITIES.contains(&p.city.as_str()), "event {i}: city {}", p.city);
+                    let cc: Vec<&str> = p.credit_card.split(' ').collect();
+                    assert!(cc.len() == 4 && cc.iter().all(|g| g.len() == 4 && g.bytes().all(|b| b.is_ascii_digit())));
+                    assert!(p.email_address.ends_with(".com") && p.email_address.contains('@'));
+                    persons.insert(p.id);
+                }
+                Event::Auction(a) => {
+                    assert_eq!(a.id, FIRST_AUCTION_ID + auctions.len() as u64, "event {i}");
+                    assert_eq!(a.id, FIRST_AUCTION_ID + auctions_before(i));
+                    assert!(persons.contains(&a.seller), "event {i}: seller {} not yet created", a.seller);
+                    let categories = FIRST_CATEGORY_ID..FIRST_CATEGORY_ID + config.num_categories;
+                    assert!(categories.contains(&a.category), "event {i}: category {}", a.category);
+                    assert!(a.expires > a.date_time, "event {i}: expires {} <= {}", a.expires, a.date_time);
+                    assert!(a.initial_bid >= 100 && a.reserve > a.initial_bid, "event {i}: {a:?}");
+                    assert!(!a.item_name.is_empty() && a.item_name.len() < 20 && a.description.len() < 100);
+                    auctions.push(a.id);
+                }
+                Event::Bid(b) => {
+                    assert!(persons.contains(&b.bidder), "event {i}: bidder {} not yet created", b.bidder);
+                    let last = *auctions.last().expect("auctions precede bids");
+                    let in_flight = last + 1 - auctions.len().min(config.num_in_flight_auctions as usize) as u64;
+                    let hot = (last - FIRST_AUCTION_ID) / 100 * 100 + FIRST_AUCTION_ID;
+                    assert!(b.auction >= in_flight.min(hot) && b.auction <= last, "event {i}: auction {}", b.auction);
+                    assert!((100..100_000_000).contains(&b.price), "event {i}: price {}", b.price);
+                    assert!(b.url.starts_with("https://www.nexmark.com/"), "event {i}: {}", b.url);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ids_and_references_point_at_earlier_events() {
+        check_references(&config(3), 60_000);
+        // Few active people, few auctions in flight, no hot entities: the edges of the ranges.
+        let narrow = NexmarkConfig {
+            num_active_people: 2,
+            num_in_flight_auctions: 1,
+            num_categories: 1,
+            hot_auction_ratio: 1,
+            hot_bidder_ratio: 1,
+            hot_seller_ratio: 1,
+            ..config(4)
+        };
+        check_references(&narrow, 5_000);
+        // Validation rejects zeros, but the generator still keeps its promises with them.
+        let zeros = NexmarkConfig {
+            num_active_people: 0,
+            num_in_flight_auctions: 0,
+            num_categories: 0,
+            hot_auction_ratio: 0,
+            ..config(5)
+        };
+        check_references(&NexmarkConfig { num_categories: 1, ..zeros }, 2_000);
+    }
+
+    #[test]
+    fn event_times_follow_the_index_with_bounded_disorder() {
+        let ordered = config(8);
+        let times: Vec<i64> = (0..5000).map(|i| event(&ordered, i).date_time()).collect();
+        assert_eq!(times[0], 1_700_000_000_000);
+        assert_eq!(times[10], 1_700_000_000_001, "100 µs apart: 10 events per ms");
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "without disorder, times never go back");
+
+        let disordered = NexmarkConfig { max_disorder_ms: 250, inter_event_us: 1000, ..config(8) };
+        let mut seen = HashSet::new();
+        for i in 0..20_000u64 {
+            let base = 1_700_000_000_000 + i as i64;
+            let t = event(&disordered, i).date_time();
+            assert_eq!(t, event_time(&disordered, i));
+            assert!((base - 250..=base).contains(&t), "event {i}: {t} vs {base}");
+            seen.insert(base - t);
+        }
+        assert_eq!(seen.len(), 251, "every disorder 0..=250 occurs");
+        let extreme = NexmarkConfig { first_event_time_ms: i64::MAX - 1, inter_event_us: u64::MAX, ..config(0) };
+        assert_eq!(event(&extreme, u64::MAX).date_time(), i64::MAX);
+        // The last 50 indices (every kind) under extreme settings: no overflow anywhere.
+        let extreme = NexmarkConfig { max_disorder_ms: i64::MAX, avg_auction_bytes: 0, ..extreme };
+        for i in u64::MAX - 49..=u64::MAX {
+            if let Event::Auction(a) = event(&extreme, i) {
+                assert!(a.expires >= a.date_time);
+            }
+        }
+    }
+
+    #[test]
+    fn hot_ratios_shape_the_references() {
+        let share = |config: &NexmarkConfig, pick: &dyn Fn(u64, &Bid) -> bool| {
+            let bids: Vec<(u64, Bid)> = (0..50_000)
+                .filter_map(|i| match event(config, i) {
+                    Event::Bid(b) => Some((i, b)),
+                    _ => None,
+                })
+                .collect();
+            bids.iter().filter(|(i, b)| pick(*i, b)).count() as f64 / bids.len() as f64
+        };
+        let hot_auction = |i: u64, b: &Bid| b.auction == FIRST_AUCTION_ID + (auctions_before(i) - 1) / 100 * 100;
+        let hot_bidder = |i: u64, b: &Bid| {
+            b.bidder == FIRST_PERSON_ID + ((persons_before(i) - 1) / 100 * 100 + 1).min(persons_before(i) - 1)
+        };
+        // Hot with probability 1 - 1/ratio, plus the rare cold draw that lands on the hot one.
+        let on_hot = share(&config(9), &hot_auction);
+        assert!((0.48..0.56).contains(&on_hot), "{on_hot} of bids on the hot auction, ratio 2");
+        let by_hot = share(&config(9), &hot_bidder);
+        assert!((0.73..0.78).contains(&by_hot), "{by_hot} of bids by the hot bidder, ratio 4");
+        let no_hot = NexmarkConfig { hot_auction_ratio: 1, hot_bidder_ratio: 1, ..config(9) };
+        assert!(share(&no_hot, &hot_auction) < 0.05 && share(&no_hot, &hot_bidder) < 0.05);
+
+        let sellers: Vec<(u64, u64)> = (0..50_000)
+            .filter_map(|i| match event(&config(9), i) {
+                Event::Auction(a) => Some((i, a.seller)),
+                _ => None,
+            })
+            .collect();
+        let hot = sellers.iter().filter(|(i, s)| *s == FIRST_PERSON_ID + (persons_before(*i) - 1) / 100 * 100).count();
+        let by_hot = hot as f64 / sellers.len() as f64;
+        assert!((0.72..0.79).contains(&by_hot), "{by_hot} of auctions by the hot seller, ratio 4");
+    }
+
+    #[test]
+    fn prices_spread_over_six_decades() {
+        let mut decades = [0u32; 6];
+        for i in 0..30_000 {
+            if let Event::Bid(b) = event(&config(10), i) {
+                decades[(b.price.ilog10() - 2) as usize] += 1;
+            }
+        }
+        let total: u32 = decades.iter().sum();
+        for (d, n) in decades.iter().enumerate() {
+            let share = f64::from(*n) / f64::from(total);
+            assert!((0.14..0.19).contains(&share), "decade {d}: {share} of prices ({decades:?})");
+        }
+    }
+
+    #[test]
+    fn extra_pads_events_to_their_average_size() {
+        let config = config(11);
+        let (mut person_bytes, mut persons, mut auction_bytes, mut auctions) = (0, 0, 0, 0);
+        for i in 0..20_000 {
+            match event(&config, i) {
+                Event::Person(p) => {
+                    person_bytes += 16
+                        + p.name.len()
+                        + p.email_address.len()
+                        + p.credit_card.len()
+                        + p.city.len()
+                        + p.state.len()
+                        + p.extra.len();
+                    persons += 1;
+                }
+                Event::Auction(a) => {
+                    auction_bytes += 56 + a.item_name.len() + a.description.len() + a.extra.len();
+                    auctions += 1;
+                }
+                Event::Bid(_) => {}
+            }
+        }
+        let (person_avg, auction_avg) = (person_bytes as f64 / persons as f64, auction_bytes as f64 / auctions as f64);
+        assert!((195.0..205.0).contains(&person_avg), "persons average {person_avg} bytes");
+        assert!((490.0..510.0).contains(&auction_avg), "auctions average {auction_avg} bytes");
+        let huge = NexmarkConfig { avg_bid_bytes: 100_000, ..config };
+        let Event::Bid(b) = event(&huge, 4) else { panic!("event 4 is a bid") };
+        assert!((70_000..130_000).contains(&b.extra.len()), "extra of {} bytes", b.extra.len());
+    }
+
+    #[test]
+    fn channels_keep_their_urls() {
+        let mut urls = BTreeMap::new();
+        for i in 0..20_000 {
+            if let Event::Bid(b) = event(&config(12), i) {
+                let known = urls.entry(b.channel.clone()).or_insert_with(|| b.url.clone());
+                assert_eq!(known, &b.url, "channel {}", b.channel);
+                if let Some(n) = b.channel.strip_prefix("channel-") {
+                    assert!(b.url.ends_with(&format!("&channel_id={n}")), "{}", b.url);
+                }
+            }
+        }
+        for hot in HOT_CHANNELS {
+            assert!(urls.contains_key(hot), "hot channel {hot} never used");
+        }
+    }
+
+    #[test]
+    fn events_iterates_the_configured_count() {
+        let bounded = NexmarkConfig { events: Some(120), ..config(13) };
+        let all: Vec<Event> = events(&bounded).collect();
+        assert_eq!(all.len(), 120);
+        assert_eq!(all[77], event(&bounded, 77));
+        assert_eq!(events(&config(13)).take(3).count(), 3);
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        assert_eq!(NexmarkConfig::default().validate(), Ok(()));
+        let cases = [
+            (NexmarkConfig { max_disorder_ms: -1, ..config(0) }, "max_disorder_ms"),
+            (NexmarkConfig { hot_auction_ratio: 0, ..config(0) }, "hot_auction_ratio"),
+            (NexmarkConfig { hot_bidder_ratio: 0, ..config(0) }, "hot_bidder_ratio"),
+            (NexmarkConfig { hot_seller_ratio: 0, ..config(0) }, "hot_seller_ratio"),
+            (NexmarkConfig { num_active_people: 0, ..config(0) }, "num_active_people"),
+            (NexmarkConfig { num_in_flight_auctions: 0, ..config(0) }, "num_in_flight_auctions"),
+            (NexmarkConfig { num_categories: 0, ..config(0) }, "num_categories"),
+        ];
+        for (config, field) in cases {
+            let err = config.validate().unwrap_err();
+            assert_eq!(err.field, field);
+            assert!(err.to_string().contains(&format!("`{field}`")), "{err}");
+        }
+    }
+
+    #[test]
+    fn text_is_ascii_letters_and_spaces() {
+        assert!(TEXT.bytes().all(|b| b == b' ' || b.is_ascii_lowercase()));
+        let spaces = TEXT.bytes().filter(|&b| b == b' ').count();
+        assert!((500..780).contains(&spaces), "{spaces} spaces in {} bytes (about 1 in 13)", TEXT.len());
+    }
+}

@@ -1,0 +1,87 @@
+//! Nexmark: every query pipeline shipped in `examples/nexmark/` (Wasm guests on the engine)
+//! produces exactly the rows of the native Rust baseline over the same generated events.
+
+use std::path::Path;
+
+use eddy_engine::{Job, JobOptions, PipelineSpec, SourceSpec};
+use eddy_tests::{MemorySink, runtime};
+use serde_json::Value;
+
+/// Small enough for CI, large enough for every query to produce rows (10 s of event time at
+/// the examples' 1 000 events/s, across several windows and sessions).
+const EVENTS: u64 = 12_000;
+
+fn query_spec(query: &str) -> PipelineSpec {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/nexmark/{query}.yaml"));
+    let mut spec = PipelineSpec::from_file(&path).expect("query spec is valid");
+    let SourceSpec::Nexmark(source) = &mut spec.sources[0] else { panic!("{query} reads the nexmark source") };
+    source.events = Some(EVENTS);
+    spec
+}
+
+fn sorted(mut rows: Vec<Value>) -> Vec<Value> {
+    rows.sort_by_key(|v| v.to_string());
+    rows
+}
+
+fn check(query: &str, native: fn(Vec<eddy_nexmark::Event>) -> Vec<Value>) {
+    let spec = query_spec(query);
+    let SourceSpec::Nexmark(source) = &spec.sources[0] else { unreachable!() };
+    let events: Vec<eddy_nexmark::Event> = eddy_nexmark::events(&source.config()).collect();
+    assert_eq!(events.len() as u64, EVENTS);
+    let expected = sorted(native(events));
+    assert!(!expected.is_empty(), "{query}: the baseline must produce rows for the comparison to mean anything");
+
+    let sink = MemorySink::default();
+    let received = sink.received.clone();
+    let summary = Job::start(&spec, runtime(), JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() })
+        .expect("starts")
+        .wait()
+        .unwrap_or_else(|e| panic!("{query} runs: {e}"));
+    assert!(summary.finished);
+    let out = received.lock().expect("lock").clone();
+    assert!(out.iter().all(|(side, _)| side.is_none()), "{query}: nothing late or on a side output");
+    let got = sorted(out.iter().map(|(_, r)| serde_json::from_slice(&r.value).expect("JSON row")).collect());
+    assert_eq!(got.len(), expected.len(), "{query}: row count");
+    assert!(got == expected, "{query}: rows differ from the native baseline");
+}
+
+#[test]
+fn q0_pass_through() {
+    check("q0", eddy_nexmark::native::q0);
+}
+
+#[test]
+fn q1_currency_conversion() {
+    check("q1", eddy_nexmark::native::q1);
+}
+
+#[test]
+fn q2_selection() {
+    check("q2", eddy_nexmark::native::q2);
+}
+
+#[test]
+fn q3_local_item_suggestion() {
+    check("q3", eddy_nexmark::native::q3);
+}
+
+#[test]
+fn q5_hot_items() {
+    check("q5", eddy_nexmark::native::q5);
+}
+
+#[test]
+fn q7_highest_bid() {
+    check("q7", eddy_nexmark::native::q7);
+}
+
+#[test]
+fn q8_new_users() {
+    check("q8", eddy_nexmark::native::q8);
+}
+
+#[test]
+fn q11_user_sessions() {
+    check("q11", eddy_nexmark::native::q11);
+}
