@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod bench;
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use eddy_engine::{Job, JobOptions, MetricsSnapshot, PhysicalPlan, PipelineSpec, RunSummary};
@@ -30,6 +32,11 @@ enum Command {
         /// The pipeline spec (YAML).
         pipeline: PathBuf,
     },
+    /// Benchmarks: Eddy next to a native Rust loop on identical data.
+    Bench {
+        #[command(subcommand)]
+        suite: BenchSuite,
+    },
     /// Validate a component and print what it is.
     Inspect {
         /// The `.wasm` file.
@@ -38,6 +45,50 @@ enum Command {
         #[arg(long, default_value = ".eddy/artifacts")]
         cache_dir: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchSuite {
+    /// One Nexmark query (`examples/nexmark/<query>.yaml`) on Eddy and natively.
+    Nexmark {
+        /// q0, q1, q2, q3, q5, q7, q8 or q11.
+        #[arg(long)]
+        query: String,
+        /// Events over all source readers.
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+        /// Parallelism of the source and every step.
+        #[arg(long, default_value_t = 1)]
+        parallelism: u32,
+        /// Pace the source at this many events/s in total and measure latency.
+        #[arg(long)]
+        rate: Option<u64>,
+        /// Where the query pipelines are.
+        #[arg(long, default_value = "examples/nexmark")]
+        queries_dir: PathBuf,
+        /// Where compiled operators are cached.
+        #[arg(long, default_value = ".eddy/artifacts")]
+        cache_dir: PathBuf,
+        /// The JSON report.
+        #[arg(long, default_value = "nexmark-report.json")]
+        report: PathBuf,
+        /// Run one side in this process and print its JSON (used by the parent run).
+        #[arg(long, hide = true)]
+        only: Option<String>,
+    },
+}
+
+fn bench(suite: BenchSuite) -> Result<()> {
+    let BenchSuite::Nexmark { query, events, parallelism, rate, queries_dir, cache_dir, report, only } = suite;
+    let args = bench::BenchArgs { query, events, parallelism, rate, queries_dir, cache_dir };
+    let side = match only.as_deref() {
+        None => return bench::run_both(&args, &report),
+        Some("eddy") => bench::run_eddy(&args)?,
+        Some("native") => bench::run_native(&args)?,
+        Some(other) => anyhow::bail!("--only takes eddy or native, not {other}"),
+    };
+    println!("{}", serde_json::to_string(&side)?);
+    Ok(())
 }
 
 fn runtime(cache_dir: PathBuf) -> Result<Runtime> {
@@ -139,6 +190,7 @@ fn main() {
     let result = match Cli::parse().command {
         Command::Run { pipeline, cache_dir } => run(pipeline, cache_dir),
         Command::Plan { pipeline } => plan(pipeline),
+        Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
     };
     if let Err(e) = result {

@@ -1,0 +1,256 @@
+//! `eddy bench nexmark`: one Nexmark query on Eddy and as a native Rust loop over the same
+//! generated events, side by side in one run.
+//!
+//! Each side runs in its own child process (`--only eddy|native`), so CPU time and peak RSS
+//! (from `getrusage`) belong to that side alone; the parent prints the table and writes the
+//! JSON report. Latency needs event time to track the wall clock, so it is measured only in a
+//! paced run (`--rate`): the source's event `i` is scheduled at `start + i / rate`, which is
+//! also its event time, and the sink records `now - timestamp` for every output row (for window
+//! results that is the time from the window's end to its emission, bound included). Paced runs
+//! generate without disorder, which would otherwise read as latency.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use eddy_core::RecordBatch;
+use eddy_engine::{Job, JobOptions, PipelineSpec, Sink, SourceSpec};
+use eddy_runtime::Runtime;
+use serde::{Deserialize, Serialize};
+
+/// What one side measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SideReport {
+    /// `eddy` or `native`.
+    pub side: String,
+    /// Events generated and processed.
+    pub events: u64,
+    /// Rows the query produced.
+    pub rows: u64,
+    /// Wall time.
+    pub seconds: f64,
+    /// Events per wall second.
+    pub events_per_sec: f64,
+    /// User + system CPU seconds per million events.
+    pub cpu_sec_per_million: f64,
+    /// Peak resident set of the side's process, MiB.
+    pub peak_rss_mib: f64,
+    /// Median event-to-sink latency, ms (paced runs only).
+    pub latency_p50_ms: Option<f64>,
+    /// 99th percentile latency, ms (paced runs only).
+    pub latency_p99_ms: Option<f64>,
+}
+
+/// The run's parameters.
+#[derive(Debug, Clone)]
+pub struct BenchArgs {
+    /// `q0` .. `q11`.
+    pub query: String,
+    /// Events over all source readers.
+    pub events: u64,
+    /// Parallelism of the source and every step.
+    pub parallelism: u32,
+    /// Total events per second (paced, measures latency); none = as fast as possible.
+    pub rate: Option<u64>,
+    /// Where the query pipelines live.
+    pub queries_dir: PathBuf,
+    /// Compiled-component cache.
+    pub cache_dir: PathBuf,
+}
+
+fn cpu_and_rss() -> (f64, f64) {
+    // SAFETY: getrusage fills the struct we pass and touches nothing else.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (secs(usage.ru_utime) + secs(usage.ru_stime), usage.ru_maxrss as f64 / 1024.0)
+}
+
+fn finish(side: &str, events: u64, rows: u64, started: Instant, cpu_before: f64, latencies: Vec<f64>) -> SideReport {
+    let seconds = started.elapsed().as_secs_f64();
+    let (cpu, rss) = cpu_and_rss();
+    let (p50, p99) = percentiles(latencies);
+    SideReport {
+        side: side.into(),
+        events,
+        rows,
+        seconds,
+        events_per_sec: events as f64 / seconds.max(1e-9),
+        cpu_sec_per_million: (cpu - cpu_before) / (events as f64 / 1e6).max(1e-9),
+        peak_rss_mib: rss,
+        latency_p50_ms: p50,
+        latency_p99_ms: p99,
+    }
+}
+
+fn percentiles(mut samples: Vec<f64>) -> (Option<f64>, Option<f64>) {
+    if samples.is_empty() {
+        return (None, None);
+    }
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (Some(at(0.5)), Some(at(0.99)))
+}
+
+fn now_ms() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
+/// Counts rows and, in paced runs, samples their latency.
+struct MeasuringSink {
+    rows: Arc<Mutex<(u64, Vec<f64>)>>,
+    paced: bool,
+}
+
+impl Sink for MeasuringSink {
+    fn write(&mut self, _output: Option<&str>, batch: &RecordBatch) -> std::io::Result<()> {
+        let now = now_ms();
+        let mut rows = self.rows.lock().map_err(|_| std::io::Error::other("sink lock poisoned"))?;
+        rows.0 += batch.len() as u64;
+        if self.paced {
+            rows.1.extend(batch.iter().filter_map(|r| r.timestamp).map(|t| now - t as f64));
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The query's pipeline with the run's events, parallelism and pacing.
+fn bench_spec(args: &BenchArgs) -> Result<PipelineSpec> {
+    let path = args.queries_dir.join(format!("{}.yaml", args.query));
+    let mut spec = PipelineSpec::from_file(&path).with_context(|| format!("query `{}`", args.query))?;
+    let Some(SourceSpec::Nexmark(source)) = spec.sources.first_mut() else {
+        bail!("{} does not read a nexmark source", path.display());
+    };
+    source.events = Some(args.events);
+    source.parallelism = args.parallelism;
+    if let Some(rate) = args.rate {
+        // Event time = schedule: event i is due at start + i / rate, and that is its time.
+        source.rate_per_sec = Some((rate / u64::from(args.parallelism)).max(1));
+        source.inter_event_us = (1_000_000 / rate).max(1);
+        source.first_event_time_ms = now_ms() as i64;
+        // Disorder would move event times back by up to the bound and read as latency.
+        source.max_disorder_ms = 0;
+    }
+    spec.parallelism = args.parallelism;
+    for step in &mut spec.steps {
+        step.parallelism = None;
+    }
+    Ok(spec)
+}
+
+/// Runs the Eddy side in this process.
+pub fn run_eddy(args: &BenchArgs) -> Result<SideReport> {
+    let runtime = Runtime::new(eddy_runtime::RuntimeConfig {
+        cache_dir: Some(args.cache_dir.clone()),
+        ..eddy_runtime::RuntimeConfig::default()
+    })?;
+    // After the runtime exists: a paced run's event time starts now, so start-up is not latency.
+    let spec = bench_spec(args)?;
+    let rows = Arc::new(Mutex::new((0u64, Vec::new())));
+    let sink = MeasuringSink { rows: rows.clone(), paced: args.rate.is_some() };
+    let (cpu_before, _) = cpu_and_rss();
+    let started = Instant::now();
+    let options = JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() };
+    let summary = Job::run(&spec, &runtime, options, Duration::from_secs(3600), |_, _| {})?;
+    let events = summary.metrics.source_records;
+    let (count, latencies) = std::mem::take(&mut *rows.lock().map_err(|_| anyhow::anyhow!("sink lock poisoned"))?);
+    Ok(finish("eddy", events, count, started, cpu_before, latencies))
+}
+
+/// Runs the native baseline in this process.
+pub fn run_native(args: &BenchArgs) -> Result<SideReport> {
+    let spec = bench_spec(args)?;
+    let Some(SourceSpec::Nexmark(source)) = spec.sources.first() else { bail!("no nexmark source") };
+    let config = source.config();
+    let (cpu_before, _) = cpu_and_rss();
+    let started = Instant::now();
+    let events = eddy_nexmark::events(&config);
+    let rows = match args.query.as_str() {
+        "q0" => eddy_nexmark::native::q0(events).len(),
+        "q1" => eddy_nexmark::native::q1(events).len(),
+        "q2" => eddy_nexmark::native::q2(events).len(),
+        "q3" => eddy_nexmark::native::q3(events).len(),
+        "q5" => eddy_nexmark::native::q5(events).len(),
+        "q7" => eddy_nexmark::native::q7(events).len(),
+        "q8" => eddy_nexmark::native::q8(events).len(),
+        "q11" => eddy_nexmark::native::q11(events).len(),
+        other => bail!("no native baseline for `{other}` (q0 q1 q2 q3 q5 q7 q8 q11)"),
+    } as u64;
+    Ok(finish("native", args.events, rows, started, cpu_before, Vec::new()))
+}
+
+fn child(args: &BenchArgs, only: &str) -> Result<SideReport> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["bench", "nexmark", "--query", &args.query, "--events", &args.events.to_string()])
+        .args(["--parallelism", &args.parallelism.to_string(), "--only", only])
+        .arg("--queries-dir")
+        .arg(&args.queries_dir)
+        .arg("--cache-dir")
+        .arg(&args.cache_dir);
+    if let Some(rate) = args.rate {
+        cmd.args(["--rate", &rate.to_string()]);
+    }
+    let out = cmd.output().with_context(|| format!("starting the {only} side"))?;
+    if !out.status.success() {
+        bail!("the {only} side failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(line.trim()).with_context(|| format!("reading the {only} side's report: {line}"))
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+/// Runs both sides, prints the table, writes the report.
+pub fn run_both(args: &BenchArgs, report: &std::path::Path) -> Result<()> {
+    eprintln!(
+        "nexmark {}: {} events, parallelism {}{}; native first, then eddy (each in its own process)",
+        args.query,
+        args.events,
+        args.parallelism,
+        args.rate.map_or(String::new(), |r| format!(", paced at {r} events/s"))
+    );
+    let native = child(args, "native")?;
+    let eddy = child(args, "eddy")?;
+    if native.rows != eddy.rows {
+        eprintln!("warning: row counts differ (native {}, eddy {})", native.rows, eddy.rows);
+    }
+    println!("| side | events/s | CPU s / M events | peak RSS MiB | rows | p50 ms | p99 ms |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for s in [&native, &eddy] {
+        println!(
+            "| {} | {:.0} | {:.2} | {:.0} | {} | {} | {} |",
+            s.side,
+            s.events_per_sec,
+            s.cpu_sec_per_million,
+            s.peak_rss_mib,
+            s.rows,
+            opt(s.latency_p50_ms),
+            opt(s.latency_p99_ms)
+        );
+    }
+    println!(
+        "eddy / native: {:.1}x the CPU per event, {:.2}x the throughput",
+        eddy.cpu_sec_per_million / native.cpu_sec_per_million.max(1e-12),
+        eddy.events_per_sec / native.events_per_sec.max(1e-12)
+    );
+    let json = serde_json::json!({
+        "query": args.query, "events": args.events, "parallelism": args.parallelism, "rate": args.rate,
+        "native": native, "eddy": eddy,
+    });
+    std::fs::write(report, serde_json::to_vec_pretty(&json)?)
+        .with_context(|| format!("writing {}", report.display()))?;
+    eprintln!("report written to {}", report.display());
+    Ok(())
+}
