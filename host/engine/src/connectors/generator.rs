@@ -3,23 +3,17 @@
 //! Event `i` is a pure function of `(seed, i)`, so any reader can produce any event without
 //! state, parallel readers split the indices by residue, and a position is just the next index.
 
-use std::time::{Duration, Instant};
-
-use eddy_core::{Record, RecordBatch};
+use eddy_core::Record;
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{SourceError, SourcePosition, SourceStatus};
+use super::indexed::IndexedEvents;
 use crate::GeneratorSpec;
 
 // Distinct salts give each drawn quantity its own independent hash of `(seed, i)`.
 const KEY_SALT: u64 = 0x9E37_79B9_7F4A_7C15;
 const VALUE_SALT: u64 = 0xC2B2_AE3D_27D4_EB4F;
 const DISORDER_SALT: u64 = 0x1656_67B1_9E37_79F9;
-
-/// The longest a rate-limited reader sleeps inside one poll, so that its task stays responsive
-/// (to checkpoint barriers, cancellation) at low rates.
-const MAX_SLEEP: Duration = Duration::from_millis(50);
 
 /// Event `index` of the generator `spec`: key `None`, value
 /// `{"<key_field>": "<key_prefix><k>", "<value_field>": v, "ts": t, "seq": index}` and
@@ -109,138 +103,28 @@ impl Serialize for KeyText<'_> {
     }
 }
 
-/// Reader `subtask` of `parallelism`: the events `i ≡ subtask (mod parallelism)`, increasing.
-#[derive(Debug)]
-pub(super) struct GeneratorSource {
-    spec: GeneratorSpec,
-    parallelism: u32,
-    next_index: u64,
-    /// `next_index` would pass `u64::MAX`: an unbounded generator has run out of indices (then
-    /// `next_index` is the last index produced; unreachable in practice, after 2^64 events).
-    exhausted: bool,
-    pacer: Option<Pacer>,
-    scratch: Vec<u8>,
-}
-
-impl GeneratorSource {
-    /// Opens the reader, resuming at `start` when given.
-    pub(super) fn open(
-        spec: GeneratorSpec,
-        subtask: u32,
-        parallelism: u32,
-        start: Option<&SourcePosition>,
-    ) -> Result<Self, SourceError> {
-        let next_index = match start {
-            None => u64::from(subtask),
-            Some(&SourcePosition::Generator { next_index }) => {
-                if next_index % u64::from(parallelism) != u64::from(subtask) {
-                    return Err(SourceError::BadPosition {
-                        source_name: spec.name.clone(),
-                        position: SourcePosition::Generator { next_index },
-                        problem: format!(
-                            "reader {subtask} of {parallelism} produces the indices i with \
-                             i % {parallelism} == {subtask}"
-                        ),
-                    });
-                }
-                next_index
-            }
-            Some(other) => {
-                return Err(SourceError::BadPosition {
-                    source_name: spec.name.clone(),
-                    position: other.clone(),
-                    problem: "it is not a generator position".into(),
-                });
-            }
-        };
-        let pacer = spec.rate_per_sec.map(Pacer::new);
-        Ok(GeneratorSource { spec, parallelism, next_index, exhausted: false, pacer, scratch: Vec::new() })
+/// The generator as an index-addressed event stream.
+impl IndexedEvents for GeneratorSpec {
+    fn source_name(&self) -> &str {
+        &self.name
     }
 
-    fn done(&self) -> bool {
-        self.exhausted || self.spec.events.is_some_and(|events| self.next_index >= events)
-    }
-}
-
-impl super::Source for GeneratorSource {
-    fn poll(&mut self, out: &mut RecordBatch, max: usize) -> Result<SourceStatus, SourceError> {
-        if self.done() {
-            return Ok(SourceStatus::End);
-        }
-        let allowed = match &mut self.pacer {
-            Some(pacer) => pacer.allowance(max),
-            None => max,
-        };
-        let mut produced = 0;
-        while produced < allowed && !self.done() {
-            let time = write_event(&self.spec, self.next_index, &mut self.scratch);
-            out.push(None, &self.scratch, Some(time));
-            produced += 1;
-            match self.next_index.checked_add(u64::from(self.parallelism)) {
-                Some(next) => self.next_index = next,
-                None => self.exhausted = true,
-            }
-        }
-        if let Some(pacer) = &mut self.pacer {
-            pacer.spent(produced);
-        }
-        Ok(if produced > 0 { SourceStatus::Ready } else { SourceStatus::Idle })
+    fn events(&self) -> Option<u64> {
+        self.events
     }
 
-    fn position(&self) -> SourcePosition {
-        SourcePosition::Generator { next_index: self.next_index }
-    }
-}
-
-/// Spreads a reader's events evenly over time: event `n` (counted from the reader's start) is
-/// due `n / rate` seconds after it. Shared with the Nexmark source.
-#[derive(Debug)]
-pub(super) struct Pacer {
-    rate: u64,
-    origin: Instant,
-    /// Events handed out, as counted by the schedule.
-    granted: u64,
-}
-
-impl Pacer {
-    pub(super) fn new(rate: u64) -> Self {
-        // Validation rejects rate 0; treating it as 1 keeps the arithmetic total.
-        Pacer { rate: rate.max(1), origin: Instant::now(), granted: 0 }
-    }
-
-    /// Events due by now (the first is due at once).
-    fn due(&self) -> u64 {
-        let elapsed = self.origin.elapsed().as_nanos();
-        u64::try_from(elapsed * u128::from(self.rate) / 1_000_000_000).unwrap_or(u64::MAX).saturating_add(1)
-    }
-
-    /// How many events may go out now, at most `max`: sleeps up to [`MAX_SLEEP`] for the next
-    /// one when ahead of schedule, and allows none if it is further off.
-    pub(super) fn allowance(&mut self, max: usize) -> usize {
-        let mut due = self.due();
-        // A reader held up (backpressure, a slow poller) catches up at most one second's worth
-        // in a burst, instead of flooding the pipeline with everything it missed.
-        if due > self.granted.saturating_add(self.rate) {
-            self.granted = due - self.rate;
-        }
-        if due <= self.granted && max > 0 {
-            let next_due = Duration::from_nanos(
-                u64::try_from(u128::from(self.granted) * 1_000_000_000 / u128::from(self.rate)).unwrap_or(u64::MAX),
-            );
-            let wait = next_due.saturating_sub(self.origin.elapsed());
-            std::thread::sleep(wait.min(MAX_SLEEP));
-            due = self.due();
-        }
-        usize::try_from(due.saturating_sub(self.granted)).unwrap_or(usize::MAX).min(max)
-    }
-
-    pub(super) fn spent(&mut self, events: usize) {
-        self.granted = self.granted.saturating_add(events as u64);
+    fn write(&self, index: u64, out: &mut Vec<u8>) -> i64 {
+        write_event(self, index, out)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use eddy_core::RecordBatch;
+
+    use std::time::{Duration, Instant};
+
+    use crate::connectors::{SourceError, SourcePosition, SourceStatus};
     use proptest::prelude::*;
 
     use super::*;

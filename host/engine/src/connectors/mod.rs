@@ -26,6 +26,7 @@
 
 mod file;
 mod generator;
+mod indexed;
 mod nexmark;
 
 use std::path::PathBuf;
@@ -164,9 +165,12 @@ pub fn open_source(
             Ok(Box::new(file::FileSource::open(options, start)?))
         }
         SourceSpec::Generator(g) => {
-            Ok(Box::new(generator::GeneratorSource::open(g.clone(), subtask, parallelism, start)?))
+            Ok(Box::new(indexed::IndexedSource::open(g.clone(), subtask, parallelism, start, g.rate_per_sec)?))
         }
-        SourceSpec::Nexmark(n) => Ok(Box::new(nexmark::NexmarkSource::open(n, subtask, parallelism, start)?)),
+        SourceSpec::Nexmark(n) => {
+            let events = nexmark::NexmarkEvents::new(n);
+            Ok(Box::new(indexed::IndexedSource::open(events, subtask, parallelism, start, n.rate_per_sec)?))
+        }
     }
 }
 

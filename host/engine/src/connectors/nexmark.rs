@@ -4,111 +4,50 @@
 //! split the indices by residue, and a position is just the next index. A record has no key,
 //! the event's compact JSON as value and its `date_time` as timestamp.
 
-use eddy_core::RecordBatch;
 use eddy_nexmark::NexmarkConfig;
 
-use super::generator::Pacer;
-use super::{SourceError, SourcePosition, SourceStatus};
+use super::indexed::IndexedEvents;
 use crate::NexmarkSourceSpec;
 
-/// Reader `subtask` of `parallelism`: the events `i ≡ subtask (mod parallelism)`, increasing.
+/// The Nexmark generator as an index-addressed event stream.
 #[derive(Debug)]
-pub(super) struct NexmarkSource {
+pub(super) struct NexmarkEvents {
+    name: String,
     config: NexmarkConfig,
-    parallelism: u32,
-    next_index: u64,
-    /// `next_index` would pass `u64::MAX` (then it is the last index produced; unreachable in
-    /// practice).
-    exhausted: bool,
-    pacer: Option<Pacer>,
-    scratch: Vec<u8>,
 }
 
-impl NexmarkSource {
-    /// Opens the reader, resuming at `start` when given.
-    pub(super) fn open(
-        spec: &NexmarkSourceSpec,
-        subtask: u32,
-        parallelism: u32,
-        start: Option<&SourcePosition>,
-    ) -> Result<Self, SourceError> {
-        let bad_position = |position: &SourcePosition, problem: String| SourceError::BadPosition {
-            source_name: spec.name.clone(),
-            position: position.clone(),
-            problem,
-        };
-        let next_index = match start {
-            None => u64::from(subtask),
-            Some(position @ &SourcePosition::Generator { next_index }) => {
-                if next_index % u64::from(parallelism) != u64::from(subtask) {
-                    return Err(bad_position(
-                        position,
-                        format!(
-                            "reader {subtask} of {parallelism} produces the indices i with \
-                             i % {parallelism} == {subtask}"
-                        ),
-                    ));
-                }
-                next_index
-            }
-            Some(other) => return Err(bad_position(other, "it is not a generator position".into())),
-        };
-        Ok(NexmarkSource {
-            config: spec.config(),
-            parallelism,
-            next_index,
-            exhausted: false,
-            pacer: spec.rate_per_sec.map(Pacer::new),
-            scratch: Vec::new(),
-        })
-    }
-
-    fn done(&self) -> bool {
-        self.exhausted || self.config.events.is_some_and(|events| self.next_index >= events)
+impl NexmarkEvents {
+    pub(super) fn new(spec: &NexmarkSourceSpec) -> Self {
+        Self { name: spec.name.clone(), config: spec.config() }
     }
 }
 
-impl super::Source for NexmarkSource {
-    fn poll(&mut self, out: &mut RecordBatch, max: usize) -> Result<SourceStatus, SourceError> {
-        if self.done() {
-            return Ok(SourceStatus::End);
-        }
-        let allowed = match &mut self.pacer {
-            Some(pacer) => pacer.allowance(max),
-            None => max,
-        };
-        let mut produced = 0;
-        while produced < allowed && !self.done() {
-            let event = eddy_nexmark::event(&self.config, self.next_index);
-            self.scratch.clear();
-            eddy_nexmark::write_json(&event, &mut self.scratch);
-            out.push(None, &self.scratch, Some(event.date_time()));
-            produced += 1;
-            match self.next_index.checked_add(u64::from(self.parallelism)) {
-                Some(next) => self.next_index = next,
-                None => self.exhausted = true,
-            }
-        }
-        if let Some(pacer) = &mut self.pacer {
-            pacer.spent(produced);
-        }
-        Ok(if produced > 0 { SourceStatus::Ready } else { SourceStatus::Idle })
+impl IndexedEvents for NexmarkEvents {
+    fn source_name(&self) -> &str {
+        &self.name
     }
 
-    fn position(&self) -> SourcePosition {
-        SourcePosition::Generator { next_index: self.next_index }
+    fn events(&self) -> Option<u64> {
+        self.config.events
+    }
+
+    fn write(&self, index: u64, out: &mut Vec<u8>) -> i64 {
+        let event = eddy_nexmark::event(&self.config, index);
+        out.clear();
+        eddy_nexmark::write_json(&event, out);
+        event.date_time()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use eddy_core::Record;
+    use eddy_core::{Record, RecordBatch};
     use eddy_nexmark::{Event, event, to_json};
     use proptest::prelude::*;
 
     use super::*;
     use crate::SourceSpec;
-    use crate::connectors::{Source, open_source};
+    use crate::connectors::{Source, SourceError, SourcePosition, SourceStatus, open_source};
 
     fn spec(seed: u64, events: Option<u64>) -> SourceSpec {
         SourceSpec::Nexmark(NexmarkSourceSpec {
