@@ -81,6 +81,16 @@ pub enum RunError {
         /// What failed.
         error: Box<TaskError>,
     },
+    /// The job could not be wired or started (a bug in Eddy or an exhausted machine).
+    #[error("task {task} subtask {subtask}: {message}")]
+    Internal {
+        /// The task.
+        task: usize,
+        /// The subtask.
+        subtask: u32,
+        /// What went wrong.
+        message: String,
+    },
     /// A subtask thread panicked (a bug in Eddy, not in an operator: guests cannot panic the host).
     #[error("task `{task}` subtask {subtask} panicked: {message}")]
     Panicked {
@@ -308,6 +318,7 @@ impl Job {
                         source: open_source(&spec.sources[source], index, task.parallelism, None)?,
                         watermarks: BoundedOutOfOrderness::new(spec.watermarks.out_of_orderness_ms),
                         batch_size: spec.batch_size,
+                        buffer: eddy_core::RecordBatch::with_capacity(spec.batch_size, spec.batch_size * 64),
                     },
                     None => {
                         let Some(gate) = gates[task.id][index as usize].take() else {
@@ -472,5 +483,5 @@ fn poisoned() -> RunError {
 }
 
 fn internal(task: usize, subtask: u32, message: &str) -> RunError {
-    RunError::Panicked { task: format!("task {task}"), subtask, message: message.to_string() }
+    RunError::Internal { task, subtask, message: message.to_string() }
 }

@@ -41,7 +41,13 @@ pub enum TaskError {
 /// Where the chain's records enter.
 pub(crate) enum Head {
     /// A source reader with its watermark generator.
-    Source { source: Box<dyn Source>, watermarks: BoundedOutOfOrderness, batch_size: usize },
+    Source {
+        source: Box<dyn Source>,
+        watermarks: BoundedOutOfOrderness,
+        batch_size: usize,
+        /// Reused for every read, so the hot loop does not allocate a batch per poll.
+        buffer: RecordBatch,
+    },
     /// Input channels from upstream tasks.
     Input { gate: Box<dyn InputGate>, tracker: WatermarkTracker, ended: Vec<bool> },
 }
@@ -155,9 +161,25 @@ impl SubtaskRunner {
 
     /// Reads one batch from the source. Returns whether the source ended.
     fn poll_source(&mut self, idle_wait: Duration) -> Result<bool, TaskError> {
-        let Head::Source { source, watermarks, batch_size } = &mut self.head else { return Ok(false) };
-        let mut batch = RecordBatch::with_capacity(*batch_size, *batch_size * 64);
-        match source.poll(&mut batch, *batch_size)? {
+        let Head::Source { source, batch_size, buffer, .. } = &mut self.head else { return Ok(false) };
+        let mut batch = std::mem::take(buffer);
+        batch.clear();
+        let status = source.poll(&mut batch, *batch_size);
+        let result = self.on_source_batch(status, &mut batch, idle_wait);
+        if let Head::Source { buffer, .. } = &mut self.head {
+            *buffer = batch;
+        }
+        result
+    }
+
+    fn on_source_batch(
+        &mut self,
+        status: Result<SourceStatus, SourceError>,
+        batch: &mut RecordBatch,
+        idle_wait: Duration,
+    ) -> Result<bool, TaskError> {
+        let Head::Source { watermarks, .. } = &mut self.head else { return Ok(false) };
+        match status? {
             SourceStatus::End => Ok(true),
             SourceStatus::Idle => {
                 std::thread::sleep(idle_wait.min(Duration::from_millis(5)));
@@ -171,7 +193,7 @@ impl SubtaskRunner {
                 }
                 let watermark = watermarks.current();
                 SubtaskMetrics::add(&self.metrics.records_in, batch.len());
-                self.process(0, &batch)?;
+                self.process(0, batch)?;
                 if watermark > self.watermark {
                     self.advance_watermark(watermark)?;
                 }
