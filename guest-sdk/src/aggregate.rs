@@ -3,6 +3,7 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::AccumulatorUpdate;
 use crate::bindings::types::{Batch, OperatorError};
 use crate::operator::{Slot, decode_config};
 use crate::record::Record;
@@ -61,13 +62,29 @@ pub fn create_accumulator<T: Aggregate>(slot: &'static Slot<T>) -> Result<Vec<u8
 }
 
 #[doc(hidden)]
-pub fn add<T: Aggregate>(slot: &'static Slot<T>, acc: Vec<u8>, batch: Batch) -> Result<Vec<u8>, OperatorError> {
+pub fn add<T: Aggregate>(
+    slot: &'static Slot<T>,
+    batch: Batch,
+    updates: Vec<AccumulatorUpdate>,
+) -> Result<Vec<Vec<u8>>, OperatorError> {
     with_aggregate(slot, |agg| {
-        let mut acc: T::Accumulator = codec::decode(&acc)?;
-        for r in &batch.records {
-            agg.add(&mut acc, &Record::from_wit(&batch.data, r)?)?;
-        }
-        codec::encode(&acc)
+        let records = batch.records.iter().map(|r| Record::from_wit(&batch.data, r)).collect::<Result<Vec<_>>>()?;
+        updates
+            .iter()
+            .map(|update| {
+                let mut acc: T::Accumulator = codec::decode(&update.accumulator)?;
+                for &i in &update.records {
+                    let Some(record) = records.get(i as usize) else {
+                        return Err(Error::failed(format!(
+                            "the host named record {i} of a batch of {}",
+                            records.len()
+                        )));
+                    };
+                    agg.add(&mut acc, record)?;
+                }
+                codec::encode(&acc)
+            })
+            .collect()
     })
 }
 
@@ -77,8 +94,8 @@ pub fn merge<T: Aggregate>(slot: &'static Slot<T>, a: Vec<u8>, b: Vec<u8>) -> Re
 }
 
 #[doc(hidden)]
-pub fn get_result<T: Aggregate>(slot: &'static Slot<T>, acc: Vec<u8>) -> Result<Vec<u8>, OperatorError> {
-    with_aggregate(slot, |agg| codec::encode(&agg.result(codec::decode(&acc)?)))
+pub fn get_results<T: Aggregate>(slot: &'static Slot<T>, accs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, OperatorError> {
+    with_aggregate(slot, |agg| accs.iter().map(|acc| codec::encode(&agg.result(codec::decode(acc)?))).collect())
 }
 
 /// Exports a type implementing [`Aggregate`] as this component's aggregate function.
@@ -103,10 +120,10 @@ macro_rules! export_aggregate {
                     $crate::__private::aggregate::create_accumulator::<$agg>(&__EDDY_AGGREGATE)
                 }
                 fn add(
-                    accumulator: ::std::vec::Vec<u8>,
                     records: $crate::__private::Batch,
-                ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::OperatorError> {
-                    $crate::__private::aggregate::add::<$agg>(&__EDDY_AGGREGATE, accumulator, records)
+                    updates: ::std::vec::Vec<$crate::__private::AccumulatorUpdate>,
+                ) -> ::core::result::Result<::std::vec::Vec<::std::vec::Vec<u8>>, $crate::__private::OperatorError> {
+                    $crate::__private::aggregate::add::<$agg>(&__EDDY_AGGREGATE, records, updates)
                 }
                 fn merge(
                     a: ::std::vec::Vec<u8>,
@@ -114,10 +131,10 @@ macro_rules! export_aggregate {
                 ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::OperatorError> {
                     $crate::__private::aggregate::merge::<$agg>(&__EDDY_AGGREGATE, a, b)
                 }
-                fn get_result(
-                    accumulator: ::std::vec::Vec<u8>,
-                ) -> ::core::result::Result<::std::vec::Vec<u8>, $crate::__private::OperatorError> {
-                    $crate::__private::aggregate::get_result::<$agg>(&__EDDY_AGGREGATE, accumulator)
+                fn get_results(
+                    accumulators: ::std::vec::Vec<::std::vec::Vec<u8>>,
+                ) -> ::core::result::Result<::std::vec::Vec<::std::vec::Vec<u8>>, $crate::__private::OperatorError> {
+                    $crate::__private::aggregate::get_results::<$agg>(&__EDDY_AGGREGATE, accumulators)
                 }
             }
             $crate::__private::aggregate_world::__export_window_aggregate!(__EddyAggregateExport with_types_in $crate::__private::aggregate_world);

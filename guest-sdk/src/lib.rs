@@ -72,7 +72,9 @@ pub mod raw {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::bindings::aggregate_world;
-    pub use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::Guest as AggregateGuest;
+    pub use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::{
+        AccumulatorUpdate, Guest as AggregateGuest,
+    };
     pub use crate::bindings::operator_world;
     pub use crate::bindings::operator_world::exports::eddy::dataflow::operator::Guest as OperatorGuest;
     pub use crate::bindings::types::{Batch, OperatorError, TimerBatch};
@@ -80,6 +82,6 @@ pub mod __private {
         pub use crate::operator::{close, on_timer, open, process};
     }
     pub mod aggregate {
-        pub use crate::aggregate::{add, create_accumulator, get_result, merge, open};
+        pub use crate::aggregate::{add, create_accumulator, get_results, merge, open};
     }
 }

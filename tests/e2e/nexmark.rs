@@ -85,3 +85,41 @@ fn q8_new_users() {
 fn q11_user_sessions() {
     check("q11", eddy_nexmark::native::q11);
 }
+
+/// `select` probes each event for its type and the fields its routes key by, skipping the
+/// rest: keys must equal the JSON of the field however deep the pointer and wherever the
+/// field sits in the object, other types are dropped, and a missing field is named.
+#[test]
+fn select_keys_by_any_pointer_and_names_a_missing_field() {
+    use eddy_runtime::{CallErrorKind, Subtask};
+    use eddy_tests::{decode, json_batch, load, open_operator};
+    use serde_json::json;
+
+    let select = load("select", eddy_guest_artifacts::NEXMARK_SELECT);
+    let config = json!({
+        "bid": {"key": "/x/a~1b/1"},
+        "person": {"key": "/id"},
+        "auction": {"constant_key": "all"},
+    });
+    let mut op = open_operator(&select, Subtask::single(128), &config.to_string());
+    let events = [
+        json!({"x": {"a/b": [0, {"deep": true}]}, "extra": "ignored", "type": "bid"}),
+        json!({"type": "person", "name": {"nested": [1, 2]}, "id": 1001}),
+        json!({"type": "auction", "id": 5}),
+        json!({"type": "other", "id": 7}),
+    ];
+    let input: Vec<(Option<Value>, Value)> = events.iter().map(|e| (None, e.clone())).collect();
+    let out = op.process(&json_batch(&input)).expect("process");
+    assert_eq!(
+        decode::<Value, Value>(&out.main),
+        vec![
+            (Some(json!({"deep": true})), events[0].clone()),
+            (Some(json!(1001)), events[1].clone()),
+            (Some(json!("all")), events[2].clone()),
+        ]
+    );
+
+    let err = op.process(&json_batch(&[(None::<Value>, json!({"type": "person", "name": "n"}))])).expect_err("no id");
+    assert!(matches!(err.kind, CallErrorKind::Operator { .. }), "{err}");
+    assert!(err.to_string().contains("no field at `/id`"), "names the pointer: {err}");
+}

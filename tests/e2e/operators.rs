@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use eddy_core::{KeyGroupRange, RecordBatch, TimeDomain, key_group_of};
 use eddy_guest_artifacts as guests;
-use eddy_runtime::{CallErrorKind, OperatorInstance, Subtask};
+use eddy_runtime::{AccumulatorUpdate, AggregateInstance, CallError, CallErrorKind, OperatorInstance, Subtask};
 use eddy_tests::{decode, json_batch, load, open_operator};
 use proptest::prelude::*;
 use serde_json::json;
@@ -135,29 +135,52 @@ fn list_and_map_state_behave_like_their_oracles() {
     }
 }
 
+/// One update over all of `batch`'s records.
+fn add_all(agg: &mut AggregateInstance, acc: &[u8], batch: &RecordBatch) -> Result<Vec<u8>, CallError> {
+    let records: Vec<u32> = (0..batch.len() as u32).collect();
+    let mut accs = agg.add(batch, &[AccumulatorUpdate { accumulator: acc, records: &records }])?;
+    Ok(accs.pop().expect("the runtime checks: one accumulator per update"))
+}
+
+fn purchase_batch(amounts: &[i64]) -> RecordBatch {
+    json_batch(&amounts.iter().map(|c| (Some("u1"), json!({"user_id": "u1", "amount_cents": c}))).collect::<Vec<_>>())
+}
+
 #[test]
 fn purchase_totals_equal_a_batch_sum_however_records_are_grouped_and_merged() {
     let totals = load("totals", guests::PURCHASE_TOTALS);
     let mut agg = totals.instantiate_aggregate().expect("instantiate");
     agg.open("null").expect("open");
     let purchases: Vec<i64> = (0..200).map(|i| (i * 7919 % 10_007) - 300).collect();
-    // Two partial accumulators built from different chunkings, then merged: the window
-    // operator may pre-aggregate panes (sliding) or merge sessions.
-    let mut left = agg.create_accumulator().expect("create");
+    let empty = agg.create_accumulator().expect("create");
+    // Three partial accumulators built from different groupings, then merged: the window
+    // operator folds many windows per call, pre-aggregates panes and merges sessions.
+    let mut left = empty.clone();
     for chunk in purchases[..77].chunks(13) {
-        let batch = json_batch(
-            &chunk.iter().map(|c| (Some("u1"), json!({"user_id": "u1", "amount_cents": c}))).collect::<Vec<_>>(),
-        );
-        left = agg.add(&left, &batch).expect("add");
+        left = add_all(&mut agg, &left, &purchase_batch(chunk)).expect("add");
     }
-    let mut right = agg.create_accumulator().expect("create");
-    let batch = json_batch(
-        &purchases[77..].iter().map(|c| (Some("u1"), json!({"user_id": "u1", "amount_cents": c}))).collect::<Vec<_>>(),
+    // One call, three interleaved groups of one batch.
+    let middle_batch = purchase_batch(&purchases[77..150]);
+    let groups: Vec<Vec<u32>> =
+        (0..3u32).map(|g| (0..middle_batch.len() as u32).filter(|i| i % 3 == g).collect()).collect();
+    let updates: Vec<AccumulatorUpdate<'_>> =
+        groups.iter().map(|records| AccumulatorUpdate { accumulator: &empty, records }).collect();
+    let middle = agg.add(&middle_batch, &updates).expect("add");
+    assert_eq!(middle.len(), 3, "one accumulator per update");
+    let right = add_all(&mut agg, &empty, &purchase_batch(&purchases[150..])).expect("add");
+    let mut merged = agg.merge(&right, &left).expect("merge");
+    for part in &middle {
+        merged = agg.merge(&merged, part).expect("merge");
+    }
+    let results = agg.results(&[merged, empty.clone()]).expect("results");
+    let results: Vec<serde_json::Value> = results.iter().map(|r| serde_json::from_slice(r).expect("json")).collect();
+    assert_eq!(
+        results,
+        vec![
+            json!({"purchases": purchases.len(), "total_cents": purchases.iter().sum::<i64>()}),
+            json!({"purchases": 0, "total_cents": 0}),
+        ]
     );
-    right = agg.add(&right, &batch).expect("add");
-    let merged = agg.merge(&right, &left).expect("merge");
-    let result: serde_json::Value = serde_json::from_slice(&agg.result(&merged).expect("result")).expect("json");
-    assert_eq!(result, json!({"purchases": purchases.len(), "total_cents": purchases.iter().sum::<i64>()}));
 }
 
 #[test]
@@ -166,7 +189,7 @@ fn an_aggregate_rejects_a_malformed_record_with_an_operator_error() {
     let mut agg = totals.instantiate_aggregate().expect("instantiate");
     agg.open("null").expect("open");
     let acc = agg.create_accumulator().expect("create");
-    let err = agg.add(&acc, &json_batch(&[(Some("u1"), json!({"user_id": "u1"}))])).expect_err("bad record");
+    let err = add_all(&mut agg, &acc, &json_batch(&[(Some("u1"), json!({"user_id": "u1"}))])).expect_err("bad record");
     assert!(matches!(err.kind, CallErrorKind::Operator { .. }), "{err}");
     assert!(err.to_string().contains("amount_cents"), "names the missing field: {err}");
 }

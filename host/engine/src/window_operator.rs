@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN, key_group_of};
-use eddy_runtime::{AggregateInstance, Output};
+use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Output};
 use eddy_state::{StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list};
 
 use crate::operator::{OperatorError, StreamOperator};
@@ -44,15 +44,20 @@ const FIRED: u8 = 1;
 
 /// The aggregate a window operator folds records into. Accumulators and results are opaque
 /// bytes; the operator only stores them and hands them back.
+///
+/// `add` and `results` take many windows at once because each call of a Wasm aggregate is a
+/// crossing: a batch costs one `add` however many (key, window) groups it touches, and one
+/// watermark one `results` however many windows it fires.
 pub trait AggregateFn: Send {
-    /// A new, empty accumulator.
+    /// A new, empty accumulator; the same bytes every time (the operator asks once).
     fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError>;
-    /// `acc` with `records` added; the records share one key and one window, in arrival order.
-    fn add(&mut self, acc: &[u8], records: &RecordBatch) -> Result<Vec<u8>, OperatorError>;
+    /// Each update's accumulator with its records of `batch` added, one per update, in order.
+    /// An update's records share one key and one window and are in arrival order.
+    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, OperatorError>;
     /// One accumulator holding what `a` and `b` hold (sessions that merged).
     fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, OperatorError>;
-    /// The window's result for `acc`.
-    fn result(&mut self, acc: &[u8]) -> Result<Vec<u8>, OperatorError>;
+    /// The windows' results, one per accumulator, in order.
+    fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, OperatorError>;
 }
 
 impl AggregateFn for AggregateInstance {
@@ -60,16 +65,16 @@ impl AggregateFn for AggregateInstance {
         Ok(AggregateInstance::create_accumulator(self)?)
     }
 
-    fn add(&mut self, acc: &[u8], records: &RecordBatch) -> Result<Vec<u8>, OperatorError> {
-        Ok(AggregateInstance::add(self, acc, records)?)
+    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+        Ok(AggregateInstance::add(self, batch, updates)?)
     }
 
     fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, OperatorError> {
         Ok(AggregateInstance::merge(self, a, b)?)
     }
 
-    fn result(&mut self, acc: &[u8]) -> Result<Vec<u8>, OperatorError> {
-        Ok(AggregateInstance::result(self, acc)?)
+    fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+        Ok(AggregateInstance::results(self, accs)?)
     }
 }
 
@@ -261,7 +266,31 @@ type Fired = (i64, Vec<u8>, Window, Vec<u8>);
 #[derive(Debug, Default)]
 struct PendingSession {
     stored: Vec<Window>,
-    records: Vec<usize>,
+    records: Vec<u32>,
+}
+
+/// The (key, window) groups of one batch, gathered for a single batched `add`.
+#[derive(Debug, Default)]
+struct Updates<'b> {
+    windows: Vec<(&'b [u8], Window)>,
+    accs: Vec<Vec<u8>>,
+    records: Vec<Vec<u32>>,
+}
+
+impl<'b> Updates<'b> {
+    fn push(&mut self, key: &'b [u8], window: Window, acc: Vec<u8>, records: Vec<u32>) {
+        self.windows.push((key, window));
+        self.accs.push(acc);
+        self.records.push(records);
+    }
+
+    fn as_updates(&self) -> Vec<AccumulatorUpdate<'_>> {
+        self.accs
+            .iter()
+            .zip(&self.records)
+            .map(|(acc, records)| AccumulatorUpdate { accumulator: acc, records })
+            .collect()
+    }
 }
 
 /// Event-time windows of keyed records over an aggregate (see the module docs).
@@ -274,6 +303,8 @@ pub struct WindowOperator<A: AggregateFn> {
     allowed_lateness_ms: i64,
     late_data: LateData,
     aggregate: A,
+    /// The aggregate's empty accumulator, asked for once.
+    empty_acc: Option<Vec<u8>>,
     store: WindowStore,
     watermark: i64,
     /// `None` until the first call rebuilds it from the backend (which may hold restored state).
@@ -313,6 +344,7 @@ impl<A: AggregateFn> WindowOperator<A> {
             allowed_lateness_ms: config.allowed_lateness_ms.max(0),
             late_data: config.late_data,
             aggregate,
+            empty_acc: None,
             watermark: WATERMARK_MIN,
             timers: None,
             late_records: 0,
@@ -337,6 +369,15 @@ impl<A: AggregateFn> WindowOperator<A> {
     /// The watermark the operator last saw.
     pub fn current_watermark(&self) -> i64 {
         self.watermark
+    }
+
+    fn empty_accumulator(&mut self) -> Result<Vec<u8>, OperatorError> {
+        if let Some(acc) = &self.empty_acc {
+            return Ok(acc.clone());
+        }
+        let acc = self.aggregate.create_accumulator()?;
+        self.empty_acc = Some(acc.clone());
+        Ok(acc)
     }
 
     /// When `window` fires (see the module docs for why sessions fire at `end`).
@@ -418,38 +459,42 @@ impl<A: AggregateFn> WindowOperator<A> {
         Ok(())
     }
 
-    /// Stores `acc` for (key, window), keeps its timers, and fires it now if the watermark
-    /// already passed its firing time (a late-but-allowed record, or a window first seen then).
-    fn store_window(
-        &mut self,
-        key: &[u8],
-        window: Window,
-        acc: &[u8],
-        fired_now: &mut Vec<Fired>,
-    ) -> Result<(), OperatorError> {
-        let fire_time = self.fire_time(&window);
-        let cleanup_time = self.cleanup_time(&window);
-        let due = fire_time <= self.watermark;
-        if due {
-            let result = self.aggregate.result(acc)?;
-            fired_now.push((fire_time, key.to_vec(), window, result));
+    /// Folds the batch into every gathered group in one `add`, then stores each new
+    /// accumulator with its timers. A window whose firing time the watermark already passed
+    /// (a late-but-allowed record, or a window first seen then) fires now.
+    fn apply(&mut self, batch: &RecordBatch, updates: Updates<'_>) -> Result<Vec<Fired>, OperatorError> {
+        if updates.windows.is_empty() {
+            return Ok(Vec::new());
         }
-        self.store.put_acc(key, &window, due, acc)?;
-        let timers = self.timers()?;
-        if !due {
-            timers.fire.insert((fire_time, key.to_vec(), window));
+        let accs = self.aggregate.add(batch, &updates.as_updates())?;
+        let mut due = Vec::new();
+        for ((key, window), acc) in updates.windows.into_iter().zip(accs) {
+            let (fire_time, cleanup_time) = (self.fire_time(&window), self.cleanup_time(&window));
+            let fires_now = fire_time <= self.watermark;
+            self.store.put_acc(key, &window, fires_now, &acc)?;
+            let timers = self.timers()?;
+            if fires_now {
+                due.push((fire_time, key.to_vec(), window, acc));
+            } else {
+                timers.fire.insert((fire_time, key.to_vec(), window));
+            }
+            timers.cleanup.insert((cleanup_time, key.to_vec(), window));
         }
-        timers.cleanup.insert((cleanup_time, key.to_vec(), window));
-        Ok(())
+        self.fire(due)
     }
 
-    fn sub_batch(batch: &RecordBatch, indices: &[usize]) -> RecordBatch {
-        indices.iter().filter_map(|&i| batch.get(i)).collect()
+    /// The results of `due` windows, from one `results` call.
+    fn fire(&mut self, due: Vec<Fired>) -> Result<Vec<Fired>, OperatorError> {
+        if due.is_empty() {
+            return Ok(due);
+        }
+        let (windows, accs): (Vec<_>, Vec<_>) = due.into_iter().map(|(t, k, w, acc)| ((t, k, w), acc)).unzip();
+        let results = self.aggregate.results(&accs)?;
+        Ok(windows.into_iter().zip(results).map(|((t, k, w), result)| (t, k, w, result)).collect())
     }
 
     fn process_fixed(&mut self, batch: &RecordBatch, out: &mut Output) -> Result<Vec<Fired>, OperatorError> {
-        // One `add` per (key, window): each call crosses into Wasm.
-        let mut groups: BTreeMap<(&[u8], Window), Vec<usize>> = BTreeMap::new();
+        let mut groups: BTreeMap<(&[u8], Window), Vec<u32>> = BTreeMap::new();
         for (i, r) in batch.iter().enumerate() {
             let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
             let mut live = self.kind.assign(t).into_iter().filter(|w| !self.past_cleanup(w)).peekable();
@@ -458,19 +503,18 @@ impl<A: AggregateFn> WindowOperator<A> {
                 continue;
             }
             for w in live {
-                groups.entry((key, w)).or_default().push(i);
+                groups.entry((key, w)).or_default().push(i as u32);
             }
         }
-        let mut fired_now = Vec::new();
-        for ((key, window), indices) in groups {
+        let mut updates = Updates::default();
+        for ((key, window), records) in groups {
             let acc = match self.store.acc(key, &window)? {
                 Some((_, acc)) => acc,
-                None => self.aggregate.create_accumulator()?,
+                None => self.empty_accumulator()?,
             };
-            let acc = self.aggregate.add(&acc, &Self::sub_batch(batch, &indices))?;
-            self.store_window(key, window, &acc, &mut fired_now)?;
+            updates.push(key, window, acc, records);
         }
-        Ok(fired_now)
+        self.apply(batch, updates)
     }
 
     fn process_sessions(
@@ -480,25 +524,25 @@ impl<A: AggregateFn> WindowOperator<A> {
         out: &mut Output,
     ) -> Result<Vec<Fired>, OperatorError> {
         // Late records first, in batch order; the rest grouped by key, in arrival order.
-        let mut by_key: BTreeMap<&[u8], Vec<usize>> = BTreeMap::new();
+        let mut by_key: BTreeMap<&[u8], Vec<u32>> = BTreeMap::new();
         for (i, r) in batch.iter().enumerate() {
             let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
             if self.past_cleanup(&Window { start: t, end: t + gap_ms }) {
                 self.emit_late(out, &r);
             } else {
-                by_key.entry(key).or_default().push(i);
+                by_key.entry(key).or_default().push(i as u32);
             }
         }
-        let mut fired_now = Vec::new();
+        let mut updates = Updates::default();
         for (key, indices) in by_key {
             let mut sessions = SessionWindows::default();
             for w in self.store.sessions(key)? {
                 sessions.add(w);
             }
-            // Merge the whole batch's windows first, so each final session costs one `add`.
+            // Merge the whole batch's windows first, so each final session is one update.
             let mut pending: BTreeMap<Window, PendingSession> = BTreeMap::new();
             for i in indices {
-                let Some(t) = batch.get(i).and_then(|r| r.timestamp) else { continue };
+                let Some(t) = batch.get(i as usize).and_then(|r| r.timestamp) else { continue };
                 let merge = sessions.add(Window { start: t, end: t + gap_ms });
                 let mut session = PendingSession::default();
                 for absorbed in merge.absorbed {
@@ -538,15 +582,14 @@ impl<A: AggregateFn> WindowOperator<A> {
                 }
                 let acc = match acc {
                     Some(acc) => acc,
-                    None => self.aggregate.create_accumulator()?,
+                    None => self.empty_accumulator()?,
                 };
                 session.records.sort_unstable();
-                let acc = self.aggregate.add(&acc, &Self::sub_batch(batch, &session.records))?;
-                self.store_window(key, window, &acc, &mut fired_now)?;
+                updates.push(key, window, acc, session.records);
             }
             self.store.put_sessions(key, sessions.sessions())?;
         }
-        Ok(fired_now)
+        self.apply(batch, updates)
     }
 
     fn result_record(out: &mut Output, key: &[u8], window: &Window, result: &[u8]) {
@@ -597,19 +640,22 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
         let due_fire = Timers::take_due(&mut timers.fire, watermark);
         let due_cleanup = Timers::take_due(&mut timers.cleanup, watermark);
         // Already in (firing time, key) order.
-        for (_, key, window) in due_fire {
+        let mut due = Vec::with_capacity(due_fire.len());
+        for (time, key, window) in due_fire {
             let Some((_, acc)) = self.store.acc(&key, &window)? else {
                 return Err(self.store.corrupt(format!(
                     "window [{}, {}) has a pending firing but no accumulator",
                     window.start, window.end
                 )));
             };
-            let result = self.aggregate.result(&acc)?;
-            Self::result_record(&mut out, &key, &window, &result);
             if self.cleanup_time(&window) > watermark {
                 // Kept for the allowed lateness; the flag stops a restored operator re-firing it.
                 self.store.put_acc(&key, &window, true, &acc)?;
             }
+            due.push((time, key, window, acc));
+        }
+        for (_, key, window, result) in self.fire(due)? {
+            Self::result_record(&mut out, &key, &window, &result);
         }
         let mut purged_sessions: BTreeMap<Vec<u8>, Vec<Window>> = BTreeMap::new();
         for (_, key, window) in due_cleanup {

@@ -109,6 +109,14 @@ pub enum Violation {
     /// An undeclared id or a conflicting declaration.
     #[error("{0}")]
     BadDeclaration(String),
+    /// A batched call that answered a different number of items than it was given.
+    #[error("returned {actual} results for {expected} inputs")]
+    ResultCount {
+        /// Inputs the host passed.
+        expected: usize,
+        /// Results the guest returned.
+        actual: usize,
+    },
 }
 
 /// What happened inside a call that did not return normally.

@@ -5,10 +5,11 @@ use eddy_state::StateBackend;
 use wasmtime::Store;
 
 use crate::bindings::aggregate_world::WindowAggregate;
+use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::AccumulatorUpdate as WitUpdate;
 use crate::bindings::operator_world::KeyedOperator;
 use crate::bindings::types::{Batch, RecordRef, Span, TimeDomain as WitDomain, TimerBatch, TimerRef};
 use crate::call::CallPolicy;
-use crate::error::CallError;
+use crate::error::{CallError, CallErrorKind, Violation};
 use crate::keyed::{OperatorHost, Output};
 use crate::sandbox::{HasSandbox, Sandbox};
 
@@ -204,11 +205,16 @@ impl AggregateInstance {
         policy.call(store, "create-accumulator", |s| bindings.eddy_dataflow_aggregate().call_create_accumulator(s))
     }
 
-    /// Adds the batch's records (one key, one window) to `acc`.
-    pub fn add(&mut self, acc: &[u8], batch: &RecordBatch) -> Result<Vec<u8>, CallError> {
+    /// Folds `batch` into many accumulators in one crossing; one new accumulator per update.
+    pub fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, CallError> {
         let Self { store, bindings, policy } = self;
         let wit = to_wit_batch(batch);
-        policy.call(store, "add", |s| bindings.eddy_dataflow_aggregate().call_add(s, acc, &wit))
+        let updates: Vec<WitUpdate> = updates
+            .iter()
+            .map(|u| WitUpdate { accumulator: u.accumulator.to_vec(), records: u.records.to_vec() })
+            .collect();
+        let accs = policy.call(store, "add", |s| bindings.eddy_dataflow_aggregate().call_add(s, &wit, &updates))?;
+        Self::one_per_input(store, "add", updates.len(), accs)
     }
 
     /// Merges two accumulators.
@@ -217,9 +223,38 @@ impl AggregateInstance {
         policy.call(store, "merge", |s| bindings.eddy_dataflow_aggregate().call_merge(s, a, b))
     }
 
-    /// The window result for `acc`.
-    pub fn result(&mut self, acc: &[u8]) -> Result<Vec<u8>, CallError> {
+    /// The window results for `accs`, one per accumulator, in one crossing.
+    pub fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, CallError> {
         let Self { store, bindings, policy } = self;
-        policy.call(store, "get-result", |s| bindings.eddy_dataflow_aggregate().call_get_result(s, acc))
+        let results =
+            policy.call(store, "get-results", |s| bindings.eddy_dataflow_aggregate().call_get_results(s, accs))?;
+        Self::one_per_input(store, "get-results", accs.len(), results)
     }
+
+    /// A batched call's answer, checked to hold exactly one item per input.
+    fn one_per_input(
+        store: &Store<AggregateHost>,
+        call: &'static str,
+        expected: usize,
+        items: Vec<Vec<u8>>,
+    ) -> Result<Vec<Vec<u8>>, CallError> {
+        if items.len() == expected {
+            return Ok(items);
+        }
+        Err(CallError {
+            operator: store.data().sandbox.operator.clone(),
+            call,
+            kind: CallErrorKind::Violation(Violation::ResultCount { expected, actual: items.len() }),
+            guest_message: None,
+        })
+    }
+}
+
+/// The records of a batch that go into one accumulator (see [`AggregateInstance::add`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AccumulatorUpdate<'a> {
+    /// The accumulator before the records.
+    pub accumulator: &'a [u8],
+    /// Indices into the batch, ascending; one key and one window.
+    pub records: &'a [u32],
 }

@@ -58,7 +58,7 @@ mod validate;
 pub use cache::{CacheOutcome, digest_of};
 pub use config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants};
 pub use error::{CallError, CallErrorKind, Fault, GuestErrorKind, LoadError, RuntimeError, Violation};
-pub use instance::{AggregateInstance, OperatorInstance};
+pub use instance::{AccumulatorUpdate, AggregateInstance, OperatorInstance};
 pub use keyed::Output;
 pub use runtime::{Component, Runtime, Subtask};
 pub use validate::{AGGREGATE_EXPORT, OPERATOR_EXPORT, World};

@@ -13,14 +13,14 @@ pub const OPERATOR_EXPORT: &str = "eddy:dataflow/operator@0.1.0";
 pub const AGGREGATE_EXPORT: &str = "eddy:dataflow/aggregate@0.1.0";
 
 const OPERATOR_FUNCTIONS: &[&str] = &["open", "process", "on-timer", "close"];
-const AGGREGATE_FUNCTIONS: &[&str] = &["open", "create-accumulator", "add", "merge", "get-result"];
+const AGGREGATE_FUNCTIONS: &[&str] = &["open", "create-accumulator", "add", "merge", "get-results"];
 
 /// Which Eddy world a component implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum World {
     /// `keyed-operator`: open / process / on-timer / close.
     KeyedOperator,
-    /// `window-aggregate`: create-accumulator / add / merge / get-result.
+    /// `window-aggregate`: create-accumulator / batched add / merge / batched get-results.
     WindowAggregate,
 }
 

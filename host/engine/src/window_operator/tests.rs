@@ -19,11 +19,45 @@ fn json_of(bytes: &[u8]) -> Result<Value, OperatorError> {
     serde_json::from_slice(bytes).map_err(|e| test_error(format!("not JSON: {e}")))
 }
 
+/// How often a test aggregate's `add` was called (Wasm crossings) and how many groups those
+/// calls folded in total.
+#[derive(Debug, Default)]
+struct Adds {
+    calls: usize,
+    groups: usize,
+}
+
+impl Adds {
+    /// Folds each update's record values into its accumulator with `add_one`.
+    fn fold(
+        &mut self,
+        batch: &RecordBatch,
+        updates: &[AccumulatorUpdate<'_>],
+        add_one: impl Fn(&[u8], &[&[u8]]) -> Result<Vec<u8>, OperatorError>,
+    ) -> Result<Vec<Vec<u8>>, OperatorError> {
+        self.calls += 1;
+        self.groups += updates.len();
+        updates
+            .iter()
+            .map(|u| {
+                let values = u
+                    .records
+                    .iter()
+                    .map(|&i| {
+                        batch.get(i as usize).map(|r| r.value).ok_or_else(|| test_error(format!("no record {i}")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                add_one(u.accumulator, &values)
+            })
+            .collect()
+    }
+}
+
 /// Count and sum of the integer `v` of JSON values `{"v": n}`; the accumulator and the
-/// result are `{"count": c, "sum": s}`. Counts its `add` calls (Wasm crossings).
+/// result are `{"count": c, "sum": s}`.
 #[derive(Debug, Default)]
 struct SumCount {
-    adds: usize,
+    adds: Adds,
 }
 
 fn sum_count(acc: &[u8]) -> Result<(i64, i64), OperatorError> {
@@ -43,15 +77,15 @@ impl AggregateFn for SumCount {
         Ok(sum_count_bytes(0, 0))
     }
 
-    fn add(&mut self, acc: &[u8], records: &RecordBatch) -> Result<Vec<u8>, OperatorError> {
-        self.adds += 1;
-        let (mut count, mut sum) = sum_count(acc)?;
-        for r in records.iter() {
-            let v = json_of(r.value)?["v"].as_i64().ok_or_else(|| test_error("no `v`".into()))?;
-            count += 1;
-            sum += v;
-        }
-        Ok(sum_count_bytes(count, sum))
+    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+        self.adds.fold(batch, updates, |acc, values| {
+            let (mut count, mut sum) = sum_count(acc)?;
+            for value in values {
+                sum += json_of(value)?["v"].as_i64().ok_or_else(|| test_error("no `v`".into()))?;
+                count += 1;
+            }
+            Ok(sum_count_bytes(count, sum))
+        })
     }
 
     fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, OperatorError> {
@@ -59,15 +93,15 @@ impl AggregateFn for SumCount {
         Ok(sum_count_bytes(ca + cb, sa + sb))
     }
 
-    fn result(&mut self, acc: &[u8]) -> Result<Vec<u8>, OperatorError> {
-        Ok(acc.to_vec())
+    fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+        Ok(accs.to_vec())
     }
 }
 
 /// The `v`s in the order they were added: shows record order within a group.
 #[derive(Debug, Default)]
 struct Concat {
-    adds: usize,
+    adds: Adds,
 }
 
 impl AggregateFn for Concat {
@@ -75,13 +109,14 @@ impl AggregateFn for Concat {
         Ok(b"[]".to_vec())
     }
 
-    fn add(&mut self, acc: &[u8], records: &RecordBatch) -> Result<Vec<u8>, OperatorError> {
-        self.adds += 1;
-        let mut list: Vec<Value> = serde_json::from_slice(acc).map_err(|e| test_error(e.to_string()))?;
-        for r in records.iter() {
-            list.push(json_of(r.value)?["v"].clone());
-        }
-        Ok(Value::from(list).to_string().into_bytes())
+    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+        self.adds.fold(batch, updates, |acc, values| {
+            let mut list: Vec<Value> = serde_json::from_slice(acc).map_err(|e| test_error(e.to_string()))?;
+            for value in values {
+                list.push(json_of(value)?["v"].clone());
+            }
+            Ok(Value::from(list).to_string().into_bytes())
+        })
     }
 
     fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, OperatorError> {
@@ -91,8 +126,8 @@ impl AggregateFn for Concat {
         Ok(Value::from(a).to_string().into_bytes())
     }
 
-    fn result(&mut self, acc: &[u8]) -> Result<Vec<u8>, OperatorError> {
-        Ok(acc.to_vec())
+    fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+        Ok(accs.to_vec())
     }
 }
 
@@ -104,14 +139,14 @@ impl AggregateFn for Fixed {
     fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError> {
         Ok(Vec::new())
     }
-    fn add(&mut self, acc: &[u8], _: &RecordBatch) -> Result<Vec<u8>, OperatorError> {
-        Ok(acc.to_vec())
+    fn add(&mut self, _: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+        Ok(updates.iter().map(|u| u.accumulator.to_vec()).collect())
     }
     fn merge(&mut self, a: &[u8], _: &[u8]) -> Result<Vec<u8>, OperatorError> {
         Ok(a.to_vec())
     }
-    fn result(&mut self, _: &[u8]) -> Result<Vec<u8>, OperatorError> {
-        Ok(self.0.to_vec())
+    fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+        Ok(accs.iter().map(|_| self.0.to_vec()).collect())
     }
 }
 
@@ -447,17 +482,17 @@ proptest! {
         }
     }
 
-    /// A tumbling window over records that never fall behind the watermark equals the
-    /// batch oracle however the input is cut into batches (one `add` per group per batch).
+    /// A batch costs one `add` call that folds one update per (key, window) group.
     #[test]
-    fn one_add_per_key_and_window_per_batch(
+    fn one_add_per_batch_with_one_update_per_key_and_window(
         raw in proptest::collection::vec((0u8..3, 0i64..30), 1..60),
     ) {
         let events: Vec<Ev> = raw.iter().map(|&(key, ts)| Ev { key, ts, v: ts }).collect();
         let mut op = operator(WindowKind::Tumbling { size_ms: 10 }, 0, SumCount::default());
         op.process(&batch(&events)).expect("process");
         let groups: BTreeSet<(u8, i64)> = events.iter().map(|e| (e.key, e.ts.div_euclid(10))).collect();
-        prop_assert_eq!(op.aggregate().adds, groups.len());
+        prop_assert_eq!(op.aggregate().adds.calls, 1);
+        prop_assert_eq!(op.aggregate().adds.groups, groups.len());
     }
 
     #[test]
@@ -608,7 +643,7 @@ fn records_are_added_once_per_key_and_window_in_arrival_order() {
     let mut op = operator(WindowKind::Tumbling { size_ms: 10 }, 0, Concat::default());
     op.process(&batch(&[ev(0, 1, 1), ev(1, 2, 2), ev(0, 3, 3), ev(0, 15, 4), ev(1, 4, 5), ev(0, 5, 6)]))
         .expect("process");
-    assert_eq!(op.aggregate().adds, 3);
+    assert_eq!((op.aggregate().adds.calls, op.aggregate().adds.groups), (1, 3));
     let out = op.on_watermark(i64::MAX).expect("wm");
     let results: Vec<(Vec<u8>, Value)> =
         out.main.iter().map(|r| (r.key.expect("key").to_vec(), json_of(r.value).expect("json"))).collect();
@@ -623,7 +658,7 @@ fn records_are_added_once_per_key_and_window_in_arrival_order() {
 
     let mut sessions = operator(WindowKind::Session { gap_ms: 10 }, 0, Concat::default());
     sessions.process(&batch(&[ev(0, 0, 1), ev(0, 20, 2), ev(0, 5, 3), ev(0, 12, 4)])).expect("process");
-    assert_eq!(sessions.aggregate().adds, 1, "the batch's sessions merge before the one add");
+    assert_eq!(sessions.aggregate().adds.groups, 1, "the batch's sessions merge before the one add");
     let out = sessions.on_watermark(i64::MAX).expect("wm");
     assert_eq!(json_of(out.main.get(0).expect("one").value).expect("json")["result"], json!([1, 2, 3, 4]));
 }
