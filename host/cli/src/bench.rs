@@ -20,6 +20,9 @@ use eddy_engine::{Job, JobOptions, PipelineSpec, Sink, SourceSpec};
 use eddy_runtime::Runtime;
 use serde::{Deserialize, Serialize};
 
+/// The queries with a pipeline and a native baseline.
+pub const QUERIES: [&str; 8] = ["q0", "q1", "q2", "q3", "q5", "q7", "q8", "q11"];
+
 /// What one side measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SideReport {
@@ -174,18 +177,20 @@ pub fn run_native(args: &BenchArgs) -> Result<SideReport> {
     let (cpu_before, _) = cpu_and_rss();
     let started = Instant::now();
     let events = eddy_nexmark::events(&config);
-    let rows = match args.query.as_str() {
-        "q0" => eddy_nexmark::native::q0(events).len(),
-        "q1" => eddy_nexmark::native::q1(events).len(),
-        "q2" => eddy_nexmark::native::q2(events).len(),
-        "q3" => eddy_nexmark::native::q3(events).len(),
-        "q5" => eddy_nexmark::native::q5(events).len(),
-        "q7" => eddy_nexmark::native::q7(events).len(),
-        "q8" => eddy_nexmark::native::q8(events).len(),
-        "q11" => eddy_nexmark::native::q11(events).len(),
-        other => bail!("no native baseline for `{other}` (q0 q1 q2 q3 q5 q7 q8 q11)"),
-    } as u64;
-    Ok(finish("native", args.events, rows, started, cpu_before, Vec::new()))
+    // Rows are counted, not built: the baseline is the computation, not JSON formatting.
+    use eddy_nexmark::native::{self, RowCount};
+    let RowCount(rows) = match args.query.as_str() {
+        "q0" => native::q0(events),
+        "q1" => native::q1(events),
+        "q2" => native::q2(events),
+        "q3" => native::q3(events),
+        "q5" => native::q5(events),
+        "q7" => native::q7(events),
+        "q8" => native::q8(events),
+        "q11" => native::q11(events),
+        other => bail!("no native baseline for `{other}` ({})", QUERIES.join(" ")),
+    };
+    Ok(finish("native", args.events, rows as u64, started, cpu_before, Vec::new()))
 }
 
 fn child(args: &BenchArgs, only: &str) -> Result<SideReport> {
@@ -212,45 +217,136 @@ fn opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.1}"))
 }
 
-/// Runs both sides, prints the table, writes the report.
-pub fn run_both(args: &BenchArgs, report: &std::path::Path) -> Result<()> {
+/// The median of `values` (the mean of the middle two for an even count); `None` if empty.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// The medians over paired runs of one query.
+#[derive(Debug, Clone, Serialize)]
+pub struct QuerySummary {
+    /// The query.
+    pub query: String,
+    /// Paired runs (native, then Eddy, each in a fresh process).
+    pub runs: usize,
+    /// Median native events/s.
+    pub native_events_per_sec: f64,
+    /// Median Eddy events/s.
+    pub eddy_events_per_sec: f64,
+    /// Median native CPU s per million events.
+    pub native_cpu_sec_per_million: f64,
+    /// Median Eddy CPU s per million events.
+    pub eddy_cpu_sec_per_million: f64,
+    /// Median over runs of (Eddy CPU / native CPU) within each pair.
+    pub cpu_ratio: f64,
+    /// Median Eddy peak RSS, MiB.
+    pub eddy_peak_rss_mib: f64,
+    /// Median Eddy p50 / p99 latency, ms (paced runs).
+    pub eddy_latency_p50_ms: Option<f64>,
+    /// See `eddy_latency_p50_ms`.
+    pub eddy_latency_p99_ms: Option<f64>,
+    /// Every run, for the record.
+    pub pairs: Vec<(SideReport, SideReport)>,
+}
+
+fn summarize(query: &str, pairs: Vec<(SideReport, SideReport)>) -> QuerySummary {
+    let of = |f: &dyn Fn(&(SideReport, SideReport)) -> f64| median(pairs.iter().map(f).collect()).unwrap_or(f64::NAN);
+    let latency = |f: &dyn Fn(&SideReport) -> Option<f64>| median(pairs.iter().filter_map(|(_, e)| f(e)).collect());
+    QuerySummary {
+        query: query.to_owned(),
+        runs: pairs.len(),
+        native_events_per_sec: of(&|(n, _)| n.events_per_sec),
+        eddy_events_per_sec: of(&|(_, e)| e.events_per_sec),
+        native_cpu_sec_per_million: of(&|(n, _)| n.cpu_sec_per_million),
+        eddy_cpu_sec_per_million: of(&|(_, e)| e.cpu_sec_per_million),
+        cpu_ratio: of(&|(n, e)| e.cpu_sec_per_million / n.cpu_sec_per_million.max(1e-12)),
+        eddy_peak_rss_mib: of(&|(_, e)| e.peak_rss_mib),
+        eddy_latency_p50_ms: latency(&|e| e.latency_p50_ms),
+        eddy_latency_p99_ms: latency(&|e| e.latency_p99_ms),
+        pairs,
+    }
+}
+
+/// Runs each query `runs` times as a pair (native, then Eddy), prints one line per run and a
+/// table of medians, and writes every run and the medians to `report`.
+pub fn run_pairs(args: &BenchArgs, queries: &[String], runs: usize, report: &std::path::Path) -> Result<()> {
     eprintln!(
-        "nexmark {}: {} events, parallelism {}{}; native first, then eddy (each in its own process)",
-        args.query,
+        "nexmark {}: {} events, parallelism {}{}, {} paired run(s) each (native, then eddy, each in its own process)",
+        queries.join(" "),
         args.events,
         args.parallelism,
-        args.rate.map_or(String::new(), |r| format!(", paced at {r} events/s"))
+        args.rate.map_or(String::new(), |r| format!(", paced at {r} events/s")),
+        runs
     );
-    let native = child(args, "native")?;
-    let eddy = child(args, "eddy")?;
-    if native.rows != eddy.rows {
-        eprintln!("warning: row counts differ (native {}, eddy {})", native.rows, eddy.rows);
+    let mut summaries = Vec::new();
+    for query in queries {
+        let args = BenchArgs { query: query.clone(), ..args.clone() };
+        let mut pairs = Vec::new();
+        for run in 1..=runs.max(1) {
+            let native = child(&args, "native")?;
+            let eddy = child(&args, "eddy")?;
+            if native.rows != eddy.rows {
+                eprintln!("warning: {query}: row counts differ (native {}, eddy {})", native.rows, eddy.rows);
+            }
+            eprintln!(
+                "  {query} run {run}: native {:.0} events/s {:.2} CPU s/M | eddy {:.0} events/s {:.2} CPU s/M, {:.0} MiB, p50 {} p99 {} ms",
+                native.events_per_sec,
+                native.cpu_sec_per_million,
+                eddy.events_per_sec,
+                eddy.cpu_sec_per_million,
+                eddy.peak_rss_mib,
+                opt(eddy.latency_p50_ms),
+                opt(eddy.latency_p99_ms)
+            );
+            pairs.push((native, eddy));
+        }
+        summaries.push(summarize(query, pairs));
     }
-    println!("| side | events/s | CPU s / M events | peak RSS MiB | rows | p50 ms | p99 ms |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    for s in [&native, &eddy] {
+    println!("medians of {runs} paired run(s), parallelism {}, {} events:", args.parallelism, args.events);
+    println!(
+        "| query | native events/s | Eddy events/s | native CPU s/M | Eddy CPU s/M | CPU ratio | Eddy RSS MiB | p50 ms | p99 ms |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for q in &summaries {
         println!(
-            "| {} | {:.0} | {:.2} | {:.0} | {} | {} | {} |",
-            s.side,
-            s.events_per_sec,
-            s.cpu_sec_per_million,
-            s.peak_rss_mib,
-            s.rows,
-            opt(s.latency_p50_ms),
-            opt(s.latency_p99_ms)
+            "| {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1}x | {:.0} | {} | {} |",
+            q.query,
+            q.native_events_per_sec,
+            q.eddy_events_per_sec,
+            q.native_cpu_sec_per_million,
+            q.eddy_cpu_sec_per_million,
+            q.cpu_ratio,
+            q.eddy_peak_rss_mib,
+            opt(q.eddy_latency_p50_ms),
+            opt(q.eddy_latency_p99_ms)
         );
     }
-    println!(
-        "eddy / native: {:.1}x the CPU per event, {:.2}x the throughput",
-        eddy.cpu_sec_per_million / native.cpu_sec_per_million.max(1e-12),
-        eddy.events_per_sec / native.events_per_sec.max(1e-12)
-    );
     let json = serde_json::json!({
-        "query": args.query, "events": args.events, "parallelism": args.parallelism, "rate": args.rate,
-        "native": native, "eddy": eddy,
+        "events": args.events, "parallelism": args.parallelism, "rate": args.rate, "runs": runs,
+        "queries": summaries,
     });
     std::fs::write(report, serde_json::to_vec_pretty(&json)?)
         .with_context(|| format!("writing {}", report.display()))?;
     eprintln!("report written to {}", report.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(vec![f64::NAN, 5.0]), Some(5.0));
+        assert_eq!(median(Vec::new()), None);
+    }
 }

@@ -51,9 +51,12 @@ enum Command {
 enum BenchSuite {
     /// One Nexmark query (`examples/nexmark/<query>.yaml`) on Eddy and natively.
     Nexmark {
-        /// q0, q1, q2, q3, q5, q7, q8 or q11.
+        /// q0, q1, q2, q3, q5, q7, q8 or q11; several separated by commas, or `all`.
         #[arg(long)]
         query: String,
+        /// Paired runs per query; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
         /// Events over all source readers.
         #[arg(long, default_value_t = 1_000_000)]
         events: u64,
@@ -79,10 +82,17 @@ enum BenchSuite {
 }
 
 fn bench(suite: BenchSuite) -> Result<()> {
-    let BenchSuite::Nexmark { query, events, parallelism, rate, queries_dir, cache_dir, report, only } = suite;
+    let BenchSuite::Nexmark { query, runs, events, parallelism, rate, queries_dir, cache_dir, report, only } = suite;
+    let queries: Vec<String> = match query.as_str() {
+        "all" => bench::QUERIES.iter().map(|q| q.to_string()).collect(),
+        list => list.split(',').map(|q| q.trim().to_owned()).collect(),
+    };
+    if let Some(unknown) = queries.iter().find(|q| !bench::QUERIES.contains(&q.as_str())) {
+        anyhow::bail!("no Nexmark query `{unknown}`: choose from {} or `all`", bench::QUERIES.join(", "));
+    }
     let args = bench::BenchArgs { query, events, parallelism, rate, queries_dir, cache_dir };
     let side = match only.as_deref() {
-        None => return bench::run_both(&args, &report),
+        None => return bench::run_pairs(&args, &queries, runs, &report),
         Some("eddy") => bench::run_eddy(&args)?,
         Some("native") => bench::run_native(&args)?,
         Some(other) => anyhow::bail!("--only takes eddy or native, not {other}"),
