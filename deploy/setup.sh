@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Eddy needs on a fresh machine (Rust toolchain present):
-# the wasm32-wasip2 target and componentize-py (for the Python example operator).
+# the wasm32-wasip2 target, componentize-py (for the Python example operator), and Debian's
+# RocksDB and libclang (the RocksDB state backend links the system library: see
+# .cargo/config.toml).
 # Idempotent: fast when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +13,14 @@ COMPONENTIZE_PY_VERSION=0.25.1
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
   echo "setup: adding the wasm32-wasip2 target"
   rustup target add wasm32-wasip2
+fi
+
+if ! dpkg -s librocksdb-dev libclang-dev >/dev/null 2>&1; then
+  echo "setup: installing librocksdb-dev and libclang-dev (RocksDB state backend)"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q librocksdb-dev libclang-dev >/dev/null
 fi
 
 if ! command -v componentize-py >/dev/null 2>&1 || [ "$(componentize-py --version 2>/dev/null | awk '{print $2}')" != "$COMPONENTIZE_PY_VERSION" ]; then

@@ -1,5 +1,7 @@
 //! The contract every state backend keeps.
 
+use std::path::{Path, PathBuf};
+
 /// Why a state operation failed. Whose fault: the backend's storage (I/O) or a corrupt entry.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -35,4 +37,28 @@ pub trait StateBackend: Send {
     fn purge_expired(&mut self) -> Result<usize, StateError> {
         Ok(0)
     }
+
+    /// The synchronous phase of a checkpoint: a consistent, immutable picture of every entry
+    /// as stored (wrappers such as TTL stamps included), cheap enough to take while the task
+    /// waits. `staging` is a fresh directory a disk backend may fill (a native checkpoint);
+    /// writing the picture out happens later, off the task's thread.
+    fn snapshot(&mut self, staging: &Path) -> Result<BackendSnapshot, StateError> {
+        let _ = staging;
+        let mut entries = Vec::with_capacity(self.approximate_len());
+        self.scan_prefix(b"", &mut |k, v| entries.push((k.to_vec(), v.to_vec())))?;
+        Ok(BackendSnapshot::Entries(entries))
+    }
+
+    /// The backend under wrappers (such as TTL), where restored entries go as stored.
+    fn raw_mut(&mut self) -> &mut dyn StateBackend;
+}
+
+/// What [`StateBackend::snapshot`] took.
+#[derive(Debug)]
+pub enum BackendSnapshot {
+    /// Every entry, in key order (the heap backend's copy).
+    Entries(Vec<(Vec<u8>, Vec<u8>)>),
+    /// A directory holding a native checkpoint (RocksDB): immutable files, SSTs shared with
+    /// earlier checkpoints where unchanged.
+    Directory(PathBuf),
 }

@@ -60,6 +60,10 @@ impl StateBackend for HeapStateBackend {
     fn approximate_len(&self) -> usize {
         self.entries.len()
     }
+
+    fn raw_mut(&mut self) -> &mut dyn StateBackend {
+        self
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! # eddy-state: where keyed state lives
 //!
 //! [`StateBackend`] is an ordered key-value store with prefix scans; [`HeapStateBackend`] keeps
-//! it in memory (a RocksDB backend implements the same trait). Every state entry's key
+//! it in memory, [`RocksDbBackend`] on local disk (state larger than memory, bounded native
+//! memory). Both take checkpoint snapshots ([`StateBackend::snapshot`]): a copy of the entries
+//! for the heap, a native checkpoint (hard-linked SST files) for RocksDB. Every state entry's key
 //! follows one layout ([`StateKey`]): `key group | key | state name | namespace | map key`, so
 //! everything of one key group is one contiguous range and a rescale moves ranges. [`TtlBackend`]
 //! wraps any backend so state expires a fixed processing time after its last write.
@@ -19,9 +21,11 @@
 mod backend;
 mod heap;
 mod layout;
+mod rocks;
 mod ttl;
 
-pub use backend::{StateBackend, StateError};
+pub use backend::{BackendSnapshot, StateBackend, StateError};
 pub use heap::HeapStateBackend;
+pub use rocks::{RocksDbBackend, RocksDbConfig};
 pub use layout::{DecodedStateKey, StateKey, decode_list, decode_state_key, encode_list};
 pub use ttl::{TtlBackend, TtlClock};

@@ -187,6 +187,14 @@ impl StateBackend for TtlBackend {
     fn approximate_len(&self) -> usize {
         self.inner.approximate_len()
     }
+
+    fn snapshot(&mut self, staging: &std::path::Path) -> Result<crate::BackendSnapshot, StateError> {
+        self.inner.snapshot(staging)
+    }
+
+    fn raw_mut(&mut self) -> &mut dyn StateBackend {
+        self.inner.raw_mut()
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,267 @@
+//! State in RocksDB: larger than memory, bounded native memory, native checkpoints.
+//!
+//! One database per subtask (and per stateful step), in a directory the engine owns. The
+//! write-ahead log is off: state is made durable by checkpoints, not by the log, and a
+//! restarted task restores from the last checkpoint anyway. Native memory is bounded by the
+//! configured block cache (shared by index and filter blocks, which are charged to it) plus
+//! `write_buffer_bytes * max_write_buffers` of memtables.
+//!
+//! A snapshot is RocksDB's native checkpoint: the memtable is flushed and every live SST file
+//! is hard-linked into the staging directory, so the synchronous phase costs a flush and some
+//! links, and files unchanged since the last checkpoint are the same files (the engine uploads
+//! each SST once and references it from later checkpoints).
+
+use std::path::{Path, PathBuf};
+
+use rocksdb::checkpoint::Checkpoint;
+use rocksdb::{BlockBasedOptions, Cache, DB, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
+
+use crate::{BackendSnapshot, StateBackend, StateError};
+
+/// Memory and file knobs of a RocksDB backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RocksDbConfig {
+    /// Block cache (data, index and filter blocks), bytes.
+    pub block_cache_bytes: usize,
+    /// One memtable, bytes.
+    pub write_buffer_bytes: usize,
+    /// Memtables at most (one active, the rest flushing).
+    pub max_write_buffers: i32,
+}
+
+impl Default for RocksDbConfig {
+    fn default() -> Self {
+        Self { block_cache_bytes: 64 << 20, write_buffer_bytes: 16 << 20, max_write_buffers: 2 }
+    }
+}
+
+fn storage(e: rocksdb::Error) -> StateError {
+    StateError::Storage(format!("rocksdb: {e}"))
+}
+
+/// A [`StateBackend`] in a RocksDB database (see the module docs).
+pub struct RocksDbBackend {
+    db: DB,
+    path: PathBuf,
+    write: WriteOptions,
+}
+
+impl std::fmt::Debug for RocksDbBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksDbBackend").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+impl RocksDbBackend {
+    /// Opens (creating if needed) the database in `path`.
+    pub fn open(path: &Path, config: RocksDbConfig) -> Result<Self, StateError> {
+        let cache = Cache::new_lru_cache(config.block_cache_bytes).map_err(storage)?;
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        table.set_bloom_filter(10.0, false);
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.set_block_based_table_factory(&table);
+        options.set_write_buffer_size(config.write_buffer_bytes);
+        options.set_max_write_buffer_number(config.max_write_buffers.max(2));
+        options.set_max_open_files(256);
+        // Keys are `key group | ...`: prefix bloom filters would need a fixed-length prefix
+        // of key group + key, which is variable, so whole-key blooms it is.
+        let db = DB::open(&options, path).map_err(storage)?;
+        let mut write = WriteOptions::default();
+        write.disable_wal(true);
+        Ok(Self { db, path: path.to_path_buf(), write })
+    }
+
+    /// Opens a database read-only (a downloaded checkpoint being restored from).
+    pub fn open_read_only(path: &Path) -> Result<Self, StateError> {
+        let db = DB::open_for_read_only(&Options::default(), path, false).map_err(storage)?;
+        Ok(Self { db, path: path.to_path_buf(), write: WriteOptions::default() })
+    }
+
+    /// Where the database lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Visits the entries with `from <= key < to` (`to = None`: to the end), in key order.
+    pub fn scan_range(
+        &self,
+        from: &[u8],
+        to: Option<&[u8]>,
+        visit: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<(), StateError> {
+        let mut read = ReadOptions::default();
+        if let Some(to) = to {
+            read.set_iterate_upper_bound(to.to_vec());
+        }
+        read.fill_cache(false);
+        for item in self.db.iterator_opt(IteratorMode::From(from, Direction::Forward), read) {
+            let (k, v) = item.map_err(storage)?;
+            visit(&k, &v);
+        }
+        Ok(())
+    }
+
+    /// Writes many entries in one batch (restores).
+    pub fn put_all(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StateError> {
+        let mut batch = WriteBatch::default();
+        for (k, v) in entries {
+            batch.put(k, v);
+        }
+        self.db.write_opt(batch, &self.write).map_err(storage)
+    }
+}
+
+/// The smallest key greater than every key starting with `prefix` (`None`: no bound).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+impl StateBackend for RocksDbBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        self.db.get(key).map_err(storage)
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        self.db.put_opt(key, value, &self.write).map_err(storage)
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
+        self.db.delete_opt(key, &self.write).map_err(storage)
+    }
+
+    fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
+        self.scan_range(prefix, prefix_end(prefix).as_deref(), visit)
+    }
+
+    fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
+        let mut batch = WriteBatch::default();
+        self.scan_prefix(prefix, &mut |k, _| batch.delete(k))?;
+        self.db.write_opt(batch, &self.write).map_err(storage)
+    }
+
+    fn approximate_len(&self) -> usize {
+        self.db.property_int_value("rocksdb.estimate-num-keys").ok().flatten().unwrap_or(0) as usize
+    }
+
+    fn snapshot(&mut self, staging: &Path) -> Result<BackendSnapshot, StateError> {
+        // The checkpoint directory must not exist yet; RocksDB creates it.
+        let target = staging.join("db");
+        Checkpoint::new(&self.db).and_then(|c| c.create_checkpoint(&target)).map_err(storage)?;
+        Ok(BackendSnapshot::Directory(target))
+    }
+
+    fn raw_mut(&mut self) -> &mut dyn StateBackend {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn small() -> RocksDbConfig {
+        RocksDbConfig { block_cache_bytes: 1 << 20, write_buffer_bytes: 256 << 10, max_write_buffers: 2 }
+    }
+
+    #[test]
+    fn prefix_end_is_the_next_key_after_the_prefix_range() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 255]), Some(vec![2]));
+        assert_eq!(prefix_end(&[255, 255]), None);
+        assert_eq!(prefix_end(b""), None);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// Puts, deletes and prefix deletes leave RocksDB holding what an ordered map holds,
+        /// and prefix scans agree with the map's.
+        #[test]
+        fn behaves_like_an_ordered_map(
+            ops in proptest::collection::vec(
+                (0u8..3, proptest::collection::vec(prop_oneof![Just(0u8), Just(1), Just(255)], 0..4), any::<u8>()),
+                1..120,
+            ),
+        ) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut db = RocksDbBackend::open(dir.path(), small()).expect("open");
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            for (op, key, value) in ops {
+                match op {
+                    0 => {
+                        db.put(&key, &[value]).expect("put");
+                        model.insert(key, vec![value]);
+                    }
+                    1 => {
+                        db.delete(&key).expect("delete");
+                        model.remove(&key);
+                    }
+                    _ => {
+                        db.delete_prefix(&key).expect("delete prefix");
+                        model.retain(|k, _| !k.starts_with(&key));
+                    }
+                }
+            }
+            for prefix in [vec![], vec![0], vec![1], vec![255], vec![255, 255]] {
+                let mut seen = Vec::new();
+                db.scan_prefix(&prefix, &mut |k, v| seen.push((k.to_vec(), v.to_vec()))).expect("scan");
+                let expected: Vec<_> =
+                    model.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
+                prop_assert_eq!(seen, expected);
+            }
+        }
+    }
+
+    #[test]
+    fn state_far_larger_than_the_cache_and_memtables_reads_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut db = RocksDbBackend::open(dir.path(), small()).expect("open");
+        // ~24 MiB of values against a 1 MiB cache and 512 KiB of memtables.
+        let value = |i: u32| format!("{i:08}").repeat(60).into_bytes();
+        for i in 0..50_000u32 {
+            db.put(&i.to_be_bytes(), &value(i)).expect("put");
+        }
+        for i in (0..50_000u32).step_by(997) {
+            assert_eq!(db.get(&i.to_be_bytes()).expect("get"), Some(value(i)));
+        }
+        let mut count = 0;
+        db.scan_prefix(b"", &mut |_, _| count += 1).expect("scan");
+        assert_eq!(count, 50_000);
+        let ssts = std::fs::read_dir(dir.path()).expect("dir").filter_map(Result::ok);
+        assert!(ssts.filter(|e| e.path().extension().is_some_and(|x| x == "sst")).count() > 1, "spilled to disk");
+    }
+
+    #[test]
+    fn a_native_checkpoint_reopens_with_exactly_the_entries_at_snapshot_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut db = RocksDbBackend::open(&dir.path().join("live"), small()).expect("open");
+        for i in 0..1_000u32 {
+            db.put(&i.to_be_bytes(), b"before").expect("put");
+        }
+        let staging = dir.path().join("staging");
+        std::fs::create_dir(&staging).expect("staging");
+        let BackendSnapshot::Directory(snap) = db.snapshot(&staging).expect("snapshot") else { panic!("files") };
+        db.put(&5u32.to_be_bytes(), b"after").expect("put");
+        db.delete(&6u32.to_be_bytes()).expect("delete");
+        let restored = RocksDbBackend::open_read_only(&snap).expect("reopen");
+        assert_eq!(restored.get(&5u32.to_be_bytes()).expect("get"), Some(b"before".to_vec()));
+        assert_eq!(restored.get(&6u32.to_be_bytes()).expect("get"), Some(b"before".to_vec()));
+        let mut in_range = 0;
+        restored.scan_range(&100u32.to_be_bytes(), Some(&200u32.to_be_bytes()), &mut |_, _| in_range += 1).expect("scan");
+        assert_eq!(in_range, 100);
+    }
+}
