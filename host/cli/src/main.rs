@@ -5,9 +5,9 @@ use std::time::Duration;
 
 mod bench;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
-use eddy_engine::{Job, JobOptions, MetricsSnapshot, PhysicalPlan, PipelineSpec, RunSummary};
+use eddy_engine::{Job, JobOptions, MetricsSnapshot, PhysicalPlan, PipelineSpec, RunError, RunSummary};
 use eddy_runtime::{Runtime, RuntimeConfig};
 
 #[derive(Parser)]
@@ -117,8 +117,12 @@ fn watermark_text(w: Option<i64>) -> String {
 fn progress(job: &Job, now: &MetricsSnapshot, before: &MetricsSnapshot) {
     let secs = now.elapsed.saturating_sub(before.elapsed).as_secs_f64().max(1e-9);
     let rate = |a: u64, b: u64| a.saturating_sub(b) as f64 / secs;
+    let checkpoint = match job.completed_checkpoints().last() {
+        Some(c) => format!("  checkpoint {} ({})", c.id, checkpoint_text(&c.stats)),
+        None => String::new(),
+    };
     eprintln!(
-        "[{:>6.1}s] in {} ({:.0}/s)  out {} ({:.0}/s)  watermark {}  backpressure {:.0}%  late {}",
+        "[{:>6.1}s] in {} ({:.0}/s)  out {} ({:.0}/s)  watermark {}  backpressure {:.0}%  late {}{checkpoint}",
         now.elapsed.as_secs_f64(),
         now.source_records,
         rate(now.source_records, before.source_records),
@@ -130,7 +134,32 @@ fn progress(job: &Job, now: &MetricsSnapshot, before: &MetricsSnapshot) {
     );
 }
 
+fn checkpoint_text(s: &eddy_engine::checkpoint::CheckpointStats) -> String {
+    format!(
+        "{:.1} MiB, {:.1} MiB new, alignment {:.0} ms, sync {:.1} ms, async {:.0} ms",
+        s.full_bytes as f64 / 1048576.0,
+        s.incremental_bytes as f64 / 1048576.0,
+        s.alignment_ms,
+        s.sync_ms,
+        s.async_ms
+    )
+}
+
 fn summary(plan: &PhysicalPlan, run: &RunSummary) {
+    if let Some(id) = run.restored_from {
+        eprintln!("restored from checkpoint {id}");
+    }
+    if run.restarts > 0 {
+        eprintln!("restarted {} time(s) after failures", run.restarts);
+    }
+    if let Some(last) = run.checkpoints.last() {
+        eprintln!(
+            "{} checkpoint(s) completed; last: {} ({})",
+            run.checkpoints.len(),
+            last.id,
+            checkpoint_text(&last.stats)
+        );
+    }
     let m = &run.metrics;
     let secs = m.elapsed.as_secs_f64().max(1e-9);
     eprintln!(
@@ -165,14 +194,30 @@ fn run(pipeline: PathBuf, cache_dir: PathBuf) -> Result<()> {
         plan.subtasks(),
         spec.max_parallelism
     );
+    if let Some(c) = &spec.checkpoints {
+        eprintln!("checkpoints every {} ms to {} (a restart resumes from the newest)", c.interval_ms, c.dir.display());
+    }
     let runtime = runtime(cache_dir)?;
     let mut before = MetricsSnapshot::default();
-    let summary_of_run = Job::run(&spec, &runtime, JobOptions::default(), Duration::from_secs(1), |job, now| {
-        progress(job, now, &before);
-        before = now.clone();
-    })
-    .context("the pipeline failed")?;
-    summary(&plan, &summary_of_run);
+    let outcome = Job::run_with_restarts(
+        &spec,
+        &runtime,
+        JobOptions::default,
+        Duration::from_secs(1),
+        |job, now| {
+            progress(job, now, &before);
+            before = now.clone();
+        },
+        |error, attempt, delay| {
+            eprintln!("failed: {error}");
+            eprintln!("restart {attempt} from the latest checkpoint in {delay:?}");
+        },
+    );
+    match outcome {
+        Ok(run) => summary(&plan, &run),
+        Err(done @ RunError::AlreadyFinished { .. }) => eprintln!("{done}"),
+        Err(e) => return Err(anyhow::Error::new(e).context("the pipeline failed")),
+    }
     Ok(())
 }
 

@@ -41,6 +41,8 @@ pub trait TimerService: Send {
     fn advance_processing_time(&mut self, now_ms: i64) -> Vec<FiredTimer>;
     /// Number of registered timers in both domains.
     fn len(&self) -> usize;
+    /// Every registered timer, not yet fired (for checkpoints), event time first.
+    fn pending(&self) -> Vec<FiredTimer>;
     /// Whether no timer is registered.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -116,6 +118,23 @@ impl TimerService for HeapTimerService {
 
     fn len(&self) -> usize {
         self.event_time.len() + self.processing_time.len()
+    }
+
+    fn pending(&self) -> Vec<FiredTimer> {
+        let listed = |queue: &Queue, domain: TimeDomain| {
+            queue
+                .iter()
+                .map(move |(timestamp, key_group, key)| FiredTimer {
+                    timestamp: *timestamp,
+                    key_group: *key_group,
+                    key: key.clone(),
+                    domain,
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut all = listed(&self.event_time, TimeDomain::EventTime);
+        all.extend(listed(&self.processing_time, TimeDomain::ProcessingTime));
+        all
     }
 }
 

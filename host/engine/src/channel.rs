@@ -53,7 +53,11 @@ pub trait InputGate: Send {
     /// Number of input channels.
     fn channels(&self) -> usize;
     /// The next message and its channel, waiting at most `timeout`; `None` on timeout.
+    /// Blocked channels deliver nothing.
     fn recv(&mut self, timeout: Duration) -> Result<Option<(usize, Message)>, Disconnected>;
+    /// Holds `channel` back (or lets it go again). A held channel returns no credit, so its
+    /// sender stops once its credit runs out: barrier alignment without unbounded buffering.
+    fn set_blocked(&mut self, channel: usize, blocked: bool);
 }
 
 /// Sizing of local channels.
@@ -169,7 +173,7 @@ pub fn local_gate(
         .enumerate()
         .map(|(channel, blocked_ns)| LocalSender { shared: shared.clone(), channel, blocked_ns })
         .collect();
-    (shared.clone(), LocalInputGate { shared, channels }, senders)
+    (shared.clone(), LocalInputGate { shared, channels, blocked: vec![false; channels] }, senders)
 }
 
 /// In-process sending end.
@@ -220,6 +224,7 @@ impl ChannelSender for LocalSender {
 pub struct LocalInputGate {
     shared: Arc<LocalGateShared>,
     channels: usize,
+    blocked: Vec<bool>,
 }
 
 impl std::fmt::Debug for LocalInputGate {
@@ -233,6 +238,14 @@ impl InputGate for LocalInputGate {
         self.channels
     }
 
+    fn set_blocked(&mut self, channel: usize, blocked: bool) {
+        if let Some(b) = self.blocked.get_mut(channel) {
+            *b = blocked;
+        }
+        // A released channel may hold messages a waiting `recv` should see.
+        self.shared.readable.notify_all();
+    }
+
     fn recv(&mut self, timeout: Duration) -> Result<Option<(usize, Message)>, Disconnected> {
         let shared = &*self.shared;
         let deadline = Instant::now() + timeout;
@@ -244,7 +257,9 @@ impl InputGate for LocalInputGate {
             // Round robin over channels with data, so one busy channel cannot starve the others.
             let n = state.channels.len();
             let start = state.next;
-            if let Some(c) = (0..n).map(|i| (start + i) % n).find(|&c| !state.channels[c].wire.is_empty()) {
+            let blocked = &self.blocked;
+            let ready = |c: usize| !blocked.get(c).copied().unwrap_or(false) && !state.channels[c].wire.is_empty();
+            if let Some(c) = (0..n).map(|i| (start + i) % n).find(|&c| ready(c)) {
                 state.next = (c + 1) % n;
                 let channel = &mut state.channels[c];
                 let Some(message) = channel.wire.pop_front() else { continue };
@@ -321,6 +336,38 @@ mod tests {
         shared.close();
         assert_eq!(blocked.join().unwrap(), Err(Disconnected));
         assert_eq!(gate.recv(Duration::from_secs(1)), Err(Disconnected));
+    }
+
+    #[test]
+    fn a_blocked_channel_delivers_nothing_and_its_sender_runs_out_of_credit() {
+        let config = ChannelConfig { capacity: 2, max_queued: 1 };
+        let blocked = vec![Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+        let (shared, mut gate, mut senders) = local_gate(2, config, blocked);
+        let mut tx1 = senders.pop().unwrap();
+        let mut tx0 = senders.pop().unwrap();
+        tx0.send(batch(0)).unwrap();
+        gate.set_blocked(0, true);
+        assert!(gate.recv(Duration::from_millis(20)).unwrap().is_none(), "channel 0 is held");
+        tx1.send(batch(1)).unwrap();
+        assert!(matches!(gate.recv(Duration::from_millis(20)).unwrap(), Some((1, _))));
+        // Channel 0 fills up to its credit and no further while held.
+        let producer = std::thread::spawn(move || {
+            for i in 2..10u8 {
+                tx0.send(batch(i)).unwrap();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(shared.in_flight(0) <= config.max_in_flight());
+        assert!(!producer.is_finished(), "the sender waits for credit");
+        gate.set_blocked(0, false);
+        let mut got = Vec::new();
+        while got.len() < 9 {
+            if let Some((0, Message::Data { batch, .. })) = gate.recv(Duration::from_secs(5)).unwrap() {
+                got.push(batch.get(0).unwrap().value[0]);
+            }
+        }
+        producer.join().unwrap();
+        assert_eq!(got, (0..10u8).filter(|i| *i != 1).collect::<Vec<_>>(), "in order, nothing lost");
     }
 
     #[test]

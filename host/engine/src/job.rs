@@ -14,19 +14,27 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use eddy_core::{BoundedOutOfOrderness, HeapTimerService, WATERMARK_MIN, WatermarkTracker};
+use std::path::PathBuf;
+use std::sync::mpsc;
+
+use eddy_core::{BoundedOutOfOrderness, HeapTimerService, TimeDomain, TimerService, WATERMARK_MIN, WatermarkTracker};
 use eddy_runtime::{CallError, Component, LoadError, Runtime, RuntimeError, Subtask, World};
-use eddy_state::{HeapStateBackend, StateBackend, TtlBackend, TtlClock};
+use eddy_state::{HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, TtlBackend, TtlClock};
 
 use crate::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
+use crate::checkpoint::metadata::collect_garbage;
+use crate::checkpoint::restore::Share;
+use crate::checkpoint::{BarrierAligner, CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
+use crate::checkpointing::{CheckpointThread, CompletedCheckpoint, SinkCommitter, Signals};
 use crate::connectors::{SourceError, open_source};
+use crate::files_sink::{FilesSink, FilesSinkState};
 use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
 use crate::operator::StreamOperator;
 use crate::plan::{Node, Partitioning, PhysicalPlan};
 use crate::router::OutputRouter;
 use crate::sink::{Blackhole, JsonLinesSink, PrintSink, Sink};
-use crate::spec::{PipelineSpec, SinkSpec, StepSpec};
-use crate::task::{Ended, Head, SubtaskRunner, Tail, TaskError, now_ms};
+use crate::spec::{PipelineSpec, SinkSpec, StateBackendKind, StepSpec};
+use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError, now_ms};
 use crate::wasm_operator::WasmOperator;
 use crate::window_operator::{LateData, WindowConfig, WindowOperator};
 
@@ -91,6 +99,30 @@ pub enum RunError {
         /// What went wrong.
         message: String,
     },
+    /// Checkpoints could not be read, restored or finally written.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The checkpoint directory holds a job that already ran to the end.
+    #[error(
+        "pipeline `{job}` already finished (final checkpoint {id} in {dir}); its output is committed. \
+         To run it again from the start, delete {dir} (and the sink's output)"
+    )]
+    AlreadyFinished {
+        /// The pipeline.
+        job: String,
+        /// The final checkpoint.
+        id: CheckpointId,
+        /// The checkpoint directory.
+        dir: String,
+    },
+    /// Local state could not be set up.
+    #[error("state backend of step `{step}`: {problem}")]
+    State {
+        /// The step.
+        step: String,
+        /// What failed and where.
+        problem: String,
+    },
     /// A subtask thread panicked (a bug in Eddy, not in an operator: guests cannot panic the host).
     #[error("task `{task}` subtask {subtask} panicked: {message}")]
     Panicked {
@@ -113,11 +145,20 @@ pub struct JobOptions {
     pub tick: Duration,
     /// Overrides the spec's sink (tests, embedding applications).
     pub sink: Option<Box<dyn Sink>>,
+    /// Restore from this checkpoint or savepoint directory's newest valid checkpoint instead
+    /// of the spec's checkpoint directory (resuming from a savepoint).
+    pub restore_from: Option<PathBuf>,
 }
 
 impl Default for JobOptions {
     fn default() -> Self {
-        Self { channel: ChannelConfig::default(), buffer_bytes: 32 * 1024, tick: Duration::from_millis(10), sink: None }
+        Self {
+            channel: ChannelConfig::default(),
+            buffer_bytes: 32 * 1024,
+            tick: Duration::from_millis(10),
+            sink: None,
+            restore_from: None,
+        }
     }
 }
 
@@ -132,12 +173,18 @@ impl std::fmt::Debug for JobOptions {
 }
 
 /// What a finished job did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RunSummary {
     /// Final metrics.
     pub metrics: MetricsSnapshot,
     /// Whether it ran to the end of its input (false: cancelled).
     pub finished: bool,
+    /// The checkpoint the (last) run restored from.
+    pub restored_from: Option<CheckpointId>,
+    /// Checkpoints the (last) run completed.
+    pub checkpoints: Vec<CompletedCheckpoint>,
+    /// Restarts after failures.
+    pub restarts: u32,
 }
 
 /// Shared by every subtask thread: the first failure cancels the job.
@@ -165,6 +212,11 @@ pub struct Job {
     metrics: Arc<JobMetrics>,
     control: Arc<Control>,
     threads: Vec<SubtaskThread>,
+    checkpoints: Option<JoinHandle<Result<(), CheckpointError>>>,
+    history: Arc<Mutex<Vec<CompletedCheckpoint>>>,
+    restored_from: Option<CheckpointId>,
+    /// This run's local state (RocksDB, snapshot staging), removed when the job is dropped.
+    _local_state: Option<tempfile::TempDir>,
 }
 
 impl std::fmt::Debug for Job {
@@ -173,7 +225,11 @@ impl std::fmt::Debug for Job {
     }
 }
 
-fn open_spec_sink(spec: &SinkSpec) -> Result<Box<dyn Sink>, RunError> {
+fn open_spec_sink(
+    spec: &SinkSpec,
+    restored: Option<&serde_json::Value>,
+    checkpointing: bool,
+) -> Result<Box<dyn Sink>, RunError> {
     Ok(match spec {
         SinkSpec::Print => Box::new(PrintSink(std::io::stdout())),
         SinkSpec::Blackhole => Box::new(Blackhole),
@@ -182,7 +238,28 @@ fn open_spec_sink(spec: &SinkSpec) -> Result<Box<dyn Sink>, RunError> {
                 .map_err(|source| RunError::Sink { path: path.display().to_string(), error: source })?;
             Box::new(JsonLinesSink(BufWriter::new(file)))
         }
+        SinkSpec::Files { dir } => {
+            let sink_error = |error| RunError::Sink { path: dir.display().to_string(), error };
+            let state = restored.map(files_sink_state).transpose().map_err(sink_error)?;
+            Box::new(FilesSink::open(dir, state.as_ref(), checkpointing).map_err(sink_error)?)
+        }
     })
+}
+
+fn files_sink_state(value: &serde_json::Value) -> std::io::Result<FilesSinkState> {
+    serde_json::from_value(value.clone())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("sink state in checkpoint: {e}")))
+}
+
+/// Commits what a checkpoint's sink state lists (the final checkpoint's last files).
+fn sink_committer(spec: &SinkSpec) -> SinkCommitter {
+    match spec {
+        SinkSpec::Files { dir } => {
+            let dir = dir.clone();
+            Box::new(move |value| FilesSink::commit(&dir, &files_sink_state(value)?.pending))
+        }
+        SinkSpec::Print | SinkSpec::File { .. } | SinkSpec::Blackhole => Box::new(|_| Ok(())),
+    }
 }
 
 fn load_step(runtime: &Runtime, step: &StepSpec) -> Result<Component, RunError> {
@@ -206,13 +283,63 @@ struct StepContext<'a> {
     spec: &'a PipelineSpec,
     components: &'a [Component],
     ttl_clock: &'a TtlClock,
+    restore: Option<&'a RestorePoint>,
+    /// Where this run's local state lives (RocksDB databases, snapshot staging).
+    state_dir: &'a Path,
+}
+
+/// Where one operator of one subtask sits.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    task: usize,
+    position: usize,
+    subtask: Subtask,
+    share: Share,
 }
 
 impl StepContext<'_> {
-    fn operator(&self, step: usize, subtask: Subtask) -> Result<Box<dyn StreamOperator>, RunError> {
+    fn state_error(step: &StepSpec, problem: impl std::fmt::Display) -> RunError {
+        RunError::State { step: step.name.clone(), problem: problem.to_string() }
+    }
+
+    /// A fresh backend for the step, filled with its share of the restored state; the
+    /// restored timers go to `timers`.
+    fn backend(
+        &self,
+        s: &StepSpec,
+        slot: Slot,
+        timers: &mut dyn TimerService,
+    ) -> Result<Box<dyn StateBackend>, RunError> {
+        let mut backend: Box<dyn StateBackend> = match self.spec.state.backend {
+            StateBackendKind::Heap => Box::new(HeapStateBackend::default()),
+            StateBackendKind::Rocksdb => {
+                let dir = self.state_dir.join(format!("t{}-s{}-op{}", slot.task, slot.subtask.index, slot.position));
+                let config = RocksDbConfig {
+                    block_cache_bytes: self.spec.state.block_cache_mb << 20,
+                    write_buffer_bytes: self.spec.state.write_buffer_mb << 20,
+                    max_write_buffers: 2,
+                };
+                Box::new(RocksDbBackend::open(&dir, config).map_err(|e| Self::state_error(s, e))?)
+            }
+        };
+        if let Some(point) = self.restore {
+            let mut restored_timers = Vec::new();
+            point
+                .restore_operator(&s.name, slot.share, backend.raw_mut(), &mut |t| restored_timers.push(t.clone()))
+                .map_err(RunError::Checkpoint)?;
+            for t in restored_timers {
+                let domain = if t.event_time { TimeDomain::EventTime } else { TimeDomain::ProcessingTime };
+                timers.register(domain, t.key_group, &t.key, t.timestamp);
+            }
+        }
+        Ok(backend)
+    }
+
+    fn operator(&self, step: usize, slot: Slot) -> Result<Box<dyn StreamOperator>, RunError> {
         let s = &self.spec.steps[step];
         let component = &self.components[step];
-        let heap: Box<dyn StateBackend> = Box::new(HeapStateBackend::default());
+        let mut timers = HeapTimerService::starting_at(now_ms());
+        let backend = self.backend(s, slot, &mut timers)?;
         if let Some(window) = &s.window {
             let kind = window.kind().map_err(|(_, problem)| RunError::WrongKind { step: s.name.clone(), problem })?;
             let mut aggregate = component.instantiate_aggregate()?;
@@ -229,19 +356,58 @@ impl StepContext<'_> {
                 },
                 max_parallelism: self.spec.max_parallelism,
             };
-            return Ok(Box::new(WindowOperator::new(s.name.clone(), config, aggregate, heap)));
+            return Ok(Box::new(WindowOperator::new(s.name.clone(), config, aggregate, backend)));
         }
         let backend = match s.state_ttl_ms {
-            Some(ttl) => Box::new(TtlBackend::new(heap, ttl, self.ttl_clock.clone())),
-            None => heap,
+            Some(ttl) => Box::new(TtlBackend::new(backend, ttl, self.ttl_clock.clone())),
+            None => backend,
         };
-        let timers = Box::new(HeapTimerService::starting_at(now_ms()));
-        let mut instance = component.instantiate_operator(subtask, backend, timers)?;
+        let mut instance = component.instantiate_operator(slot.subtask, backend, Box::new(timers))?;
         instance
             .open(&s.config.to_string())
             .map_err(|source| RunError::Open { step: s.name.clone(), error: Box::new(source) })?;
         Ok(Box::new(WasmOperator::new(s.name.clone(), instance, s.state_ttl_ms.is_some())))
     }
+}
+
+/// The checkpoint store, the checkpoint to restore from, and the retained checkpoints.
+struct Recovery {
+    store: CheckpointStore,
+    point: Option<RestorePoint>,
+}
+
+/// Opens the spec's checkpoint directory (or `restore_from`) and picks the newest valid
+/// checkpoint; a finished job's final checkpoint re-commits its sink and stops the start.
+fn recover(spec: &PipelineSpec, restore_from: Option<&Path>) -> Result<Option<Recovery>, RunError> {
+    let Some(checkpoints) = &spec.checkpoints else { return Ok(None) };
+    let store = CheckpointStore::local(&checkpoints.dir)?;
+    let source_store = match restore_from {
+        Some(dir) => CheckpointStore::local(dir)?,
+        None => CheckpointStore::local(&checkpoints.dir)?,
+    };
+    let (point, skipped) = RestorePoint::latest(&source_store)?;
+    for (id, error) in &skipped {
+        tracing::warn!(job = %spec.name, checkpoint = id, %error, "checkpoint skipped: it does not pass its checks");
+    }
+    if let Some(point) = &point
+        && point.metadata().finished
+        && restore_from.is_none()
+    {
+        if let Some(state) = point.sink_state() {
+            sink_committer(&spec.sink)(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
+        }
+        return Err(RunError::AlreadyFinished {
+            job: spec.name.clone(),
+            id: point.id(),
+            dir: checkpoints.dir.display().to_string(),
+        });
+    }
+    if restore_from.is_none() {
+        // Files of checkpoints that never completed, or that were superseded.
+        let retained: Vec<_> = point.iter().map(|p| p.metadata().clone()).collect();
+        collect_garbage(&store, &retained)?;
+    }
+    Ok(Some(Recovery { store, point }))
 }
 
 impl Job {
@@ -289,33 +455,63 @@ impl Job {
             }
         }
 
+        let recovery = recover(spec, options.restore_from.as_deref())?;
+        let restore = recovery.as_ref().and_then(|r| r.point.as_ref());
+        let needs_local_dir = spec.checkpoints.is_some() || spec.state.backend == StateBackendKind::Rocksdb;
+        let local_state = if needs_local_dir { Some(local_state_dir(spec)?) } else { None };
+        let state_dir = local_state.as_ref().map_or_else(|| Path::new(".").to_path_buf(), |d| d.path().to_path_buf());
         let ttl_clock = TtlClock::new(now_ms());
-        let steps = StepContext { spec, components: &components, ttl_clock: &ttl_clock };
+        let steps =
+            StepContext { spec, components: &components, ttl_clock: &ttl_clock, restore, state_dir: &state_dir };
+        let checkpointing = spec.checkpoints.is_some();
         let mut sink = Some(match options.sink.take() {
             Some(sink) => sink,
-            None => open_spec_sink(&spec.sink)?,
+            None => open_spec_sink(&spec.sink, restore.and_then(|p| p.sink_state()), checkpointing)?,
         });
+        let signals = Arc::new(Signals::default());
+        if let Some(point) = restore {
+            // Sources continue from the restored positions, so barriers continue after its id.
+            signals.trigger.store(point.id(), Ordering::SeqCst);
+            signals.completed.store(point.id(), Ordering::SeqCst);
+        }
+        let (reports, reports_rx) = mpsc::channel();
         let mut runners = Vec::new();
         for task in &plan.tasks {
             let first_step_keyed = task.keyed;
             for index in 0..task.parallelism {
+                let task_subtask =
+                    Subtask { index, parallelism: task.parallelism, max_parallelism: spec.max_parallelism };
+                let share = if task.keyed {
+                    Share::KeyGroups(task_subtask.key_groups())
+                } else {
+                    Share::Subtask { index, parallelism: task.parallelism }
+                };
                 let operators = task
                     .steps()
                     .enumerate()
-                    .map(|(pos, step)| {
+                    .map(|(position, step)| {
                         // Only the step right behind a hash exchange sees just its key groups;
                         // steps chained after it may re-key freely, so they accept any key.
-                        let subtask = if pos == 0 && first_step_keyed {
-                            Subtask { index, parallelism: task.parallelism, max_parallelism: spec.max_parallelism }
+                        let subtask = if position == 0 && first_step_keyed {
+                            task_subtask
                         } else {
                             Subtask::single(spec.max_parallelism)
                         };
-                        steps.operator(step, subtask)
+                        steps.operator(step, Slot { task: task.id, position, subtask, share })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
+                let source_name = task.source().map(|i| spec.sources[i].name().to_owned());
                 let head = match task.source() {
                     Some(source) => Head::Source {
-                        source: open_source(&spec.sources[source], index, task.parallelism, None)?,
+                        source: {
+                            let start = match restore {
+                                Some(point) => {
+                                    point.source_position(spec.sources[source].name(), index, task.parallelism)?
+                                }
+                                None => None,
+                            };
+                            open_source(&spec.sources[source], index, task.parallelism, start.as_ref())?
+                        },
                         watermarks: BoundedOutOfOrderness::new(spec.watermarks.out_of_orderness_ms),
                         batch_size: spec.batch_size,
                         buffer: eddy_core::RecordBatch::with_capacity(spec.batch_size, spec.batch_size * 64),
@@ -331,6 +527,10 @@ impl Job {
                             ended: vec![false; channels],
                         }
                     }
+                };
+                let input_channels = match &head {
+                    Head::Input { gate, .. } => Some(gate.channels()),
+                    Head::Source { .. } => None,
                 };
                 let tail = match plan.output(task.id) {
                     Some(edge) => {
@@ -364,10 +564,54 @@ impl Job {
                         ttl_clock: ttl_clock.clone(),
                         tick: options.tick,
                         watermark: WATERMARK_MIN,
+                        checkpointing: checkpointing.then(|| Checkpointing {
+                            participant: runners.len(),
+                            task: task.id,
+                            subtask: index,
+                            parallelism: task.parallelism,
+                            keyed: task.keyed,
+                            source_name: source_name.clone(),
+                            steps: task.steps().map(|i| spec.steps[i].name.clone()).collect(),
+                            signals: signals.clone(),
+                            reports: reports.clone(),
+                            staging_root: state_dir.clone(),
+                            last_checkpoint: signals.trigger.load(Ordering::SeqCst),
+                            last_completed: signals.completed.load(Ordering::SeqCst),
+                            aligner: input_channels.map(BarrierAligner::new),
+                            align_started: None,
+                        }),
                     },
                 ));
             }
         }
+        drop(reports);
+        let history = Arc::new(Mutex::new(Vec::new()));
+        let restored_from = restore.map(|p| p.id());
+        let checkpoint_thread = match (recovery, &spec.checkpoints) {
+            (Some(recovery), Some(checkpoints)) => {
+                let first_id = restored_from.map_or(1, |id| id + 1);
+                let retained = match (&options.restore_from, &recovery.point) {
+                    (None, Some(point)) => vec![point.metadata().clone()],
+                    _ => Vec::new(),
+                };
+                let thread = CheckpointThread {
+                    job: spec.name.clone(),
+                    spec: checkpoints.clone(),
+                    store: recovery.store,
+                    participants: runners.len(),
+                    first_id,
+                    retained,
+                    signals: signals.clone(),
+                    reports: reports_rx,
+                    cancel: control.cancel.clone(),
+                    history: history.clone(),
+                    commit_sink: sink_committer(&spec.sink),
+                };
+                let spawned = std::thread::Builder::new().name("eddy-checkpoints".into()).spawn(move || thread.run());
+                Some(spawned.map_err(|e| internal(0, 0, &format!("cannot start the checkpoint thread: {e}")))?)
+            }
+            _ => None,
+        };
 
         let mut threads = Vec::new();
         for (task, index, runner) in runners {
@@ -388,8 +632,33 @@ impl Job {
                 }
             }
         }
-        tracing::info!(job = %spec.name, tasks = plan.tasks.len(), subtasks = plan.subtasks(), "job started");
-        Ok(Job { plan, metrics, control, threads })
+        tracing::info!(
+            job = %spec.name,
+            tasks = plan.tasks.len(),
+            subtasks = plan.subtasks(),
+            restored_from = ?restored_from,
+            "job started"
+        );
+        Ok(Job {
+            plan,
+            metrics,
+            control,
+            threads,
+            checkpoints: checkpoint_thread,
+            history,
+            restored_from,
+            _local_state: local_state,
+        })
+    }
+
+    /// The checkpoint this run restored from.
+    pub fn restored_from(&self) -> Option<CheckpointId> {
+        self.restored_from
+    }
+
+    /// Checkpoints completed so far in this run, oldest first.
+    pub fn completed_checkpoints(&self) -> Vec<CompletedCheckpoint> {
+        self.history.lock().map(|h| h.clone()).unwrap_or_default()
     }
 
     /// The physical plan being run.
@@ -447,9 +716,26 @@ impl Job {
                 }
             }
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(RunSummary { metrics: self.metrics.snapshot(), finished }),
+        if first_error.is_some() {
+            // The checkpoint thread stops on the cancellation the failure caused.
+            self.control.cancel();
+        }
+        let checkpoint_result = match self.checkpoints {
+            Some(handle) => handle.join().unwrap_or_else(|_| {
+                Err(CheckpointError::Storage { what: "checkpoint thread".into(), problem: "panicked".into() })
+            }),
+            None => Ok(()),
+        };
+        match (first_error, checkpoint_result) {
+            (Some(e), _) => Err(e),
+            (None, Err(e)) => Err(RunError::Checkpoint(e)),
+            (None, Ok(())) => Ok(RunSummary {
+                metrics: self.metrics.snapshot(),
+                finished,
+                restored_from: self.restored_from,
+                checkpoints: self.history.lock().map(|h| h.clone()).unwrap_or_default(),
+                restarts: 0,
+            }),
         }
     }
 
@@ -472,6 +758,56 @@ impl Job {
         }
         job.wait()
     }
+
+    /// [`Job::run`], restarting from the latest checkpoint after a task failure as the spec's
+    /// `restart` strategy allows (only with checkpoints: without them a restart would repeat
+    /// output). `options` makes the options of each attempt; `on_restart` hears of each restart.
+    pub fn run_with_restarts(
+        spec: &PipelineSpec,
+        runtime: &Runtime,
+        mut options: impl FnMut() -> JobOptions,
+        every: Duration,
+        mut progress: impl FnMut(&Job, &MetricsSnapshot),
+        mut on_restart: impl FnMut(&RunError, u32, Duration),
+    ) -> Result<RunSummary, RunError> {
+        let mut restarts = 0;
+        loop {
+            match Job::run(spec, runtime, options(), every, &mut progress) {
+                Err(e @ (RunError::Task { .. } | RunError::Panicked { .. })) if spec.checkpoints.is_some() => {
+                    let Some(delay) = spec.restart.delay_before(restarts + 1) else { return Err(e) };
+                    restarts += 1;
+                    on_restart(&e, restarts, delay);
+                    std::thread::sleep(delay);
+                }
+                Ok(summary) => return Ok(RunSummary { restarts, ..summary }),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A fresh local directory for this run's state under the spec's state directory. Directories
+/// of runs whose process is gone (killed) are removed first.
+fn local_state_dir(spec: &PipelineSpec) -> Result<tempfile::TempDir, RunError> {
+    let base = spec.state.dir.clone().unwrap_or_else(|| PathBuf::from(".eddy/state").join(&spec.name));
+    let error = |problem: String| RunError::State { step: "*".into(), problem };
+    std::fs::create_dir_all(&base).map_err(|e| error(format!("cannot create {}: {e}", base.display())))?;
+    if let Ok(entries) = std::fs::read_dir(&base) {
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name.strip_prefix("run-").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+            if let Some(pid) = pid
+                && pid != std::process::id()
+                && !Path::new(&format!("/proc/{pid}")).exists()
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    tempfile::Builder::new()
+        .prefix(&format!("run-{}-", std::process::id()))
+        .tempdir_in(&base)
+        .map_err(|e| error(format!("cannot create a run directory in {}: {e}", base.display())))
 }
 
 fn is_disconnect(e: &RunError) -> bool {

@@ -32,8 +32,11 @@
 
 pub mod buffer;
 pub mod channel;
+pub mod checkpoint;
+mod checkpointing;
 pub mod connectors;
 pub mod credit;
+mod files_sink;
 mod job;
 pub mod metrics;
 mod operator;
@@ -46,13 +49,15 @@ mod wasm_operator;
 pub mod window;
 pub mod window_operator;
 
+pub use checkpointing::CompletedCheckpoint;
+pub use files_sink::{FilesSink, FilesSinkState};
 pub use job::{Job, JobOptions, RunError, RunSummary};
 pub use metrics::MetricsSnapshot;
-pub use operator::{OperatorError, StreamOperator};
+pub use operator::{OperatorError, OperatorSnapshot, StreamOperator};
 pub use plan::PhysicalPlan;
 pub use sink::{Blackhole, JsonLinesSink, PrintSink, Sink};
 pub use spec::{
-    GeneratorSpec, KeyBy, NexmarkSourceSpec, PipelineSpec, SinkSpec, SourceFormat, SourceSpec, SpecError, StepSpec,
-    WatermarkSpec, WindowSpec, WindowType,
+    CheckpointSpec, GeneratorSpec, KeyBy, NexmarkSourceSpec, PipelineSpec, RestartSpec, SinkSpec, SourceFormat,
+    SourceSpec, SpecError, StateBackendKind, StateSpec, StepSpec, WatermarkSpec, WindowSpec, WindowType,
 };
 pub use task::TaskError;

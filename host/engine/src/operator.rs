@@ -5,9 +5,11 @@
 //! progress, end of input. Every call returns what the operator emitted; the task forwards the
 //! main output to the next operator of the chain and side outputs to the sink.
 
-use eddy_core::RecordBatch;
+use std::path::Path;
+
+use eddy_core::{FiredTimer, RecordBatch};
 use eddy_runtime::{CallError, Output};
-use eddy_state::StateError;
+use eddy_state::{BackendSnapshot, StateError};
 
 /// Why an operator failed.
 #[derive(Debug, thiserror::Error)]
@@ -52,4 +54,16 @@ pub trait StreamOperator: Send {
     fn late_records(&self) -> u64 {
         0
     }
+    /// The synchronous phase of a checkpoint: the operator's state and timers as of now.
+    /// `staging` is a fresh directory for disk backends.
+    fn snapshot(&mut self, staging: &Path) -> Result<OperatorSnapshot, OperatorError>;
+}
+
+/// What [`StreamOperator::snapshot`] took.
+#[derive(Debug)]
+pub struct OperatorSnapshot {
+    /// Pending timers (operators that rebuild their timers from state leave this empty).
+    pub timers: Vec<FiredTimer>,
+    /// The state backend's picture.
+    pub state: BackendSnapshot,
 }

@@ -127,6 +127,7 @@ impl PhysicalPlan {
             SinkSpec::Print => "sink:print",
             SinkSpec::File { .. } => "sink:file",
             SinkSpec::Blackhole => "sink:blackhole",
+            SinkSpec::Files { .. } => "sink:files",
         };
         labels.push((Node::Sink, sink.to_string()));
 

@@ -6,11 +6,25 @@ use std::io::Write;
 use eddy_core::RecordBatch;
 
 /// Where a run's records end up. `output` is `None` for the main output, else a side output.
+///
+/// Exactly-once sinks take part in checkpoints as a two-phase commit: `pre_commit` at the
+/// barrier (make everything so far durable but invisible, and say how to find it),
+/// `notify_complete` once the checkpoint is complete (make it visible). Other sinks ignore both.
 pub trait Sink: Send {
     /// Takes a batch.
     fn write(&mut self, output: Option<&str>, batch: &RecordBatch) -> std::io::Result<()>;
     /// Flushes at the end of the input.
     fn finish(&mut self) -> std::io::Result<()>;
+    /// Checkpoint `checkpoint`'s barrier passed: the transaction state it must record.
+    fn pre_commit(&mut self, checkpoint: u64) -> std::io::Result<Option<serde_json::Value>> {
+        let _ = checkpoint;
+        Ok(None)
+    }
+    /// Checkpoint `checkpoint` (and every one before it) is complete.
+    fn notify_complete(&mut self, checkpoint: u64) -> std::io::Result<()> {
+        let _ = checkpoint;
+        Ok(())
+    }
 }
 
 fn text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
@@ -49,19 +63,24 @@ fn embed(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes).unwrap_or_else(|_| serde_json::Value::String(text(bytes).into_owned()))
 }
 
+/// Writes `batch` as JSON lines (the format of [`JsonLinesSink`] and the files sink).
+pub(crate) fn write_json_lines(out: &mut impl Write, output: Option<&str>, batch: &RecordBatch) -> std::io::Result<()> {
+    for r in batch.iter() {
+        let line = serde_json::json!({
+            "output": output.unwrap_or("main"),
+            "key": r.key.map(embed),
+            "value": embed(r.value),
+            "timestamp": r.timestamp,
+        });
+        serde_json::to_writer(&mut *out, &line)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
 impl<W: Write + Send> Sink for JsonLinesSink<W> {
     fn write(&mut self, output: Option<&str>, batch: &RecordBatch) -> std::io::Result<()> {
-        for r in batch.iter() {
-            let line = serde_json::json!({
-                "output": output.unwrap_or("main"),
-                "key": r.key.map(embed),
-                "value": embed(r.value),
-                "timestamp": r.timestamp,
-            });
-            serde_json::to_writer(&mut self.0, &line)?;
-            self.0.write_all(b"\n")?;
-        }
-        Ok(())
+        write_json_lines(&mut self.0, output, batch)
     }
 
     fn finish(&mut self) -> std::io::Result<()> {

@@ -34,6 +34,156 @@ pub struct PipelineSpec {
     pub steps: Vec<StepSpec>,
     /// Where the last step's records and every side output go.
     pub sink: SinkSpec,
+    /// Where keyed state lives (heap by default).
+    #[serde(default)]
+    pub state: StateSpec,
+    /// Periodic checkpoints; none = no fault tolerance (a failed job starts over).
+    #[serde(default)]
+    pub checkpoints: Option<CheckpointSpec>,
+    /// What happens when a task fails (only meaningful with checkpoints).
+    #[serde(default)]
+    pub restart: RestartSpec,
+}
+
+/// Which state backend the steps use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateBackendKind {
+    /// In memory: fastest, bounded by memory.
+    #[default]
+    Heap,
+    /// RocksDB on local disk: state larger than memory, bounded native memory.
+    Rocksdb,
+}
+
+/// `state:` — the state backend.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSpec {
+    /// `heap` or `rocksdb`.
+    #[serde(default)]
+    pub backend: StateBackendKind,
+    /// Local working directory of RocksDB and of checkpoint staging (relative to the spec
+    /// file); default `.eddy/state/<pipeline name>` under the current directory.
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    /// RocksDB block cache per subtask and step, MiB.
+    #[serde(default = "default_block_cache_mb")]
+    pub block_cache_mb: usize,
+    /// RocksDB memtable size per subtask and step, MiB (two at most).
+    #[serde(default = "default_write_buffer_mb")]
+    pub write_buffer_mb: usize,
+}
+
+impl Default for StateSpec {
+    fn default() -> Self {
+        Self {
+            backend: StateBackendKind::Heap,
+            dir: None,
+            block_cache_mb: default_block_cache_mb(),
+            write_buffer_mb: default_write_buffer_mb(),
+        }
+    }
+}
+
+fn default_block_cache_mb() -> usize {
+    64
+}
+
+fn default_write_buffer_mb() -> usize {
+    16
+}
+
+/// `checkpoints:` — periodic, aligned checkpoints to a directory.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Where checkpoints are written (relative to the spec file). `eddy run` resumes from the
+    /// newest valid checkpoint in it.
+    pub dir: PathBuf,
+    /// Time between checkpoints.
+    #[serde(default = "default_checkpoint_interval_ms")]
+    pub interval_ms: u64,
+    /// A checkpoint not complete after this long is aborted.
+    #[serde(default = "default_checkpoint_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Quiet time after one checkpoint ends before the next starts.
+    #[serde(default)]
+    pub min_pause_ms: u64,
+    /// Completed checkpoints kept (older ones and unreferenced files are deleted).
+    #[serde(default = "default_retained")]
+    pub retained: usize,
+}
+
+fn default_checkpoint_interval_ms() -> u64 {
+    1_000
+}
+
+fn default_checkpoint_timeout_ms() -> u64 {
+    60_000
+}
+
+fn default_retained() -> usize {
+    2
+}
+
+/// `restart:` — how a failed job is restarted from its latest checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(tag = "strategy", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RestartSpec {
+    /// Fail the run on the first task failure.
+    None,
+    /// Up to `attempts` restarts, `delay_ms` apart.
+    FixedDelay {
+        /// Restarts at most.
+        attempts: u32,
+        /// Pause before each restart.
+        #[serde(default = "default_restart_delay_ms")]
+        delay_ms: u64,
+    },
+    /// Up to `attempts` restarts, the pause doubling from `delay_ms` up to `max_delay_ms`.
+    ExponentialBackoff {
+        /// Restarts at most.
+        attempts: u32,
+        /// First pause.
+        #[serde(default = "default_restart_delay_ms")]
+        delay_ms: u64,
+        /// Longest pause.
+        #[serde(default = "default_restart_max_delay_ms")]
+        max_delay_ms: u64,
+    },
+}
+
+impl Default for RestartSpec {
+    fn default() -> Self {
+        RestartSpec::FixedDelay { attempts: 3, delay_ms: default_restart_delay_ms() }
+    }
+}
+
+impl RestartSpec {
+    /// The pause before restart number `attempt` (1-based), or `None` when out of attempts.
+    pub fn delay_before(&self, attempt: u32) -> Option<std::time::Duration> {
+        let ms = match *self {
+            RestartSpec::None => return None,
+            RestartSpec::FixedDelay { attempts, delay_ms } => (attempt <= attempts).then_some(delay_ms)?,
+            RestartSpec::ExponentialBackoff { attempts, delay_ms, max_delay_ms } => {
+                if attempt > attempts {
+                    return None;
+                }
+                let factor = 1u64.checked_shl(attempt.saturating_sub(1)).unwrap_or(u64::MAX);
+                delay_ms.saturating_mul(factor).min(max_delay_ms)
+            }
+        };
+        Some(std::time::Duration::from_millis(ms))
+    }
+}
+
+fn default_restart_delay_ms() -> u64 {
+    1_000
+}
+
+fn default_restart_max_delay_ms() -> u64 {
+    30_000
 }
 
 fn default_max_parallelism() -> u32 {
@@ -412,6 +562,13 @@ pub enum SinkSpec {
     },
     /// Discards records (for benchmarks).
     Blackhole,
+    /// Exactly-once JSON-lines files in a directory: records are written to in-progress files
+    /// that become visible (renamed to `part-*.jsonl`) only when the checkpoint covering them
+    /// completes; after a failure, uncommitted files are discarded and their records replayed.
+    Files {
+        /// The directory, relative to the spec file.
+        dir: PathBuf,
+    },
 }
 
 /// Why a spec was rejected.
@@ -469,8 +626,15 @@ impl PipelineSpec {
         for step in &mut self.steps {
             step.wasm = base.join(&step.wasm);
         }
-        if let SinkSpec::File { path } = &mut self.sink {
-            *path = base.join(&*path);
+        match &mut self.sink {
+            SinkSpec::File { path } | SinkSpec::Files { dir: path } => *path = base.join(&*path),
+            SinkSpec::Print | SinkSpec::Blackhole => {}
+        }
+        if let Some(dir) = &mut self.state.dir {
+            *dir = base.join(&*dir);
+        }
+        if let Some(checkpoints) = &mut self.checkpoints {
+            checkpoints.dir = base.join(&checkpoints.dir);
         }
     }
 
@@ -512,6 +676,20 @@ impl PipelineSpec {
         }
         if self.sources.is_empty() {
             return Err(invalid("sources", "needs at least one source"));
+        }
+        if self.state.block_cache_mb == 0 || self.state.write_buffer_mb == 0 {
+            return Err(invalid("state", "block_cache_mb and write_buffer_mb must be at least 1"));
+        }
+        if let Some(c) = &self.checkpoints {
+            if c.interval_ms == 0 {
+                return Err(invalid("checkpoints.interval_ms", "must be positive"));
+            }
+            if c.timeout_ms == 0 {
+                return Err(invalid("checkpoints.timeout_ms", "must be positive"));
+            }
+            if c.retained == 0 {
+                return Err(invalid("checkpoints.retained", "must keep at least 1 checkpoint"));
+            }
         }
         for (i, source) in self.sources.iter().enumerate() {
             let field = |f: &str| format!("sources[{i}].{f}");

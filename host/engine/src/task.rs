@@ -6,8 +6,10 @@
 //! (processing-time timers, idleness, buffer timeouts) — so an operator never runs
 //! concurrently with itself and needs no locks.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use eddy_core::{BoundedOutOfOrderness, RecordBatch, WatermarkTracker};
@@ -15,6 +17,9 @@ use eddy_runtime::Output;
 use eddy_state::TtlClock;
 
 use crate::channel::{InputGate, Message};
+use crate::checkpoint::upload::TakenSnapshot;
+use crate::checkpoint::{Alignment, BarrierAligner, CheckpointId};
+use crate::checkpointing::{Report, Signals};
 use crate::connectors::{Source, SourceError, SourceStatus};
 use crate::metrics::SubtaskMetrics;
 use crate::operator::{OperatorError, StreamOperator};
@@ -36,6 +41,34 @@ pub enum TaskError {
     /// Writing to the sink failed.
     #[error("writing to the sink: {0}")]
     Sink(std::io::Error),
+    /// The synchronous phase of a checkpoint failed (the local staging directory).
+    #[error("taking a snapshot: {0}")]
+    Snapshot(String),
+}
+
+/// A subtask's part in checkpoints.
+pub(crate) struct Checkpointing {
+    /// Index among all the job's subtasks.
+    pub participant: usize,
+    pub task: usize,
+    pub subtask: u32,
+    pub parallelism: u32,
+    pub keyed: bool,
+    /// The source this subtask reads, if it is a source reader.
+    pub source_name: Option<String>,
+    /// Step name of each operator of the chain.
+    pub steps: Vec<String>,
+    pub signals: Arc<Signals>,
+    pub reports: Sender<Report>,
+    /// Where snapshots are staged (on the state backends' file system, for hard links).
+    pub staging_root: PathBuf,
+    /// The newest checkpoint this subtask snapshotted (sources) or aligned.
+    pub last_checkpoint: CheckpointId,
+    /// The newest completed checkpoint this subtask's sink heard of.
+    pub last_completed: CheckpointId,
+    /// Input tasks: which channels are held for the barrier being aligned.
+    pub aligner: Option<BarrierAligner>,
+    pub align_started: Option<Instant>,
 }
 
 /// Where the chain's records enter.
@@ -119,6 +152,7 @@ pub(crate) struct SubtaskRunner {
     pub(crate) ttl_clock: TtlClock,
     pub(crate) tick: Duration,
     pub(crate) watermark: i64,
+    pub(crate) checkpointing: Option<Checkpointing>,
 }
 
 impl SubtaskRunner {
@@ -147,6 +181,7 @@ impl SubtaskRunner {
                 next_tick = now + self.tick;
                 self.on_tick()?;
             }
+            self.on_checkpoint_signals()?;
             let wait = next_tick.saturating_duration_since(Instant::now());
             let input_done = match &mut self.head {
                 Head::Source { .. } => self.poll_source(wait)?,
@@ -226,8 +261,7 @@ impl SubtaskRunner {
                     self.advance_watermark(w)?;
                 }
             }
-            // Alignment and snapshots come with checkpoints; until then barriers pass through.
-            Message::Barrier(n) => self.tail.event(Message::Barrier(n))?,
+            Message::Barrier(n) => self.on_barrier(channel, n)?,
             Message::EndOfStream => {
                 if let Some(e) = ended.get_mut(channel) {
                     *e = true;
@@ -239,10 +273,124 @@ impl SubtaskRunner {
                 {
                     self.advance_watermark(w)?;
                 }
+                let aligned = match self.checkpointing.as_mut().and_then(|c| c.aligner.as_mut()) {
+                    Some(aligner) => aligner.on_end(channel),
+                    None => Alignment::Waiting,
+                };
+                if let Alignment::Aligned(id) = aligned {
+                    self.aligned(id)?;
+                }
                 return Ok(all_ended);
             }
         }
         Ok(false)
+    }
+
+    /// Sources take a triggered checkpoint; sinks commit completed ones.
+    fn on_checkpoint_signals(&mut self) -> Result<(), TaskError> {
+        let Some(ck) = &mut self.checkpointing else { return Ok(()) };
+        let completed = ck.signals.completed.load(Ordering::SeqCst);
+        if completed > ck.last_completed {
+            ck.last_completed = completed;
+            if let Tail::Sink(sink) = &mut self.tail {
+                sink.notify_complete(completed).map_err(TaskError::Sink)?;
+            }
+        }
+        let trigger = ck.signals.trigger.load(Ordering::SeqCst);
+        if matches!(self.head, Head::Source { .. }) && trigger > ck.last_checkpoint {
+            ck.last_checkpoint = trigger;
+            self.snapshot(Some(trigger), 0.0)?;
+            self.tail.event(Message::Barrier(trigger))?;
+        }
+        Ok(())
+    }
+
+    /// Barrier `id` arrived on `channel`: hold the channel until every live channel delivered
+    /// it, then snapshot and pass the barrier on.
+    fn on_barrier(&mut self, channel: usize, id: CheckpointId) -> Result<(), TaskError> {
+        let Some(ck) = &mut self.checkpointing else {
+            // Without checkpoints nobody aligns; pass it on.
+            return self.tail.event(Message::Barrier(id));
+        };
+        let Some(aligner) = &mut ck.aligner else { return Ok(()) };
+        match aligner.on_barrier(channel, id) {
+            Alignment::Waiting => {
+                ck.align_started.get_or_insert_with(Instant::now);
+                if let Head::Input { gate, .. } = &mut self.head {
+                    gate.set_blocked(channel, true);
+                }
+                Ok(())
+            }
+            Alignment::Aligned(id) => self.aligned(id),
+            Alignment::Stale => Ok(()),
+        }
+    }
+
+    fn aligned(&mut self, id: CheckpointId) -> Result<(), TaskError> {
+        let alignment_ms = self
+            .checkpointing
+            .as_mut()
+            .and_then(|c| c.align_started.take())
+            .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+        if let Head::Input { gate, .. } = &mut self.head {
+            for c in 0..gate.channels() {
+                gate.set_blocked(c, false);
+            }
+        }
+        if let Some(ck) = &mut self.checkpointing {
+            ck.last_checkpoint = id;
+        }
+        self.snapshot(Some(id), alignment_ms)?;
+        self.tail.event(Message::Barrier(id))
+    }
+
+    /// The synchronous phase: the chain's state, the source position and the sink's
+    /// pre-commit, handed to the checkpoint thread. `id: None` is the final snapshot of a
+    /// finished subtask.
+    fn snapshot(&mut self, id: Option<CheckpointId>, alignment_ms: f64) -> Result<(), TaskError> {
+        let Some(ck) = &self.checkpointing else { return Ok(()) };
+        let started = Instant::now();
+        let staging = tempfile::Builder::new()
+            .prefix("snapshot-")
+            .tempdir_in(&ck.staging_root)
+            .map_err(|e| TaskError::Snapshot(format!("staging in {}: {e}", ck.staging_root.display())))?;
+        let steps = ck.steps.clone();
+        let mut operators = Vec::with_capacity(self.operators.len());
+        for (i, op) in self.operators.iter_mut().enumerate() {
+            let dir = staging.path().join(format!("op{i}"));
+            std::fs::create_dir(&dir).map_err(|e| TaskError::Snapshot(format!("{}: {e}", dir.display())))?;
+            let name = steps.get(i).cloned().unwrap_or_else(|| op.name().to_owned());
+            operators.push((name, op.snapshot(&dir)?));
+        }
+        let sink = match &mut self.tail {
+            Tail::Sink(sink) => sink.pre_commit(id.unwrap_or(u64::MAX)).map_err(TaskError::Sink)?,
+            Tail::Exchange(_) => None,
+        };
+        let Some(ck) = &self.checkpointing else { return Ok(()) };
+        let source = match &self.head {
+            Head::Source { source, .. } => ck.source_name.clone().map(|n| (n, source.position())),
+            Head::Input { .. } => None,
+        };
+        let snapshot = TakenSnapshot {
+            participant: ck.participant,
+            task: ck.task,
+            subtask: ck.subtask,
+            parallelism: ck.parallelism,
+            keyed: ck.keyed,
+            source,
+            sink,
+            operators,
+            alignment_ms,
+            sync_ms: started.elapsed().as_secs_f64() * 1e3,
+            staging: Some(staging),
+        };
+        let report = match id {
+            Some(id) => Report::Taken { id, snapshot },
+            None => Report::Finished(snapshot),
+        };
+        // A gone checkpoint thread means the job is ending; nothing to tell.
+        let _ = ck.reports.send(report);
+        Ok(())
     }
 
     fn on_tick(&mut self) -> Result<(), TaskError> {
@@ -310,6 +458,7 @@ impl SubtaskRunner {
             let out = self.operators[i].finish()?;
             self.forward(i, out)?;
         }
-        self.tail.event(Message::EndOfStream)
+        self.tail.event(Message::EndOfStream)?;
+        self.snapshot(None, 0.0)
     }
 }

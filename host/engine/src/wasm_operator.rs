@@ -5,7 +5,7 @@
 use eddy_core::RecordBatch;
 use eddy_runtime::{OperatorInstance, Output};
 
-use crate::operator::{OperatorError, StreamOperator};
+use crate::operator::{OperatorError, OperatorSnapshot, StreamOperator};
 
 /// How often expired state is purged (a full scan of the subtask's state).
 const PURGE_EVERY_MS: i64 = 10_000;
@@ -66,5 +66,15 @@ impl StreamOperator for WasmOperator {
 
     fn finish(&mut self) -> Result<Output, OperatorError> {
         Ok(self.instance.close()?)
+    }
+
+    fn snapshot(&mut self, staging: &std::path::Path) -> Result<OperatorSnapshot, OperatorError> {
+        let timers = self.instance.timer_service().pending();
+        let state = self
+            .instance
+            .state_backend_mut()
+            .snapshot(staging)
+            .map_err(|source| OperatorError::State { operator: self.name.clone(), source })?;
+        Ok(OperatorSnapshot { timers, state })
     }
 }

@@ -28,7 +28,7 @@ use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN, key_group_of};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Output};
 use eddy_state::{StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list};
 
-use crate::operator::{OperatorError, StreamOperator};
+use crate::operator::{OperatorError, OperatorSnapshot, StreamOperator};
 use crate::window::{SessionWindows, Window, WindowKind};
 
 #[cfg(test)]
@@ -684,5 +684,11 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
 
     fn late_records(&self) -> u64 {
         self.late_records
+    }
+
+    /// State only: the timers are rebuilt from it on restore (see [`Timers`]).
+    fn snapshot(&mut self, staging: &std::path::Path) -> Result<OperatorSnapshot, OperatorError> {
+        let state = self.store.backend.snapshot(staging).map_err(|e| self.store.error(e))?;
+        Ok(OperatorSnapshot { timers: Vec::new(), state })
     }
 }

@@ -26,6 +26,6 @@ mod ttl;
 
 pub use backend::{BackendSnapshot, StateBackend, StateError};
 pub use heap::HeapStateBackend;
-pub use rocks::{RocksDbBackend, RocksDbConfig};
 pub use layout::{DecodedStateKey, StateKey, decode_list, decode_state_key, encode_list};
+pub use rocks::{RocksDbBackend, RocksDbConfig};
 pub use ttl::{TtlBackend, TtlClock};

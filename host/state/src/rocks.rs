@@ -261,7 +261,9 @@ mod tests {
         assert_eq!(restored.get(&5u32.to_be_bytes()).expect("get"), Some(b"before".to_vec()));
         assert_eq!(restored.get(&6u32.to_be_bytes()).expect("get"), Some(b"before".to_vec()));
         let mut in_range = 0;
-        restored.scan_range(&100u32.to_be_bytes(), Some(&200u32.to_be_bytes()), &mut |_, _| in_range += 1).expect("scan");
+        restored
+            .scan_range(&100u32.to_be_bytes(), Some(&200u32.to_be_bytes()), &mut |_, _| in_range += 1)
+            .expect("scan");
         assert_eq!(in_range, 100);
     }
 }

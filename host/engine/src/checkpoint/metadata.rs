@@ -1,0 +1,204 @@
+//! What a completed checkpoint records, and how one is found again: `chk-<id>/_metadata`
+//! (sealed JSON, written last and atomically, only after every subtask acknowledged) lists
+//! every subtask's source position, sink transaction state, operator timers and state files
+//! with their sizes and checksums. A checkpoint without metadata never completed; one whose
+//! metadata or files fail their checks is skipped for the one before it.
+
+use serde::{Deserialize, Serialize};
+
+use super::format::{seal, unseal};
+use super::store::CheckpointStore;
+use super::{CheckpointError, CheckpointId};
+use crate::connectors::SourcePosition;
+
+/// Version of the metadata and file formats.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The metadata file of checkpoint `id`.
+pub fn metadata_path(id: CheckpointId) -> String {
+    format!("chk-{id}/_metadata")
+}
+
+/// A file a checkpoint references.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// Path in the checkpoint store.
+    pub path: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// CRC-32 of the whole file.
+    pub crc32: u32,
+}
+
+/// How one operator's state was stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoredState {
+    /// Entries in one sealed file (heap backend).
+    Entries(FileRef),
+    /// A RocksDB native checkpoint: each file by its name in the database directory.
+    Rocksdb(Vec<(String, FileRef)>),
+}
+
+/// A pending timer of a Wasm operator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerState {
+    /// `true`: event time; `false`: processing time.
+    pub event_time: bool,
+    /// When it fires.
+    pub timestamp: i64,
+    /// Key group of its key.
+    pub key_group: u16,
+    /// The key.
+    pub key: Vec<u8>,
+}
+
+/// One step's part of a subtask's snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorState {
+    /// The step's name in the pipeline (state follows the name across plan changes).
+    pub step: String,
+    /// Pending timers.
+    pub timers: Vec<TimerState>,
+    /// Its keyed state.
+    pub state: StoredState,
+}
+
+/// One subtask's snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubtaskState {
+    /// Task index in the plan.
+    pub task: usize,
+    /// Subtask index.
+    pub subtask: u32,
+    /// The task's parallelism when the snapshot was taken.
+    pub parallelism: u32,
+    /// Whether the task's first step reads a hash exchange (its state is split by key group).
+    pub keyed: bool,
+    /// The source this subtask reads and where, if it is a source reader.
+    pub source: Option<(String, SourcePosition)>,
+    /// The sink's transaction state, if the sink is in this subtask.
+    pub sink: Option<serde_json::Value>,
+    /// The chain's stateful steps.
+    pub operators: Vec<OperatorState>,
+}
+
+impl SubtaskState {
+    /// Every file this subtask's snapshot references.
+    pub fn files(&self) -> impl Iterator<Item = &FileRef> {
+        self.operators.iter().flat_map(|o| match &o.state {
+            StoredState::Entries(f) => std::slice::from_ref(f).iter().collect::<Vec<_>>(),
+            StoredState::Rocksdb(files) => files.iter().map(|(_, f)| f).collect(),
+        })
+    }
+}
+
+/// Durations and sizes of one checkpoint (the slowest subtask's durations).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointStats {
+    /// Longest time a subtask held channels back waiting for barriers, ms.
+    pub alignment_ms: f64,
+    /// Longest synchronous phase (the task stopped), ms.
+    pub sync_ms: f64,
+    /// Longest asynchronous phase (writing files while records flow), ms.
+    pub async_ms: f64,
+    /// Trigger to completion, ms.
+    pub total_ms: f64,
+    /// Bytes of every file the checkpoint references.
+    pub full_bytes: u64,
+    /// Bytes written for this checkpoint (files shared with earlier checkpoints not counted).
+    pub incremental_bytes: u64,
+}
+
+/// A completed checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointMetadata {
+    /// [`FORMAT_VERSION`].
+    pub version: u32,
+    /// The pipeline's name.
+    pub job: String,
+    /// The checkpoint.
+    pub id: CheckpointId,
+    /// Wall-clock completion time, ms since the epoch.
+    pub completed_ms: i64,
+    /// Written when the job ran to the end of its input: nothing is left to do.
+    pub finished: bool,
+    /// Every subtask's snapshot.
+    pub subtasks: Vec<SubtaskState>,
+    /// How it went.
+    pub stats: CheckpointStats,
+}
+
+impl CheckpointMetadata {
+    /// Every file the checkpoint references.
+    pub fn files(&self) -> impl Iterator<Item = &FileRef> {
+        self.subtasks.iter().flat_map(|s| s.files())
+    }
+
+    /// Writes the metadata (the commit point of the checkpoint).
+    pub fn write(&self, store: &CheckpointStore) -> Result<(), CheckpointError> {
+        let json = serde_json::to_vec(self).map_err(|e| CheckpointError::Corrupt {
+            file: metadata_path(self.id),
+            problem: format!("cannot encode: {e}"),
+        })?;
+        store.put(&metadata_path(self.id), seal(&json))
+    }
+
+    /// Reads and checks checkpoint `id`: the metadata and every file it references.
+    pub fn read_verified(store: &CheckpointStore, id: CheckpointId) -> Result<Self, CheckpointError> {
+        let path = metadata_path(id);
+        let bytes = store.get(&path)?;
+        let json = unseal(&bytes, &path)?;
+        let meta: CheckpointMetadata = serde_json::from_slice(json)
+            .map_err(|e| CheckpointError::Corrupt { file: path.clone(), problem: e.to_string() })?;
+        if meta.version != FORMAT_VERSION {
+            return Err(CheckpointError::Corrupt {
+                file: path,
+                problem: format!("format version {} (this Eddy reads {FORMAT_VERSION})", meta.version),
+            });
+        }
+        let sizes: std::collections::HashMap<String, u64> = store.list("")?.into_iter().collect();
+        for file in meta.files() {
+            match sizes.get(&file.path) {
+                Some(&size) if size == file.bytes => {}
+                Some(&size) => {
+                    return Err(CheckpointError::Corrupt {
+                        file: file.path.clone(),
+                        problem: format!("{size} bytes, the checkpoint recorded {}", file.bytes),
+                    });
+                }
+                None => {
+                    return Err(CheckpointError::Corrupt { file: file.path.clone(), problem: "missing".into() });
+                }
+            }
+        }
+        Ok(meta)
+    }
+}
+
+/// Checkpoint ids with metadata in the store, newest first.
+pub fn completed_ids(store: &CheckpointStore) -> Result<Vec<CheckpointId>, CheckpointError> {
+    let mut ids: Vec<CheckpointId> = store
+        .list("")?
+        .into_iter()
+        .filter_map(|(path, _)| path.strip_prefix("chk-")?.strip_suffix("/_metadata")?.parse().ok())
+        .collect();
+    ids.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(ids)
+}
+
+/// Deletes every file that none of `retained` references (old checkpoints, aborted or torn
+/// ones, shared files no longer needed). Returns how many files were deleted.
+pub fn collect_garbage(store: &CheckpointStore, retained: &[CheckpointMetadata]) -> Result<usize, CheckpointError> {
+    let mut keep: std::collections::HashSet<String> =
+        retained.iter().flat_map(|m| m.files().map(|f| f.path.clone())).collect();
+    keep.extend(retained.iter().map(|m| metadata_path(m.id)));
+    let mut deleted = 0;
+    for (path, _) in store.list("")? {
+        if !keep.contains(&path) {
+            store.delete(&path)?;
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
+}

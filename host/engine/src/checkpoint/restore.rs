@@ -1,0 +1,222 @@
+//! Restoring from a checkpoint: find the newest one that passes its checks, fetch and verify
+//! its files, and hand each new subtask its part. Keyed state follows key groups, so a job may
+//! restore at another parallelism: a subtask takes the entries of its key-group range from
+//! every old subtask (one contiguous range scan each, thanks to the key layout).
+
+use std::path::{Path, PathBuf};
+
+use eddy_core::KeyGroupRange;
+use eddy_state::{RocksDbBackend, StateBackend};
+
+use super::format::{decode_entries, unseal};
+use super::metadata::{CheckpointMetadata, FileRef, StoredState, SubtaskState, TimerState, completed_ids};
+use super::store::CheckpointStore;
+use super::{CheckpointError, CheckpointId};
+use crate::connectors::SourcePosition;
+
+/// Checkpoints passed over on the way to a valid one, with the reason.
+pub type Skipped = Vec<(CheckpointId, CheckpointError)>;
+
+/// A verified checkpoint with its files fetched to a local directory.
+#[derive(Debug)]
+pub struct RestorePoint {
+    meta: CheckpointMetadata,
+    local: tempfile::TempDir,
+}
+
+/// Which part of the old state a new subtask takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Share {
+    /// Keyed state of these key groups, from every old subtask.
+    KeyGroups(KeyGroupRange),
+    /// Everything of the old subtask with this index (non-keyed tasks; needs equal parallelism).
+    Subtask {
+        /// The index.
+        index: u32,
+        /// The new parallelism.
+        parallelism: u32,
+    },
+}
+
+fn local_path(root: &Path, state: &SubtaskState, operator: usize) -> PathBuf {
+    root.join(format!("t{}-s{}-op{operator}", state.task, state.subtask))
+}
+
+fn fetch_verified(store: &CheckpointStore, file: &FileRef) -> Result<Vec<u8>, CheckpointError> {
+    let bytes = store.get(&file.path)?;
+    if bytes.len() as u64 != file.bytes || crc32fast::hash(&bytes) != file.crc32 {
+        return Err(CheckpointError::Corrupt {
+            file: file.path.clone(),
+            problem: "size or checksum differs from the checkpoint's record".into(),
+        });
+    }
+    Ok(bytes)
+}
+
+impl RestorePoint {
+    /// Fetches every file of `meta` and checks it against the recorded size and checksum.
+    pub fn fetch(store: &CheckpointStore, meta: CheckpointMetadata) -> Result<Self, CheckpointError> {
+        let local = tempfile::tempdir().map_err(|e| CheckpointError::Storage {
+            what: "creating a local restore directory".into(),
+            problem: e.to_string(),
+        })?;
+        let write = |path: &Path, bytes: &[u8]| {
+            std::fs::write(path, bytes).map_err(|e| CheckpointError::Storage {
+                what: format!("writing {}", path.display()),
+                problem: e.to_string(),
+            })
+        };
+        for state in &meta.subtasks {
+            for (i, op) in state.operators.iter().enumerate() {
+                let path = local_path(local.path(), state, i);
+                match &op.state {
+                    StoredState::Entries(file) => {
+                        let bytes = fetch_verified(store, file)?;
+                        unseal(&bytes, &file.path)?;
+                        write(&path, &bytes)?;
+                    }
+                    StoredState::Rocksdb(files) => {
+                        std::fs::create_dir_all(&path).map_err(|e| CheckpointError::Storage {
+                            what: format!("creating {}", path.display()),
+                            problem: e.to_string(),
+                        })?;
+                        for (name, file) in files {
+                            if name.contains('/') || name.starts_with('.') {
+                                return Err(CheckpointError::Corrupt {
+                                    file: file.path.clone(),
+                                    problem: format!("bad database file name `{name}`"),
+                                });
+                            }
+                            write(&path.join(name), &fetch_verified(store, file)?)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Self { meta, local })
+    }
+
+    /// The newest checkpoint in `store` that passes every check, and the newer ones skipped
+    /// (with the reason) on the way.
+    pub fn latest(store: &CheckpointStore) -> Result<(Option<RestorePoint>, Skipped), CheckpointError> {
+        let mut skipped = Vec::new();
+        for id in completed_ids(store)? {
+            match CheckpointMetadata::read_verified(store, id).and_then(|m| Self::fetch(store, m)) {
+                Ok(point) => return Ok((Some(point), skipped)),
+                Err(e) => skipped.push((id, e)),
+            }
+        }
+        Ok((None, skipped))
+    }
+
+    /// The checkpoint's metadata.
+    pub fn metadata(&self) -> &CheckpointMetadata {
+        &self.meta
+    }
+
+    /// The checkpoint id.
+    pub fn id(&self) -> CheckpointId {
+        self.meta.id
+    }
+
+    /// Where reader `reader` of `readers` of source `name` was.
+    pub fn source_position(
+        &self,
+        name: &str,
+        reader: u32,
+        readers: u32,
+    ) -> Result<Option<SourcePosition>, CheckpointError> {
+        let old: Vec<&SubtaskState> =
+            self.meta.subtasks.iter().filter(|s| s.source.as_ref().is_some_and(|(n, _)| n == name)).collect();
+        if let Some(first) = old.first()
+            && first.parallelism != readers
+        {
+            return Err(CheckpointError::Incompatible(format!(
+                "source `{name}` had {} readers in checkpoint {} and has {readers} now; a source's parallelism \
+                 cannot change across a restore",
+                first.parallelism, self.meta.id
+            )));
+        }
+        Ok(old.iter().find(|s| s.subtask == reader).and_then(|s| s.source.as_ref().map(|(_, p)| p.clone())))
+    }
+
+    /// The sink's transaction state in the checkpoint.
+    pub fn sink_state(&self) -> Option<&serde_json::Value> {
+        self.meta.subtasks.iter().find_map(|s| s.sink.as_ref())
+    }
+
+    /// Puts step `step`'s entries of `share` into `target` (as stored) and hands its timers
+    /// of `share` to `timer`. A step the checkpoint does not know starts empty.
+    pub fn restore_operator(
+        &self,
+        step: &str,
+        share: Share,
+        target: &mut dyn StateBackend,
+        timer: &mut dyn FnMut(&TimerState),
+    ) -> Result<(), CheckpointError> {
+        for state in &self.meta.subtasks {
+            for (i, op) in state.operators.iter().enumerate().filter(|(_, o)| o.step == step) {
+                let range = match share {
+                    Share::KeyGroups(range) => Some(range),
+                    Share::Subtask { index, parallelism } => {
+                        if state.subtask != index {
+                            continue;
+                        }
+                        if state.parallelism != parallelism {
+                            return Err(CheckpointError::Incompatible(format!(
+                                "step `{step}` is not behind a key_by, so its state belongs to subtasks, and its \
+                                 parallelism changed from {} to {parallelism}",
+                                state.parallelism
+                            )));
+                        }
+                        None
+                    }
+                };
+                let in_range = |group: u16| range.is_none_or(|r| r.contains(group));
+                for t in op.timers.iter().filter(|t| in_range(t.key_group)) {
+                    timer(t);
+                }
+                let path = local_path(self.local.path(), state, i);
+                let mut failed = None;
+                let mut put = |k: &[u8], v: &[u8]| {
+                    let group = k.get(..2).map_or(0, |g| u16::from_be_bytes([g[0], g[1]]));
+                    if failed.is_none() && in_range(group) {
+                        failed = target.put(k, v).err();
+                    }
+                };
+                match &op.state {
+                    StoredState::Entries(file) => {
+                        let bytes = std::fs::read(&path).map_err(|e| CheckpointError::Storage {
+                            what: format!("reading {}", path.display()),
+                            problem: e.to_string(),
+                        })?;
+                        decode_entries(unseal(&bytes, &file.path)?, &file.path, &mut put)?;
+                    }
+                    StoredState::Rocksdb(_) => {
+                        let db = RocksDbBackend::open_read_only(&path).map_err(|e| CheckpointError::Corrupt {
+                            file: format!("RocksDB checkpoint of step `{step}`"),
+                            problem: e.to_string(),
+                        })?;
+                        let (from, to) = match range {
+                            Some(r) => {
+                                (r.start.to_be_bytes().to_vec(), r.end.checked_add(1).map(|e| e.to_be_bytes().to_vec()))
+                            }
+                            None => (Vec::new(), None),
+                        };
+                        db.scan_range(&from, to.as_deref(), &mut put).map_err(|e| CheckpointError::Corrupt {
+                            file: format!("RocksDB checkpoint of step `{step}`"),
+                            problem: e.to_string(),
+                        })?;
+                    }
+                }
+                if let Some(e) = failed {
+                    return Err(CheckpointError::Storage {
+                        what: format!("restoring step `{step}` into its state backend"),
+                        problem: e.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}

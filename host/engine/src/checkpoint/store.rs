@@ -1,0 +1,135 @@
+//! Where checkpoints are written: any `object_store` (a local directory by default), behind a
+//! small blocking facade. Checkpoint threads are plain threads, so the store owns a
+//! single-threaded runtime to drive the async API.
+
+use std::sync::Arc;
+
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, PutPayload};
+
+use super::CheckpointError;
+
+/// A checkpoint directory in an object store. Paths are relative to its root, `/`-separated.
+pub struct CheckpointStore {
+    inner: Arc<dyn ObjectStore>,
+    runtime: tokio::runtime::Runtime,
+    describe: String,
+}
+
+impl std::fmt::Debug for CheckpointStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointStore").field("at", &self.describe).finish_non_exhaustive()
+    }
+}
+
+fn io(what: String) -> impl FnOnce(object_store::Error) -> CheckpointError {
+    move |e| CheckpointError::Storage { what, problem: e.to_string() }
+}
+
+impl CheckpointStore {
+    /// A store in the local directory `dir` (created if missing). Writes are atomic: a file is
+    /// written under a temporary name and renamed into place.
+    pub fn local(dir: &std::path::Path) -> Result<Self, CheckpointError> {
+        let storage = |problem: String| CheckpointError::Storage { what: dir.display().to_string(), problem };
+        std::fs::create_dir_all(dir).map_err(|e| storage(format!("cannot create the directory: {e}")))?;
+        let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| storage(e.to_string()))?;
+        Self::over(Arc::new(fs), dir.display().to_string())
+    }
+
+    /// A store over any object store (S3-compatible, in-memory for tests).
+    pub fn over(inner: Arc<dyn ObjectStore>, describe: String) -> Result<Self, CheckpointError> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| {
+            CheckpointError::Storage { what: describe.clone(), problem: format!("no async runtime: {e}") }
+        })?;
+        Ok(Self { inner, runtime, describe })
+    }
+
+    /// Where the store is, for messages.
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    /// Writes `bytes` to `path`, replacing what was there.
+    pub fn put(&self, path: &str, bytes: Vec<u8>) -> Result<(), CheckpointError> {
+        let location = StorePath::from(path);
+        self.runtime
+            .block_on(self.inner.put(&location, PutPayload::from(bytes)))
+            .map(|_| ())
+            .map_err(io(format!("writing {path} in {}", self.describe)))
+    }
+
+    /// Reads `path` whole.
+    pub fn get(&self, path: &str) -> Result<Vec<u8>, CheckpointError> {
+        let location = StorePath::from(path);
+        self.runtime
+            .block_on(async {
+                let got = self.inner.get(&location).await?;
+                got.bytes().await
+            })
+            .map(|b| b.to_vec())
+            .map_err(io(format!("reading {path} in {}", self.describe)))
+    }
+
+    /// Whether `path` exists.
+    pub fn exists(&self, path: &str) -> Result<bool, CheckpointError> {
+        match self.runtime.block_on(self.inner.head(&StorePath::from(path))) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(io(format!("looking for {path} in {}", self.describe))(e)),
+        }
+    }
+
+    /// Deletes `path` (absent is fine).
+    pub fn delete(&self, path: &str) -> Result<(), CheckpointError> {
+        match self.runtime.block_on(self.inner.delete(&StorePath::from(path))) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(io(format!("deleting {path} in {}", self.describe))(e)),
+        }
+    }
+
+    /// Every file under `prefix` (empty: the whole store), with its size.
+    pub fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, CheckpointError> {
+        let mut files = Vec::new();
+        let mut dirs = vec![if prefix.is_empty() { None } else { Some(StorePath::from(prefix)) }];
+        while let Some(dir) = dirs.pop() {
+            let listed = self
+                .runtime
+                .block_on(self.inner.list_with_delimiter(dir.as_ref()))
+                .map_err(io(format!("listing {} in {}", prefix, self.describe)))?;
+            files.extend(listed.objects.into_iter().map(|o| (o.location.to_string(), o.size)));
+            dirs.extend(listed.common_prefixes.into_iter().map(Some));
+        }
+        files.sort();
+        Ok(files)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_get_list_delete_in_a_local_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckpointStore::local(&dir.path().join("checkpoints")).expect("store");
+        store.put("chk-1/t0-s0/a.state", b"one".to_vec()).expect("put");
+        store.put("chk-1/_metadata", b"meta".to_vec()).expect("put");
+        store.put("shared/x.sst", b"sst!".to_vec()).expect("put");
+        assert_eq!(store.get("chk-1/t0-s0/a.state").expect("get"), b"one");
+        assert_eq!(
+            store.list("").expect("list"),
+            vec![
+                ("chk-1/_metadata".to_string(), 4),
+                ("chk-1/t0-s0/a.state".to_string(), 3),
+                ("shared/x.sst".to_string(), 4)
+            ]
+        );
+        assert_eq!(store.list("chk-1").expect("list").len(), 2);
+        assert!(store.exists("shared/x.sst").expect("head"));
+        store.delete("shared/x.sst").expect("delete");
+        store.delete("shared/x.sst").expect("deleting twice is fine");
+        assert!(!store.exists("shared/x.sst").expect("head"));
+        assert!(store.get("nope").is_err());
+    }
+}

@@ -1,0 +1,176 @@
+//! The asynchronous phase: turning a subtask's synchronous snapshot into files in the store.
+//!
+//! Heap state becomes one sealed entries file. A RocksDB checkpoint directory is uploaded file
+//! by file; SST files are immutable, so each is stored once under its content hash in
+//! `shared/` and later checkpoints reference it again (incremental checkpoints): only SSTs
+//! written since the last checkpoint cost an upload.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use eddy_core::TimeDomain;
+use eddy_state::BackendSnapshot;
+use sha2::{Digest, Sha256};
+
+use super::format::{encode_entries, seal};
+use super::metadata::{FileRef, OperatorState, StoredState, SubtaskState, TimerState};
+use super::store::CheckpointStore;
+use super::{CheckpointError, CheckpointId};
+use crate::connectors::SourcePosition;
+use crate::operator::OperatorSnapshot;
+
+/// A subtask's synchronous snapshot, waiting to be written.
+#[derive(Debug)]
+pub struct TakenSnapshot {
+    /// Index of the subtask among all of the job's subtasks.
+    pub participant: usize,
+    /// Task index in the plan.
+    pub task: usize,
+    /// Subtask index.
+    pub subtask: u32,
+    /// The task's parallelism.
+    pub parallelism: u32,
+    /// Whether the task's first step reads a hash exchange.
+    pub keyed: bool,
+    /// Source name and position, for a source reader.
+    pub source: Option<(String, SourcePosition)>,
+    /// The sink's transaction state, if the sink is here.
+    pub sink: Option<serde_json::Value>,
+    /// (step name, its snapshot) for each step of the chain.
+    pub operators: Vec<(String, OperatorSnapshot)>,
+    /// Time spent holding channels back for alignment, ms.
+    pub alignment_ms: f64,
+    /// Duration of the synchronous phase, ms.
+    pub sync_ms: f64,
+    /// Directory the disk backends' native checkpoints were written to (removed afterwards).
+    pub staging: Option<tempfile::TempDir>,
+}
+
+/// Remembers which shared files are already in the store, so each is uploaded once.
+#[derive(Debug, Default)]
+pub struct Uploader {
+    shared: HashSet<String>,
+}
+
+/// What an upload wrote.
+#[derive(Debug)]
+pub struct Uploaded {
+    /// The subtask's part of the metadata.
+    pub state: SubtaskState,
+    /// Bytes written now (shared files already present not counted).
+    pub written_bytes: u64,
+}
+
+impl Uploader {
+    /// An uploader that knows the shared files `retained` checkpoints reference (after a
+    /// restore those need no upload either).
+    pub fn knowing<'a>(retained: impl IntoIterator<Item = &'a FileRef>) -> Self {
+        Self {
+            shared: retained.into_iter().filter(|f| f.path.starts_with("shared/")).map(|f| f.path.clone()).collect(),
+        }
+    }
+
+    /// Writes `taken` under `prefix` (`chk-<id>` or `final`) and returns its metadata part.
+    pub fn upload(
+        &mut self,
+        store: &CheckpointStore,
+        id: Option<CheckpointId>,
+        taken: TakenSnapshot,
+    ) -> Result<Uploaded, CheckpointError> {
+        let dir = match id {
+            Some(id) => format!("chk-{id}/t{}-s{}", taken.task, taken.subtask),
+            None => format!("final/t{}-s{}", taken.task, taken.subtask),
+        };
+        let mut written_bytes = 0;
+        let mut operators = Vec::with_capacity(taken.operators.len());
+        for (index, (step, snapshot)) in taken.operators.into_iter().enumerate() {
+            let timers = snapshot
+                .timers
+                .into_iter()
+                .map(|t| TimerState {
+                    event_time: t.domain == TimeDomain::EventTime,
+                    timestamp: t.timestamp,
+                    key_group: t.key_group,
+                    key: t.key,
+                })
+                .collect();
+            let state = match snapshot.state {
+                BackendSnapshot::Entries(entries) => {
+                    let bytes = seal(&encode_entries(&entries));
+                    let file = put(store, format!("{dir}/op{index}.state"), bytes)?;
+                    written_bytes += file.bytes;
+                    StoredState::Entries(file)
+                }
+                BackendSnapshot::Directory(path) => {
+                    let (files, written) = self.upload_directory(store, &path, &format!("{dir}/op{index}"))?;
+                    written_bytes += written;
+                    StoredState::Rocksdb(files)
+                }
+            };
+            operators.push(OperatorState { step, timers, state });
+        }
+        drop(taken.staging);
+        let state = SubtaskState {
+            task: taken.task,
+            subtask: taken.subtask,
+            parallelism: taken.parallelism,
+            keyed: taken.keyed,
+            source: taken.source,
+            sink: taken.sink,
+            operators,
+        };
+        Ok(Uploaded { state, written_bytes })
+    }
+
+    fn upload_directory(
+        &mut self,
+        store: &CheckpointStore,
+        path: &Path,
+        private: &str,
+    ) -> Result<(Vec<(String, FileRef)>, u64), CheckpointError> {
+        let local = |e: std::io::Error| CheckpointError::Storage {
+            what: format!("reading the local checkpoint {}", path.display()),
+            problem: e.to_string(),
+        };
+        let mut names: Vec<String> = std::fs::read_dir(path)
+            .map_err(local)?
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let mut files = Vec::with_capacity(names.len());
+        let mut written = 0;
+        for name in names {
+            let bytes = std::fs::read(path.join(&name)).map_err(local)?;
+            let crc32 = crc32fast::hash(&bytes);
+            let size = bytes.len() as u64;
+            let file = if name.ends_with(".sst") {
+                let key = format!("shared/{:x}.sst", Sha256::digest(&bytes));
+                if self.shared.insert(key.clone()) {
+                    store.put(&key, bytes)?;
+                    written += size;
+                }
+                FileRef { path: key, bytes: size, crc32 }
+            } else {
+                let file = put(store, format!("{private}/{name}"), bytes)?;
+                written += size;
+                file
+            };
+            files.push((name, file));
+        }
+        Ok((files, written))
+    }
+
+    /// Forgets shared files that were garbage-collected.
+    pub fn retain(&mut self, still_there: &HashSet<String>) {
+        self.shared.retain(|p| still_there.contains(p));
+    }
+}
+
+fn put(store: &CheckpointStore, path: String, bytes: Vec<u8>) -> Result<FileRef, CheckpointError> {
+    let crc32 = crc32fast::hash(&bytes);
+    let size = bytes.len() as u64;
+    store.put(&path, bytes)?;
+    Ok(FileRef { path, bytes: size, crc32 })
+}

@@ -1,0 +1,269 @@
+//! The job's checkpoint thread: the shell around [`CheckpointCoordinator`]. It triggers
+//! checkpoints (the sources poll [`Signals::trigger`]), writes the snapshots the subtasks
+//! report (the asynchronous phase, off the task threads), acknowledges them to the
+//! coordinator, writes the metadata when a checkpoint is complete, publishes
+//! [`Signals::completed`] (sinks commit on it), and collects garbage. When every subtask has
+//! finished it writes a final checkpoint marked `finished` and commits the sink's last files.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::metadata::collect_garbage;
+use crate::checkpoint::upload::{TakenSnapshot, Uploader};
+use crate::checkpoint::{
+    CheckpointCoordinator, CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStats, CheckpointStore,
+    CoordinatorConfig, Decision, SubtaskState,
+};
+use crate::spec::CheckpointSpec;
+use crate::task::now_ms;
+
+/// Shared between the checkpoint thread and the subtasks.
+#[derive(Debug, Default)]
+pub(crate) struct Signals {
+    /// The newest checkpoint triggered; a source that has not handled it yet does.
+    pub trigger: AtomicU64,
+    /// The newest completed checkpoint; sinks commit up to it.
+    pub completed: AtomicU64,
+}
+
+/// What a subtask tells the checkpoint thread.
+#[derive(Debug)]
+pub(crate) enum Report {
+    /// Its synchronous snapshot for checkpoint `id`.
+    Taken { id: CheckpointId, snapshot: TakenSnapshot },
+    /// It ended; its final snapshot stands for every later checkpoint.
+    Finished(TakenSnapshot),
+}
+
+/// Commits the pre-committed files a sink state lists.
+pub(crate) type SinkCommitter = Box<dyn Fn(&serde_json::Value) -> std::io::Result<()> + Send>;
+
+/// A completed checkpoint, for progress displays.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletedCheckpoint {
+    /// The checkpoint.
+    pub id: CheckpointId,
+    /// Durations and sizes.
+    pub stats: CheckpointStats,
+}
+
+/// Everything the thread needs.
+pub(crate) struct CheckpointThread {
+    pub job: String,
+    pub spec: CheckpointSpec,
+    pub store: CheckpointStore,
+    pub participants: usize,
+    pub first_id: CheckpointId,
+    /// Checkpoints kept from before this run (the one restored from).
+    pub retained: Vec<CheckpointMetadata>,
+    pub signals: Arc<Signals>,
+    pub reports: Receiver<Report>,
+    pub cancel: Arc<AtomicBool>,
+    pub history: Arc<Mutex<Vec<CompletedCheckpoint>>>,
+    /// Commits the sink's pre-committed files listed in a sink state (the final commit).
+    pub commit_sink: SinkCommitter,
+}
+
+/// The checkpoint in flight: each participant's uploaded part and the phase durations.
+struct InFlight {
+    id: CheckpointId,
+    triggered: Instant,
+    parts: Vec<Option<SubtaskState>>,
+    stats: CheckpointStats,
+}
+
+impl CheckpointThread {
+    /// Runs until every subtask finished (then writes the final checkpoint) or the job is
+    /// cancelled. Errors are storage failures of the final checkpoint; ordinary checkpoint
+    /// failures are logged and the next checkpoint tries again.
+    pub fn run(mut self) -> Result<(), CheckpointError> {
+        let config = CoordinatorConfig {
+            interval_ms: self.spec.interval_ms,
+            timeout_ms: self.spec.timeout_ms,
+            min_pause_ms: self.spec.min_pause_ms,
+        };
+        let mut coordinator = CheckpointCoordinator::new(config, self.participants, self.first_id, now_ms());
+        let mut uploader = Uploader::knowing(self.retained.iter().flat_map(|m| m.files()));
+        let mut finished: Vec<Option<SubtaskState>> = vec![None; self.participants];
+        let mut in_flight: Option<InFlight> = None;
+        let mut last_id = self.first_id.saturating_sub(1);
+        loop {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let mut decisions = Vec::new();
+            match self.reports.recv_timeout(Duration::from_millis(5)) {
+                Ok(Report::Taken { id, snapshot }) => {
+                    let participant = snapshot.participant;
+                    match in_flight.as_mut().filter(|f| f.id == id) {
+                        Some(flight) => {
+                            match Self::upload(&self.store, &mut uploader, Some(id), snapshot, &mut flight.stats) {
+                                Ok(state) => {
+                                    flight.parts[participant] = Some(state);
+                                    decisions.extend(coordinator.acknowledge(id, participant, now_ms()));
+                                }
+                                Err(e) => {
+                                    decisions.extend(coordinator.decline(id, participant, &e.to_string(), now_ms()))
+                                }
+                            }
+                        }
+                        None => {
+                            tracing::debug!(job = %self.job, checkpoint = id, "snapshot of an aborted checkpoint dropped")
+                        }
+                    }
+                }
+                Ok(Report::Finished(snapshot)) => {
+                    let participant = snapshot.participant;
+                    let mut scratch = CheckpointStats::default();
+                    let state = Self::upload(&self.store, &mut uploader, None, snapshot, &mut scratch)?;
+                    if let Some(flight) = in_flight.as_mut() {
+                        flight.parts[participant] = Some(state.clone());
+                        decisions.extend(coordinator.acknowledge(flight.id, participant, now_ms()));
+                    }
+                    finished[participant] = Some(state);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                // Every subtask is gone without finishing: the job was cancelled or failed.
+                Err(RecvTimeoutError::Disconnected) if finished.iter().any(Option::is_none) => return Ok(()),
+                Err(RecvTimeoutError::Disconnected) => {}
+            }
+            if finished.iter().all(Option::is_some) {
+                let parts: Vec<SubtaskState> = finished.into_iter().flatten().collect();
+                return self.finish(last_id + 1, parts);
+            }
+            decisions.extend(coordinator.poll(now_ms()));
+            for decision in decisions {
+                match decision {
+                    Decision::Trigger(id) => {
+                        last_id = id;
+                        let mut flight = InFlight {
+                            id,
+                            triggered: Instant::now(),
+                            parts: finished.clone(),
+                            stats: CheckpointStats::default(),
+                        };
+                        // Finished subtasks take part with their final snapshots.
+                        let mut done = None;
+                        for (p, _) in finished.iter().enumerate().filter(|(_, f)| f.is_some()) {
+                            done = done.or(coordinator.acknowledge(id, p, now_ms()));
+                        }
+                        self.signals.trigger.store(id, Ordering::SeqCst);
+                        tracing::debug!(job = %self.job, checkpoint = id, "checkpoint triggered");
+                        if let Some(Decision::Complete(id)) = done {
+                            flight.stats.total_ms = 0.0;
+                            self.complete(id, flight, &mut uploader);
+                        } else {
+                            in_flight = Some(flight);
+                        }
+                    }
+                    Decision::Complete(id) => {
+                        if let Some(flight) = in_flight.take().filter(|f| f.id == id) {
+                            self.complete(id, flight, &mut uploader);
+                        }
+                    }
+                    Decision::Abort { id, reason } => {
+                        in_flight = None;
+                        tracing::warn!(job = %self.job, checkpoint = id, %reason, "checkpoint aborted");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The asynchronous phase of one snapshot; `id: None` for a finished subtask.
+    fn upload(
+        store: &CheckpointStore,
+        uploader: &mut Uploader,
+        id: Option<CheckpointId>,
+        snapshot: TakenSnapshot,
+        stats: &mut CheckpointStats,
+    ) -> Result<SubtaskState, CheckpointError> {
+        stats.alignment_ms = stats.alignment_ms.max(snapshot.alignment_ms);
+        stats.sync_ms = stats.sync_ms.max(snapshot.sync_ms);
+        let started = Instant::now();
+        let uploaded = uploader.upload(store, id, snapshot)?;
+        stats.async_ms = stats.async_ms.max(started.elapsed().as_secs_f64() * 1e3);
+        stats.incremental_bytes += uploaded.written_bytes;
+        Ok(uploaded.state)
+    }
+
+    /// Writes the metadata of a checkpoint every participant acknowledged, then tells the sinks.
+    fn complete(&mut self, id: CheckpointId, flight: InFlight, uploader: &mut Uploader) {
+        let mut stats = flight.stats;
+        stats.total_ms = flight.triggered.elapsed().as_secs_f64() * 1e3;
+        let subtasks: Vec<SubtaskState> = flight.parts.into_iter().flatten().collect();
+        let mut meta = CheckpointMetadata {
+            version: crate::checkpoint::metadata::FORMAT_VERSION,
+            job: self.job.clone(),
+            id,
+            completed_ms: now_ms(),
+            finished: false,
+            subtasks,
+            stats: stats.clone(),
+        };
+        meta.stats.full_bytes = meta.files().map(|f| f.bytes).sum();
+        if let Err(e) = meta.write(&self.store) {
+            tracing::warn!(job = %self.job, checkpoint = id, error = %e, "checkpoint metadata not written; the previous checkpoint stays the latest");
+            return;
+        }
+        self.signals.completed.store(id, Ordering::SeqCst);
+        tracing::info!(
+            job = %self.job,
+            checkpoint = id,
+            full_bytes = meta.stats.full_bytes,
+            incremental_bytes = meta.stats.incremental_bytes,
+            alignment_ms = meta.stats.alignment_ms,
+            sync_ms = meta.stats.sync_ms,
+            async_ms = meta.stats.async_ms,
+            "checkpoint completed"
+        );
+        if let Ok(mut history) = self.history.lock() {
+            history.push(CompletedCheckpoint { id, stats: meta.stats.clone() });
+        }
+        self.retained.push(meta);
+        let excess = self.retained.len().saturating_sub(self.spec.retained);
+        self.retained.drain(..excess);
+        self.collect_garbage(uploader);
+    }
+
+    fn collect_garbage(&self, uploader: &mut Uploader) {
+        match collect_garbage(&self.store, &self.retained) {
+            Ok(_) => {
+                let live: HashSet<String> =
+                    self.retained.iter().flat_map(|m| m.files().map(|f| f.path.clone())).collect();
+                uploader.retain(&live);
+            }
+            Err(e) => tracing::warn!(job = %self.job, error = %e, "checkpoint garbage collection failed; will retry"),
+        }
+    }
+
+    /// Every subtask finished: the final checkpoint, then the sink's last commit.
+    fn finish(mut self, id: CheckpointId, subtasks: Vec<SubtaskState>) -> Result<(), CheckpointError> {
+        let mut meta = CheckpointMetadata {
+            version: crate::checkpoint::metadata::FORMAT_VERSION,
+            job: self.job.clone(),
+            id,
+            completed_ms: now_ms(),
+            finished: true,
+            subtasks,
+            stats: CheckpointStats::default(),
+        };
+        meta.stats.full_bytes = meta.files().map(|f| f.bytes).sum();
+        meta.write(&self.store)?;
+        if let Some(state) = meta.subtasks.iter().find_map(|s| s.sink.as_ref()) {
+            (self.commit_sink)(state).map_err(|e| CheckpointError::Storage {
+                what: "committing the sink's final files".into(),
+                problem: e.to_string(),
+            })?;
+        }
+        self.signals.completed.store(id, Ordering::SeqCst);
+        self.retained = vec![meta];
+        let mut uploader = Uploader::default();
+        self.collect_garbage(&mut uploader);
+        tracing::info!(job = %self.job, checkpoint = id, "job finished; final checkpoint written");
+        Ok(())
+    }
+}

@@ -1,0 +1,206 @@
+//! The exactly-once files sink: a two-phase commit over a directory.
+//!
+//! Records go to an in-progress file in `<dir>/.in-progress/`. At checkpoint `n`'s barrier the
+//! file is flushed, synced and closed (pre-commit) and recorded in the checkpoint as pending
+//! for `n`; a new file takes the records after the barrier. When checkpoint `n` completes, its
+//! pending files are renamed into `<dir>` (commit) — an atomic rename, so a reader sees a file
+//! whole or not at all. On restore from checkpoint `n`, the files it lists are committed (the
+//! checkpoint completed, maybe the rename had not happened yet) and every other in-progress
+//! file is deleted (abort): its records come again from the sources' rewound positions.
+//! Committing is idempotent, so a crash at any point is safe.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+use eddy_core::RecordBatch;
+use serde::{Deserialize, Serialize};
+
+use crate::sink::{Sink, write_json_lines};
+
+const IN_PROGRESS: &str = ".in-progress";
+
+/// What the sink records in a checkpoint: pre-committed files not known to be committed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesSinkState {
+    /// (checkpoint, file name) of each pre-committed file.
+    pub pending: Vec<(u64, String)>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct FilesSink {
+    dir: PathBuf,
+    /// Distinguishes this attempt's file names from earlier attempts' (which may be committed).
+    attempt: String,
+    seq: u64,
+    current: Option<(String, BufWriter<File>)>,
+    state: FilesSinkState,
+    /// Without checkpoints there is no protocol: everything is committed at the end.
+    checkpointing: bool,
+}
+
+fn staged(dir: &Path, name: &str) -> PathBuf {
+    dir.join(IN_PROGRESS).join(name)
+}
+
+impl FilesSink {
+    /// Opens the sink on `dir` after restoring `restored` (commits what it lists, deletes every
+    /// other in-progress file). `checkpointing`: whether checkpoints will commit its files.
+    pub fn open(dir: &Path, restored: Option<&FilesSinkState>, checkpointing: bool) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir.join(IN_PROGRESS))?;
+        let keep = restored.cloned().unwrap_or_default();
+        Self::commit(dir, &keep.pending)?;
+        for entry in std::fs::read_dir(dir.join(IN_PROGRESS))? {
+            std::fs::remove_file(entry?.path())?;
+        }
+        let attempt =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()).to_string();
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            attempt,
+            seq: 0,
+            current: None,
+            state: FilesSinkState::default(),
+            checkpointing,
+        })
+    }
+
+    /// Moves the listed pre-committed files into `dir`. Idempotent: a file already moved is
+    /// skipped; a file neither staged nor committed is an error (the checkpoint promised it).
+    pub fn commit(dir: &Path, files: &[(u64, String)]) -> std::io::Result<()> {
+        for (_, name) in files {
+            let (from, to) = (staged(dir, name), dir.join(name));
+            if from.exists() {
+                std::fs::rename(&from, &to)?;
+            } else if !to.exists() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("pre-committed file {} is gone: the output directory was changed by hand", from.display()),
+                ));
+            }
+        }
+        if !files.is_empty() {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    fn current(&mut self) -> std::io::Result<&mut BufWriter<File>> {
+        if self.current.is_none() {
+            self.seq += 1;
+            let name = format!("part-{}-{:06}.jsonl", self.attempt, self.seq);
+            let file = File::create(staged(&self.dir, &name))?;
+            self.current = Some((name, BufWriter::new(file)));
+        }
+        match &mut self.current {
+            Some((_, writer)) => Ok(writer),
+            None => Err(std::io::Error::other("no current file")),
+        }
+    }
+
+    fn close_current(&mut self, checkpoint: u64) -> std::io::Result<()> {
+        if let Some((name, writer)) = self.current.take() {
+            let file = writer.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            self.state.pending.push((checkpoint, name));
+        }
+        Ok(())
+    }
+}
+
+impl Sink for FilesSink {
+    fn write(&mut self, output: Option<&str>, batch: &RecordBatch) -> std::io::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        write_json_lines(self.current()?, output, batch)
+    }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        if self.checkpointing {
+            // The job's final checkpoint commits (see `pre_commit`).
+            return Ok(());
+        }
+        self.close_current(u64::MAX)?;
+        let all = std::mem::take(&mut self.state.pending);
+        Self::commit(&self.dir, &all)
+    }
+
+    fn pre_commit(&mut self, checkpoint: u64) -> std::io::Result<Option<serde_json::Value>> {
+        self.close_current(checkpoint)?;
+        serde_json::to_value(&self.state).map(Some).map_err(std::io::Error::other)
+    }
+
+    fn notify_complete(&mut self, checkpoint: u64) -> std::io::Result<()> {
+        let (done, later): (Vec<_>, Vec<_>) = self.state.pending.drain(..).partition(|(c, _)| *c <= checkpoint);
+        self.state.pending = later;
+        Self::commit(&self.dir, &done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(values: &[&str]) -> RecordBatch {
+        let mut b = RecordBatch::default();
+        for v in values {
+            b.push(None, format!("\"{v}\"").as_bytes(), None);
+        }
+        b
+    }
+
+    /// Committed values, sorted.
+    fn committed(dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).expect("dir").filter_map(Result::ok) {
+            if entry.file_type().expect("type").is_file() {
+                for line in std::fs::read_to_string(entry.path()).expect("read").lines() {
+                    let v: serde_json::Value = serde_json::from_str(line).expect("json");
+                    out.push(v["value"].as_str().expect("string").to_owned());
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn files_become_visible_only_when_their_checkpoint_completes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut sink = FilesSink::open(dir.path(), None, true).expect("open");
+        sink.write(None, &batch(&["a", "b"])).expect("write");
+        let state1 = sink.pre_commit(1).expect("pre-commit");
+        sink.write(None, &batch(&["c"])).expect("write");
+        assert!(committed(dir.path()).is_empty(), "nothing visible before completion");
+        sink.notify_complete(1).expect("commit");
+        assert_eq!(committed(dir.path()), ["a", "b"]);
+        let state2 = sink.pre_commit(2).expect("pre-commit");
+        assert_ne!(state1, state2);
+        sink.write(None, &batch(&["d"])).expect("write");
+        // Crash: checkpoint 2 completed (its metadata is written) but the sink never heard.
+        drop(sink);
+        let restored: FilesSinkState = serde_json::from_value(state2.expect("state")).expect("state");
+        let mut again = FilesSink::open(dir.path(), Some(&restored), true).expect("reopen");
+        assert_eq!(committed(dir.path()), ["a", "b", "c"], "2's file committed on restore, `d` aborted");
+        assert_eq!(std::fs::read_dir(dir.path().join(IN_PROGRESS)).expect("dir").count(), 0, "leftovers removed");
+        again.write(None, &batch(&["d"])).expect("write");
+        again.pre_commit(3).expect("pre-commit");
+        again.notify_complete(3).expect("commit");
+        assert_eq!(committed(dir.path()), ["a", "b", "c", "d"]);
+        // Restoring an older state again commits nothing twice.
+        FilesSink::open(dir.path(), Some(&restored), true).expect("idempotent");
+        assert_eq!(committed(dir.path()), ["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn without_checkpoints_everything_is_committed_at_the_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut sink = FilesSink::open(dir.path(), None, false).expect("open");
+        sink.write(None, &batch(&["x"])).expect("write");
+        sink.write(Some("late"), &batch(&["y"])).expect("write");
+        sink.finish().expect("finish");
+        assert_eq!(committed(dir.path()), ["x", "y"]);
+    }
+}
