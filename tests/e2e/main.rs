@@ -2,6 +2,7 @@
 //! runtime. One test binary, one module per concern.
 
 mod cache;
+mod checkpoints;
 mod engine;
 mod examples;
 mod hostile;

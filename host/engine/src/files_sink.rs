@@ -3,10 +3,12 @@
 //! Records go to an in-progress file in `<dir>/.in-progress/`. At checkpoint `n`'s barrier the
 //! file is flushed, synced and closed (pre-commit) and recorded in the checkpoint as pending
 //! for `n`; a new file takes the records after the barrier. When checkpoint `n` completes, its
-//! pending files are renamed into `<dir>` (commit) — an atomic rename, so a reader sees a file
-//! whole or not at all. On restore from checkpoint `n`, the files it lists are committed (the
-//! checkpoint completed, maybe the rename had not happened yet) and every other in-progress
-//! file is deleted (abort): its records come again from the sources' rewound positions.
+//! pending files are renamed into `<dir>` as `part-<n, 20 digits>-<name>` (commit) — an atomic
+//! rename, so a reader sees a file whole or not at all. On restore from checkpoint `n`, the
+//! files it lists are committed (the checkpoint completed, maybe the rename had not happened
+//! yet), every other in-progress file is deleted (abort), and so is every committed file of a
+//! checkpoint after `n` (possible only when a newer checkpoint was damaged and the job fell
+//! back to `n`): the records of all of them come again from the sources' rewound positions.
 //! Committing is idempotent, so a crash at any point is safe.
 
 use std::fs::File;
@@ -44,13 +46,31 @@ fn staged(dir: &Path, name: &str) -> PathBuf {
     dir.join(IN_PROGRESS).join(name)
 }
 
+fn committed_name(checkpoint: u64, name: &str) -> String {
+    format!("part-{checkpoint:020}-{name}")
+}
+
+/// The checkpoint that committed a file of this name, if it is one of ours.
+fn committed_by(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("part-")?.get(..20)?;
+    digits.parse().ok()
+}
+
 impl FilesSink {
-    /// Opens the sink on `dir` after restoring `restored` (commits what it lists, deletes every
-    /// other in-progress file). `checkpointing`: whether checkpoints will commit its files.
-    pub fn open(dir: &Path, restored: Option<&FilesSinkState>, checkpointing: bool) -> std::io::Result<Self> {
+    /// Opens the sink on `dir` after restoring checkpoint `restored` (commits what it lists,
+    /// deletes every other in-progress file and every file committed by a later checkpoint).
+    /// `checkpointing`: whether checkpoints will commit its files.
+    pub fn open(dir: &Path, restored: Option<(u64, &FilesSinkState)>, checkpointing: bool) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir.join(IN_PROGRESS))?;
-        let keep = restored.cloned().unwrap_or_default();
-        Self::commit(dir, &keep.pending)?;
+        if let Some((checkpoint, state)) = restored {
+            Self::commit(dir, &state.pending)?;
+            for entry in std::fs::read_dir(dir)?.filter_map(Result::ok) {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if committed_by(&name).is_some_and(|c| c > checkpoint) {
+                    std::fs::remove_file(entry.path())?;
+                }
+            }
+        }
         for entry in std::fs::read_dir(dir.join(IN_PROGRESS))? {
             std::fs::remove_file(entry?.path())?;
         }
@@ -69,8 +89,8 @@ impl FilesSink {
     /// Moves the listed pre-committed files into `dir`. Idempotent: a file already moved is
     /// skipped; a file neither staged nor committed is an error (the checkpoint promised it).
     pub fn commit(dir: &Path, files: &[(u64, String)]) -> std::io::Result<()> {
-        for (_, name) in files {
-            let (from, to) = (staged(dir, name), dir.join(name));
+        for (checkpoint, name) in files {
+            let (from, to) = (staged(dir, name), dir.join(committed_name(*checkpoint, name)));
             if from.exists() {
                 std::fs::rename(&from, &to)?;
             } else if !to.exists() {
@@ -89,7 +109,7 @@ impl FilesSink {
     fn current(&mut self) -> std::io::Result<&mut BufWriter<File>> {
         if self.current.is_none() {
             self.seq += 1;
-            let name = format!("part-{}-{:06}.jsonl", self.attempt, self.seq);
+            let name = format!("{}-{:06}.jsonl", self.attempt, self.seq);
             let file = File::create(staged(&self.dir, &name))?;
             self.current = Some((name, BufWriter::new(file)));
         }
@@ -182,16 +202,20 @@ mod tests {
         // Crash: checkpoint 2 completed (its metadata is written) but the sink never heard.
         drop(sink);
         let restored: FilesSinkState = serde_json::from_value(state2.expect("state")).expect("state");
-        let mut again = FilesSink::open(dir.path(), Some(&restored), true).expect("reopen");
+        let mut again = FilesSink::open(dir.path(), Some((2, &restored)), true).expect("reopen");
         assert_eq!(committed(dir.path()), ["a", "b", "c"], "2's file committed on restore, `d` aborted");
         assert_eq!(std::fs::read_dir(dir.path().join(IN_PROGRESS)).expect("dir").count(), 0, "leftovers removed");
         again.write(None, &batch(&["d"])).expect("write");
         again.pre_commit(3).expect("pre-commit");
         again.notify_complete(3).expect("commit");
         assert_eq!(committed(dir.path()), ["a", "b", "c", "d"]);
-        // Restoring an older state again commits nothing twice.
-        FilesSink::open(dir.path(), Some(&restored), true).expect("idempotent");
-        assert_eq!(committed(dir.path()), ["a", "b", "c", "d"]);
+        // Restoring checkpoint 2 again commits nothing twice and rolls back 3's file (as when
+        // checkpoint 3 turned out damaged): `d` will come again from the sources.
+        FilesSink::open(dir.path(), Some((2, &restored)), true).expect("idempotent");
+        assert_eq!(committed(dir.path()), ["a", "b", "c"]);
+        let state1: FilesSinkState = serde_json::from_value(state1.expect("state")).expect("state");
+        FilesSink::open(dir.path(), Some((1, &state1)), true).expect("back to 1");
+        assert_eq!(committed(dir.path()), ["a", "b"]);
     }
 
     #[test]

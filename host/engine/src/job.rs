@@ -25,7 +25,7 @@ use crate::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, l
 use crate::checkpoint::metadata::collect_garbage;
 use crate::checkpoint::restore::Share;
 use crate::checkpoint::{BarrierAligner, CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
-use crate::checkpointing::{CheckpointThread, CompletedCheckpoint, SinkCommitter, Signals};
+use crate::checkpointing::{CheckpointThread, CompletedCheckpoint, Signals, SinkCommitter};
 use crate::connectors::{SourceError, open_source};
 use crate::files_sink::{FilesSink, FilesSinkState};
 use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
@@ -227,7 +227,7 @@ impl std::fmt::Debug for Job {
 
 fn open_spec_sink(
     spec: &SinkSpec,
-    restored: Option<&serde_json::Value>,
+    restored: Option<(CheckpointId, Option<&serde_json::Value>)>,
     checkpointing: bool,
 ) -> Result<Box<dyn Sink>, RunError> {
     Ok(match spec {
@@ -240,8 +240,14 @@ fn open_spec_sink(
         }
         SinkSpec::Files { dir } => {
             let sink_error = |error| RunError::Sink { path: dir.display().to_string(), error };
-            let state = restored.map(files_sink_state).transpose().map_err(sink_error)?;
-            Box::new(FilesSink::open(dir, state.as_ref(), checkpointing).map_err(sink_error)?)
+            let restored = match restored {
+                Some((id, state)) => {
+                    Some((id, state.map(files_sink_state).transpose().map_err(sink_error)?.unwrap_or_default()))
+                }
+                None => None,
+            };
+            let restored = restored.as_ref().map(|(id, state)| (*id, state));
+            Box::new(FilesSink::open(dir, restored, checkpointing).map_err(sink_error)?)
         }
     })
 }
@@ -466,7 +472,7 @@ impl Job {
         let checkpointing = spec.checkpoints.is_some();
         let mut sink = Some(match options.sink.take() {
             Some(sink) => sink,
-            None => open_spec_sink(&spec.sink, restore.and_then(|p| p.sink_state()), checkpointing)?,
+            None => open_spec_sink(&spec.sink, restore.map(|p| (p.id(), p.sink_state())), checkpointing)?,
         });
         let signals = Arc::new(Signals::default());
         if let Some(point) = restore {

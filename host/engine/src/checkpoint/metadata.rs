@@ -200,5 +200,6 @@ pub fn collect_garbage(store: &CheckpointStore, retained: &[CheckpointMetadata])
             deleted += 1;
         }
     }
+    store.prune_empty_dirs();
     Ok(deleted)
 }

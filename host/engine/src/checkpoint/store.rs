@@ -15,6 +15,8 @@ pub struct CheckpointStore {
     inner: Arc<dyn ObjectStore>,
     runtime: tokio::runtime::Runtime,
     describe: String,
+    /// The directory, for a local store (object stores have no directories to tidy).
+    local_root: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for CheckpointStore {
@@ -34,7 +36,9 @@ impl CheckpointStore {
         let storage = |problem: String| CheckpointError::Storage { what: dir.display().to_string(), problem };
         std::fs::create_dir_all(dir).map_err(|e| storage(format!("cannot create the directory: {e}")))?;
         let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| storage(e.to_string()))?;
-        Self::over(Arc::new(fs), dir.display().to_string())
+        let mut store = Self::over(Arc::new(fs), dir.display().to_string())?;
+        store.local_root = Some(dir.to_path_buf());
+        Ok(store)
     }
 
     /// A store over any object store (S3-compatible, in-memory for tests).
@@ -42,7 +46,7 @@ impl CheckpointStore {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| {
             CheckpointError::Storage { what: describe.clone(), problem: format!("no async runtime: {e}") }
         })?;
-        Ok(Self { inner, runtime, describe })
+        Ok(Self { inner, runtime, describe, local_root: None })
     }
 
     /// Where the store is, for messages.
@@ -85,6 +89,22 @@ impl CheckpointStore {
         match self.runtime.block_on(self.inner.delete(&StorePath::from(path))) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(io(format!("deleting {path} in {}", self.describe))(e)),
+        }
+    }
+
+    /// Removes directories left empty by deletions (local stores only; best effort).
+    pub fn prune_empty_dirs(&self) {
+        fn prune(dir: &std::path::Path, is_root: bool) -> bool {
+            let Ok(entries) = std::fs::read_dir(dir) else { return false };
+            let mut empty = true;
+            for entry in entries.filter_map(Result::ok) {
+                let path = entry.path();
+                empty &= path.is_dir() && prune(&path, false);
+            }
+            empty && !is_root && std::fs::remove_dir(dir).is_ok()
+        }
+        if let Some(root) = &self.local_root {
+            prune(root, true);
         }
     }
 
