@@ -321,3 +321,98 @@ fn sigkill_at_random_moments_loses_nothing_and_duplicates_nothing() {
     assert_eq!(finished_early, 0, "the job finished before {kills} kills; make it longer");
     assert!(got == expected, "seed {seed}: {}", differences(&got, &expected));
 }
+
+/// Word counts from a followed file through `split` and `count`, with checkpoints.
+fn wordcount_yaml(count_wasm: &str, parallelism: u32) -> String {
+    format!(
+        "name: wc-savepoint\nbatch_size: 16\nsources: [{{type: file, name: lines, path: input.txt, follow: true}}]\n\
+         steps:\n  - {{name: split, wasm: {split}}}\n  - {{name: count, wasm: {count_wasm}, key_by: key, parallelism: {parallelism}}}\n\
+         checkpoints: {{dir: checkpoints, interval_ms: 50}}\nsink: {{type: print}}\n",
+        split = eddy_guest_artifacts::WORDCOUNT_SPLIT,
+    )
+}
+
+fn word_totals(text: &str) -> BTreeMap<String, u64> {
+    let mut totals = BTreeMap::new();
+    for w in text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()) {
+        *totals.entry(w.to_lowercase()).or_default() += 1;
+    }
+    totals
+}
+
+/// Starts the word count with an in-memory sink; returns the job and what the sink receives.
+fn start_wordcount(dir: &Path, yaml: &str, restore_from: Option<PathBuf>) -> (Job, eddy_tests::Received) {
+    let path = dir.join("pipeline.yaml");
+    std::fs::write(&path, yaml).expect("write spec");
+    let spec = PipelineSpec::from_file(&path).expect("spec");
+    let sink = eddy_tests::MemorySink::default();
+    let received = sink.received.clone();
+    let options = JobOptions { sink: Some(Box::new(sink)), restore_from, ..JobOptions::default() };
+    (Job::start(&spec, runtime(), options).expect("starts"), received)
+}
+
+/// Waits until the sink has received `n` records.
+fn wait_for(received: &eddy_tests::Received, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while received.lock().expect("lock").len() < n {
+        assert!(Instant::now() < deadline, "only {} of {n} records arrived", received.lock().expect("lock").len());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Stop with a savepoint, then resume from it with a new version of the counting operator
+/// (its Python twin, reading the same `count` state) at parallelism 3 instead of 2: every
+/// word's count continues exactly where the savepoint left it.
+#[test]
+fn stop_with_savepoint_then_resume_with_new_wasm_at_another_parallelism() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first_part = "the quick brown fox\njumps over the lazy dog\nthe end\n".repeat(40);
+    let second_part = "a quick end to the story\nthe fox again\n".repeat(25);
+    std::fs::write(dir.path().join("input.txt"), &first_part).expect("input");
+    let first_words: usize = word_totals(&first_part).values().sum::<u64>() as usize;
+
+    let (job, received) = start_wordcount(dir.path(), &wordcount_yaml(eddy_guest_artifacts::WORDCOUNT_COUNT, 2), None);
+    wait_for(&received, first_words);
+    let savepoint = dir.path().join("savepoint");
+    let (id, _) = job.stop_with_savepoint(&savepoint, Duration::from_secs(30)).expect("savepoint");
+    assert!(savepoint.join(format!("chk-{id}/_metadata")).exists(), "savepoint {id} written");
+    let before: BTreeMap<String, u64> = last_counts(&received);
+    assert_eq!(before, word_totals(&first_part), "every word of the first part counted");
+
+    // New input arrives while the job is stopped; the new version resumes from the savepoint
+    // (a fresh checkpoint directory: the state comes from the savepoint alone).
+    let mut all = first_part.clone();
+    all.push_str(&second_part);
+    std::fs::write(dir.path().join("input.txt"), &all).expect("append");
+    std::fs::remove_dir_all(dir.path().join("checkpoints")).expect("fresh checkpoint dir");
+    let second_words: usize = word_totals(&second_part).values().sum::<u64>() as usize;
+    let (job, received) =
+        start_wordcount(dir.path(), &wordcount_yaml(eddy_guest_artifacts::PYTHON_WORDCOUNT, 3), Some(savepoint));
+    assert_eq!(job.restored_from(), Some(id));
+    wait_for(&received, second_words);
+    job.cancel();
+    job.wait().expect("second run");
+    let out = received.lock().expect("lock").clone();
+    assert_eq!(out.len(), second_words, "only the new lines are read again");
+    assert_eq!(last_counts(&received), {
+        let mut expected = BTreeMap::new();
+        for (w, n) in word_totals(&all) {
+            if word_totals(&second_part).contains_key(&w) {
+                expected.insert(w, n);
+            }
+        }
+        expected
+    });
+}
+
+/// The highest count emitted per word.
+fn last_counts(received: &eddy_tests::Received) -> BTreeMap<String, u64> {
+    let mut last = BTreeMap::new();
+    for (_, r) in received.lock().expect("lock").iter() {
+        let word: String = serde_json::from_slice(r.key.as_deref().expect("keyed")).expect("word");
+        let count: u64 = serde_json::from_slice(&r.value).expect("count");
+        let entry = last.entry(word).or_insert(0);
+        *entry = count.max(*entry);
+    }
+    last
+}

@@ -1,12 +1,15 @@
 //! `eddy`: run pipelines on the embedded runtime and inspect operator components.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 mod bench;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use eddy_engine::checkpoint::{CheckpointMetadata, CheckpointStore};
 use eddy_engine::{Job, JobOptions, MetricsSnapshot, PhysicalPlan, PipelineSpec, RunError, RunSummary};
 use eddy_runtime::{Runtime, RuntimeConfig};
 
@@ -26,6 +29,27 @@ enum Command {
         /// Where compiled operators are cached.
         #[arg(long, default_value = ".eddy/artifacts")]
         cache_dir: PathBuf,
+        /// Resume from the savepoint in this directory (new `.wasm` versions and other
+        /// parallelisms are fine: state follows step names and key groups).
+        #[arg(long)]
+        from_savepoint: Option<PathBuf>,
+        /// On Ctrl-C or SIGTERM, take a savepoint into this directory and stop cleanly.
+        #[arg(long)]
+        stop_with_savepoint: Option<PathBuf>,
+    },
+    /// Copy the newest completed checkpoint of a pipeline into a self-contained savepoint
+    /// (works while the job runs, or after it stopped or crashed).
+    Savepoint {
+        /// The pipeline spec (YAML) whose `checkpoints.dir` to read.
+        pipeline: PathBuf,
+        /// The savepoint directory to write.
+        #[arg(long)]
+        to: PathBuf,
+    },
+    /// List a pipeline's completed checkpoints with their durations and sizes.
+    Checkpoints {
+        /// The pipeline spec (YAML).
+        pipeline: PathBuf,
     },
     /// Print the physical plan: tasks (chains), their subtasks and key groups, and the exchanges.
     Plan {
@@ -134,11 +158,19 @@ fn progress(job: &Job, now: &MetricsSnapshot, before: &MetricsSnapshot) {
     );
 }
 
+fn bytes_text(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b => format!("{:.1} KiB", b as f64 / 1024.0),
+    }
+}
+
 fn checkpoint_text(s: &eddy_engine::checkpoint::CheckpointStats) -> String {
     format!(
-        "{:.1} MiB, {:.1} MiB new, alignment {:.0} ms, sync {:.1} ms, async {:.0} ms",
-        s.full_bytes as f64 / 1048576.0,
-        s.incremental_bytes as f64 / 1048576.0,
+        "{}, {} new, alignment {:.0} ms, sync {:.1} ms, async {:.0} ms",
+        bytes_text(s.full_bytes),
+        bytes_text(s.incremental_bytes),
         s.alignment_ms,
         s.sync_ms,
         s.async_ms
@@ -148,6 +180,9 @@ fn checkpoint_text(s: &eddy_engine::checkpoint::CheckpointStats) -> String {
 fn summary(plan: &PhysicalPlan, run: &RunSummary) {
     if let Some(id) = run.restored_from {
         eprintln!("restored from checkpoint {id}");
+    }
+    if let Some((id, dir)) = &run.savepoint {
+        eprintln!("stopped with savepoint {id} in {}; resume with --from-savepoint {}", dir.display(), dir.display());
     }
     if run.restarts > 0 {
         eprintln!("restarted {} time(s) after failures", run.restarts);
@@ -184,7 +219,71 @@ fn summary(plan: &PhysicalPlan, run: &RunSummary) {
     }
 }
 
-fn run(pipeline: PathBuf, cache_dir: PathBuf) -> Result<()> {
+/// Raised by SIGINT/SIGTERM when `--stop-with-savepoint` is given.
+static STOP: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    if let Some(flag) = STOP.get() {
+        flag.store(true, Ordering::SeqCst);
+    }
+}
+
+fn stop_on_signals() -> Arc<AtomicBool> {
+    let flag = STOP.get_or_init(|| Arc::new(AtomicBool::new(false))).clone();
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_stop_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_stop_signal as *const () as libc::sighandler_t);
+    }
+    flag
+}
+
+fn checkpoint_dir(spec: &PipelineSpec) -> Result<&std::path::Path> {
+    match &spec.checkpoints {
+        Some(c) => Ok(&c.dir),
+        None => anyhow::bail!("pipeline `{}` has no `checkpoints:` section, so it has no checkpoints", spec.name),
+    }
+}
+
+fn savepoint(pipeline: PathBuf, to: PathBuf) -> Result<()> {
+    let spec = PipelineSpec::from_file(&pipeline)?;
+    let from = CheckpointStore::local(checkpoint_dir(&spec)?)?;
+    let id = eddy_engine::checkpoint::savepoint::savepoint_from_latest(&from, &CheckpointStore::local(&to)?)?;
+    println!("savepoint of checkpoint {id} written to {}", to.display());
+    println!("resume with: eddy run {} --from-savepoint {}", pipeline.display(), to.display());
+    Ok(())
+}
+
+fn checkpoints(pipeline: PathBuf) -> Result<()> {
+    let spec = PipelineSpec::from_file(&pipeline)?;
+    let dir = checkpoint_dir(&spec)?;
+    let store = CheckpointStore::local(dir)?;
+    let ids = eddy_engine::checkpoint::metadata::completed_ids(&store)?;
+    if ids.is_empty() {
+        println!("no completed checkpoint in {}", dir.display());
+    }
+    for id in ids.into_iter().rev() {
+        match CheckpointMetadata::read_verified(&store, id) {
+            Ok(meta) => println!(
+                "checkpoint {id}{}: {} subtasks, {}, total {:.0} ms",
+                if meta.finished { " (final)" } else { "" },
+                meta.subtasks.len(),
+                checkpoint_text(&meta.stats),
+                meta.stats.total_ms
+            ),
+            Err(e) => println!("checkpoint {id}: DAMAGED ({e}); a restore skips it"),
+        }
+    }
+    Ok(())
+}
+
+fn run(
+    pipeline: PathBuf,
+    cache_dir: PathBuf,
+    from_savepoint: Option<PathBuf>,
+    stop_with_savepoint: Option<PathBuf>,
+) -> Result<()> {
     let spec = PipelineSpec::from_file(&pipeline)?;
     let plan = PhysicalPlan::new(&spec);
     eprintln!(
@@ -199,10 +298,21 @@ fn run(pipeline: PathBuf, cache_dir: PathBuf) -> Result<()> {
     }
     let runtime = runtime(cache_dir)?;
     let mut before = MetricsSnapshot::default();
+    if let Some(dir) = &from_savepoint {
+        eprintln!("resuming from the savepoint in {}", dir.display());
+    }
+    let stop = stop_with_savepoint.map(|dir| {
+        eprintln!("Ctrl-C or SIGTERM takes a savepoint into {} and stops", dir.display());
+        (stop_on_signals(), dir)
+    });
     let outcome = Job::run_with_restarts(
         &spec,
         &runtime,
-        JobOptions::default,
+        || JobOptions {
+            restore_from: from_savepoint.clone(),
+            stop_with_savepoint: stop.clone(),
+            ..JobOptions::default()
+        },
         Duration::from_secs(1),
         |job, now| {
             progress(job, now, &before);
@@ -243,7 +353,11 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Run { pipeline, cache_dir } => run(pipeline, cache_dir),
+        Command::Run { pipeline, cache_dir, from_savepoint, stop_with_savepoint } => {
+            run(pipeline, cache_dir, from_savepoint, stop_with_savepoint)
+        }
+        Command::Savepoint { pipeline, to } => savepoint(pipeline, to),
+        Command::Checkpoints { pipeline } => checkpoints(pipeline),
         Command::Plan { pipeline } => plan(pipeline),
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),

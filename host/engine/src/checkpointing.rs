@@ -20,13 +20,24 @@ use crate::checkpoint::{
 use crate::spec::CheckpointSpec;
 use crate::task::now_ms;
 
-/// Shared between the checkpoint thread and the subtasks.
+/// Shared between the checkpoint thread, the subtasks and the job's owner.
 #[derive(Debug, Default)]
 pub(crate) struct Signals {
     /// The newest checkpoint triggered; a source that has not handled it yet does.
     pub trigger: AtomicU64,
     /// The newest completed checkpoint; sinks commit up to it.
     pub completed: AtomicU64,
+    /// A savepoint asked for: the next checkpoint starts at once and is copied here.
+    pub savepoint: Mutex<Option<SavepointRequest>>,
+}
+
+/// A pending savepoint and, once taken, its outcome.
+#[derive(Debug)]
+pub(crate) struct SavepointRequest {
+    pub dir: std::path::PathBuf,
+    /// The forced checkpoint, once triggered.
+    pub checkpoint: Option<CheckpointId>,
+    pub outcome: Option<Result<CheckpointId, String>>,
 }
 
 /// What a subtask tells the checkpoint thread.
@@ -135,10 +146,18 @@ impl CheckpointThread {
                 return self.finish(last_id + 1, parts);
             }
             decisions.extend(coordinator.poll(now_ms()));
+            if decisions.is_empty() && self.savepoint_waiting() {
+                decisions.extend(coordinator.trigger_now(now_ms()));
+            }
             for decision in decisions {
                 match decision {
                     Decision::Trigger(id) => {
                         last_id = id;
+                        if let Ok(mut request) = self.signals.savepoint.lock()
+                            && let Some(r) = request.as_mut().filter(|r| r.checkpoint.is_none())
+                        {
+                            r.checkpoint = Some(id);
+                        }
                         let mut flight = InFlight {
                             id,
                             triggered: Instant::now(),
@@ -166,6 +185,7 @@ impl CheckpointThread {
                     }
                     Decision::Abort { id, reason } => {
                         in_flight = None;
+                        self.savepoint_failed(id, &reason);
                         tracing::warn!(job = %self.job, checkpoint = id, %reason, "checkpoint aborted");
                     }
                 }
@@ -174,6 +194,33 @@ impl CheckpointThread {
     }
 
     /// The asynchronous phase of one snapshot; `id: None` for a finished subtask.
+    /// Whether a savepoint request has no checkpoint yet.
+    fn savepoint_waiting(&self) -> bool {
+        self.signals.savepoint.lock().is_ok_and(|r| r.as_ref().is_some_and(|r| r.checkpoint.is_none()))
+    }
+
+    fn savepoint_failed(&self, id: CheckpointId, reason: &str) {
+        if let Ok(mut request) = self.signals.savepoint.lock()
+            && let Some(r) = request.as_mut().filter(|r| r.checkpoint == Some(id))
+        {
+            r.outcome = Some(Err(format!("checkpoint {id} for the savepoint was aborted: {reason}")));
+        }
+    }
+
+    /// Copies checkpoint `meta` to the waiting savepoint directory, if it was the savepoint's.
+    fn take_savepoint(&self, meta: &CheckpointMetadata) {
+        let Ok(mut request) = self.signals.savepoint.lock() else { return };
+        let Some(r) = request.as_mut().filter(|r| r.checkpoint == Some(meta.id)) else { return };
+        let outcome = CheckpointStore::local(&r.dir)
+            .and_then(|to| crate::checkpoint::savepoint::copy_checkpoint(&self.store, meta, &to))
+            .map_err(|e| e.to_string());
+        match &outcome {
+            Ok(id) => tracing::info!(job = %self.job, checkpoint = id, dir = %r.dir.display(), "savepoint written"),
+            Err(e) => tracing::warn!(job = %self.job, error = %e, "savepoint failed"),
+        }
+        r.outcome = Some(outcome);
+    }
+
     fn upload(
         store: &CheckpointStore,
         uploader: &mut Uploader,
@@ -209,6 +256,7 @@ impl CheckpointThread {
             tracing::warn!(job = %self.job, checkpoint = id, error = %e, "checkpoint metadata not written; the previous checkpoint stays the latest");
             return;
         }
+        self.take_savepoint(&meta);
         self.signals.completed.store(id, Ordering::SeqCst);
         tracing::info!(
             job = %self.job,

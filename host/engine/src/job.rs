@@ -25,7 +25,7 @@ use crate::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, l
 use crate::checkpoint::metadata::collect_garbage;
 use crate::checkpoint::restore::Share;
 use crate::checkpoint::{BarrierAligner, CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
-use crate::checkpointing::{CheckpointThread, CompletedCheckpoint, Signals, SinkCommitter};
+use crate::checkpointing::{CheckpointThread, CompletedCheckpoint, SavepointRequest, Signals, SinkCommitter};
 use crate::connectors::{SourceError, open_source};
 use crate::files_sink::{FilesSink, FilesSinkState};
 use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
@@ -148,6 +148,9 @@ pub struct JobOptions {
     /// Restore from this checkpoint or savepoint directory's newest valid checkpoint instead
     /// of the spec's checkpoint directory (resuming from a savepoint).
     pub restore_from: Option<PathBuf>,
+    /// When the flag is raised (a signal handler, say), [`Job::run`] stops the job with a
+    /// savepoint in the directory.
+    pub stop_with_savepoint: Option<(Arc<AtomicBool>, PathBuf)>,
 }
 
 impl Default for JobOptions {
@@ -158,6 +161,7 @@ impl Default for JobOptions {
             tick: Duration::from_millis(10),
             sink: None,
             restore_from: None,
+            stop_with_savepoint: None,
         }
     }
 }
@@ -185,6 +189,8 @@ pub struct RunSummary {
     pub checkpoints: Vec<CompletedCheckpoint>,
     /// Restarts after failures.
     pub restarts: u32,
+    /// The savepoint the run stopped with.
+    pub savepoint: Option<(CheckpointId, PathBuf)>,
 }
 
 /// Shared by every subtask thread: the first failure cancels the job.
@@ -213,6 +219,7 @@ pub struct Job {
     control: Arc<Control>,
     threads: Vec<SubtaskThread>,
     checkpoints: Option<JoinHandle<Result<(), CheckpointError>>>,
+    signals: Arc<Signals>,
     history: Arc<Mutex<Vec<CompletedCheckpoint>>>,
     restored_from: Option<CheckpointId>,
     /// This run's local state (RocksDB, snapshot staging), removed when the job is dropped.
@@ -651,6 +658,7 @@ impl Job {
             control,
             threads,
             checkpoints: checkpoint_thread,
+            signals,
             history,
             restored_from,
             _local_state: local_state,
@@ -690,6 +698,47 @@ impl Job {
     /// Stops every subtask without flushing windows (bounded inputs end by themselves).
     pub fn cancel(&self) {
         self.control.cancel();
+    }
+
+    /// Takes a checkpoint now and copies it, self-contained, to `dir` (a savepoint); returns its
+    /// id. Needs checkpoints configured; waits at most `timeout`.
+    pub fn savepoint(&self, dir: &Path, timeout: Duration) -> Result<CheckpointId, RunError> {
+        let incompatible = |problem: &str| RunError::Checkpoint(CheckpointError::Incompatible(problem.into()));
+        if self.checkpoints.is_none() {
+            return Err(incompatible("a savepoint needs `checkpoints:` in the pipeline"));
+        }
+        let request = SavepointRequest { dir: dir.to_path_buf(), checkpoint: None, outcome: None };
+        *self.signals.savepoint.lock().map_err(|_| poisoned())? = Some(request);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let outcome = {
+                let mut request = self.signals.savepoint.lock().map_err(|_| poisoned())?;
+                let outcome = request.as_mut().and_then(|r| r.outcome.take());
+                if outcome.is_some() {
+                    *request = None;
+                }
+                outcome
+            };
+            if let Some(outcome) = outcome {
+                return outcome.map_err(|e| incompatible(&e));
+            }
+            if self.is_done() {
+                return Err(incompatible("the job ended before the savepoint was taken"));
+            }
+            if Instant::now() >= deadline {
+                return Err(incompatible(&format!("no savepoint within {timeout:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Takes a savepoint to `dir`, then stops the job; returns the savepoint's checkpoint id and
+    /// the run's summary.
+    pub fn stop_with_savepoint(self, dir: &Path, timeout: Duration) -> Result<(CheckpointId, RunSummary), RunError> {
+        let id = self.savepoint(dir, timeout);
+        self.cancel();
+        let summary = self.wait()?;
+        Ok((id?, summary))
     }
 
     /// Waits for every subtask; the first failure (not the cancellations it caused) is the error.
@@ -741,6 +790,7 @@ impl Job {
                 restored_from: self.restored_from,
                 checkpoints: self.history.lock().map(|h| h.clone()).unwrap_or_default(),
                 restarts: 0,
+                savepoint: None,
             }),
         }
     }
@@ -753,10 +803,17 @@ impl Job {
         every: Duration,
         mut progress: impl FnMut(&Job, &MetricsSnapshot),
     ) -> Result<RunSummary, RunError> {
+        let stop = options.stop_with_savepoint.clone();
         let job = Job::start(spec, runtime, options)?;
         let mut last = Instant::now();
         while !job.is_done() {
             std::thread::sleep(Duration::from_millis(20));
+            if let Some((flag, dir)) = &stop
+                && flag.load(Ordering::SeqCst)
+            {
+                let (id, summary) = job.stop_with_savepoint(dir, Duration::from_secs(600))?;
+                return Ok(RunSummary { savepoint: Some((id, dir.clone())), ..summary });
+            }
             if last.elapsed() >= every {
                 last = Instant::now();
                 progress(&job, &job.metrics());

@@ -105,6 +105,19 @@ impl CheckpointCoordinator {
         Some(Decision::Trigger(id))
     }
 
+    /// Starts a checkpoint now, ignoring the interval and the pause (a savepoint); `None` while
+    /// one is in flight (the caller retries when it ends).
+    pub fn trigger_now(&mut self, now_ms: i64) -> Option<Decision> {
+        if self.pending.is_some() {
+            return None;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.last_trigger_ms = now_ms;
+        self.pending = Some(Pending { id, triggered_ms: now_ms, acknowledged: BTreeSet::new() });
+        Some(Decision::Trigger(id))
+    }
+
     /// Participant `who` (0-based, below the participant count) finished its part of `id`.
     pub fn acknowledge(&mut self, id: CheckpointId, who: usize, now_ms: i64) -> Option<Decision> {
         let p = self.pending.as_mut().filter(|p| p.id == id && who < self.participants)?;
@@ -160,6 +173,16 @@ mod tests {
         assert_eq!(c.acknowledge(1, 1, 1_101), None, "too late");
         assert_eq!(c.poll(1_149), None, "minimum pause after an abort");
         assert_eq!(c.poll(1_150), Some(Decision::Trigger(2)));
+    }
+
+    #[test]
+    fn a_forced_trigger_ignores_the_interval_but_not_the_one_in_flight() {
+        let mut c = CheckpointCoordinator::new(CONFIG, 1, 1, 0);
+        assert_eq!(c.trigger_now(5), Some(Decision::Trigger(1)));
+        assert_eq!(c.trigger_now(6), None, "one in flight");
+        assert_eq!(c.acknowledge(1, 0, 7), Some(Decision::Complete(1)));
+        assert_eq!(c.trigger_now(8), Some(Decision::Trigger(2)), "no pause for a savepoint");
+        assert_eq!(c.poll(100), None, "the interval counts from the forced trigger");
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod coordinator;
 pub mod format;
 pub mod metadata;
 pub mod restore;
+pub mod savepoint;
 pub mod store;
 pub mod upload;
 
