@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 mod bench;
+mod bench_checkpoint;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -73,6 +74,21 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BenchSuite {
+    /// What a checkpoint costs as keyed state grows: heap against RocksDB.
+    Checkpoint {
+        /// State sizes (keys), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1000000,10000000")]
+        keys: Vec<u64>,
+        /// Backends, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "heap,rocksdb")]
+        backends: Vec<String>,
+        /// Working directory (RocksDB databases and checkpoints).
+        #[arg(long, default_value = ".eddy/bench")]
+        work_dir: PathBuf,
+        /// The JSON report.
+        #[arg(long, default_value = "checkpoint-report.json")]
+        report: PathBuf,
+    },
     /// One Nexmark query (`examples/nexmark/<query>.yaml`) on Eddy and natively.
     Nexmark {
         /// q0, q1, q2, q3, q5, q7, q8 or q11; several separated by commas, or `all`.
@@ -106,7 +122,14 @@ enum BenchSuite {
 }
 
 fn bench(suite: BenchSuite) -> Result<()> {
-    let BenchSuite::Nexmark { query, runs, events, parallelism, rate, queries_dir, cache_dir, report, only } = suite;
+    let (query, runs, events, parallelism, rate, queries_dir, cache_dir, report, only) = match suite {
+        BenchSuite::Checkpoint { keys, backends, work_dir, report } => {
+            return bench_checkpoint::run(&backends, &keys, &work_dir, &report);
+        }
+        BenchSuite::Nexmark { query, runs, events, parallelism, rate, queries_dir, cache_dir, report, only } => {
+            (query, runs, events, parallelism, rate, queries_dir, cache_dir, report, only)
+        }
+    };
     let queries: Vec<String> = match query.as_str() {
         "all" => bench::QUERIES.iter().map(|q| q.to_string()).collect(),
         list => list.split(',').map(|q| q.trim().to_owned()).collect(),

@@ -1,0 +1,194 @@
+//! `eddy bench checkpoint`: what a checkpoint costs as keyed state grows, heap against RocksDB.
+//!
+//! The model is one subtask: a writer updating random keys as fast as it can (the task
+//! thread), which stops for the synchronous phase of a checkpoint and then keeps writing
+//! while another thread writes the snapshot to a local checkpoint store (the checkpoint
+//! thread). Reported per backend and state size: fill rate, the synchronous pause, the
+//! asynchronous phase, the writer's throughput before and during the asynchronous phase, the
+//! checkpoint's full size, and the bytes a second checkpoint writes after 1% of the keys
+//! changed (incremental for RocksDB, a full copy for the heap).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use eddy_engine::OperatorSnapshot;
+use eddy_engine::checkpoint::CheckpointStore;
+use eddy_engine::checkpoint::upload::{TakenSnapshot, Uploader};
+use eddy_state::{HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, StateKey};
+use serde::Serialize;
+
+/// One row of the table.
+#[derive(Debug, Serialize)]
+pub struct CheckpointRow {
+    backend: String,
+    keys: u64,
+    fill_per_sec: f64,
+    sync_ms: f64,
+    async_ms: f64,
+    writes_per_sec_before: f64,
+    writes_per_sec_during: f64,
+    full_bytes: u64,
+    second_checkpoint_bytes: u64,
+}
+
+struct Writer {
+    backend: Box<dyn StateBackend>,
+    key: StateKey,
+    rng: u64,
+    keys: u64,
+    value: Vec<u8>,
+}
+
+impl Writer {
+    fn put(&mut self, i: u64) -> Result<()> {
+        let user = format!("\"user-{i}\"");
+        let group = eddy_core::key_group_of(user.as_bytes(), 128);
+        self.value[..8].copy_from_slice(&self.rng.to_le_bytes());
+        let entry = self.key.encode(group, user.as_bytes(), "total", b"");
+        self.backend.put(entry, &self.value)?;
+        Ok(())
+    }
+
+    fn random_put(&mut self) -> Result<()> {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.put(self.rng % self.keys)
+    }
+
+    /// Random updates for `duration`; returns updates per second.
+    fn write_for(&mut self, duration: Duration) -> Result<f64> {
+        let started = Instant::now();
+        let mut n = 0u64;
+        while started.elapsed() < duration {
+            for _ in 0..1024 {
+                self.random_put()?;
+            }
+            n += 1024;
+        }
+        Ok(n as f64 / started.elapsed().as_secs_f64())
+    }
+
+    /// Random updates until `done` says stop; returns updates per second.
+    fn write_while(&mut self, running: &std::thread::JoinHandle<Result<(u64, f64)>>) -> Result<f64> {
+        let started = Instant::now();
+        let mut n = 0u64;
+        while !running.is_finished() {
+            for _ in 0..256 {
+                self.random_put()?;
+            }
+            n += 256;
+        }
+        Ok(n as f64 / started.elapsed().as_secs_f64().max(1e-9))
+    }
+}
+
+/// Takes a checkpoint of `writer`'s state while it keeps writing; returns (sync ms, async ms,
+/// bytes written, writes/s during the asynchronous phase).
+fn checkpoint(
+    writer: &mut Writer,
+    store: &std::sync::Arc<CheckpointStore>,
+    uploader: &std::sync::Arc<std::sync::Mutex<Uploader>>,
+    staging_root: &Path,
+    id: u64,
+) -> Result<(f64, f64, u64, f64)> {
+    let staging = tempfile::tempdir_in(staging_root)?;
+    let sync_started = Instant::now();
+    let state = writer.backend.snapshot(staging.path())?;
+    let sync_ms = sync_started.elapsed().as_secs_f64() * 1e3;
+    let taken = TakenSnapshot {
+        participant: 0,
+        task: 0,
+        subtask: 0,
+        parallelism: 1,
+        keyed: true,
+        source: None,
+        sink: None,
+        operators: vec![("totals".into(), OperatorSnapshot { timers: Vec::new(), state })],
+        alignment_ms: 0.0,
+        sync_ms,
+        staging: Some(staging),
+    };
+    let (store, uploader) = (store.clone(), uploader.clone());
+    let upload = std::thread::spawn(move || -> Result<(u64, f64)> {
+        let started = Instant::now();
+        let mut uploader = uploader.lock().map_err(|_| anyhow::anyhow!("uploader lock poisoned"))?;
+        let done = uploader.upload(&store, Some(id), taken)?;
+        Ok((done.written_bytes, started.elapsed().as_secs_f64() * 1e3))
+    });
+    let during = writer.write_while(&upload)?;
+    let (bytes, async_ms) = upload.join().map_err(|_| anyhow::anyhow!("upload thread panicked"))??;
+    Ok((sync_ms, async_ms, bytes, during))
+}
+
+/// Measures one backend at one state size.
+fn measure(backend: &str, keys: u64, work: &Path) -> Result<CheckpointRow> {
+    let dir = tempfile::tempdir_in(work)?;
+    let state: Box<dyn StateBackend> = match backend {
+        "heap" => Box::new(HeapStateBackend::default()),
+        "rocksdb" => Box::new(RocksDbBackend::open(&dir.path().join("db"), RocksDbConfig::default())?),
+        other => anyhow::bail!("no backend `{other}` (heap, rocksdb)"),
+    };
+    let mut writer = Writer { backend: state, key: StateKey::default(), rng: 0x9E37_79B9_7F4A_7C15, keys, value: vec![7u8; 64] };
+    let started = Instant::now();
+    for i in 0..keys {
+        writer.put(i)?;
+    }
+    let fill_per_sec = keys as f64 / started.elapsed().as_secs_f64();
+    let before = writer.write_for(Duration::from_secs(1))?;
+    let store = std::sync::Arc::new(CheckpointStore::local(&dir.path().join("checkpoints"))?);
+    let uploader = std::sync::Arc::new(std::sync::Mutex::new(Uploader::default()));
+    let (sync_ms, async_ms, full_bytes, during) = checkpoint(&mut writer, &store, &uploader, dir.path(), 1)?;
+    for _ in 0..keys / 100 {
+        writer.random_put()?;
+    }
+    let (_, _, second, _) = checkpoint(&mut writer, &store, &uploader, dir.path(), 2)?;
+    Ok(CheckpointRow {
+        backend: backend.to_owned(),
+        keys,
+        fill_per_sec,
+        sync_ms,
+        async_ms,
+        writes_per_sec_before: before,
+        writes_per_sec_during: during,
+        full_bytes,
+        second_checkpoint_bytes: second,
+    })
+}
+
+/// Runs every (backend, size) pair, prints the table and writes the JSON report.
+pub fn run(backends: &[String], keys: &[u64], work: &Path, report: &Path) -> Result<()> {
+    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
+    let mut rows = Vec::new();
+    for &n in keys {
+        for backend in backends {
+            eprintln!("checkpoint bench: {backend}, {n} keys ...");
+            let row = measure(backend, n, work)?;
+            eprintln!("  {row:?}");
+            rows.push(row);
+        }
+    }
+    println!(
+        "| backend | keys | fill keys/s | sync pause ms | async ms | writes/s before | writes/s during async | checkpoint MiB | 2nd checkpoint MiB (1% changed) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        let mib = |b: u64| b as f64 / 1048576.0;
+        println!(
+            "| {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} |",
+            r.backend,
+            r.keys,
+            r.fill_per_sec,
+            r.sync_ms,
+            r.async_ms,
+            r.writes_per_sec_before,
+            r.writes_per_sec_during,
+            mib(r.full_bytes),
+            mib(r.second_checkpoint_bytes)
+        );
+    }
+    std::fs::write(report, serde_json::to_vec_pretty(&rows)?).with_context(|| format!("writing {}", report.display()))?;
+    eprintln!("report written to {}", report.display());
+    Ok(())
+}
