@@ -46,7 +46,7 @@ pub trait StateBackend: Send {
         let _ = staging;
         let mut entries = Vec::with_capacity(self.approximate_len());
         self.scan_prefix(b"", &mut |k, v| entries.push((k.to_vec(), v.to_vec())))?;
-        Ok(BackendSnapshot::Entries(entries))
+        Ok(BackendSnapshot::Frozen(Box::new(entries)))
     }
 
     /// The backend under wrappers (such as TTL), where restored entries go as stored.
@@ -56,9 +56,34 @@ pub trait StateBackend: Send {
 /// What [`StateBackend::snapshot`] took.
 #[derive(Debug)]
 pub enum BackendSnapshot {
-    /// Every entry, in key order (the heap backend's copy).
-    Entries(Vec<(Vec<u8>, Vec<u8>)>),
+    /// Every entry, frozen at the snapshot and read later, off the task's thread (the heap
+    /// backend's copy-on-write picture).
+    Frozen(Box<dyn FrozenEntries>),
     /// A directory holding a native checkpoint (RocksDB): immutable files, SSTs shared with
     /// earlier checkpoints where unchanged.
     Directory(PathBuf),
+}
+
+/// Entries frozen at a snapshot: cheap to take, read in the asynchronous phase.
+pub trait FrozenEntries: Send + std::fmt::Debug {
+    /// Number of entries.
+    fn len(&self) -> usize;
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Visits every entry in ascending key order.
+    fn for_each(&self, visit: &mut dyn FnMut(&[u8], &[u8]));
+}
+
+impl FrozenEntries for Vec<(Vec<u8>, Vec<u8>)> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn for_each(&self, visit: &mut dyn FnMut(&[u8], &[u8])) {
+        for (k, v) in self {
+            visit(k, v);
+        }
+    }
 }

@@ -1,21 +1,43 @@
 //! State on the heap: fast, bounded by memory.
+//!
+//! The entries live in a persistent ordered map (`imbl::OrdMap`, a B-tree whose nodes are
+//! shared between copies): a snapshot is an O(1) clone, and a write after it copies only the
+//! path to the entry it changes — copy-on-write, so the synchronous phase of a checkpoint does
+//! not grow with the state.
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use crate::{StateBackend, StateError};
+use imbl::OrdMap;
 
-/// A [`StateBackend`] in a `BTreeMap`, ordered so prefix scans are range scans.
+use crate::{BackendSnapshot, FrozenEntries, StateBackend, StateError};
+
+/// A [`StateBackend`] in an ordered map, so prefix scans are range scans.
 #[derive(Debug, Default, Clone)]
 pub struct HeapStateBackend {
-    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    entries: OrdMap<Vec<u8>, Vec<u8>>,
 }
 
 impl HeapStateBackend {
     fn range<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)> + 'a {
         self.entries
-            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .range::<_, [u8]>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(move |(k, _)| k.starts_with(prefix))
+    }
+}
+
+/// A frozen clone of the heap map.
+#[derive(Debug)]
+struct FrozenMap(OrdMap<Vec<u8>, Vec<u8>>);
+
+impl FrozenEntries for FrozenMap {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn for_each(&self, visit: &mut dyn FnMut(&[u8], &[u8])) {
+        for (k, v) in self.0.iter() {
+            visit(k, v);
+        }
     }
 }
 
@@ -64,6 +86,10 @@ impl StateBackend for HeapStateBackend {
     fn raw_mut(&mut self) -> &mut dyn StateBackend {
         self
     }
+
+    fn snapshot(&mut self, _staging: &std::path::Path) -> Result<BackendSnapshot, StateError> {
+        Ok(BackendSnapshot::Frozen(Box::new(FrozenMap(self.entries.clone()))))
+    }
 }
 
 #[cfg(test)]
@@ -71,6 +97,25 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn a_snapshot_is_frozen_while_the_backend_keeps_changing() {
+        let mut backend = HeapStateBackend::default();
+        for i in 0..1_000u32 {
+            backend.put(&i.to_be_bytes(), b"old").unwrap();
+        }
+        let BackendSnapshot::Frozen(frozen) = backend.snapshot(std::path::Path::new(".")).unwrap() else {
+            panic!("heap snapshots are frozen maps")
+        };
+        backend.put(&5u32.to_be_bytes(), b"new").unwrap();
+        backend.delete(&6u32.to_be_bytes()).unwrap();
+        backend.put(&5_000u32.to_be_bytes(), b"added").unwrap();
+        let mut seen = Vec::new();
+        frozen.for_each(&mut |k, v| seen.push((k.to_vec(), v.to_vec())));
+        let expected: Vec<_> = (0..1_000u32).map(|i| (i.to_be_bytes().to_vec(), b"old".to_vec())).collect();
+        assert_eq!(seen, expected);
+        assert_eq!(backend.get(&5u32.to_be_bytes()).unwrap(), Some(b"new".to_vec()));
+    }
 
     #[derive(Debug, Clone)]
     enum Op {

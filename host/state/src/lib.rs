@@ -24,7 +24,7 @@ mod layout;
 mod rocks;
 mod ttl;
 
-pub use backend::{BackendSnapshot, StateBackend, StateError};
+pub use backend::{BackendSnapshot, FrozenEntries, StateBackend, StateError};
 pub use heap::HeapStateBackend;
 pub use layout::{DecodedStateKey, StateKey, decode_list, decode_state_key, encode_list};
 pub use rocks::{RocksDbBackend, RocksDbConfig};

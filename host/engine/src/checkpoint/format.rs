@@ -2,6 +2,8 @@
 //! corrupted file is detected on restore, never half-read; state entries are length-prefixed.
 //! Part of the checkpoint format: change only with a version bump.
 
+use eddy_state::FrozenEntries;
+
 use super::CheckpointError;
 
 const MAGIC: &[u8; 8] = b"EDDYCKP1";
@@ -36,16 +38,15 @@ pub fn unseal<'a>(bytes: &'a [u8], what: &str) -> Result<&'a [u8], CheckpointErr
 }
 
 /// State entries as `count (u64) | (key len (u32) | key | value len (u32) | value)*`.
-pub fn encode_entries(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
-    let size: usize = entries.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
-    let mut out = Vec::with_capacity(8 + size);
+pub fn encode_entries(entries: &dyn FrozenEntries) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + entries.len() * 64);
     out.extend_from_slice(&(entries.len() as u64).to_be_bytes());
-    for (k, v) in entries {
+    entries.for_each(&mut |k, v| {
         out.extend_from_slice(&(k.len() as u32).to_be_bytes());
         out.extend_from_slice(k);
         out.extend_from_slice(&(v.len() as u32).to_be_bytes());
         out.extend_from_slice(v);
-    }
+    });
     out
 }
 

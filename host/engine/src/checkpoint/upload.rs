@@ -95,8 +95,8 @@ impl Uploader {
                 })
                 .collect();
             let state = match snapshot.state {
-                BackendSnapshot::Entries(entries) => {
-                    let bytes = seal(&encode_entries(&entries));
+                BackendSnapshot::Frozen(entries) => {
+                    let bytes = seal(&encode_entries(entries.as_ref()));
                     let file = put(store, format!("{dir}/op{index}.state"), bytes)?;
                     written_bytes += file.bytes;
                     StoredState::Entries(file)
