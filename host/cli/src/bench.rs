@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eddy_core::RecordBatch;
-use eddy_engine::{Job, JobOptions, PipelineSpec, Sink, SourceSpec};
+use eddy_engine::{CheckpointSpec, Job, JobOptions, PipelineSpec, Sink, SourceSpec};
 use eddy_runtime::Runtime;
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +61,8 @@ pub struct BenchArgs {
     pub queries_dir: PathBuf,
     /// Compiled-component cache.
     pub cache_dir: PathBuf,
+    /// Checkpoint the Eddy side every this many ms (to a temporary directory).
+    pub checkpoint_ms: Option<u64>,
 }
 
 fn cpu_and_rss() -> (f64, f64) {
@@ -147,6 +149,14 @@ fn bench_spec(args: &BenchArgs) -> Result<PipelineSpec> {
     for step in &mut spec.steps {
         step.parallelism = None;
     }
+    spec.checkpoints = args.checkpoint_ms.map(|interval_ms| CheckpointSpec {
+        dir: std::env::temp_dir().join(format!("eddy-bench-checkpoints-{}", std::process::id())),
+        interval_ms,
+        timeout_ms: 60_000,
+        min_pause_ms: 0,
+        retained: 1,
+    });
+    spec.state.dir = Some(std::env::temp_dir().join(format!("eddy-bench-state-{}", std::process::id())));
     Ok(spec)
 }
 
@@ -163,7 +173,12 @@ pub fn run_eddy(args: &BenchArgs) -> Result<SideReport> {
     let (cpu_before, _) = cpu_and_rss();
     let started = Instant::now();
     let options = JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() };
-    let summary = Job::run(&spec, &runtime, options, Duration::from_secs(3600), |_, _| {})?;
+    let summary = Job::run(&spec, &runtime, options, Duration::from_secs(3600), |_, _| {});
+    // The temporary checkpoint and state directories of this side.
+    for dir in spec.checkpoints.iter().map(|c| &c.dir).chain(spec.state.dir.as_ref()) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let summary = summary?;
     let events = summary.metrics.source_records;
     let (count, latencies) = std::mem::take(&mut *rows.lock().map_err(|_| anyhow::anyhow!("sink lock poisoned"))?);
     Ok(finish("eddy", events, count, started, cpu_before, latencies))
@@ -204,6 +219,9 @@ fn child(args: &BenchArgs, only: &str) -> Result<SideReport> {
         .arg(&args.cache_dir);
     if let Some(rate) = args.rate {
         cmd.args(["--rate", &rate.to_string()]);
+    }
+    if let Some(ms) = args.checkpoint_ms {
+        cmd.args(["--checkpoint-ms", &ms.to_string()]);
     }
     let out = cmd.output().with_context(|| format!("starting the {only} side"))?;
     if !out.status.success() {
@@ -278,11 +296,12 @@ fn summarize(query: &str, pairs: Vec<(SideReport, SideReport)>) -> QuerySummary 
 /// table of medians, and writes every run and the medians to `report`.
 pub fn run_pairs(args: &BenchArgs, queries: &[String], runs: usize, report: &std::path::Path) -> Result<()> {
     eprintln!(
-        "nexmark {}: {} events, parallelism {}{}, {} paired run(s) each (native, then eddy, each in its own process)",
+        "nexmark {}: {} events, parallelism {}{}{}, {} paired run(s) each (native, then eddy, each in its own process)",
         queries.join(" "),
         args.events,
         args.parallelism,
         args.rate.map_or(String::new(), |r| format!(", paced at {r} events/s")),
+        args.checkpoint_ms.map_or(String::new(), |ms| format!(", eddy checkpointing every {ms} ms")),
         runs
     );
     let mut summaries = Vec::new();

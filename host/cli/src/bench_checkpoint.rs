@@ -130,7 +130,8 @@ fn measure(backend: &str, keys: u64, work: &Path) -> Result<CheckpointRow> {
         "rocksdb" => Box::new(RocksDbBackend::open(&dir.path().join("db"), RocksDbConfig::default())?),
         other => anyhow::bail!("no backend `{other}` (heap, rocksdb)"),
     };
-    let mut writer = Writer { backend: state, key: StateKey::default(), rng: 0x9E37_79B9_7F4A_7C15, keys, value: vec![7u8; 64] };
+    let mut writer =
+        Writer { backend: state, key: StateKey::default(), rng: 0x9E37_79B9_7F4A_7C15, keys, value: vec![7u8; 64] };
     let started = Instant::now();
     for i in 0..keys {
         writer.put(i)?;
@@ -188,7 +189,8 @@ pub fn run(backends: &[String], keys: &[u64], work: &Path, report: &Path) -> Res
             mib(r.second_checkpoint_bytes)
         );
     }
-    std::fs::write(report, serde_json::to_vec_pretty(&rows)?).with_context(|| format!("writing {}", report.display()))?;
+    std::fs::write(report, serde_json::to_vec_pretty(&rows)?)
+        .with_context(|| format!("writing {}", report.display()))?;
     eprintln!("report written to {}", report.display());
     Ok(())
 }

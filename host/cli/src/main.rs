@@ -94,6 +94,9 @@ enum BenchSuite {
         /// q0, q1, q2, q3, q5, q7, q8 or q11; several separated by commas, or `all`.
         #[arg(long)]
         query: String,
+        /// Checkpoint the Eddy side every this many ms (heap state, temporary directory).
+        #[arg(long)]
+        checkpoint_ms: Option<u64>,
         /// Paired runs per query; the table shows medians.
         #[arg(long, default_value_t = 3)]
         runs: usize,
@@ -122,24 +125,38 @@ enum BenchSuite {
 }
 
 fn bench(suite: BenchSuite) -> Result<()> {
-    let (query, runs, events, parallelism, rate, queries_dir, cache_dir, report, only) = match suite {
+    match suite {
         BenchSuite::Checkpoint { keys, backends, work_dir, report } => {
-            return bench_checkpoint::run(&backends, &keys, &work_dir, &report);
+            bench_checkpoint::run(&backends, &keys, &work_dir, &report)
         }
-        BenchSuite::Nexmark { query, runs, events, parallelism, rate, queries_dir, cache_dir, report, only } => {
-            (query, runs, events, parallelism, rate, queries_dir, cache_dir, report, only)
+        BenchSuite::Nexmark {
+            query,
+            checkpoint_ms,
+            runs,
+            events,
+            parallelism,
+            rate,
+            queries_dir,
+            cache_dir,
+            report,
+            only,
+        } => {
+            let args = bench::BenchArgs { query, events, parallelism, rate, queries_dir, cache_dir, checkpoint_ms };
+            nexmark(args, runs, &report, only.as_deref())
         }
-    };
-    let queries: Vec<String> = match query.as_str() {
+    }
+}
+
+fn nexmark(args: bench::BenchArgs, runs: usize, report: &std::path::Path, only: Option<&str>) -> Result<()> {
+    let queries: Vec<String> = match args.query.as_str() {
         "all" => bench::QUERIES.iter().map(|q| q.to_string()).collect(),
         list => list.split(',').map(|q| q.trim().to_owned()).collect(),
     };
     if let Some(unknown) = queries.iter().find(|q| !bench::QUERIES.contains(&q.as_str())) {
         anyhow::bail!("no Nexmark query `{unknown}`: choose from {} or `all`", bench::QUERIES.join(", "));
     }
-    let args = bench::BenchArgs { query, events, parallelism, rate, queries_dir, cache_dir };
-    let side = match only.as_deref() {
-        None => return bench::run_pairs(&args, &queries, runs, &report),
+    let side = match only {
+        None => return bench::run_pairs(&args, &queries, runs, report),
         Some("eddy") => bench::run_eddy(&args)?,
         Some("native") => bench::run_native(&args)?,
         Some(other) => anyhow::bail!("--only takes eddy or native, not {other}"),

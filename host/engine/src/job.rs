@@ -35,6 +35,7 @@ use crate::router::OutputRouter;
 use crate::sink::{Blackhole, JsonLinesSink, PrintSink, Sink};
 use crate::spec::{PipelineSpec, SinkSpec, StateBackendKind, StepSpec};
 use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError, now_ms};
+use crate::upsert_sink::UpsertSink;
 use crate::wasm_operator::WasmOperator;
 use crate::window_operator::{LateData, WindowConfig, WindowOperator};
 
@@ -256,6 +257,9 @@ fn open_spec_sink(
             let restored = restored.as_ref().map(|(id, state)| (*id, state));
             Box::new(FilesSink::open(dir, restored, checkpointing).map_err(sink_error)?)
         }
+        SinkSpec::Upsert { dir } => {
+            Box::new(UpsertSink::open(dir).map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?)
+        }
     })
 }
 
@@ -271,7 +275,7 @@ fn sink_committer(spec: &SinkSpec) -> SinkCommitter {
             let dir = dir.clone();
             Box::new(move |value| FilesSink::commit(&dir, &files_sink_state(value)?.pending))
         }
-        SinkSpec::Print | SinkSpec::File { .. } | SinkSpec::Blackhole => Box::new(|_| Ok(())),
+        SinkSpec::Print | SinkSpec::File { .. } | SinkSpec::Blackhole | SinkSpec::Upsert { .. } => Box::new(|_| Ok(())),
     }
 }
 

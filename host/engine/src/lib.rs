@@ -29,6 +29,14 @@
 //!
 //! Running it needs the components: `Job::start(&spec, &runtime, JobOptions::default())?.wait()?`
 //! (see `eddy run` in `host/cli`).
+//!
+//! With a `checkpoints:` section the job takes aligned checkpoints ([`checkpoint`]): sources
+//! record their positions and send barriers, tasks align them and snapshot their state (heap or
+//! RocksDB, `state:`), a checkpoint thread writes the files and the metadata, and sinks commit
+//! ([`FilesSink`]) or upsert idempotently ([`UpsertSink`]). [`Job::start`] resumes from the
+//! newest valid checkpoint; [`Job::run_with_restarts`] restarts failed jobs under the spec's
+//! `restart:` strategy; [`Job::stop_with_savepoint`] and [`JobOptions::restore_from`] move a job
+//! to a new version or parallelism.
 
 pub mod buffer;
 pub mod channel;
@@ -45,6 +53,7 @@ pub mod router;
 mod sink;
 mod spec;
 mod task;
+mod upsert_sink;
 mod wasm_operator;
 pub mod window;
 pub mod window_operator;
@@ -61,3 +70,4 @@ pub use spec::{
     SourceSpec, SpecError, StateBackendKind, StateSpec, StepSpec, WatermarkSpec, WindowSpec, WindowType,
 };
 pub use task::TaskError;
+pub use upsert_sink::UpsertSink;

@@ -128,6 +128,7 @@ impl PhysicalPlan {
             SinkSpec::File { .. } => "sink:file",
             SinkSpec::Blackhole => "sink:blackhole",
             SinkSpec::Files { .. } => "sink:files",
+            SinkSpec::Upsert { .. } => "sink:upsert",
         };
         labels.push((Node::Sink, sink.to_string()));
 

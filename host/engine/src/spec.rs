@@ -569,6 +569,12 @@ pub enum SinkSpec {
         /// The directory, relative to the spec file.
         dir: PathBuf,
     },
+    /// An idempotent upsert table (RocksDB) keyed by record key, the last value winning:
+    /// exactly-once in effect, because a replay writes the same values again.
+    Upsert {
+        /// The table's directory, relative to the spec file.
+        dir: PathBuf,
+    },
 }
 
 /// Why a spec was rejected.
@@ -627,7 +633,9 @@ impl PipelineSpec {
             step.wasm = base.join(&step.wasm);
         }
         match &mut self.sink {
-            SinkSpec::File { path } | SinkSpec::Files { dir: path } => *path = base.join(&*path),
+            SinkSpec::File { path } | SinkSpec::Files { dir: path } | SinkSpec::Upsert { dir: path } => {
+                *path = base.join(&*path)
+            }
             SinkSpec::Print | SinkSpec::Blackhole => {}
         }
         if let Some(dir) = &mut self.state.dir {

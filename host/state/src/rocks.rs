@@ -75,6 +75,20 @@ impl RocksDbBackend {
         Ok(Self { db, path: path.to_path_buf(), write })
     }
 
+    /// Opens (creating if needed) a database whose writes go through the write-ahead log, for
+    /// data that must survive a crash on its own (a sink's table); [`Self::sync`] makes every
+    /// write so far durable.
+    pub fn open_durable(path: &Path, config: RocksDbConfig) -> Result<Self, StateError> {
+        let mut backend = Self::open(path, config)?;
+        backend.write = WriteOptions::default();
+        Ok(backend)
+    }
+
+    /// Makes every write so far durable (syncs the write-ahead log).
+    pub fn sync(&self) -> Result<(), StateError> {
+        self.db.flush_wal(true).map_err(storage)
+    }
+
     /// Opens a database read-only (a downloaded checkpoint being restored from).
     pub fn open_read_only(path: &Path) -> Result<Self, StateError> {
         let db = DB::open_for_read_only(&Options::default(), path, false).map_err(storage)?;
