@@ -67,6 +67,7 @@ impl RocksDbBackend {
         options.set_write_buffer_size(config.write_buffer_bytes);
         options.set_max_write_buffer_number(config.max_write_buffers.max(2));
         options.set_max_open_files(256);
+        options.set_max_background_jobs(4);
         // Keys are `key group | ...`: prefix bloom filters would need a fixed-length prefix
         // of key group + key, which is variable, so whole-key blooms it is.
         let db = DB::open(&options, path).map_err(storage)?;
