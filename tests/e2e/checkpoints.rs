@@ -230,7 +230,7 @@ fn a_damaged_newest_checkpoint_is_skipped_for_the_previous_one() {
         .expect("subtask dir")
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "state"))
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().contains(".state.")))
         .expect("a state file");
     let mut bytes = std::fs::read(&victim).expect("read");
     let middle = bytes.len() / 2;

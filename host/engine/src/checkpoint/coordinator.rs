@@ -95,27 +95,21 @@ impl CheckpointCoordinator {
         }
         let interval_due = now_ms >= Self::after(self.last_trigger_ms, self.config.interval_ms);
         let pause_over = self.last_end_ms.is_none_or(|end| now_ms >= Self::after(end, self.config.min_pause_ms));
-        if !(interval_due && pause_over) {
-            return None;
-        }
+        (interval_due && pause_over).then(|| self.start(now_ms))
+    }
+
+    fn start(&mut self, now_ms: i64) -> Decision {
         let id = self.next_id;
         self.next_id += 1;
         self.last_trigger_ms = now_ms;
         self.pending = Some(Pending { id, triggered_ms: now_ms, acknowledged: BTreeSet::new() });
-        Some(Decision::Trigger(id))
+        Decision::Trigger(id)
     }
 
     /// Starts a checkpoint now, ignoring the interval and the pause (a savepoint); `None` while
     /// one is in flight (the caller retries when it ends).
     pub fn trigger_now(&mut self, now_ms: i64) -> Option<Decision> {
-        if self.pending.is_some() {
-            return None;
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        self.last_trigger_ms = now_ms;
-        self.pending = Some(Pending { id, triggered_ms: now_ms, acknowledged: BTreeSet::new() });
-        Some(Decision::Trigger(id))
+        self.pending.is_none().then(|| self.start(now_ms))
     }
 
     /// Participant `who` (0-based, below the participant count) finished its part of `id`.

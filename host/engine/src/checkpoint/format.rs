@@ -9,6 +9,9 @@ use super::CheckpointError;
 const MAGIC: &[u8; 8] = b"EDDYCKP1";
 const HEADER: usize = 8 + 8 + 4;
 
+/// Size of a sealed file with an empty payload.
+pub const EMPTY_FILE_BYTES: u64 = HEADER as u64;
+
 /// `payload` with its header: magic, payload length (u64 BE), CRC-32 of the payload (u32 BE).
 pub fn seal(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + payload.len());
@@ -37,52 +40,66 @@ pub fn unseal<'a>(bytes: &'a [u8], what: &str) -> Result<&'a [u8], CheckpointErr
     Ok(payload)
 }
 
-/// State entries as `count (u64) | (key len (u32) | key | value len (u32) | value)*`.
-pub fn encode_entries(entries: &dyn FrozenEntries) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + entries.len() * 64);
-    out.extend_from_slice(&(entries.len() as u64).to_be_bytes());
-    entries.for_each(&mut |k, v| {
-        out.extend_from_slice(&(k.len() as u32).to_be_bytes());
-        out.extend_from_slice(k);
-        out.extend_from_slice(&(v.len() as u32).to_be_bytes());
-        out.extend_from_slice(v);
-    });
-    out
+/// Appends one state entry: `key len (u32) | key | value len (u32) | value`. A state file is a
+/// sealed run of entries in ascending key order.
+pub fn encode_entry(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    out.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+    out.extend_from_slice(value);
 }
 
-/// Reads [`encode_entries`]'s output, calling `visit` per entry.
+/// Splits `entries` into payloads of about `max_bytes` (at least one entry each, so at least
+/// one payload even when empty) and hands each to `emit` as it fills, so a large state is
+/// never encoded into memory at once.
+pub fn encode_chunks(
+    entries: &dyn FrozenEntries,
+    max_bytes: usize,
+    emit: &mut dyn FnMut(Vec<u8>) -> Result<(), CheckpointError>,
+) -> Result<(), CheckpointError> {
+    let mut chunk = Vec::new();
+    let mut failed = None;
+    entries.for_each(&mut |k, v| {
+        if failed.is_some() {
+            return;
+        }
+        encode_entry(&mut chunk, k, v);
+        if chunk.len() >= max_bytes {
+            failed = emit(std::mem::take(&mut chunk)).err();
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => emit(chunk),
+    }
+}
+
+/// Reads the entries of a state file's payload, calling `visit` per entry; returns how many.
 pub fn decode_entries(
     mut bytes: &[u8],
     what: &str,
     visit: &mut dyn FnMut(&[u8], &[u8]),
 ) -> Result<u64, CheckpointError> {
     let corrupt = |problem: &str| CheckpointError::Corrupt { file: what.to_owned(), problem: problem.to_owned() };
-    let take = |n: usize, bytes: &mut &[u8]| -> Result<Vec<u8>, CheckpointError> {
-        if bytes.len() < n {
-            return Err(corrupt("entries end early"));
-        }
-        let (head, rest) = bytes.split_at(n);
+    let take = |bytes: &mut &[u8]| -> Result<usize, CheckpointError> {
+        let Some((len, rest)) = bytes.split_first_chunk::<4>() else { return Err(corrupt("an entry ends early")) };
+        let len = u32::from_be_bytes(*len) as usize;
         *bytes = rest;
-        Ok(head.to_vec())
-    };
-    let count = u64::from_be_bytes(take(8, &mut bytes)?.try_into().unwrap_or_default());
-    for _ in 0..count {
-        let klen = u32::from_be_bytes(take(4, &mut bytes)?.try_into().unwrap_or_default()) as usize;
-        if bytes.len() < klen {
-            return Err(corrupt("a key runs past the end"));
+        if bytes.len() < len {
+            return Err(corrupt("an entry runs past the end"));
         }
+        Ok(len)
+    };
+    let mut count = 0;
+    while !bytes.is_empty() {
+        let klen = take(&mut bytes)?;
         let (key, rest) = bytes.split_at(klen);
         bytes = rest;
-        let vlen = u32::from_be_bytes(take(4, &mut bytes)?.try_into().unwrap_or_default()) as usize;
-        if bytes.len() < vlen {
-            return Err(corrupt("a value runs past the end"));
-        }
+        let vlen = take(&mut bytes)?;
         let (value, rest) = bytes.split_at(vlen);
         bytes = rest;
         visit(key, value);
-    }
-    if !bytes.is_empty() {
-        return Err(corrupt("bytes after the last entry"));
+        count += 1;
     }
     Ok(count)
 }
@@ -103,11 +120,20 @@ mod tests {
             flip in any::<prop::sample::Index>(),
             cut in any::<prop::sample::Index>(),
         ) {
-            let sealed = seal(&encode_entries(&entries));
+            let mut sealed_chunks = Vec::new();
+            encode_chunks(&entries, 64, &mut |payload| {
+                sealed_chunks.push(seal(&payload));
+                Ok(())
+            })
+            .expect("encodes");
+            prop_assert!(!sealed_chunks.is_empty());
             let mut back = Vec::new();
-            decode_entries(unseal(&sealed, "f").expect("intact"), "f", &mut |k, v| back.push((k.to_vec(), v.to_vec())))
-                .expect("decodes");
+            for sealed in &sealed_chunks {
+                decode_entries(unseal(sealed, "f").expect("intact"), "f", &mut |k, v| back.push((k.to_vec(), v.to_vec())))
+                    .expect("decodes");
+            }
             prop_assert_eq!(&back, &entries);
+            let sealed = sealed_chunks[0].clone();
 
             let mut flipped = sealed.clone();
             let i = flip.index(flipped.len());

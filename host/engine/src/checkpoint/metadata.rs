@@ -34,8 +34,8 @@ pub struct FileRef {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StoredState {
-    /// Entries in one sealed file (heap backend).
-    Entries(FileRef),
+    /// Entries in sealed files of a bounded size, in key order (heap backend).
+    Entries(Vec<FileRef>),
     /// A RocksDB native checkpoint: each file by its name in the database directory.
     Rocksdb(Vec<(String, FileRef)>),
 }
@@ -64,6 +64,18 @@ pub struct OperatorState {
     pub state: StoredState,
 }
 
+impl OperatorState {
+    /// Whether the step held nothing (no timers, only empty state files): such state may be
+    /// dropped when a non-keyed step changes parallelism.
+    pub fn is_empty(&self) -> bool {
+        self.timers.is_empty()
+            && match &self.state {
+                StoredState::Entries(files) => files.iter().all(|f| f.bytes <= super::format::EMPTY_FILE_BYTES),
+                StoredState::Rocksdb(_) => false,
+            }
+    }
+}
+
 /// One subtask's snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SubtaskState {
@@ -87,7 +99,7 @@ impl SubtaskState {
     /// Every file this subtask's snapshot references.
     pub fn files(&self) -> impl Iterator<Item = &FileRef> {
         self.operators.iter().flat_map(|o| match &o.state {
-            StoredState::Entries(f) => std::slice::from_ref(f).iter().collect::<Vec<_>>(),
+            StoredState::Entries(files) => files.iter().collect::<Vec<_>>(),
             StoredState::Rocksdb(files) => files.iter().map(|(_, f)| f).collect(),
         })
     }

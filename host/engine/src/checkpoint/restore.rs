@@ -69,17 +69,19 @@ impl RestorePoint {
         for state in &meta.subtasks {
             for (i, op) in state.operators.iter().enumerate() {
                 let path = local_path(local.path(), state, i);
+                std::fs::create_dir_all(&path).map_err(|e| CheckpointError::Storage {
+                    what: format!("creating {}", path.display()),
+                    problem: e.to_string(),
+                })?;
                 match &op.state {
-                    StoredState::Entries(file) => {
-                        let bytes = fetch_verified(store, file)?;
-                        unseal(&bytes, &file.path)?;
-                        write(&path, &bytes)?;
+                    StoredState::Entries(files) => {
+                        for (n, file) in files.iter().enumerate() {
+                            let bytes = fetch_verified(store, file)?;
+                            unseal(&bytes, &file.path)?;
+                            write(&path.join(n.to_string()), &bytes)?;
+                        }
                     }
                     StoredState::Rocksdb(files) => {
-                        std::fs::create_dir_all(&path).map_err(|e| CheckpointError::Storage {
-                            what: format!("creating {}", path.display()),
-                            problem: e.to_string(),
-                        })?;
                         for (name, file) in files {
                             if name.contains('/') || name.starts_with('.') {
                                 return Err(CheckpointError::Corrupt {
@@ -159,7 +161,11 @@ impl RestorePoint {
                 let range = match share {
                     Share::KeyGroups(range) => Some(range),
                     Share::Subtask { index, parallelism } => {
-                        if state.subtask != index {
+                        if state.subtask != index && state.parallelism == parallelism {
+                            continue;
+                        }
+                        if state.parallelism != parallelism && op.is_empty() {
+                            // A stateless step at a new parallelism: nothing to hand out.
                             continue;
                         }
                         if state.parallelism != parallelism {
@@ -185,12 +191,15 @@ impl RestorePoint {
                     }
                 };
                 match &op.state {
-                    StoredState::Entries(file) => {
-                        let bytes = std::fs::read(&path).map_err(|e| CheckpointError::Storage {
-                            what: format!("reading {}", path.display()),
-                            problem: e.to_string(),
-                        })?;
-                        decode_entries(unseal(&bytes, &file.path)?, &file.path, &mut put)?;
+                    StoredState::Entries(files) => {
+                        for (n, file) in files.iter().enumerate() {
+                            let local = path.join(n.to_string());
+                            let bytes = std::fs::read(&local).map_err(|e| CheckpointError::Storage {
+                                what: format!("reading {}", local.display()),
+                                problem: e.to_string(),
+                            })?;
+                            decode_entries(unseal(&bytes, &file.path)?, &file.path, &mut put)?;
+                        }
                     }
                     StoredState::Rocksdb(_) => {
                         let db = RocksDbBackend::open_read_only(&path).map_err(|e| CheckpointError::Corrupt {
@@ -218,5 +227,116 @@ impl RestorePoint {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use eddy_state::{BackendSnapshot, HeapStateBackend, StateKey};
+
+    use super::*;
+    use crate::checkpoint::metadata::{CheckpointStats, FORMAT_VERSION};
+    use crate::checkpoint::upload::{TakenSnapshot, Uploader};
+    use crate::operator::OperatorSnapshot;
+
+    const MAX_P: u32 = 128;
+
+    /// A subtask's snapshot: per step, its keys (value = the key); non-keyed or keyed.
+    fn taken(subtask: u32, parallelism: u32, keyed: bool, steps: &[(&str, &[&str])]) -> TakenSnapshot {
+        let operators = steps
+            .iter()
+            .map(|(step, keys)| {
+                let mut entries = Vec::new();
+                let mut layout = StateKey::default();
+                for k in *keys {
+                    let group = eddy_core::key_group_of(k.as_bytes(), MAX_P);
+                    entries.push((layout.encode(group, k.as_bytes(), "s", b"").to_vec(), k.as_bytes().to_vec()));
+                }
+                entries.sort();
+                let state = BackendSnapshot::Frozen(Box::new(entries));
+                (step.to_string(), OperatorSnapshot { timers: Vec::new(), state })
+            })
+            .collect();
+        TakenSnapshot {
+            participant: subtask as usize,
+            task: 0,
+            subtask,
+            parallelism,
+            keyed,
+            source: None,
+            sink: None,
+            operators,
+            alignment_ms: 0.0,
+            sync_ms: 0.0,
+            staging: None,
+        }
+    }
+
+    fn checkpoint(snapshots: Vec<TakenSnapshot>) -> (tempfile::TempDir, RestorePoint) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckpointStore::local(dir.path()).expect("store");
+        let mut uploader = Uploader::default();
+        let subtasks =
+            snapshots.into_iter().map(|t| uploader.upload(&store, Some(1), t).expect("upload").state).collect();
+        let meta = CheckpointMetadata {
+            version: FORMAT_VERSION,
+            job: "j".into(),
+            id: 1,
+            completed_ms: 0,
+            finished: false,
+            subtasks,
+            stats: CheckpointStats::default(),
+        };
+        meta.write(&store).expect("metadata");
+        let (point, skipped) = RestorePoint::latest(&store).expect("latest");
+        assert!(skipped.is_empty());
+        (dir, point.expect("a checkpoint"))
+    }
+
+    fn restored(point: &RestorePoint, step: &str, share: Share) -> Result<Vec<String>, CheckpointError> {
+        let mut backend = HeapStateBackend::default();
+        point.restore_operator(step, share, &mut backend, &mut |_| {})?;
+        let mut values = Vec::new();
+        backend.scan_prefix(b"", &mut |_, v| values.push(String::from_utf8_lossy(v).into_owned())).expect("scan");
+        values.sort();
+        Ok(values)
+    }
+
+    #[test]
+    fn keyed_state_is_split_by_key_group_at_any_new_parallelism() {
+        let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let (_dir, point) = checkpoint(vec![
+            taken(0, 2, true, &[("count", &refs[..120])]),
+            taken(1, 2, true, &[("count", &refs[120..])]),
+        ]);
+        for parallelism in [1, 3, 5] {
+            let mut all = Vec::new();
+            for index in 0..parallelism {
+                let range = KeyGroupRange::for_subtask(MAX_P, parallelism, index);
+                let part = restored(&point, "count", Share::KeyGroups(range)).expect("restore");
+                for k in &part {
+                    assert!(range.contains(eddy_core::key_group_of(k.as_bytes(), MAX_P)), "{k} outside {range:?}");
+                }
+                all.extend(part);
+            }
+            all.sort();
+            let mut expected = keys.clone();
+            expected.sort();
+            assert_eq!(all, expected, "every key exactly once at parallelism {parallelism}");
+        }
+        assert!(restored(&point, "other-step", Share::KeyGroups(KeyGroupRange::all(MAX_P))).expect("ok").is_empty());
+    }
+
+    #[test]
+    fn non_keyed_state_stays_with_its_subtask_and_only_stateless_steps_change_parallelism() {
+        let (_dir, point) = checkpoint(vec![
+            taken(0, 2, false, &[("buffer", &["a"]), ("stateless", &[])]),
+            taken(1, 2, false, &[("buffer", &["b"]), ("stateless", &[])]),
+        ]);
+        assert_eq!(restored(&point, "buffer", Share::Subtask { index: 1, parallelism: 2 }).expect("same"), ["b"]);
+        let err = restored(&point, "buffer", Share::Subtask { index: 0, parallelism: 3 }).expect_err("stateful");
+        assert!(err.to_string().contains("parallelism changed from 2 to 3"), "{err}");
+        assert!(restored(&point, "stateless", Share::Subtask { index: 2, parallelism: 3 }).expect("fine").is_empty());
     }
 }

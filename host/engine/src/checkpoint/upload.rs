@@ -12,12 +12,15 @@ use eddy_core::TimeDomain;
 use eddy_state::BackendSnapshot;
 use sha2::{Digest, Sha256};
 
-use super::format::{encode_entries, seal};
+use super::format::{encode_chunks, seal};
 use super::metadata::{FileRef, OperatorState, StoredState, SubtaskState, TimerState};
 use super::store::CheckpointStore;
 use super::{CheckpointError, CheckpointId};
 use crate::connectors::SourcePosition;
 use crate::operator::OperatorSnapshot;
+
+/// Heap state is written in files of about this size, so it is never encoded into memory whole.
+const STATE_FILE_BYTES: usize = 64 << 20;
 
 /// A subtask's synchronous snapshot, waiting to be written.
 #[derive(Debug)]
@@ -96,10 +99,14 @@ impl Uploader {
                 .collect();
             let state = match snapshot.state {
                 BackendSnapshot::Frozen(entries) => {
-                    let bytes = seal(&encode_entries(entries.as_ref()));
-                    let file = put(store, format!("{dir}/op{index}.state"), bytes)?;
-                    written_bytes += file.bytes;
-                    StoredState::Entries(file)
+                    let mut files = Vec::new();
+                    encode_chunks(entries.as_ref(), STATE_FILE_BYTES, &mut |payload| {
+                        let file = put(store, format!("{dir}/op{index}.state.{}", files.len()), seal(&payload))?;
+                        written_bytes += file.bytes;
+                        files.push(file);
+                        Ok(())
+                    })?;
+                    StoredState::Entries(files)
                 }
                 BackendSnapshot::Directory(path) => {
                     let (files, written) = self.upload_directory(store, &path, &format!("{dir}/op{index}"))?;
