@@ -2,12 +2,13 @@
 # Installs what building and testing Eddy needs on a fresh machine (Rust toolchain present):
 # the wasm32-wasip2 target, componentize-py (for the Python example operator), and Debian's
 # RocksDB and libclang (the RocksDB state backend links the system library: see
-# .cargo/config.toml).
+# .cargo/config.toml), and moto (a local S3-compatible service the checkpoint tests start).
 # Idempotent: fast when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 COMPONENTIZE_PY_VERSION=0.25.1
+MOTO_VERSION=5.2.1
 
 # rust-toolchain.toml pins the toolchain and lists the target; this makes sure it is present.
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -29,3 +30,9 @@ if ! command -v componentize-py >/dev/null 2>&1 || [ "$(componentize-py --versio
   hash -r
 fi
 command -v componentize-py >/dev/null || { echo "setup: componentize-py is installed but not on PATH" >&2; exit 1; }
+
+if ! command -v moto_server >/dev/null 2>&1; then
+  echo "setup: installing moto (S3-compatible test service)"
+  python3 -m pip install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+  hash -r
+fi

@@ -273,9 +273,14 @@ fn crash_child() {
 }
 
 fn start_child(path: &Path) -> std::process::Child {
+    start_child_with(path, &[])
+}
+
+fn start_child_with(path: &Path, env: &[(&str, &str)]) -> std::process::Child {
     Command::new(std::env::current_exe().expect("test binary"))
         .args(["--exact", "checkpoints::crash_child", "--ignored", "--nocapture", "--test-threads", "1"])
         .env(CHILD_PIPELINE, path)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -457,4 +462,100 @@ fn an_upsert_sink_converges_to_the_fault_free_table_across_a_restart() {
         })
         .collect();
     assert_eq!(got, expected);
+}
+
+/// A local S3-compatible service (moto, installed by `deploy/setup.sh`), stopped on drop.
+struct S3Service {
+    process: std::process::Child,
+    endpoint: String,
+}
+
+impl Drop for S3Service {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+impl S3Service {
+    fn start() -> S3Service {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let process = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start moto_server ({e}): run deploy/setup.sh (pip install 'moto[server]')")
+            });
+        let service = S3Service { process, endpoint: format!("http://127.0.0.1:{port}") };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto_server did not start listening on port {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        service
+    }
+
+    fn create_bucket(&self, bucket: &str) {
+        use std::io::{Read, Write};
+        let host = self.endpoint.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(host).expect("connect");
+        write!(stream, "PUT /{bucket} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        assert!(response.starts_with("HTTP/1.1 200"), "creating bucket {bucket}: {response}");
+    }
+
+    /// The object keys under `prefix`, read with the same credentials the job gets.
+    fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let store = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_access_key_id("test")
+            .with_secret_access_key("test")
+            .build()
+            .expect("s3 client");
+        let store =
+            eddy_engine::checkpoint::CheckpointStore::over(std::sync::Arc::new(store), "moto".into()).expect("store");
+        store.list(prefix).expect("list").into_iter().map(|(k, _)| k).collect()
+    }
+}
+
+/// Checkpoints to an S3-compatible store: the job (in a child process, credentials from its
+/// environment) is killed once mid-run and restarted; the output is exact and the checkpoints
+/// are objects in the bucket, not local files.
+#[test]
+fn checkpoints_in_an_s3_compatible_store_survive_a_kill() {
+    let s3 = S3Service::start();
+    s3.create_bucket("eddy-checkpoints");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_pipeline(dir.path(), &Setup { events: 16_000, ..Setup::default() });
+    let text = std::fs::read_to_string(&path).expect("read").replace(
+        "checkpoints:\n  dir: checkpoints\n",
+        &format!(
+            "checkpoints:\n  s3: {{bucket: eddy-checkpoints, prefix: exactly-once-test, endpoint: \"{}\", allow_http: true}}\n",
+            s3.endpoint
+        ),
+    );
+    assert!(text.contains("s3:"), "the pipeline names the bucket");
+    std::fs::write(&path, text).expect("write");
+    let credentials = [("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test")];
+    let mut child = start_child_with(&path, &credentials);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !s3.keys("eddy-checkpoints", "exactly-once-test").iter().any(|k| k.ends_with("_metadata")) {
+        assert!(Instant::now() < deadline, "no checkpoint completed in the bucket");
+        assert!(child.try_wait().expect("poll").is_none(), "the job ended before its first checkpoint");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    let status = start_child_with(&path, &credentials).wait().expect("second run");
+    assert!(status.success(), "the resumed job failed");
+    assert!(!dir.path().join("checkpoints").exists(), "nothing checkpointed locally");
+    assert!(s3.keys("eddy-checkpoints", "exactly-once-test").iter().any(|k| k.ends_with("_metadata")));
+    assert_exactly_once(&path, "s3 checkpoints");
 }

@@ -150,7 +150,8 @@ fn bench_spec(args: &BenchArgs) -> Result<PipelineSpec> {
         step.parallelism = None;
     }
     spec.checkpoints = args.checkpoint_ms.map(|interval_ms| CheckpointSpec {
-        dir: std::env::temp_dir().join(format!("eddy-bench-checkpoints-{}", std::process::id())),
+        dir: Some(std::env::temp_dir().join(format!("eddy-bench-checkpoints-{}", std::process::id()))),
+        s3: None,
         interval_ms,
         timeout_ms: 60_000,
         min_pause_ms: 0,
@@ -175,7 +176,7 @@ pub fn run_eddy(args: &BenchArgs) -> Result<SideReport> {
     let options = JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() };
     let summary = Job::run(&spec, &runtime, options, Duration::from_secs(3600), |_, _| {});
     // The temporary checkpoint and state directories of this side.
-    for dir in spec.checkpoints.iter().map(|c| &c.dir).chain(spec.state.dir.as_ref()) {
+    for dir in spec.checkpoints.iter().filter_map(|c| c.dir.as_ref()).chain(spec.state.dir.as_ref()) {
         let _ = std::fs::remove_dir_all(dir);
     }
     let summary = summary?;

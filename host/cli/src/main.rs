@@ -279,16 +279,16 @@ fn stop_on_signals() -> Arc<AtomicBool> {
     flag
 }
 
-fn checkpoint_dir(spec: &PipelineSpec) -> Result<&std::path::Path> {
+fn checkpoint_store(spec: &PipelineSpec) -> Result<(CheckpointStore, String)> {
     match &spec.checkpoints {
-        Some(c) => Ok(&c.dir),
+        Some(c) => Ok((c.open_store()?, c.location())),
         None => anyhow::bail!("pipeline `{}` has no `checkpoints:` section, so it has no checkpoints", spec.name),
     }
 }
 
 fn savepoint(pipeline: PathBuf, to: PathBuf) -> Result<()> {
     let spec = PipelineSpec::from_file(&pipeline)?;
-    let from = CheckpointStore::local(checkpoint_dir(&spec)?)?;
+    let (from, _) = checkpoint_store(&spec)?;
     let id = eddy_engine::checkpoint::savepoint::savepoint_from_latest(&from, &CheckpointStore::local(&to)?)?;
     println!("savepoint of checkpoint {id} written to {}", to.display());
     println!("resume with: eddy run {} --from-savepoint {}", pipeline.display(), to.display());
@@ -297,11 +297,10 @@ fn savepoint(pipeline: PathBuf, to: PathBuf) -> Result<()> {
 
 fn checkpoints(pipeline: PathBuf) -> Result<()> {
     let spec = PipelineSpec::from_file(&pipeline)?;
-    let dir = checkpoint_dir(&spec)?;
-    let store = CheckpointStore::local(dir)?;
+    let (store, dir) = checkpoint_store(&spec)?;
     let ids = eddy_engine::checkpoint::metadata::completed_ids(&store)?;
     if ids.is_empty() {
-        println!("no completed checkpoint in {}", dir.display());
+        println!("no completed checkpoint in {dir}");
     }
     for id in ids.into_iter().rev() {
         match CheckpointMetadata::read_verified(&store, id) {
@@ -334,7 +333,7 @@ fn run(
         spec.max_parallelism
     );
     if let Some(c) = &spec.checkpoints {
-        eprintln!("checkpoints every {} ms to {} (a restart resumes from the newest)", c.interval_ms, c.dir.display());
+        eprintln!("checkpoints every {} ms to {} (a restart resumes from the newest)", c.interval_ms, c.location());
     }
     let runtime = runtime(cache_dir)?;
     let mut before = MetricsSnapshot::default();

@@ -397,10 +397,10 @@ struct Recovery {
 /// checkpoint; a finished job's final checkpoint re-commits its sink and stops the start.
 fn recover(spec: &PipelineSpec, restore_from: Option<&Path>) -> Result<Option<Recovery>, RunError> {
     let Some(checkpoints) = &spec.checkpoints else { return Ok(None) };
-    let store = CheckpointStore::local(&checkpoints.dir)?;
+    let store = checkpoints.open_store()?;
     let source_store = match restore_from {
         Some(dir) => CheckpointStore::local(dir)?,
-        None => CheckpointStore::local(&checkpoints.dir)?,
+        None => checkpoints.open_store()?,
     };
     let (point, skipped) = RestorePoint::latest(&source_store)?;
     for (id, error) in &skipped {
@@ -413,11 +413,7 @@ fn recover(spec: &PipelineSpec, restore_from: Option<&Path>) -> Result<Option<Re
         if let Some(state) = point.sink_state() {
             sink_committer(&spec.sink)(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
         }
-        return Err(RunError::AlreadyFinished {
-            job: spec.name.clone(),
-            id: point.id(),
-            dir: checkpoints.dir.display().to_string(),
-        });
+        return Err(RunError::AlreadyFinished { job: spec.name.clone(), id: point.id(), dir: checkpoints.location() });
     }
     if restore_from.is_none() {
         // Files of checkpoints that never completed, or that were superseded.

@@ -66,7 +66,7 @@ pub use operator::{OperatorError, OperatorSnapshot, StreamOperator};
 pub use plan::PhysicalPlan;
 pub use sink::{Blackhole, JsonLinesSink, PrintSink, Sink};
 pub use spec::{
-    CheckpointSpec, GeneratorSpec, KeyBy, NexmarkSourceSpec, PipelineSpec, RestartSpec, SinkSpec, SourceFormat,
+    CheckpointSpec, GeneratorSpec, KeyBy, NexmarkSourceSpec, PipelineSpec, RestartSpec, S3Spec, SinkSpec, SourceFormat,
     SourceSpec, SpecError, StateBackendKind, StateSpec, StepSpec, WatermarkSpec, WindowSpec, WindowType,
 };
 pub use task::TaskError;

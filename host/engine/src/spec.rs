@@ -94,13 +94,17 @@ fn default_write_buffer_mb() -> usize {
     16
 }
 
-/// `checkpoints:` — periodic, aligned checkpoints to a directory.
+/// `checkpoints:` — periodic, aligned checkpoints to a directory or an S3-compatible store.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSpec {
-    /// Where checkpoints are written (relative to the spec file). `eddy run` resumes from the
-    /// newest valid checkpoint in it.
-    pub dir: PathBuf,
+    /// Local directory the checkpoints are written to (relative to the spec file). `eddy run`
+    /// resumes from the newest valid checkpoint in it. Give this or `s3`.
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    /// An S3-compatible bucket instead of a directory.
+    #[serde(default)]
+    pub s3: Option<S3Spec>,
     /// Time between checkpoints.
     #[serde(default = "default_checkpoint_interval_ms")]
     pub interval_ms: u64,
@@ -113,6 +117,52 @@ pub struct CheckpointSpec {
     /// Completed checkpoints kept (older ones and unreferenced files are deleted).
     #[serde(default = "default_retained")]
     pub retained: usize,
+}
+
+/// `checkpoints.s3:` — where in an S3-compatible store. Credentials come from the standard
+/// environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Spec {
+    /// The bucket.
+    pub bucket: String,
+    /// Key prefix inside the bucket (say, the pipeline's name).
+    #[serde(default)]
+    pub prefix: String,
+    /// Endpoint of an S3-compatible service (MinIO, moto, ...); none = AWS.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// The region.
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// Allow plain `http://` endpoints (local test services).
+    #[serde(default)]
+    pub allow_http: bool,
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
+}
+
+impl CheckpointSpec {
+    /// Opens the checkpoint store this spec names.
+    pub fn open_store(&self) -> Result<crate::checkpoint::CheckpointStore, crate::checkpoint::CheckpointError> {
+        use crate::checkpoint::{CheckpointError, CheckpointStore};
+        match (&self.dir, &self.s3) {
+            (Some(dir), None) => CheckpointStore::local(dir),
+            (None, Some(s3)) => CheckpointStore::s3(s3),
+            _ => Err(CheckpointError::Incompatible("`checkpoints` needs exactly one of `dir` and `s3`".into())),
+        }
+    }
+
+    /// Where the checkpoints go, for messages.
+    pub fn location(&self) -> String {
+        match (&self.dir, &self.s3) {
+            (Some(dir), _) => dir.display().to_string(),
+            (None, Some(s3)) => format!("s3://{}/{}", s3.bucket, s3.prefix),
+            (None, None) => "(nowhere)".into(),
+        }
+    }
 }
 
 fn default_checkpoint_interval_ms() -> u64 {
@@ -641,8 +691,8 @@ impl PipelineSpec {
         if let Some(dir) = &mut self.state.dir {
             *dir = base.join(&*dir);
         }
-        if let Some(checkpoints) = &mut self.checkpoints {
-            checkpoints.dir = base.join(&checkpoints.dir);
+        if let Some(dir) = self.checkpoints.as_mut().and_then(|c| c.dir.as_mut()) {
+            *dir = base.join(&*dir);
         }
     }
 
@@ -689,6 +739,12 @@ impl PipelineSpec {
             return Err(invalid("state", "block_cache_mb and write_buffer_mb must be at least 1"));
         }
         if let Some(c) = &self.checkpoints {
+            if c.dir.is_some() == c.s3.is_some() {
+                return Err(invalid(
+                    "checkpoints",
+                    "give exactly one of `dir` (a local directory) and `s3` (a bucket)",
+                ));
+            }
             if c.interval_ms == 0 {
                 return Err(invalid("checkpoints.interval_ms", "must be positive"));
             }

@@ -41,6 +41,27 @@ impl CheckpointStore {
         Ok(store)
     }
 
+    /// A store in an S3-compatible bucket (credentials from the environment).
+    pub fn s3(spec: &crate::spec::S3Spec) -> Result<Self, CheckpointError> {
+        let mut builder = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(&spec.bucket)
+            .with_region(&spec.region)
+            .with_allow_http(spec.allow_http);
+        if let Some(endpoint) = &spec.endpoint {
+            builder = builder.with_endpoint(endpoint).with_virtual_hosted_style_request(false);
+        }
+        let describe = format!("s3://{}/{}", spec.bucket, spec.prefix);
+        let s3 =
+            builder.build().map_err(|e| CheckpointError::Storage { what: describe.clone(), problem: e.to_string() })?;
+        let prefix = StorePath::from(spec.prefix.as_str());
+        let store: Arc<dyn ObjectStore> = if spec.prefix.is_empty() {
+            Arc::new(s3)
+        } else {
+            Arc::new(object_store::prefix::PrefixStore::new(s3, prefix))
+        };
+        Self::over(store, describe)
+    }
+
     /// A store over any object store (S3-compatible, in-memory for tests).
     pub fn over(inner: Arc<dyn ObjectStore>, describe: String) -> Result<Self, CheckpointError> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| {
