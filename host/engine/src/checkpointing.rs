@@ -130,7 +130,9 @@ impl CheckpointThread {
                     let participant = snapshot.participant;
                     let mut scratch = CheckpointStats::default();
                     let state = Self::upload(&self.store, &mut uploader, None, snapshot, &mut scratch)?;
-                    if let Some(flight) = in_flight.as_mut() {
+                    // A subtask that already took its part of the pending checkpoint keeps that
+                    // part: its final state is later than the checkpoint's barrier.
+                    if let Some(flight) = in_flight.as_mut().filter(|f| f.parts[participant].is_none()) {
                         flight.parts[participant] = Some(state.clone());
                         decisions.extend(coordinator.acknowledge(flight.id, participant, now_ms()));
                     }
