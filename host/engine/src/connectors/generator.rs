@@ -119,19 +119,11 @@ impl IndexedEvents for GeneratorSpec {
 }
 
 #[cfg(test)]
-mod tests {
-    use eddy_core::RecordBatch;
-
-    use std::time::{Duration, Instant};
-
-    use crate::connectors::{SourceError, SourcePosition, SourceStatus};
-    use proptest::prelude::*;
-
+pub(super) mod tests {
     use super::*;
     use crate::SourceSpec;
-    use crate::connectors::{Source, open_source};
 
-    fn gen_spec(seed: u64, events: Option<u64>) -> GeneratorSpec {
+    pub(in crate::connectors) fn gen_spec(seed: u64, events: Option<u64>) -> GeneratorSpec {
         GeneratorSpec {
             name: "gen".into(),
             seed,
@@ -150,27 +142,8 @@ mod tests {
         }
     }
 
-    fn records(batch: &RecordBatch) -> Vec<Record> {
-        batch.iter().map(|r| r.to_owned()).collect()
-    }
-
-    /// Polls with `max` until the reader ends.
-    fn drain(src: &mut dyn Source, max: usize) -> Vec<Record> {
-        let mut batch = RecordBatch::default();
-        loop {
-            let before = batch.len();
-            match src.poll(&mut batch, max).unwrap() {
-                SourceStatus::Ready => assert!(batch.len() > before && batch.len() - before <= max),
-                SourceStatus::End => return records(&batch),
-                SourceStatus::Idle => panic!("an unpaced generator went idle"),
-            }
-        }
-    }
-
     fn read(spec: &GeneratorSpec, subtask: u32, parallelism: u32, start: Option<u64>, max: usize) -> Vec<Record> {
-        let start = start.map(|next_index| SourcePosition::Generator { next_index });
-        let mut src = open_source(&SourceSpec::Generator(spec.clone()), subtask, parallelism, start.as_ref()).unwrap();
-        drain(src.as_mut(), max)
+        crate::connectors::indexed::tests::read(&SourceSpec::Generator(spec.clone()), subtask, parallelism, start, max)
     }
 
     fn json(r: &Record) -> serde_json::Value {
@@ -273,98 +246,6 @@ mod tests {
         for i in [0, 1, u64::MAX] {
             let v = json(&generator_event(&fixed, i));
             assert_eq!((v["amount"].as_i64(), v["user"].as_str()), (Some(4), Some("u0")));
-        }
-    }
-
-    #[test]
-    fn bad_start_positions_are_rejected() {
-        let spec = SourceSpec::Generator(gen_spec(0, Some(10)));
-        let cases = [
-            (1, 3, SourcePosition::Generator { next_index: 5 }, "i % 3 == 1"),
-            (0, 1, SourcePosition::File { line: 0, byte: 0 }, "not a generator position"),
-        ];
-        for (subtask, parallelism, position, needle) in cases {
-            let err = open_source(&spec, subtask, parallelism, Some(&position)).err().unwrap();
-            assert!(matches!(err, SourceError::BadPosition { .. }));
-            let err = err.to_string();
-            assert!(err.contains("source `gen`") && err.contains(needle), "{err}");
-        }
-        assert!(matches!(open_source(&spec, 3, 3, None), Err(SourceError::BadReader { .. })));
-    }
-
-    #[test]
-    fn unbounded_generator_keeps_going() {
-        let spec = SourceSpec::Generator(gen_spec(0, None));
-        let mut src = open_source(&spec, 1, 2, Some(&SourcePosition::Generator { next_index: u64::MAX - 2 })).unwrap();
-        let mut batch = RecordBatch::default();
-        assert_eq!(src.poll(&mut batch, 1000).unwrap(), SourceStatus::Ready);
-        // Only u64::MAX - 2 and u64::MAX remain in this reader's residue class.
-        assert_eq!(batch.len(), 2);
-        assert_eq!(src.poll(&mut batch, 1000).unwrap(), SourceStatus::End);
-        let mut src = open_source(&spec, 0, 1, None).unwrap();
-        for round in 1..=5 {
-            assert_eq!(src.poll(&mut batch, 100).unwrap(), SourceStatus::Ready);
-            assert_eq!(src.position(), SourcePosition::Generator { next_index: round * 100 });
-        }
-    }
-
-    #[test]
-    fn rate_limit_paces_without_long_sleeps() {
-        let mut spec = gen_spec(0, None);
-        // Slow enough that the next event is further off than one poll may sleep.
-        spec.rate_per_sec = Some(10);
-        let mut src = open_source(&SourceSpec::Generator(spec), 0, 1, None).unwrap();
-        let mut batch = RecordBatch::default();
-        let start = Instant::now();
-        let mut idle = 0;
-        while start.elapsed() < Duration::from_millis(400) {
-            let poll_start = Instant::now();
-            if src.poll(&mut batch, 1000).unwrap() == SourceStatus::Idle {
-                idle += 1;
-            }
-            // 50 ms of sleep plus generous scheduling slack on a loaded machine.
-            assert!(poll_start.elapsed() < Duration::from_millis(250), "a poll took {:?}", poll_start.elapsed());
-        }
-        let elapsed = start.elapsed().as_secs_f64();
-        // Event n is due at n / 10 s: at most 1 + 10 * elapsed events by now.
-        let bound = 1 + (10.0 * elapsed) as usize;
-        assert!((1..=bound).contains(&batch.len()), "{} events in {elapsed:.3} s", batch.len());
-        assert!(idle > 0, "never ahead of schedule");
-    }
-
-    proptest! {
-        /// A reader resumed at the position reached after any number of polls of any size
-        /// yields exactly the tail of the uninterrupted read.
-        #[test]
-        fn resume_from_position_yields_the_tail(
-            seed in any::<u64>(),
-            events in 0u64..200,
-            parallelism in 1u32..5,
-            subtask_pick in any::<u32>(),
-            batch_sizes in prop::collection::vec(1usize..20, 1..6),
-            polls_before in 0usize..20,
-        ) {
-            let spec = gen_spec(seed, Some(events));
-            let subtask = subtask_pick % parallelism;
-            let all = read(&spec, subtask, parallelism, None, 1000);
-            let expected: Vec<Record> = (0..events)
-                .filter(|i| i % u64::from(parallelism) == u64::from(subtask))
-                .map(|i| generator_event(&spec, i))
-                .collect();
-            prop_assert_eq!(&all, &expected);
-
-            let source = SourceSpec::Generator(spec.clone());
-            let mut src = open_source(&source, subtask, parallelism, None).unwrap();
-            let mut batch = RecordBatch::default();
-            for i in 0..polls_before {
-                if src.poll(&mut batch, batch_sizes[i % batch_sizes.len()]).unwrap() == SourceStatus::End {
-                    break;
-                }
-            }
-            let SourcePosition::Generator { next_index } = src.position() else { panic!("generator position") };
-            let mut got = records(&batch);
-            got.extend(read(&spec, subtask, parallelism, Some(next_index), batch_sizes[0]));
-            prop_assert_eq!(got, all);
         }
     }
 }

@@ -150,3 +150,170 @@ impl Pacer {
         self.granted = self.granted.saturating_add(events as u64);
     }
 }
+
+/// The reader contract both index-addressed sources keep (positions, partitioning, the end of
+/// the index space, pacing, resuming), tested once over each of them; plus the helpers their
+/// own tests share.
+#[cfg(test)]
+pub(super) mod tests {
+    use std::time::{Duration, Instant};
+
+    use eddy_core::{Record, RecordBatch};
+    use proptest::prelude::*;
+
+    use crate::SourceSpec;
+    use crate::connectors::{Source, SourceError, SourcePosition, SourceStatus, open_source};
+
+    /// Polls with `max` until the reader ends.
+    pub(in crate::connectors) fn drain(src: &mut dyn Source, max: usize) -> Vec<Record> {
+        let mut batch = RecordBatch::default();
+        loop {
+            let before = batch.len();
+            match src.poll(&mut batch, max).unwrap() {
+                SourceStatus::Ready => assert!(batch.len() > before && batch.len() - before <= max),
+                SourceStatus::End => return batch.iter().map(|r| r.to_owned()).collect(),
+                SourceStatus::Idle => panic!("an unpaced source went idle"),
+            }
+        }
+    }
+
+    /// Everything reader `subtask` of `parallelism` yields, from `start` (a next index) on.
+    pub(in crate::connectors) fn read(
+        spec: &SourceSpec,
+        subtask: u32,
+        parallelism: u32,
+        start: Option<u64>,
+        max: usize,
+    ) -> Vec<Record> {
+        let start = start.map(|next_index| SourcePosition::Generator { next_index });
+        let mut src = open_source(spec, subtask, parallelism, start.as_ref()).unwrap();
+        drain(src.as_mut(), max)
+    }
+
+    /// A generator and a Nexmark source with this seed and event count.
+    fn both(seed: u64, events: Option<u64>) -> [SourceSpec; 2] {
+        [
+            SourceSpec::Generator(crate::connectors::generator::tests::gen_spec(seed, events)),
+            crate::connectors::nexmark::tests::spec(seed, events),
+        ]
+    }
+
+    /// Event `i` of `spec`, as its reader must yield it.
+    fn expected(spec: &SourceSpec, i: u64) -> Record {
+        match spec {
+            SourceSpec::Generator(g) => crate::connectors::generator_event(g, i),
+            SourceSpec::Nexmark(n) => crate::connectors::nexmark::tests::expected(&n.config(), i),
+            SourceSpec::File { .. } => unreachable!("not index-addressed"),
+        }
+    }
+
+    fn paced(spec: SourceSpec, rate: u64) -> SourceSpec {
+        match spec {
+            SourceSpec::Generator(mut g) => {
+                g.rate_per_sec = Some(rate);
+                SourceSpec::Generator(g)
+            }
+            SourceSpec::Nexmark(mut n) => {
+                n.rate_per_sec = Some(rate);
+                SourceSpec::Nexmark(n)
+            }
+            file @ SourceSpec::File { .. } => file,
+        }
+    }
+
+    #[test]
+    fn bad_start_positions_are_rejected() {
+        for spec in both(0, Some(10)) {
+            let cases = [
+                (1, 3, SourcePosition::Generator { next_index: 5 }, "i % 3 == 1"),
+                (0, 1, SourcePosition::File { line: 0, byte: 0 }, "not a generator position"),
+            ];
+            for (subtask, parallelism, position, needle) in cases {
+                let err = open_source(&spec, subtask, parallelism, Some(&position)).err().unwrap();
+                assert!(matches!(err, SourceError::BadPosition { .. }));
+                let err = err.to_string();
+                assert!(err.contains(&format!("source `{}`", spec.name())) && err.contains(needle), "{err}");
+            }
+            assert!(matches!(open_source(&spec, 3, 3, None), Err(SourceError::BadReader { .. })));
+        }
+    }
+
+    #[test]
+    fn unbounded_readers_run_to_the_last_index_and_positions_advance() {
+        for spec in both(0, None) {
+            let mut src =
+                open_source(&spec, 1, 2, Some(&SourcePosition::Generator { next_index: u64::MAX - 2 })).unwrap();
+            let mut batch = RecordBatch::default();
+            assert_eq!(src.poll(&mut batch, 1000).unwrap(), SourceStatus::Ready);
+            // Only u64::MAX - 2 and u64::MAX remain in this reader's residue class.
+            assert_eq!(batch.len(), 2);
+            assert_eq!(src.poll(&mut batch, 1000).unwrap(), SourceStatus::End);
+            let mut src = open_source(&spec, 0, 1, None).unwrap();
+            for round in 1..=5 {
+                assert_eq!(src.poll(&mut batch, 100).unwrap(), SourceStatus::Ready);
+                assert_eq!(src.position(), SourcePosition::Generator { next_index: round * 100 });
+            }
+        }
+    }
+
+    #[test]
+    fn rate_limit_paces_without_long_sleeps() {
+        for spec in both(0, None) {
+            // Slow enough that the next event is further off than one poll may sleep.
+            let mut src = open_source(&paced(spec, 10), 0, 1, None).unwrap();
+            let mut batch = RecordBatch::default();
+            let start = Instant::now();
+            let mut idle = 0;
+            while start.elapsed() < Duration::from_millis(400) {
+                let poll_start = Instant::now();
+                if src.poll(&mut batch, 1000).unwrap() == SourceStatus::Idle {
+                    idle += 1;
+                }
+                // 50 ms of sleep plus generous scheduling slack on a loaded machine.
+                assert!(poll_start.elapsed() < Duration::from_millis(250), "a poll took {:?}", poll_start.elapsed());
+            }
+            let elapsed = start.elapsed().as_secs_f64();
+            // Event n is due at n / 10 s: at most 1 + 10 * elapsed events by now.
+            let bound = 1 + (10.0 * elapsed) as usize;
+            assert!((1..=bound).contains(&batch.len()), "{} events in {elapsed:.3} s", batch.len());
+            assert!(idle > 0, "never ahead of schedule");
+        }
+    }
+
+    proptest! {
+        /// A reader yields exactly its residue class of events, and a reader resumed at the
+        /// position reached after any number of polls of any size yields exactly the tail of
+        /// the uninterrupted read.
+        #[test]
+        fn resume_from_position_yields_the_tail(
+            seed in any::<u64>(),
+            events in 0u64..200,
+            parallelism in 1u32..5,
+            subtask_pick in any::<u32>(),
+            batch_sizes in prop::collection::vec(1usize..20, 1..6),
+            polls_before in 0usize..20,
+        ) {
+            for spec in both(seed, Some(events)) {
+                let subtask = subtask_pick % parallelism;
+                let all = read(&spec, subtask, parallelism, None, 1000);
+                let mine: Vec<Record> = (0..events)
+                    .filter(|i| i % u64::from(parallelism) == u64::from(subtask))
+                    .map(|i| expected(&spec, i))
+                    .collect();
+                prop_assert_eq!(&all, &mine);
+
+                let mut src = open_source(&spec, subtask, parallelism, None).unwrap();
+                let mut batch = RecordBatch::default();
+                for i in 0..polls_before {
+                    if src.poll(&mut batch, batch_sizes[i % batch_sizes.len()]).unwrap() == SourceStatus::End {
+                        break;
+                    }
+                }
+                let SourcePosition::Generator { next_index } = src.position() else { panic!("generator position") };
+                let mut got: Vec<Record> = batch.iter().map(|r| r.to_owned()).collect();
+                got.extend(read(&spec, subtask, parallelism, Some(next_index), batch_sizes[0]));
+                prop_assert_eq!(got, all);
+            }
+        }
+    }
+}
