@@ -398,11 +398,10 @@ struct Recovery {
 fn recover(spec: &PipelineSpec, restore_from: Option<&Path>) -> Result<Option<Recovery>, RunError> {
     let Some(checkpoints) = &spec.checkpoints else { return Ok(None) };
     let store = checkpoints.open_store()?;
-    let source_store = match restore_from {
-        Some(dir) => CheckpointStore::local(dir)?,
-        None => checkpoints.open_store()?,
+    let (point, skipped) = match restore_from {
+        Some(dir) => RestorePoint::latest(&CheckpointStore::local(dir)?)?,
+        None => RestorePoint::latest(&store)?,
     };
-    let (point, skipped) = RestorePoint::latest(&source_store)?;
     for (id, error) in &skipped {
         tracing::warn!(job = %spec.name, checkpoint = id, %error, "checkpoint skipped: it does not pass its checks");
     }
