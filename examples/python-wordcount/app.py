@@ -8,10 +8,17 @@ componentize-py:
 """
 
 import json
+import struct
 
 from componentize_py_types import Err
 from wit_world import exports
 from wit_world.imports import log, output, state, types
+
+
+# A record row of a batch or an output batch (wit/dataflow.wit, `batch`): key offset and
+# length, value offset and length, timestamp, flags (bit 0: has a timestamp), key slot or output.
+ROW = struct.Struct("<IIIIqII")
+ABSENT = 0xFFFFFFFF
 
 
 def encode(value) -> bytes:
@@ -36,26 +43,27 @@ class Operator(exports.Operator):
     def process(self, records: types.Batch) -> None:
         data = records.data
         out = bytearray()
-        refs = []
-        for handle, r in enumerate(records.records):
-            if r.key is None:
+        rows = bytearray()
+        for handle in range(len(records.records) // ROW.size):
+            key_off, key_len, value_off, value_len, ts, flags, _slot = ROW.unpack_from(records.records, handle * ROW.size)
+            if key_len == ABSENT:
                 raise fail(types.ErrorKind.BAD_RECORD, "record has no key (is the stream keyed?)")
             try:
-                word = json.loads(data[r.key.offset : r.key.offset + r.key.len])
-                n = json.loads(data[r.value.offset : r.value.offset + r.value.len])
+                word = json.loads(data[key_off : key_off + key_len])
+                n = json.loads(data[value_off : value_off + value_len])
             except ValueError as e:
                 raise fail(types.ErrorKind.BAD_RECORD, str(e))
             current = state.value_get(COUNT_STATE, handle)
             count = (json.loads(current) if current is not None else 0) + n
             state.value_set(COUNT_STATE, handle, encode(count))
             key_bytes, value_bytes = encode(word), encode(count)
-            key_span = types.Span(offset=len(out), len=len(key_bytes))
+            key_at = len(out)
             out += key_bytes
-            value_span = types.Span(offset=len(out), len=len(value_bytes))
+            value_at = len(out)
             out += value_bytes
-            refs.append(types.OutputRef(output=0, key=key_span, value=value_span, timestamp=r.timestamp))
-        if refs:
-            output.emit(types.OutputBatch(data=bytes(out), records=refs))
+            rows += ROW.pack(key_at, len(key_bytes), value_at, len(value_bytes), ts, flags & 1, 0)
+        if rows:
+            output.emit(types.OutputBatch(data=bytes(out), records=bytes(rows)))
 
     def on_timer(self, timers: types.TimerBatch) -> None:
         pass

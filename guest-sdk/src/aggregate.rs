@@ -5,7 +5,7 @@ use serde::de::DeserializeOwned;
 
 use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::AccumulatorUpdate;
 use crate::bindings::types::{Batch, OperatorError};
-use crate::operator::{Slot, decode_config};
+use crate::operator::{Slot, decode_config, rows};
 use crate::record::Record;
 use crate::{Error, Result, codec};
 
@@ -68,7 +68,8 @@ pub fn add<T: Aggregate>(
     updates: Vec<AccumulatorUpdate>,
 ) -> Result<Vec<Vec<u8>>, OperatorError> {
     with_aggregate(slot, |agg| {
-        let records = batch.records.iter().map(|r| Record::from_wit(&batch.data, r)).collect::<Result<Vec<_>>>()?;
+        let records =
+            rows(&batch.records)?.iter().map(|r| Record::from_row(&batch.data, &r)).collect::<Result<Vec<_>>>()?;
         updates
             .iter()
             .map(|update| {

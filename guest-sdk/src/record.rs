@@ -1,16 +1,13 @@
 //! Read-only views of the records and timers a call received.
 
+use eddy_wire::{Row, Span};
 use serde::Deserialize;
 
-use crate::bindings::types::{RecordRef, Span, TimeDomain as WitTimeDomain, TimerRef};
+use crate::bindings::types::{TimeDomain as WitTimeDomain, TimerRef};
 use crate::{Error, Result, codec};
 
 pub(crate) fn slice(data: &[u8], span: Span) -> Result<&[u8]> {
-    let start = span.offset as usize;
-    start
-        .checked_add(span.len as usize)
-        .and_then(|end| data.get(start..end))
-        .ok_or_else(|| Error::bad_record("record span lies outside its batch"))
+    span.slice(data).ok_or_else(|| Error::bad_record("record span lies outside its batch"))
 }
 
 /// One input record.
@@ -22,7 +19,7 @@ pub struct Record<'a> {
 }
 
 impl<'a> Record<'a> {
-    pub(crate) fn from_wit(data: &'a [u8], r: &RecordRef) -> Result<Self> {
+    pub(crate) fn from_row(data: &'a [u8], r: &Row) -> Result<Self> {
         Ok(Self {
             key: r.key.map(|k| slice(data, k)).transpose()?,
             value: slice(data, r.value)?,
@@ -89,7 +86,8 @@ impl<'a> Timer<'a> {
             WitTimeDomain::EventTime => TimeDomain::EventTime,
             WitTimeDomain::ProcessingTime => TimeDomain::ProcessingTime,
         };
-        Ok(Self { key: slice(data, t.key)?, timestamp: t.timestamp, domain })
+        let key = Span { offset: t.key.offset, len: t.key.len };
+        Ok(Self { key: slice(data, key)?, timestamp: t.timestamp, domain })
     }
 
     /// The key the timer was registered for, raw.

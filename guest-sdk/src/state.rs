@@ -35,12 +35,12 @@ impl<T: Serialize + DeserializeOwned> ValueState<T> {
 
     /// Replaces the value for the current key.
     pub fn set(&self, value: &T) -> Result<()> {
-        context::value_put(self.id, Some(codec::encode(value)?))
+        context::value_set(self.id, |buf| codec::encode_into(buf, value))
     }
 
     /// Removes the value for the current key.
     pub fn clear(&self) -> Result<()> {
-        context::value_put(self.id, None)
+        context::value_clear(self.id)
     }
 }
 

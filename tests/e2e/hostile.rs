@@ -115,6 +115,21 @@ fn a_key_handle_outside_the_call_cannot_reach_other_keys() {
 }
 
 #[test]
+fn a_torn_output_table_is_refused() {
+    let err = contained_trap("torn-output");
+    assert!(
+        matches!(err.kind, CallErrorKind::Violation(Violation::MalformedTable(t)) if t.len == 33 && t.row_bytes == 32),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_value_write_outside_its_buffer_is_refused() {
+    let err = contained_trap("stray-write");
+    assert_eq!(err.kind, CallErrorKind::Violation(Violation::BadSpan { what: "value write", index: 0 }), "{err}");
+}
+
+#[test]
 fn state_without_a_current_key_is_refused() {
     let mut op = instantiate(hostile(), Subtask::single(128));
     let err = op.open(r#"{"mode": "state-in-open"}"#).expect_err("no key in open");

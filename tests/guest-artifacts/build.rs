@@ -65,6 +65,10 @@ fn build_rust_guests(root: &Path, target_dir: &Path) -> Result<Vec<(&'static str
         // Guests ship without debug info: smaller components, faster compiles.
         .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
         .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo")
+        // One codegen unit with LTO inlines serde and the SDK into the operator: the word
+        // counter's sandboxed cost per record drops by ~15% (`cargo bench --bench sandbox`).
+        .env("CARGO_PROFILE_RELEASE_LTO", "true")
+        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_TARGET_DIR")

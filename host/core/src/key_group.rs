@@ -15,8 +15,17 @@ pub type KeyGroup = u16;
 /// The key group of `key`. The hash (xxh3, seed 0) is part of the snapshot format: changing it
 /// would move every key of every savepoint.
 pub fn key_group_of(key: &[u8], max_parallelism: u32) -> KeyGroup {
+    key_group_of_hash(key_hash(key), max_parallelism)
+}
+
+/// The hash key groups come from, for callers that also want it for their own hash tables.
+pub fn key_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
+}
+
+/// The key group of a key whose [`key_hash`] is `hash`.
+pub fn key_group_of_hash(hash: u64, max_parallelism: u32) -> KeyGroup {
     debug_assert!((1..=MAX_PARALLELISM_LIMIT).contains(&max_parallelism));
-    let hash = xxhash_rust::xxh3::xxh3_64(key);
     // Multiply-shift maps the hash uniformly onto 0..max_parallelism without a division.
     ((u128::from(hash) * u128::from(max_parallelism)) >> 64) as KeyGroup
 }

@@ -100,12 +100,17 @@ pub enum Violation {
     /// State or timers used without a key.
     #[error("{0}: keyed state and timers need a keyed stream (add key_by before this step)")]
     NoKey(String),
-    /// An emitted record whose bytes lie outside the buffer it came with.
-    #[error("emitted record {index} points outside its output buffer")]
+    /// A span of a guest's table whose bytes lie outside the buffer it came with.
+    #[error("{what} {index} points outside the buffer it came with")]
     BadSpan {
-        /// Index in the output batch.
+        /// What the table holds ("emitted record", "value write").
+        what: &'static str,
+        /// Row of the table.
         index: usize,
     },
+    /// A packed table that is not a whole number of rows.
+    #[error("{0}")]
+    MalformedTable(eddy_wire::TableError),
     /// An undeclared id or a conflicting declaration.
     #[error("{0}")]
     BadDeclaration(String),

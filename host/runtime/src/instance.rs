@@ -1,41 +1,47 @@
 //! Live instances: one per operator subtask. Each call is guarded by [`CallPolicy`].
 
-use eddy_core::{FiredTimer, RecordBatch, TimerService};
+use eddy_core::{FiredTimer, RecordBatch, RecordMeta, TimerService, key_hash};
 use eddy_state::StateBackend;
+use eddy_wire::{Packed, Row};
 use wasmtime::Store;
 
 use crate::bindings::aggregate_world::WindowAggregate;
 use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::AccumulatorUpdate as WitUpdate;
 use crate::bindings::operator_world::KeyedOperator;
-use crate::bindings::types::{Batch, RecordRef, Span, TimeDomain as WitDomain, TimerBatch, TimerRef};
+use crate::bindings::types::{Batch, Span, TimeDomain as WitDomain, TimerBatch, TimerRef};
 use crate::call::CallPolicy;
 use crate::error::{CallError, CallErrorKind, Violation};
 use crate::keyed::{OperatorHost, Output};
 use crate::sandbox::{HasSandbox, Sandbox};
+use crate::slots::KeySlots;
 
-fn wit_span(s: eddy_core::Span) -> Span {
-    Span { offset: s.offset, len: s.len }
+fn wire_span(s: eddy_core::Span) -> eddy_wire::Span {
+    eddy_wire::Span { offset: s.offset, len: s.len }
 }
 
-/// Converts a host batch to the WIT shape (same layout: one buffer copy, one table copy).
+/// The packed row of a host record, tagged with `tag`.
+pub(crate) fn row_of(meta: &RecordMeta, tag: u32) -> Row {
+    Row { key: meta.key.map(wire_span), value: wire_span(meta.value), timestamp: meta.timestamp, tag }
+}
+
+/// Converts a host batch to the WIT shape of an aggregate call: one buffer copy, one packed
+/// table, every record its own key slot (the host groups records by key in the updates).
 pub(crate) fn to_wit_batch(batch: &RecordBatch) -> Batch {
-    let (data, records) = batch.parts();
-    Batch {
-        data: data.to_vec(),
-        records: records
-            .iter()
-            .map(|m| RecordRef { key: m.key.map(wit_span), value: wit_span(m.value), timestamp: m.timestamp })
-            .collect(),
-        prefetched_states: Vec::new(),
-        prefetched: Vec::new(),
+    let (data, metas) = batch.parts();
+    let mut records = Vec::with_capacity(metas.len() * Row::BYTES);
+    for (i, meta) in metas.iter().enumerate() {
+        row_of(meta, i as u32).write(&mut records);
     }
+    Batch { data: data.to_vec(), records, prefetched_states: Vec::new(), prefetched: Vec::new() }
 }
 
 fn to_wit_timers(fired: &[FiredTimer]) -> TimerBatch {
     let mut data = Vec::with_capacity(fired.iter().map(|t| t.key.len()).sum());
+    let mut slots = KeySlots::with_capacity(fired.len());
     let timers = fired
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
             let offset = data.len() as u32;
             data.extend_from_slice(&t.key);
             TimerRef {
@@ -45,6 +51,7 @@ fn to_wit_timers(fired: &[FiredTimer]) -> TimerBatch {
                     eddy_core::TimeDomain::EventTime => WitDomain::EventTime,
                     eddy_core::TimeDomain::ProcessingTime => WitDomain::ProcessingTime,
                 },
+                slot: slots.slot(&t.key, key_hash(&t.key), i as u32),
             }
         })
         .collect();

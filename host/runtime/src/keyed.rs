@@ -3,14 +3,18 @@
 
 use std::collections::HashMap;
 
-use eddy_core::{FiredTimer, KeyGroup, KeyGroupRange, RecordBatch, TimeDomain, TimerService, key_group_of};
+use eddy_core::{
+    FiredTimer, KeyGroup, KeyGroupRange, RecordBatch, TimeDomain, TimerService, key_group_of_hash, key_hash,
+};
 use eddy_state::{StateBackend, StateError, StateKey, decode_list, encode_list};
+use eddy_wire::{Packed, Row, Span, Table, ValueWrite};
 use wasmtime_wasi::{WasiCtxView, WasiView};
 
 use crate::bindings::{output, state, timers, types};
 use crate::config::SandboxLimits;
 use crate::error::{CallErrorKind, HostTrap, Violation};
 use crate::sandbox::{HasSandbox, Sandbox};
+use crate::slots::KeySlots;
 
 /// Longest state or side-output name.
 const MAX_NAME_BYTES: usize = 256;
@@ -133,21 +137,27 @@ impl Keyed {
     }
 
     /// Builds the WIT batch for `process`: loads the call's keys (a record of a key group this
-    /// subtask does not own is a routing bug upstream and never reaches the guest) and appends
-    /// the prefetched state values to the batch's buffer.
+    /// subtask does not own is a routing bug upstream and never reaches the guest), numbers
+    /// their key slots and appends the prefetched state values, looked up once per distinct
+    /// key, to the batch's buffer.
     pub(crate) fn batch_for_guest(&mut self, batch: &RecordBatch) -> Result<types::Batch, CallErrorKind> {
         self.keys.clear("process");
-        let mut wit = crate::instance::to_wit_batch(batch);
-        wit.prefetched_states = self.prefetch.clone();
-        wit.prefetched.reserve(batch.len() * self.prefetch.len());
-        let mut out = std::mem::take(&mut wit.data);
-        for (i, r) in batch.iter().enumerate() {
+        let (data, metas) = batch.parts();
+        let columns = self.prefetch.len();
+        let mut out = data.to_vec();
+        let mut records = Vec::with_capacity(metas.len() * Row::BYTES);
+        let mut prefetched = Vec::with_capacity(metas.len() * columns * <Option<Span>>::BYTES);
+        let mut slots = KeySlots::with_capacity(metas.len());
+        for (i, (meta, r)) in metas.iter().zip(batch.iter()).enumerate() {
+            let index = u32::try_from(i).map_err(|_| CallErrorKind::Internal("batch of over 4G records".into()))?;
             let Some(key) = r.key else {
                 self.keys.push(None);
-                wit.prefetched.extend(self.prefetch.iter().map(|_| None));
+                (0..columns).for_each(|_| None::<Span>.write(&mut prefetched));
+                crate::instance::row_of(meta, index).write(&mut records);
                 continue;
             };
-            let group = key_group_of(key, self.max_parallelism);
+            let hash = key_hash(key);
+            let group = key_group_of_hash(hash, self.max_parallelism);
             if !self.key_groups.contains(group) {
                 return Err(CallErrorKind::Internal(format!(
                     "record {i} has key group {group}, outside this subtask's range {}..={}",
@@ -155,24 +165,31 @@ impl Keyed {
                 )));
             }
             self.keys.push(Some((key, group)));
-            for &state in &self.prefetch {
-                let name = &self.states[state as usize].name;
-                let value = self
-                    .backend
-                    .get(self.key_buf.encode(group, key, name, b""))
-                    .map_err(|e| CallErrorKind::State(e.to_string()))?;
-                wit.prefetched.push(value.map(|v| {
-                    let offset = out.len() as u32;
-                    out.extend_from_slice(&v);
-                    types::Span { offset, len: v.len() as u32 }
-                }));
+            let slot = slots.slot(key, hash, index);
+            if slot == index {
+                for &state in &self.prefetch {
+                    let name = &self.states[state as usize].name;
+                    let start = out.len();
+                    let found = self
+                        .backend
+                        .read_into(self.key_buf.encode(group, key, name, b""), &mut out)
+                        .map_err(|e| CallErrorKind::State(e.to_string()))?;
+                    let span = match found {
+                        true => Some(Span::tail_of(&out, start).ok_or_else(|| {
+                            CallErrorKind::Internal("batch with prefetched state exceeds 4 GiB".into())
+                        })?),
+                        false => None,
+                    };
+                    span.write(&mut prefetched);
+                }
+            } else {
+                // The same key as an earlier record: its values, without another lookup.
+                let row = slot as usize * columns * <Option<Span>>::BYTES;
+                prefetched.extend_from_within(row..row + columns * <Option<Span>>::BYTES);
             }
+            crate::instance::row_of(meta, slot).write(&mut records);
         }
-        if out.len() > u32::MAX as usize {
-            return Err(CallErrorKind::Internal("batch with prefetched state exceeds 4 GiB".into()));
-        }
-        wit.data = out;
-        Ok(wit)
+        Ok(types::Batch { data: out, records, prefetched_states: self.prefetch.clone(), prefetched })
     }
 
     pub(crate) fn load_timer_keys(&mut self, fired: &[FiredTimer]) {
@@ -210,6 +227,11 @@ impl Keyed {
             Some(m) => key_buf.encode_map_entry(group, key, &declared.name, b"", m),
         };
         f(backend.as_mut(), state_key, declared.kind).map_err(|e| wasmtime::Error::new(HostTrap::from(e)))
+    }
+
+    fn put_value(&mut self, state: u32, handle: u32, value: &[u8]) -> ImportResult<()> {
+        limit("state value bytes", self.limits.max_value_bytes, value.len())?;
+        self.with_state_key(state, Some(state::StateKind::Value), handle, None, |b, k, _| b.put(k, value))
     }
 
     fn declare(&mut self, name: String, declared_kind: Option<state::StateKind>, prefetch: bool) -> ImportResult<u32> {
@@ -297,10 +319,13 @@ impl state::Host for OperatorHost {
         self.keyed.declare(name, Some(kind), prefetch)
     }
 
-    fn value_set_many(&mut self, writes: Vec<state::ValueWrite>) -> ImportResult<()> {
-        for w in writes {
+    fn value_set_many(&mut self, data: Vec<u8>, writes: Vec<u8>) -> ImportResult<()> {
+        for (index, w) in table::<ValueWrite>(&writes)?.iter().enumerate() {
             match w.value {
-                Some(value) => self.value_set(w.state, w.key, value)?,
+                Some(span) => {
+                    let value = span_bytes(&data, span, "value write", index)?;
+                    self.keyed.put_value(w.state, w.key, value)?;
+                }
                 None => self.keyed.with_state_key(w.state, Some(Value), w.key, None, |b, k, _| b.delete(k))?,
             }
         }
@@ -312,8 +337,7 @@ impl state::Host for OperatorHost {
     }
 
     fn value_set(&mut self, state: u32, key: u32, value: Vec<u8>) -> ImportResult<()> {
-        limit("state value bytes", self.keyed.limits.max_value_bytes, value.len())?;
-        self.keyed.with_state_key(state, Some(Value), key, None, |b, k, _| b.put(k, &value))
+        self.keyed.put_value(state, key, &value)
     }
 
     fn list_get(&mut self, state: u32, key: u32) -> ImportResult<Vec<Vec<u8>>> {
@@ -398,9 +422,13 @@ impl timers::Host for OperatorHost {
     }
 }
 
-fn span(data: &[u8], s: types::Span, index: usize) -> ImportResult<&[u8]> {
-    let start = s.offset as usize;
-    data.get(start..start + s.len as usize).ok_or_else(|| trap(Violation::BadSpan { index }))
+/// A guest's packed table, or a trap naming what is malformed.
+fn table<T: Packed>(bytes: &[u8]) -> ImportResult<Table<'_, T>> {
+    Table::new(bytes).map_err(|e| trap(Violation::MalformedTable(e)))
+}
+
+fn span_bytes<'a>(data: &'a [u8], span: Span, what: &'static str, index: usize) -> ImportResult<&'a [u8]> {
+    span.slice(data).ok_or_else(|| trap(Violation::BadSpan { what, index }))
 }
 
 impl output::Host for OperatorHost {
@@ -412,12 +440,12 @@ impl output::Host for OperatorHost {
         let k = &mut self.keyed;
         k.output_bytes += records.data.len();
         limit("output bytes in one call", k.limits.max_output_bytes_per_call, k.output_bytes)?;
-        for (i, r) in records.records.iter().enumerate() {
-            let key = r.key.map(|s| span(&records.data, s, i)).transpose()?;
-            let value = span(&records.data, r.value, i)?;
+        for (i, r) in table::<Row>(&records.records)?.iter().enumerate() {
+            let key = r.key.map(|s| span_bytes(&records.data, s, "emitted record", i)).transpose()?;
+            let value = span_bytes(&records.data, r.value, "emitted record", i)?;
             limit("emitted key bytes", k.limits.max_key_bytes, key.map_or(0, <[u8]>::len))?;
             limit("emitted value bytes", k.limits.max_value_bytes, value.len())?;
-            let target = match r.output {
+            let target = match r.tag {
                 0 => &mut k.output.main,
                 n => match k.output.side.get_mut(n as usize - 1) {
                     Some((_, batch)) => batch,

@@ -53,10 +53,12 @@ mod instance;
 mod keyed;
 mod runtime;
 mod sandbox;
+mod slots;
 mod validate;
 
 pub use cache::{CacheOutcome, digest_of};
 pub use config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants};
+pub use eddy_wire::TableError;
 pub use error::{CallError, CallErrorKind, Fault, GuestErrorKind, LoadError, RuntimeError, Violation};
 pub use instance::{AccumulatorUpdate, AggregateInstance, OperatorInstance};
 pub use keyed::Output;

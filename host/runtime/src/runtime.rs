@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use eddy_core::{KeyGroupRange, TimerService};
 use eddy_state::StateBackend;
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ProfilingStrategy, Store};
 
 use crate::bindings::aggregate_world::{WindowAggregate, WindowAggregatePre};
 use crate::bindings::operator_world::{KeyedOperator, KeyedOperatorPre};
@@ -103,6 +103,10 @@ fn engine_config(config: &RuntimeConfig) -> Config {
         .epoch_interruption(true)
         .consume_fuel(config.limits.fuel_per_call.is_some())
         .max_wasm_stack(config.limits.max_stack_bytes);
+    // `perf record` can name guest functions only from a map file the engine writes.
+    if std::env::var_os("EDDY_WASM_PERFMAP").is_some() {
+        c.profiler(ProfilingStrategy::PerfMap);
+    }
     if let InstanceAllocation::Pooling { max_instances } = config.allocation {
         let mut pool = PoolingAllocationConfig::new();
         // A Python component holds ~40 core instances and several memories; leave headroom.

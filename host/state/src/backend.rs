@@ -21,6 +21,15 @@ pub enum StateError {
 pub trait StateBackend: Send {
     /// The value under `key`.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError>;
+    /// Appends the value under `key` to `out` and says whether there was one: the hot-path
+    /// read (state prefetched into a guest's batch) without an allocation per key.
+    fn read_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, StateError> {
+        let value = self.get(key)?;
+        if let Some(v) = &value {
+            out.extend_from_slice(v);
+        }
+        Ok(value.is_some())
+    }
     /// Sets the value under `key`.
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError>;
     /// Removes `key` if present.

@@ -46,6 +46,14 @@ impl StateBackend for HeapStateBackend {
         Ok(self.entries.get(key).cloned())
     }
 
+    fn read_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, StateError> {
+        let value = self.entries.get(key);
+        if let Some(v) = value {
+            out.extend_from_slice(v);
+        }
+        Ok(value.is_some())
+    }
+
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
         match self.entries.get_mut(key) {
             Some(v) => {
@@ -151,7 +159,13 @@ mod tests {
             }
             for (k, v) in &oracle {
                 prop_assert_eq!(backend.get(k).unwrap(), Some(v.clone()));
+                let mut appended = b"before".to_vec();
+                prop_assert!(backend.read_into(k, &mut appended).unwrap());
+                prop_assert_eq!(&appended[6..], &v[..]);
             }
+            let mut appended = Vec::new();
+            prop_assert_eq!(backend.read_into(&probe, &mut appended).unwrap(), oracle.contains_key(&probe));
+            prop_assert_eq!(appended, oracle.get(&probe).cloned().unwrap_or_default());
             prop_assert_eq!(backend.approximate_len(), oracle.len());
             let mut scanned = Vec::new();
             backend.scan_prefix(&probe, &mut |k, v| scanned.push((k.to_vec(), v.to_vec()))).unwrap();

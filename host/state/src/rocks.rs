@@ -147,6 +147,14 @@ impl StateBackend for RocksDbBackend {
         self.db.get(key).map_err(storage)
     }
 
+    fn read_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, StateError> {
+        let value = self.db.get_pinned(key).map_err(storage)?;
+        if let Some(v) = &value {
+            out.extend_from_slice(v);
+        }
+        Ok(value.is_some())
+    }
+
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
         self.db.put_opt(key, value, &self.write).map_err(storage)
     }
@@ -230,6 +238,11 @@ mod tests {
                         model.retain(|k, _| !k.starts_with(&key));
                     }
                 }
+            }
+            for key in [vec![], vec![0], vec![1], vec![255], vec![0, 1]] {
+                let mut appended = b"before".to_vec();
+                prop_assert_eq!(db.read_into(&key, &mut appended).expect("read"), model.contains_key(&key));
+                prop_assert_eq!(&appended[6..], model.get(&key).map_or(&[][..], Vec::as_slice));
             }
             for prefix in [vec![], vec![0], vec![1], vec![255], vec![255, 255]] {
                 let mut seen = Vec::new();

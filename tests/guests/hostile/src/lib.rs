@@ -5,6 +5,8 @@
 //! - `oversized-key`: writes map state under a 1 MiB map key;
 //! - `foreign-key`: reads state through a key handle that names no record of the call;
 //! - `state-in-open`: reads state in `open`, where there is no key;
+//! - `torn-output`: emits a record table that is not a whole number of rows;
+//! - `stray-write`: applies a value write whose bytes lie outside the buffer it sent;
 //! - `probe`: tries the environment, files, clocks and network, and emits what it could see;
 //! - `error`: returns an operator error (not a trap);
 //! - `list-map` (well-behaved): per key, appends each value (a string) to a list state and
@@ -14,6 +16,7 @@
 use std::hint::black_box;
 
 use eddy_sdk::raw::state as raw_state;
+use eddy_sdk::raw::{output as raw_output, types as raw_types};
 use eddy_sdk::{Context, Error, ListState, MapState, OpenContext, Operator, Record, Result};
 use serde::Deserialize;
 
@@ -82,6 +85,16 @@ impl Operator for Hostile {
             "foreign-key" => {
                 let id = raw_state::declare("v", raw_state::StateKind::Value, false);
                 black_box(raw_state::value_get(id, 1_000));
+            }
+            "torn-output" => {
+                raw_output::emit(&raw_types::OutputBatch { data: b"v".to_vec(), records: vec![0; 33] });
+            }
+            "stray-write" => {
+                let id = raw_state::declare("v", raw_state::StateKind::Value, false);
+                // One 16-byte write: state, key handle 0, value at offset 8 with 4 bytes, in a
+                // buffer of 2 bytes.
+                let write: Vec<u8> = [id, 0, 8, 4].iter().flat_map(|w| w.to_le_bytes()).collect();
+                raw_state::value_set_many(b"no", &write);
             }
             "probe" => ctx.emit_value(&probe())?,
             "list-map" => {
