@@ -376,3 +376,85 @@ impl Context {
         timers::current_processing_time()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// (state, slot) -> (when last written, the value written; `None` = cleared)
+    type Oracle = HashMap<(u32, u32), (usize, Option<Vec<u8>>)>;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Set(u32, u32, Vec<u8>),
+        Clear(u32, u32),
+    }
+
+    fn op(slots: u32) -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u32..3, 0..slots, proptest::collection::vec(any::<u8>(), 0..4)).prop_map(|(s, k, v)| Op::Set(s, k, v)),
+            (0u32..3, 0..slots).prop_map(|(s, k)| Op::Clear(s, k)),
+        ]
+    }
+
+    proptest! {
+        /// Oracle: a map from (state, slot) to the last value written. Reads see the newest
+        /// write, and the table sent to the host holds exactly the newest write of each
+        /// (state, slot), in the order those writes were made.
+        #[test]
+        fn the_write_buffer_behaves_like_a_map_of_newest_writes(ops in proptest::collection::vec(op(5), 0..40)) {
+            let mut writes = Writes::default();
+            writes.begin(5);
+            let mut oracle = Oracle::new();
+            for (i, op) in ops.iter().enumerate() {
+                let (state, slot, value) = match op {
+                    Op::Set(s, k, v) => (*s, *k, Some(v.clone())),
+                    Op::Clear(s, k) => (*s, *k, None),
+                };
+                let mut encode = |buf: &mut Vec<u8>| -> Result<()> {
+                    buf.extend_from_slice(value.as_deref().unwrap_or_default());
+                    Ok(())
+                };
+                let encode: Option<Encode<'_>> = if value.is_some() { Some(&mut encode) } else { None };
+                writes.put(state, slot, encode).expect("slot in range");
+                oracle.insert((state, slot), (i, value.clone()));
+                for state in 0..3 {
+                    for slot in 0..5 {
+                        let seen = writes.find(state, slot).map(|e| e.value.map(|s| s.slice(&writes.data).expect("in buffer").to_vec()));
+                        prop_assert_eq!(seen, oracle.get(&(state, slot)).map(|(_, v)| v.clone()));
+                    }
+                }
+            }
+            let table = writes.table();
+            let sent: Vec<(u32, u32, Option<Vec<u8>>)> = Table::<ValueWrite>::new(&table)
+                .expect("whole rows")
+                .iter()
+                .map(|w| (w.state, w.key, w.value.map(|s| s.slice(&writes.data).expect("in buffer").to_vec())))
+                .collect();
+            let mut expected: Vec<_> = oracle.into_iter().collect();
+            expected.sort_by_key(|(_, (at, _))| *at);
+            let expected: Vec<_> = expected.into_iter().map(|((s, k), (_, v))| (s, k, v)).collect();
+            prop_assert_eq!(sent, expected);
+        }
+    }
+
+    #[test]
+    fn a_slot_outside_the_call_is_an_error_and_a_failed_encoding_leaves_nothing() {
+        let mut writes = Writes::default();
+        writes.begin(2);
+        let err = writes.put(0, 2, None).expect_err("slot 2 of 2");
+        assert!(err.to_string().contains("key slot 2"), "{err}");
+        let mut failing = |buf: &mut Vec<u8>| -> Result<()> {
+            buf.extend_from_slice(b"partial");
+            Err(Error::failed("cannot encode"))
+        };
+        assert!(writes.put(0, 1, Some(&mut failing)).is_err());
+        assert!(writes.data.is_empty());
+        assert!(writes.find(0, 1).is_none());
+        assert!(writes.table().is_empty());
+    }
+}
