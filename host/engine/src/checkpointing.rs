@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::metadata::collect_garbage;
+use crate::checkpoint::metadata::{Sweep, collect_garbage};
 use crate::checkpoint::upload::{TakenSnapshot, Uploader};
 use crate::checkpoint::{
     CheckpointCoordinator, CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStats, CheckpointStore,
@@ -52,6 +52,23 @@ pub(crate) enum Report {
 /// Commits the pre-committed files a sink state lists.
 pub(crate) type SinkCommitter = Box<dyn Fn(&serde_json::Value) -> std::io::Result<()> + Send>;
 
+/// Named points inside the checkpoint protocol, where a test's [`FaultHook`] may kill the
+/// process on purpose so that crashes land inside a checkpoint, not only between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPoint {
+    /// A subtask's snapshot was written to the store; the checkpoint is not complete.
+    AfterUpload,
+    /// Every subtask acknowledged; the metadata (the commit point) is not written yet.
+    BeforeMetadata,
+    /// The metadata is written; the sink has not heard of the completion yet.
+    AfterMetadata,
+    /// The sink is about to commit a completed checkpoint's files.
+    BeforeCommit,
+}
+
+/// Called at each [`FaultPoint`] (tests only; `None` in production).
+pub type FaultHook = Arc<dyn Fn(FaultPoint) + Send + Sync>;
+
 /// A completed checkpoint, for progress displays.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompletedCheckpoint {
@@ -64,6 +81,7 @@ pub struct CompletedCheckpoint {
 /// Everything the thread needs.
 pub(crate) struct CheckpointThread {
     pub job: String,
+    pub max_parallelism: u32,
     pub spec: CheckpointSpec,
     pub store: CheckpointStore,
     pub participants: usize,
@@ -76,6 +94,7 @@ pub(crate) struct CheckpointThread {
     pub history: Arc<Mutex<Vec<CompletedCheckpoint>>>,
     /// Commits the sink's pre-committed files listed in a sink state (the final commit).
     pub commit_sink: SinkCommitter,
+    pub faults: Option<FaultHook>,
 }
 
 /// The checkpoint in flight: each participant's uploaded part and the phase durations.
@@ -97,7 +116,7 @@ impl CheckpointThread {
             min_pause_ms: self.spec.min_pause_ms,
         };
         let mut coordinator = CheckpointCoordinator::new(config, self.participants, self.first_id, now_ms());
-        let mut uploader = Uploader::knowing(self.retained.iter().flat_map(|m| m.files()));
+        let mut uploader = Uploader::knowing(self.retained.iter().flat_map(|m| m.files()), self.first_id);
         let mut finished: Vec<Option<SubtaskState>> = vec![None; self.participants];
         let mut in_flight: Option<InFlight> = None;
         let mut last_id = self.first_id.saturating_sub(1);
@@ -113,6 +132,7 @@ impl CheckpointThread {
                         Some(flight) => {
                             match Self::upload(&self.store, &mut uploader, Some(id), snapshot, &mut flight.stats) {
                                 Ok(state) => {
+                                    self.fault(FaultPoint::AfterUpload);
                                     flight.parts[participant] = Some(state);
                                     decisions.extend(coordinator.acknowledge(id, participant, now_ms()));
                                 }
@@ -175,14 +195,14 @@ impl CheckpointThread {
                         tracing::debug!(job = %self.job, checkpoint = id, "checkpoint triggered");
                         if let Some(Decision::Complete(id)) = done {
                             flight.stats.total_ms = 0.0;
-                            self.complete(id, flight, &mut uploader);
+                            self.complete(id, flight, &mut uploader, &finished);
                         } else {
                             in_flight = Some(flight);
                         }
                     }
                     Decision::Complete(id) => {
                         if let Some(flight) = in_flight.take().filter(|f| f.id == id) {
-                            self.complete(id, flight, &mut uploader);
+                            self.complete(id, flight, &mut uploader, &finished);
                         }
                     }
                     Decision::Abort { id, reason } => {
@@ -239,14 +259,28 @@ impl CheckpointThread {
         Ok(uploaded.state)
     }
 
+    fn fault(&self, point: FaultPoint) {
+        if let Some(hook) = &self.faults {
+            hook(point);
+        }
+    }
+
     /// Writes the metadata of a checkpoint every participant acknowledged, then tells the sinks.
-    fn complete(&mut self, id: CheckpointId, flight: InFlight, uploader: &mut Uploader) {
+    /// `finished` holds the final snapshots of subtasks that ended: their files are live.
+    fn complete(
+        &mut self,
+        id: CheckpointId,
+        flight: InFlight,
+        uploader: &mut Uploader,
+        finished: &[Option<SubtaskState>],
+    ) {
         let mut stats = flight.stats;
         stats.total_ms = flight.triggered.elapsed().as_secs_f64() * 1e3;
         let subtasks: Vec<SubtaskState> = flight.parts.into_iter().flatten().collect();
         let mut meta = CheckpointMetadata {
             version: crate::checkpoint::metadata::FORMAT_VERSION,
             job: self.job.clone(),
+            max_parallelism: Some(self.max_parallelism),
             id,
             completed_ms: now_ms(),
             finished: false,
@@ -254,10 +288,12 @@ impl CheckpointThread {
             stats: stats.clone(),
         };
         meta.stats.full_bytes = meta.files().map(|f| f.bytes).sum();
+        self.fault(FaultPoint::BeforeMetadata);
         if let Err(e) = meta.write(&self.store) {
             tracing::warn!(job = %self.job, checkpoint = id, error = %e, "checkpoint metadata not written; the previous checkpoint stays the latest");
             return;
         }
+        self.fault(FaultPoint::AfterMetadata);
         self.take_savepoint(&meta);
         self.signals.completed.store(id, Ordering::SeqCst);
         tracing::info!(
@@ -276,15 +312,18 @@ impl CheckpointThread {
         self.retained.push(meta);
         let excess = self.retained.len().saturating_sub(self.spec.retained);
         self.retained.drain(..excess);
-        self.collect_garbage(uploader);
+        let live: HashSet<String> = finished.iter().flatten().flat_map(|s| s.files().map(|f| f.path.clone())).collect();
+        self.collect_garbage(uploader, &live);
     }
 
-    fn collect_garbage(&self, uploader: &mut Uploader) {
-        match collect_garbage(&self.store, &self.retained) {
+    /// Deletes what neither the retained checkpoints nor `live` need.
+    fn collect_garbage(&self, uploader: &mut Uploader, live: &HashSet<String>) {
+        match collect_garbage(&self.store, &self.retained, live, Sweep::Running) {
             Ok(_) => {
-                let live: HashSet<String> =
+                let mut still_there: HashSet<String> =
                     self.retained.iter().flat_map(|m| m.files().map(|f| f.path.clone())).collect();
-                uploader.retain(&live);
+                still_there.extend(live.iter().cloned());
+                uploader.retain(&still_there);
             }
             Err(e) => tracing::warn!(job = %self.job, error = %e, "checkpoint garbage collection failed; will retry"),
         }
@@ -295,6 +334,7 @@ impl CheckpointThread {
         let mut meta = CheckpointMetadata {
             version: crate::checkpoint::metadata::FORMAT_VERSION,
             job: self.job.clone(),
+            max_parallelism: Some(self.max_parallelism),
             id,
             completed_ms: now_ms(),
             finished: true,
@@ -311,9 +351,93 @@ impl CheckpointThread {
         }
         self.signals.completed.store(id, Ordering::SeqCst);
         self.retained = vec![meta];
-        let mut uploader = Uploader::default();
-        self.collect_garbage(&mut uploader);
+        self.collect_garbage(&mut Uploader::default(), &HashSet::new());
         tracing::info!(job = %self.job, checkpoint = id, "job finished; final checkpoint written");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use eddy_state::BackendSnapshot;
+
+    use super::*;
+    use crate::checkpoint::RestorePoint;
+    use crate::operator::OperatorSnapshot;
+
+    /// Subtask `participant`'s snapshot: one state entry holding `value`.
+    fn snapshot(participant: usize, value: &[u8]) -> TakenSnapshot {
+        let entries: Vec<(Vec<u8>, Vec<u8>)> = vec![(vec![0, 0, b'a' + participant as u8], value.to_vec())];
+        let state = BackendSnapshot::Frozen(Box::new(entries));
+        TakenSnapshot {
+            participant,
+            task: 0,
+            subtask: participant as u32,
+            parallelism: 2,
+            keyed: true,
+            source: None,
+            sink: None,
+            operators: vec![("count".into(), OperatorSnapshot { timers: Vec::new(), state })],
+            alignment_ms: 0.0,
+            sync_ms: 0.0,
+            staging: None,
+        }
+    }
+
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "gave up waiting until {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_subtask_that_finishes_after_its_part_of_a_checkpoint_leaves_a_restorable_final_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (reports, received) = mpsc::sync_channel(16);
+        let signals = Arc::new(Signals::default());
+        let spec =
+            CheckpointSpec { dir: None, s3: None, interval_ms: 1, timeout_ms: 600_000, min_pause_ms: 0, retained: 1 };
+        let thread = CheckpointThread {
+            job: "j".into(),
+            max_parallelism: 128,
+            spec,
+            store: CheckpointStore::local(dir.path()).expect("store"),
+            participants: 2,
+            first_id: 1,
+            retained: Vec::new(),
+            signals: signals.clone(),
+            reports: received,
+            cancel: Arc::new(AtomicBool::new(false)),
+            history: Arc::default(),
+            commit_sink: Box::new(|_| Ok(())),
+            faults: None,
+        };
+        let running = std::thread::spawn(move || thread.run());
+        wait_until("checkpoint 1 is triggered", || signals.trigger.load(Ordering::SeqCst) >= 1);
+        let id = signals.trigger.load(Ordering::SeqCst);
+        // Subtask 0 takes its part, then ends; subtask 1 takes its part: checkpoint `id`
+        // completes (and collects garbage) while subtask 0's final files are not in it.
+        reports.send(Report::Taken { id, snapshot: snapshot(0, b"zero at the barrier") }).expect("send");
+        reports.send(Report::Finished(snapshot(0, b"zero at the end"))).expect("send");
+        reports.send(Report::Taken { id, snapshot: snapshot(1, b"one at the barrier") }).expect("send");
+        wait_until("the checkpoint completes", || signals.completed.load(Ordering::SeqCst) >= id);
+        reports.send(Report::Finished(snapshot(1, b"one at the end"))).expect("send");
+        running.join().expect("thread").expect("final checkpoint written");
+
+        let store = CheckpointStore::local(dir.path()).expect("store");
+        let (point, skipped) = RestorePoint::latest(&store).expect("read");
+        assert!(skipped.is_empty(), "a checkpoint failed its checks: {skipped:?}");
+        let point = point.expect("the final checkpoint");
+        assert!(point.metadata().finished);
+        let mut backend = eddy_state::HeapStateBackend::default();
+        let all = crate::checkpoint::restore::Share::KeyGroups(eddy_core::KeyGroupRange::all(128));
+        point.restore_operator("count", all, &mut backend, &mut |_| {}).expect("restore");
+        let mut values = Vec::new();
+        eddy_state::StateBackend::scan_prefix(&backend, b"", &mut |_, v| values.push(v.to_vec())).expect("scan");
+        assert_eq!(values, [b"zero at the end".to_vec(), b"one at the end".to_vec()], "each subtask's final state");
     }
 }

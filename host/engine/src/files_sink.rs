@@ -86,6 +86,18 @@ impl FilesSink {
         })
     }
 
+    /// How many committed files `dir` holds (none if it does not exist).
+    pub fn committed_files(dir: &Path) -> std::io::Result<usize> {
+        match std::fs::read_dir(dir) {
+            Ok(entries) => Ok(entries
+                .filter_map(Result::ok)
+                .filter(|e| committed_by(&e.file_name().to_string_lossy()).is_some())
+                .count()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Moves the listed pre-committed files into `dir`. Idempotent: a file already moved is
     /// skipped; a file neither staged nor committed is an error (the checkpoint promised it).
     pub fn commit(dir: &Path, files: &[(u64, String)]) -> std::io::Result<()> {

@@ -22,10 +22,16 @@ use eddy_runtime::{CallError, Component, LoadError, Runtime, RuntimeError, Subta
 use eddy_state::{HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, TtlBackend, TtlClock};
 
 use crate::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
-use crate::checkpoint::metadata::collect_garbage;
-use crate::checkpoint::restore::Share;
-use crate::checkpoint::{BarrierAligner, CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
-use crate::checkpointing::{CheckpointThread, CompletedCheckpoint, SavepointRequest, Signals, SinkCommitter};
+use crate::checkpoint::metadata::{Sweep, collect_garbage};
+use crate::checkpoint::recovery::{self, Expected, ReadRetry};
+use crate::checkpoint::restore::{Share, Skipped};
+use crate::checkpoint::store::StoreFaults;
+use crate::checkpoint::{
+    BarrierAligner, CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint,
+};
+use crate::checkpointing::{
+    CheckpointThread, CompletedCheckpoint, FaultHook, SavepointRequest, Signals, SinkCommitter,
+};
 use crate::connectors::{SourceError, open_source};
 use crate::files_sink::{FilesSink, FilesSinkState};
 use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
@@ -124,6 +130,21 @@ pub enum RunError {
         /// What failed and where.
         problem: String,
     },
+    /// Checkpoints exist but none can be restored, or the sink holds committed output without
+    /// a checkpoint saying how far it got: starting from the beginning would emit it again.
+    #[error(
+        "pipeline `{job}` cannot resume and will not start over: {found}. Starting from the beginning would \
+         emit output that is already committed. To start fresh, delete {checkpoints} and the sink's output; \
+         to resume, repair or restore the checkpoint files"
+    )]
+    WillNotStartOver {
+        /// The pipeline.
+        job: String,
+        /// What was found (damaged checkpoints and why, committed output).
+        found: String,
+        /// The checkpoint location.
+        checkpoints: String,
+    },
     /// A subtask thread panicked (a bug in Eddy, not in an operator: guests cannot panic the host).
     #[error("task `{task}` subtask {subtask} panicked: {message}")]
     Panicked {
@@ -152,6 +173,11 @@ pub struct JobOptions {
     /// When the flag is raised (a signal handler, say), [`Job::run`] stops the job with a
     /// savepoint in the directory.
     pub stop_with_savepoint: Option<(Arc<AtomicBool>, PathBuf)>,
+    /// Tests: called at named points of the checkpoint protocol (to crash inside a checkpoint).
+    pub fault_hook: Option<FaultHook>,
+    /// Tests: consulted before every read and write of the checkpoint store (slow, failing and
+    /// unreadable stores).
+    pub store_faults: Option<StoreFaults>,
 }
 
 impl Default for JobOptions {
@@ -163,6 +189,8 @@ impl Default for JobOptions {
             sink: None,
             restore_from: None,
             stop_with_savepoint: None,
+            fault_hook: None,
+            store_faults: None,
         }
     }
 }
@@ -224,7 +252,7 @@ pub struct Job {
     history: Arc<Mutex<Vec<CompletedCheckpoint>>>,
     restored_from: Option<CheckpointId>,
     /// This run's local state (RocksDB, snapshot staging), removed when the job is dropped.
-    _local_state: Option<tempfile::TempDir>,
+    _local_state: Option<LocalStateDir>,
 }
 
 impl std::fmt::Debug for Job {
@@ -391,35 +419,80 @@ impl StepContext<'_> {
 struct Recovery {
     store: CheckpointStore,
     point: Option<RestorePoint>,
+    /// Checkpoints kept from before this run (the restored one and older valid ones).
+    retained: Vec<CheckpointMetadata>,
+    /// The first checkpoint id of this run.
+    next_id: CheckpointId,
 }
 
-/// Opens the spec's checkpoint directory (or `restore_from`) and picks the newest valid
-/// checkpoint; a finished job's final checkpoint re-commits its sink and stops the start.
-fn recover(spec: &PipelineSpec, restore_from: Option<&Path>) -> Result<Option<Recovery>, RunError> {
+/// Opens the spec's checkpoint store and picks what to restore: the newest valid checkpoint in
+/// it (or in `restore_from`, a savepoint). A finished job's final checkpoint re-commits its sink
+/// and stops the start; a store with checkpoints none of which is valid, or a sink with committed
+/// output and no checkpoint, stops it too. Then garbage from earlier runs is collected.
+fn recover(
+    spec: &PipelineSpec,
+    restore_from: Option<&Path>,
+    store_faults: Option<StoreFaults>,
+) -> Result<Option<Recovery>, RunError> {
     let Some(checkpoints) = &spec.checkpoints else { return Ok(None) };
-    let store = checkpoints.open_store()?;
-    let (point, skipped) = match restore_from {
-        Some(dir) => RestorePoint::latest(&CheckpointStore::local(dir)?)?,
-        None => RestorePoint::latest(&store)?,
-    };
-    for (id, error) in &skipped {
-        tracing::warn!(job = %spec.name, checkpoint = id, %error, "checkpoint skipped: it does not pass its checks");
+    let mut store = checkpoints.open_store()?;
+    if let Some(faults) = store_faults {
+        store = store.with_faults(faults);
     }
-    if let Some(point) = &point
+    let retry = ReadRetry::default();
+    if let Some(dir) = restore_from {
+        let expected = Expected { job: None, max_parallelism: spec.max_parallelism };
+        let savepoint = recovery::recover(&CheckpointStore::local(dir)?, expected, 1, &retry)?;
+        let Some(point) = savepoint.point else {
+            let why = savepoint.skipped.first().map(|(id, e)| format!(" (checkpoint {id}: {e})")).unwrap_or_default();
+            return Err(RunError::Checkpoint(CheckpointError::Incompatible(format!(
+                "no valid savepoint in {}{why}",
+                dir.display()
+            ))));
+        };
+        let next_id = recovery::next_id(&store, &retry)?.max(point.id() + 1);
+        return Ok(Some(Recovery { store, point: Some(point), retained: Vec::new(), next_id }));
+    }
+    let expected = Expected { job: Some(&spec.name), max_parallelism: spec.max_parallelism };
+    let found = recovery::recover(&store, expected, checkpoints.retained.max(1), &retry)?;
+    for (id, error) in &found.skipped {
+        tracing::warn!(job = %spec.name, checkpoint = id, %error, "checkpoint skipped: it is damaged");
+    }
+    if let Some(point) = &found.point
         && point.metadata().finished
-        && restore_from.is_none()
     {
         if let Some(state) = point.sink_state() {
             sink_committer(&spec.sink)(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
         }
         return Err(RunError::AlreadyFinished { job: spec.name.clone(), id: point.id(), dir: checkpoints.location() });
     }
-    if restore_from.is_none() {
-        // Files of checkpoints that never completed, or that were superseded.
-        let retained: Vec<_> = point.iter().map(|p| p.metadata().clone()).collect();
-        collect_garbage(&store, &retained)?;
+    if found.point.is_none() {
+        refuse_to_start_over(spec, &checkpoints.location(), &found.skipped)?;
     }
-    Ok(Some(Recovery { store, point }))
+    let retained = found.retained();
+    // Files of checkpoints that never completed, or that were superseded.
+    collect_garbage(&store, &retained, &std::collections::HashSet::new(), Sweep::Startup)?;
+    Ok(Some(Recovery { store, point: found.point, retained, next_id: found.next_id }))
+}
+
+/// With nothing to restore, a start from the beginning is right only if nothing was emitted
+/// before: no damaged checkpoint (the job ran before) and no committed output.
+fn refuse_to_start_over(spec: &PipelineSpec, checkpoints: &str, skipped: &Skipped) -> Result<(), RunError> {
+    let mut found = Vec::new();
+    if let Some((id, error)) = skipped.first() {
+        found.push(format!("{} checkpoint(s) in {checkpoints} are damaged (newest, {id}: {error})", skipped.len()));
+    }
+    if let SinkSpec::Files { dir } = &spec.sink {
+        let committed = FilesSink::committed_files(dir)
+            .map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?;
+        if committed > 0 {
+            found.push(format!("{committed} committed file(s) in {}", dir.display()));
+        }
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(RunError::WillNotStartOver { job: spec.name.clone(), found: found.join("; "), checkpoints: checkpoints.into() })
 }
 
 impl Job {
@@ -467,11 +540,12 @@ impl Job {
             }
         }
 
-        let recovery = recover(spec, options.restore_from.as_deref())?;
+        let recovery = recover(spec, options.restore_from.as_deref(), options.store_faults.take())?;
         let restore = recovery.as_ref().and_then(|r| r.point.as_ref());
         let needs_local_dir = spec.checkpoints.is_some() || spec.state.backend == StateBackendKind::Rocksdb;
         let local_state = if needs_local_dir { Some(local_state_dir(spec)?) } else { None };
-        let state_dir = local_state.as_ref().map_or_else(|| Path::new(".").to_path_buf(), |d| d.path().to_path_buf());
+        let state_dir =
+            local_state.as_ref().map_or_else(|| Path::new(".").to_path_buf(), |d| d.dir.path().to_path_buf());
         let ttl_clock = TtlClock::new(now_ms());
         let steps =
             StepContext { spec, components: &components, ttl_clock: &ttl_clock, restore, state_dir: &state_dir };
@@ -486,7 +560,8 @@ impl Job {
             signals.trigger.store(point.id(), Ordering::SeqCst);
             signals.completed.store(point.id(), Ordering::SeqCst);
         }
-        let (reports, reports_rx) = mpsc::channel();
+        // Bounded: a checkpoint thread that falls behind slows the snapshots, not the memory.
+        let (reports, reports_rx) = mpsc::sync_channel(2 * plan.subtasks() as usize + 4);
         let mut runners = Vec::new();
         for task in &plan.tasks {
             let first_step_keyed = task.keyed;
@@ -591,6 +666,7 @@ impl Job {
                             last_completed: signals.completed.load(Ordering::SeqCst),
                             aligner: input_channels.map(BarrierAligner::new),
                             align_started: None,
+                            faults: options.fault_hook.clone(),
                         }),
                     },
                 ));
@@ -601,13 +677,11 @@ impl Job {
         let restored_from = restore.map(|p| p.id());
         let checkpoint_thread = match (recovery, &spec.checkpoints) {
             (Some(recovery), Some(checkpoints)) => {
-                let first_id = restored_from.map_or(1, |id| id + 1);
-                let retained = match (&options.restore_from, &recovery.point) {
-                    (None, Some(point)) => vec![point.metadata().clone()],
-                    _ => Vec::new(),
-                };
+                let first_id = recovery.next_id;
+                let retained = recovery.retained;
                 let thread = CheckpointThread {
                     job: spec.name.clone(),
+                    max_parallelism: spec.max_parallelism,
                     spec: checkpoints.clone(),
                     store: recovery.store,
                     participants: runners.len(),
@@ -618,8 +692,22 @@ impl Job {
                     cancel: control.cancel.clone(),
                     history: history.clone(),
                     commit_sink: sink_committer(&spec.sink),
+                    faults: options.fault_hook.clone(),
                 };
-                let spawned = std::thread::Builder::new().name("eddy-checkpoints".into()).spawn(move || thread.run());
+                let thread_control = control.clone();
+                let spawned = std::thread::Builder::new().name("eddy-checkpoints".into()).spawn(move || {
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| thread.run()))
+                        .unwrap_or_else(|panic| {
+                            Err(CheckpointError::Storage {
+                                what: "checkpoint thread".into(),
+                                problem: format!("panicked: {}", panic_message(panic.as_ref())),
+                            })
+                        });
+                    if result.is_err() {
+                        thread_control.cancel();
+                    }
+                    result
+                });
                 Some(spawned.map_err(|e| internal(0, 0, &format!("cannot start the checkpoint thread: {e}")))?)
             }
             _ => None,
@@ -630,7 +718,10 @@ impl Job {
             let thread_control = control.clone();
             let name = format!("eddy-t{task}-{index}");
             let spawned = std::thread::Builder::new().name(name).spawn(move || {
-                let result = runner.run();
+                // A panic must fail the job like an error does: a subtask that vanished without
+                // cancelling would leave its neighbours blocked on its channels for good.
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.run()))
+                    .unwrap_or_else(|panic| Err(TaskError::Panicked(panic_message(panic.as_ref()))));
                 if result.is_err() {
                     thread_control.cancel();
                 }
@@ -752,15 +843,9 @@ impl Job {
                     finished = false;
                     None
                 }
+                Ok(Err(TaskError::Panicked(message))) => Some(RunError::Panicked { task: label, subtask, message }),
                 Ok(Err(source)) => Some(RunError::Task { task: label, subtask, error: Box::new(source) }),
-                Err(panic) => {
-                    let message = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
-                    Some(RunError::Panicked { task: label, subtask, message })
-                }
+                Err(panic) => Some(RunError::Panicked { task: label, subtask, message: panic_message(panic.as_ref()) }),
             };
             if let Some(e) = outcome {
                 finished = false;
@@ -848,28 +933,49 @@ impl Job {
     }
 }
 
+/// This run's local state directory, and the lock that tells other processes it is in use.
+struct LocalStateDir {
+    dir: tempfile::TempDir,
+    _lock: File,
+}
+
+/// Name of the lock file in each run directory: held (`flock`) for as long as the run lives.
+const RUN_LOCK: &str = ".lock";
+
 /// A fresh local directory for this run's state under the spec's state directory. Directories
-/// of runs whose process is gone (killed) are removed first.
-fn local_state_dir(spec: &PipelineSpec) -> Result<tempfile::TempDir, RunError> {
+/// of earlier runs whose lock nobody holds (their process is gone) are removed first. The lock,
+/// not a process id, decides: a process id says nothing about another host or container
+/// sharing the directory, and ids are reused.
+fn local_state_dir(spec: &PipelineSpec) -> Result<LocalStateDir, RunError> {
     let base = spec.state.dir.clone().unwrap_or_else(|| PathBuf::from(".eddy/state").join(&spec.name));
     let error = |problem: String| RunError::State { step: "*".into(), problem };
     std::fs::create_dir_all(&base).map_err(|e| error(format!("cannot create {}: {e}", base.display())))?;
     if let Ok(entries) = std::fs::read_dir(&base) {
-        for entry in entries.filter_map(Result::ok) {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let pid = name.strip_prefix("run-").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
-            if let Some(pid) = pid
-                && pid != std::process::id()
-                && !Path::new(&format!("/proc/{pid}")).exists()
-            {
+        for entry in entries.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().starts_with("run-")) {
+            // A directory without a lock file is being created right now: leave it.
+            let Ok(lock) = File::open(entry.path().join(RUN_LOCK)) else { continue };
+            if lock.try_lock().is_ok() {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
     }
-    tempfile::Builder::new()
-        .prefix(&format!("run-{}-", std::process::id()))
+    let dir = tempfile::Builder::new()
+        .prefix("run-")
         .tempdir_in(&base)
-        .map_err(|e| error(format!("cannot create a run directory in {}: {e}", base.display())))
+        .map_err(|e| error(format!("cannot create a run directory in {}: {e}", base.display())))?;
+    let lock_path = dir.path().join(RUN_LOCK);
+    let lock = File::create(&lock_path).map_err(|e| error(format!("cannot create {}: {e}", lock_path.display())))?;
+    lock.try_lock().map_err(|e| error(format!("cannot lock {}: {e}", lock_path.display())))?;
+    Ok(LocalStateDir { dir, _lock: lock })
+}
+
+/// The message a panic carried, if it was a string.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 fn is_disconnect(e: &RunError) -> bool {

@@ -58,7 +58,7 @@ mod wasm_operator;
 pub mod window;
 pub mod window_operator;
 
-pub use checkpointing::CompletedCheckpoint;
+pub use checkpointing::{CompletedCheckpoint, FaultHook, FaultPoint};
 pub use files_sink::{FilesSink, FilesSinkState};
 pub use job::{Job, JobOptions, RunError, RunSummary};
 pub use metrics::MetricsSnapshot;

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
 use eddy_core::{BoundedOutOfOrderness, RecordBatch, WatermarkTracker};
@@ -19,7 +19,7 @@ use eddy_state::TtlClock;
 use crate::channel::{InputGate, Message};
 use crate::checkpoint::upload::TakenSnapshot;
 use crate::checkpoint::{Alignment, BarrierAligner, CheckpointId};
-use crate::checkpointing::{Report, Signals};
+use crate::checkpointing::{FaultHook, FaultPoint, Report, Signals};
 use crate::connectors::{Source, SourceError, SourceStatus};
 use crate::metrics::SubtaskMetrics;
 use crate::operator::{OperatorError, StreamOperator};
@@ -44,6 +44,9 @@ pub enum TaskError {
     /// The synchronous phase of a checkpoint failed (the local staging directory).
     #[error("taking a snapshot: {0}")]
     Snapshot(String),
+    /// The subtask panicked: a bug in Eddy (guests trap, they cannot panic the host).
+    #[error("panicked: {0}")]
+    Panicked(String),
 }
 
 /// A subtask's part in checkpoints.
@@ -59,7 +62,7 @@ pub(crate) struct Checkpointing {
     /// Step name of each operator of the chain.
     pub steps: Vec<String>,
     pub signals: Arc<Signals>,
-    pub reports: Sender<Report>,
+    pub reports: SyncSender<Report>,
     /// Where snapshots are staged (on the state backends' file system, for hard links).
     pub staging_root: PathBuf,
     /// The newest checkpoint this subtask snapshotted (sources) or aligned.
@@ -69,6 +72,8 @@ pub(crate) struct Checkpointing {
     /// Input tasks: which channels are held for the barrier being aligned.
     pub aligner: Option<BarrierAligner>,
     pub align_started: Option<Instant>,
+    /// Tests: called at [`FaultPoint::BeforeCommit`].
+    pub faults: Option<FaultHook>,
 }
 
 /// Where the chain's records enter.
@@ -277,6 +282,7 @@ impl SubtaskRunner {
                     Some(aligner) => aligner.on_end(channel),
                     None => Alignment::Waiting,
                 };
+                self.follow_aligner();
                 if let Alignment::Aligned(id) = aligned {
                     self.aligned(id)?;
                 }
@@ -293,6 +299,9 @@ impl SubtaskRunner {
         if completed > ck.last_completed {
             ck.last_completed = completed;
             if let Tail::Sink(sink) = &mut self.tail {
+                if let Some(hook) = &ck.faults {
+                    hook(FaultPoint::BeforeCommit);
+                }
                 sink.notify_complete(completed).map_err(TaskError::Sink)?;
             }
         }
@@ -313,16 +322,25 @@ impl SubtaskRunner {
             return self.tail.event(Message::Barrier(id));
         };
         let Some(aligner) = &mut ck.aligner else { return Ok(()) };
-        match aligner.on_barrier(channel, id) {
-            Alignment::Waiting => {
-                ck.align_started.get_or_insert_with(Instant::now);
-                if let Head::Input { gate, .. } = &mut self.head {
-                    gate.set_blocked(channel, true);
-                }
-                Ok(())
-            }
+        let alignment = aligner.on_barrier(channel, id);
+        if alignment == Alignment::Waiting {
+            ck.align_started.get_or_insert_with(Instant::now);
+        }
+        self.follow_aligner();
+        match alignment {
+            Alignment::Waiting | Alignment::Stale => Ok(()),
             Alignment::Aligned(id) => self.aligned(id),
-            Alignment::Stale => Ok(()),
+        }
+    }
+
+    /// Holds back exactly the channels the aligner holds: the aligner is the one truth about
+    /// which channels are blocked (it releases channels itself when a newer barrier restarts
+    /// alignment, and a gate that kept its own view would hold them forever).
+    fn follow_aligner(&mut self) {
+        let (Some(ck), Head::Input { gate, .. }) = (&self.checkpointing, &mut self.head) else { return };
+        let Some(aligner) = &ck.aligner else { return };
+        for (channel, &blocked) in aligner.blocked().iter().enumerate() {
+            gate.set_blocked(channel, blocked);
         }
     }
 
@@ -332,11 +350,6 @@ impl SubtaskRunner {
             .as_mut()
             .and_then(|c| c.align_started.take())
             .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
-        if let Head::Input { gate, .. } = &mut self.head {
-            for c in 0..gate.channels() {
-                gate.set_blocked(c, false);
-            }
-        }
         if let Some(ck) = &mut self.checkpointing {
             ck.last_checkpoint = id;
         }
@@ -460,5 +473,88 @@ impl SubtaskRunner {
         }
         self.tail.event(Message::EndOfStream)?;
         self.snapshot(None, 0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use eddy_core::WATERMARK_MIN;
+
+    use super::*;
+    use crate::channel::{ChannelConfig, ChannelSender, local_gate};
+
+    /// A sink subtask with two input channels and checkpoints on, over a local gate; returns the
+    /// runner, the channels' senders and the reports it sends to the checkpoint thread.
+    fn aligning_subtask(
+        staging: &std::path::Path,
+    ) -> (SubtaskRunner, Vec<crate::channel::LocalSender>, mpsc::Receiver<Report>) {
+        let (_shared, gate, senders) = local_gate(2, ChannelConfig::default(), vec![Arc::default(), Arc::default()]);
+        let (reports, received) = mpsc::sync_channel(16);
+        let runner = SubtaskRunner {
+            head: Head::Input {
+                gate: Box::new(gate),
+                tracker: WatermarkTracker::new(2, None, 0),
+                ended: vec![false; 2],
+            },
+            operators: Vec::new(),
+            tail: Tail::Sink(Box::new(crate::sink::Blackhole)),
+            metrics: Arc::new(SubtaskMetrics::new(0, 0)),
+            cancel: Arc::new(AtomicBool::new(false)),
+            ttl_clock: TtlClock::new(0),
+            tick: Duration::from_millis(5),
+            watermark: WATERMARK_MIN,
+            checkpointing: Some(Checkpointing {
+                participant: 0,
+                task: 0,
+                subtask: 0,
+                parallelism: 1,
+                keyed: false,
+                source_name: None,
+                steps: Vec::new(),
+                signals: Arc::default(),
+                reports,
+                staging_root: staging.to_path_buf(),
+                last_checkpoint: 0,
+                last_completed: 0,
+                aligner: Some(BarrierAligner::new(2)),
+                align_started: None,
+                faults: None,
+            }),
+        };
+        (runner, senders, received)
+    }
+
+    #[test]
+    fn a_newer_barrier_releases_the_channel_held_for_an_abandoned_checkpoint() {
+        let staging = tempfile::tempdir().expect("tempdir");
+        let (runner, mut senders, reports) = aligning_subtask(staging.path());
+        // Checkpoint 1 timed out upstream: one source sent its barrier, the other skipped
+        // straight to checkpoint 2.
+        senders[0].send(Message::Barrier(1)).expect("send");
+        senders[1].send(Message::Barrier(2)).expect("send");
+        senders[0].send(Message::Barrier(2)).expect("send");
+        for sender in &mut senders {
+            sender.send(Message::EndOfStream).expect("send");
+        }
+        let cancel = runner.cancel.clone();
+        let (done, ended) = mpsc::channel();
+        std::thread::spawn(move || done.send(runner.run().map_err(|e| e.to_string())));
+        let outcome = ended.recv_timeout(Duration::from_secs(30));
+        cancel.store(true, Ordering::SeqCst);
+        assert_eq!(
+            outcome.expect("the subtask stalled: a channel stayed blocked"),
+            Ok(Ended::Finished),
+            "it reads every channel to its end"
+        );
+        let taken: Vec<CheckpointId> = reports
+            .try_iter()
+            .filter_map(|r| match r {
+                Report::Taken { id, .. } => Some(id),
+                Report::Finished(_) => None,
+            })
+            .collect();
+        assert_eq!(taken, [2], "checkpoint 2 aligned and was taken; 1 was abandoned");
     }
 }

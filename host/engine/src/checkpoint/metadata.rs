@@ -127,8 +127,12 @@ pub struct CheckpointStats {
 pub struct CheckpointMetadata {
     /// [`FORMAT_VERSION`].
     pub version: u32,
-    /// The pipeline's name.
+    /// The pipeline's name: a checkpoint directory belongs to one pipeline.
     pub job: String,
+    /// Key groups the keyed state is split into; a restore needs the same number (`None`:
+    /// written before this was recorded).
+    #[serde(default)]
+    pub max_parallelism: Option<u32>,
     /// The checkpoint.
     pub id: CheckpointId,
     /// Wall-clock completion time, ms since the epoch.
@@ -156,8 +160,9 @@ impl CheckpointMetadata {
         store.put(&metadata_path(self.id), seal(&json))
     }
 
-    /// Reads and checks checkpoint `id`: the metadata and every file it references.
-    pub fn read_verified(store: &CheckpointStore, id: CheckpointId) -> Result<Self, CheckpointError> {
+    /// Reads checkpoint `id`'s metadata (sealed, parsed, of this format version); the files it
+    /// references are not checked.
+    pub fn read(store: &CheckpointStore, id: CheckpointId) -> Result<Self, CheckpointError> {
         let path = metadata_path(id);
         let bytes = store.get(&path)?;
         let json = unseal(&bytes, &path)?;
@@ -169,6 +174,16 @@ impl CheckpointMetadata {
                 problem: format!("format version {} (this Eddy reads {FORMAT_VERSION})", meta.version),
             });
         }
+        if meta.id != id {
+            return Err(CheckpointError::Corrupt { file: path, problem: format!("says it is checkpoint {}", meta.id) });
+        }
+        Ok(meta)
+    }
+
+    /// Reads and checks checkpoint `id`: the metadata, and that every file it references is
+    /// present with its recorded size (contents are checked when fetched).
+    pub fn read_verified(store: &CheckpointStore, id: CheckpointId) -> Result<Self, CheckpointError> {
+        let meta = Self::read(store, id)?;
         let sizes: std::collections::HashMap<String, u64> = store.list("")?.into_iter().collect();
         for file in meta.files() {
             match sizes.get(&file.path) {
@@ -199,16 +214,96 @@ pub fn completed_ids(store: &CheckpointStore) -> Result<Vec<CheckpointId>, Check
     Ok(ids)
 }
 
-/// Deletes every file that none of `retained` references (old checkpoints, aborted or torn
-/// ones, shared files no longer needed). Returns how many files were deleted.
-pub fn collect_garbage(store: &CheckpointStore, retained: &[CheckpointMetadata]) -> Result<usize, CheckpointError> {
-    let mut keep: std::collections::HashSet<String> =
-        retained.iter().flat_map(|m| m.files().map(|f| f.path.clone())).collect();
-    keep.extend(retained.iter().map(|m| metadata_path(m.id)));
+/// When garbage is collected: while the job runs, or once at start-up after a restore point
+/// was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweep {
+    /// A checkpoint newer than the newest retained one may be in flight: keep it.
+    Running,
+    /// Nothing is in flight: a newer checkpoint without metadata was cut short by a crash.
+    Startup,
+}
+
+/// What a path in the checkpoint store is, if this job wrote it.
+enum Owned {
+    Checkpoint(CheckpointId),
+    Final,
+    Shared,
+}
+
+fn owned(path: &str) -> Option<Owned> {
+    if let Some(rest) = path.strip_prefix("chk-") {
+        let (id, _) = rest.split_once('/')?;
+        return id.parse().ok().map(Owned::Checkpoint);
+    }
+    if path.starts_with("final/") {
+        return Some(Owned::Final);
+    }
+    path.strip_prefix("shared/").filter(|name| !name.contains('/')).map(|_| Owned::Shared)
+}
+
+/// Checkpoint ids with a directory in a store listing (completed or not), for choosing ids that
+/// never reuse a directory still present.
+pub fn checkpoint_dirs(listing: &[(String, u64)]) -> impl Iterator<Item = CheckpointId> + '_ {
+    listing.iter().filter_map(|(path, _)| match owned(path) {
+        Some(Owned::Checkpoint(id)) => Some(id),
+        _ => None,
+    })
+}
+
+/// Deletes what this job wrote and no longer needs, and nothing else:
+///
+/// - `chk-<n>/…` of a checkpoint that is not retained and older than the newest retained one
+///   (superseded, aborted, or damaged and passed over); at [`Sweep::Startup`] also a newer one
+///   without metadata (cut short by a crash). A newer one with metadata (damaged: restore
+///   passed over it) stays for inspection until newer checkpoints supersede it.
+/// - `final/…` and `shared/…` files that neither a retained checkpoint nor `live` (files of
+///   finished subtasks not yet in a completed checkpoint) references. Shared files are swept
+///   only when every checkpoint left in place has readable metadata: one that cannot be read
+///   may reference any of them.
+///
+/// Objects under the root that Eddy did not name (another tool's files in a shared bucket
+/// prefix) are never touched. Returns how many files were deleted.
+pub fn collect_garbage(
+    store: &CheckpointStore,
+    retained: &[CheckpointMetadata],
+    live: &std::collections::HashSet<String>,
+    sweep: Sweep,
+) -> Result<usize, CheckpointError> {
+    use std::collections::HashSet;
+    let listing = store.list("")?;
+    let retained_ids: HashSet<CheckpointId> = retained.iter().map(|m| m.id).collect();
+    let newest = retained.iter().map(|m| m.id).max();
+    let with_metadata: HashSet<CheckpointId> = listing
+        .iter()
+        .filter_map(|(path, _)| path.strip_prefix("chk-")?.strip_suffix("/_metadata")?.parse().ok())
+        .collect();
+    let keep_checkpoint = |id: CheckpointId| {
+        retained_ids.contains(&id)
+            || (newest.is_none_or(|newest| id > newest) && (with_metadata.contains(&id) || sweep == Sweep::Running))
+    };
+    let mut referenced: HashSet<&str> = retained.iter().flat_map(|m| m.files().map(|f| f.path.as_str())).collect();
+    referenced.extend(live.iter().map(String::as_str));
+    // Checkpoints left in place that are not retained still reference shared files.
+    let mut kept_others = Vec::new();
+    let mut unreadable_kept = false;
+    for &id in with_metadata.iter().filter(|id| !retained_ids.contains(id) && keep_checkpoint(**id)) {
+        match CheckpointMetadata::read(store, id) {
+            Ok(meta) => kept_others.push(meta),
+            Err(_) => unreadable_kept = true,
+        }
+    }
+    referenced.extend(kept_others.iter().flat_map(|m| m.files().map(|f| f.path.as_str())));
     let mut deleted = 0;
-    for (path, _) in store.list("")? {
-        if !keep.contains(&path) {
-            store.delete(&path)?;
+    for (path, _) in &listing {
+        let delete = match owned(path) {
+            Some(Owned::Checkpoint(id)) => !keep_checkpoint(id) && !referenced.contains(path.as_str()),
+            Some(Owned::Final) => !referenced.contains(path.as_str()),
+            Some(Owned::Shared) => !unreadable_kept && !referenced.contains(path.as_str()),
+            None => false,
+        };
+        if delete {
+            store.delete(path)?;
             deleted += 1;
         }
     }

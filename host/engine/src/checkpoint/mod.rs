@@ -19,6 +19,7 @@ pub mod aligner;
 pub mod coordinator;
 pub mod format;
 pub mod metadata;
+pub mod recovery;
 pub mod restore;
 pub mod savepoint;
 pub mod store;
@@ -33,7 +34,8 @@ pub use store::CheckpointStore;
 /// Why a checkpoint could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    /// The store failed.
+    /// The store could not be read or written just now (permissions, network, a full disk):
+    /// the files may well be intact, so this is never taken for damage; a retry may help.
     #[error("checkpoint storage: {what}: {problem}")]
     Storage {
         /// What was being done.
@@ -41,7 +43,8 @@ pub enum CheckpointError {
         /// The cause.
         problem: String,
     },
-    /// A file is torn, truncated, missing or damaged.
+    /// A file is torn, truncated, missing or damaged: reading it again will not help, and
+    /// restore falls back to an older checkpoint.
     #[error("checkpoint file {file} is damaged: {problem}")]
     Corrupt {
         /// The file.

@@ -99,13 +99,15 @@ impl RestorePoint {
     }
 
     /// The newest checkpoint in `store` that passes every check, and the newer ones skipped
-    /// (with the reason) on the way.
+    /// as damaged (with the reason) on the way. A checkpoint that could not be read is not
+    /// skipped: that failure is the error.
     pub fn latest(store: &CheckpointStore) -> Result<(Option<RestorePoint>, Skipped), CheckpointError> {
         let mut skipped = Vec::new();
         for id in completed_ids(store)? {
             match CheckpointMetadata::read_verified(store, id).and_then(|m| Self::fetch(store, m)) {
                 Ok(point) => return Ok((Some(point), skipped)),
-                Err(e) => skipped.push((id, e)),
+                Err(e @ CheckpointError::Corrupt { .. }) => skipped.push((id, e)),
+                Err(e) => return Err(e),
             }
         }
         Ok((None, skipped))
@@ -281,6 +283,7 @@ mod tests {
         let meta = CheckpointMetadata {
             version: FORMAT_VERSION,
             job: "j".into(),
+            max_parallelism: Some(MAX_P),
             id: 1,
             completed_ms: 0,
             finished: false,

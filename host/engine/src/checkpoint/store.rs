@@ -17,7 +17,22 @@ pub struct CheckpointStore {
     describe: String,
     /// The directory, for a local store (object stores have no directories to tidy).
     local_root: Option<std::path::PathBuf>,
+    /// Consulted before every read and write: a seam for tests that make the store slow or failing.
+    faults: Option<StoreFaults>,
 }
+
+/// A read or a write, for [`StoreFaults`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOp {
+    /// Reading a file.
+    Get,
+    /// Writing a file.
+    Put,
+}
+
+/// Decides, before an operation on the given path, whether it fails (and may sleep first): the
+/// fault-injection seam of [`CheckpointStore::with_faults`].
+pub type StoreFaults = Arc<dyn Fn(StoreOp, &str) -> Result<(), String> + Send + Sync>;
 
 impl std::fmt::Debug for CheckpointStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -67,7 +82,24 @@ impl CheckpointStore {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| {
             CheckpointError::Storage { what: describe.clone(), problem: format!("no async runtime: {e}") }
         })?;
-        Ok(Self { inner, runtime, describe, local_root: None })
+        Ok(Self { inner, runtime, describe, local_root: None, faults: None })
+    }
+
+    /// The same store, with every read and write first passed to `faults` (tests: slow, failing
+    /// and unreadable stores).
+    pub fn with_faults(mut self, faults: StoreFaults) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+
+    fn fault(&self, op: StoreOp, path: &str, what: &str) -> Result<(), CheckpointError> {
+        match &self.faults {
+            Some(faults) => faults(op, path).map_err(|problem| CheckpointError::Storage {
+                what: format!("{what} {path} in {}", self.describe),
+                problem,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Where the store is, for messages.
@@ -77,6 +109,7 @@ impl CheckpointStore {
 
     /// Writes `bytes` to `path`, replacing what was there.
     pub fn put(&self, path: &str, bytes: Vec<u8>) -> Result<(), CheckpointError> {
+        self.fault(StoreOp::Put, path, "writing")?;
         let location = StorePath::from(path);
         self.runtime
             .block_on(self.inner.put(&location, PutPayload::from(bytes)))
@@ -84,16 +117,22 @@ impl CheckpointStore {
             .map_err(io(format!("writing {path} in {}", self.describe)))
     }
 
-    /// Reads `path` whole.
+    /// Reads `path` whole. A missing file is damage ([`CheckpointError::Corrupt`]); any other
+    /// failure is [`CheckpointError::Storage`]: the file may be fine, it could not be read now.
     pub fn get(&self, path: &str) -> Result<Vec<u8>, CheckpointError> {
+        self.fault(StoreOp::Get, path, "reading")?;
         let location = StorePath::from(path);
-        self.runtime
-            .block_on(async {
-                let got = self.inner.get(&location).await?;
-                got.bytes().await
-            })
-            .map(|b| b.to_vec())
-            .map_err(io(format!("reading {path} in {}", self.describe)))
+        let got = self.runtime.block_on(async {
+            let got = self.inner.get(&location).await?;
+            got.bytes().await
+        });
+        match got {
+            Ok(bytes) => Ok(bytes.to_vec()),
+            Err(object_store::Error::NotFound { .. }) => {
+                Err(CheckpointError::Corrupt { file: path.to_owned(), problem: "missing".into() })
+            }
+            Err(e) => Err(io(format!("reading {path} in {}", self.describe))(e)),
+        }
     }
 
     /// Whether `path` exists.

@@ -53,6 +53,10 @@ pub struct TakenSnapshot {
 #[derive(Debug, Default)]
 pub struct Uploader {
     shared: HashSet<String>,
+    /// The run whose finished subtasks' files this uploader writes (`final/run-<n>/…`): a
+    /// retained checkpoint may reference an earlier run's final files, which must never be
+    /// overwritten.
+    run: CheckpointId,
 }
 
 /// What an upload wrote.
@@ -66,14 +70,17 @@ pub struct Uploaded {
 
 impl Uploader {
     /// An uploader that knows the shared files `retained` checkpoints reference (after a
-    /// restore those need no upload either).
-    pub fn knowing<'a>(retained: impl IntoIterator<Item = &'a FileRef>) -> Self {
+    /// restore those need no upload either). `run` is the run's first checkpoint id, unique
+    /// per run because ids never repeat in a store.
+    pub fn knowing<'a>(retained: impl IntoIterator<Item = &'a FileRef>, run: CheckpointId) -> Self {
         Self {
             shared: retained.into_iter().filter(|f| f.path.starts_with("shared/")).map(|f| f.path.clone()).collect(),
+            run,
         }
     }
 
-    /// Writes `taken` under `prefix` (`chk-<id>` or `final`) and returns its metadata part.
+    /// Writes `taken` under `chk-<id>/` (or `final/run-<run>/` for a finished subtask,
+    /// `id: None`) and returns its metadata part.
     pub fn upload(
         &mut self,
         store: &CheckpointStore,
@@ -82,7 +89,7 @@ impl Uploader {
     ) -> Result<Uploaded, CheckpointError> {
         let dir = match id {
             Some(id) => format!("chk-{id}/t{}-s{}", taken.task, taken.subtask),
-            None => format!("final/t{}-s{}", taken.task, taken.subtask),
+            None => format!("final/run-{}/t{}-s{}", self.run, taken.task, taken.subtask),
         };
         let mut written_bytes = 0;
         let mut operators = Vec::with_capacity(taken.operators.len());
@@ -154,8 +161,11 @@ impl Uploader {
             let size = bytes.len() as u64;
             let file = if name.ends_with(".sst") {
                 let key = format!("shared/{:x}.sst", Sha256::digest(&bytes));
-                if self.shared.insert(key.clone()) {
+                // Known only once the write succeeded: a failed put must be retried by the
+                // next checkpoint that needs the file, not assumed present.
+                if !self.shared.contains(&key) {
                     store.put(&key, bytes)?;
+                    self.shared.insert(key.clone());
                     written += size;
                 }
                 FileRef { path: key, bytes: size, crc32 }
@@ -180,4 +190,75 @@ fn put(store: &CheckpointStore, path: String, bytes: Vec<u8>) -> Result<FileRef,
     let size = bytes.len() as u64;
     store.put(&path, bytes)?;
     Ok(FileRef { path, bytes: size, crc32 })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::checkpoint::metadata::{CheckpointMetadata, CheckpointStats, FORMAT_VERSION};
+    use crate::checkpoint::store::StoreOp;
+
+    /// A subtask snapshot that is a RocksDB-style directory of the given files.
+    fn directory_snapshot(root: &Path, files: &[(&str, &[u8])]) -> TakenSnapshot {
+        let dir = tempfile::tempdir_in(root).expect("tempdir");
+        for (name, bytes) in files {
+            std::fs::write(dir.path().join(name), bytes).expect("write");
+        }
+        let snapshot = crate::operator::OperatorSnapshot {
+            timers: Vec::new(),
+            state: BackendSnapshot::Directory(dir.path().to_path_buf()),
+        };
+        TakenSnapshot {
+            participant: 0,
+            task: 0,
+            subtask: 0,
+            parallelism: 1,
+            keyed: true,
+            source: None,
+            sink: None,
+            operators: vec![("count".into(), snapshot)],
+            alignment_ms: 0.0,
+            sync_ms: 0.0,
+            staging: Some(dir),
+        }
+    }
+
+    #[test]
+    fn a_shared_file_whose_upload_failed_is_uploaded_again_by_the_next_checkpoint() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let fail_next_shared = Arc::new(AtomicBool::new(true));
+        let flag = fail_next_shared.clone();
+        let store = CheckpointStore::local(&root.path().join("checkpoints")).expect("store").with_faults(Arc::new(
+            move |op: StoreOp, path: &str| {
+                if op == StoreOp::Put && path.starts_with("shared/") && flag.swap(false, Ordering::SeqCst) {
+                    return Err("injected failure".into());
+                }
+                Ok(())
+            },
+        ));
+        let files: &[(&str, &[u8])] = &[("000007.sst", b"immutable table"), ("MANIFEST-000001", b"manifest")];
+        let mut uploader = Uploader::default();
+        let first = uploader.upload(&store, Some(1), directory_snapshot(root.path(), files));
+        assert!(first.is_err(), "checkpoint 1 must fail with its SST unwritten");
+        assert!(!fail_next_shared.load(Ordering::SeqCst), "the fault fired");
+
+        let second = uploader.upload(&store, Some(2), directory_snapshot(root.path(), files)).expect("checkpoint 2");
+        let meta = CheckpointMetadata {
+            version: FORMAT_VERSION,
+            job: "j".into(),
+            max_parallelism: Some(128),
+            id: 2,
+            completed_ms: 0,
+            finished: false,
+            subtasks: vec![second.state],
+            stats: CheckpointStats::default(),
+        };
+        meta.write(&store).expect("metadata");
+        CheckpointMetadata::read_verified(&store, 2).expect("checkpoint 2 references only files that exist");
+        let sst = meta.files().find(|f| f.path.starts_with("shared/")).expect("the SST is shared");
+        assert_eq!(store.get(&sst.path).expect("read"), b"immutable table");
+    }
 }
