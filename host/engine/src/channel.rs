@@ -87,6 +87,20 @@ struct LocalChannel {
     receiver: CreditReceiver,
     sender: CreditSender<Message>,
     wire: VecDeque<Message>,
+    waits: SendWaits,
+}
+
+/// How a channel's sender waited for credit: what tests synchronise on instead of time, and
+/// what metrics can report as backpressure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendWaits {
+    /// Sends waiting for credit right now (0 or 1: a channel has one sender).
+    pub waiting: u32,
+    /// Sends that had to wait at least once, since the channel opened.
+    pub blocked_sends: u64,
+    /// Times a waiting sender was woken, whether or not it could go on (credit came back, the
+    /// gate closed, or a spurious wakeup).
+    pub wakeups: u64,
 }
 
 impl LocalChannel {
@@ -108,11 +122,12 @@ struct GateState {
 }
 
 /// One gate's shared state: its channels behind one lock, so the receiver waits on one condvar
-/// for any channel.
+/// for any channel; each channel's sender waits on its own condvar, so returning credit on one
+/// channel wakes only that channel's sender.
 pub struct LocalGateShared {
     state: Mutex<GateState>,
     readable: Condvar,
-    writable: Condvar,
+    writable: Vec<Condvar>,
     closed: AtomicBool,
 }
 
@@ -133,13 +148,20 @@ impl LocalGateShared {
         self.closed.store(true, Ordering::SeqCst);
         let _guard = self.lock();
         self.readable.notify_all();
-        self.writable.notify_all();
+        for writable in &self.writable {
+            writable.notify_all();
+        }
     }
 
     /// Messages currently held in channel `c` (wire + unconsumed + queued), for tests and metrics.
     pub fn in_flight(&self, c: usize) -> usize {
         let state = self.lock();
         state.channels.get(c).map_or(0, |ch| ch.wire.len() + ch.sender.backlog())
+    }
+
+    /// How channel `c`'s sender has waited for credit so far (all zero for an unknown channel).
+    pub fn send_waits(&self, c: usize) -> SendWaits {
+        self.lock().channels.get(c).map_or_else(SendWaits::default, |ch| ch.waits)
     }
 }
 
@@ -156,7 +178,7 @@ pub fn local_gate(
                 let receiver = CreditReceiver::new(config.capacity, 1);
                 let mut sender = CreditSender::new(config.max_queued);
                 sender.on_credit(receiver.initial_credit());
-                LocalChannel { receiver, sender, wire: VecDeque::new() }
+                LocalChannel { receiver, sender, wire: VecDeque::new(), waits: SendWaits::default() }
             })
             .collect(),
         next: 0,
@@ -164,7 +186,7 @@ pub fn local_gate(
     let shared = Arc::new(LocalGateShared {
         state: Mutex::new(state),
         readable: Condvar::new(),
-        writable: Condvar::new(),
+        writable: (0..channels).map(|_| Condvar::new()).collect(),
         closed: AtomicBool::new(false),
     });
     let senders = blocked_ns
@@ -207,8 +229,15 @@ impl ChannelSender for LocalSender {
                 }
                 Err(back) => {
                     message = back;
-                    waited_since.get_or_insert_with(Instant::now);
-                    state = shared.writable.wait(state).unwrap_or_else(|p| p.into_inner());
+                    if waited_since.is_none() {
+                        waited_since = Some(Instant::now());
+                        channel.waits.blocked_sends += 1;
+                    }
+                    channel.waits.waiting += 1;
+                    state = shared.writable[self.channel].wait(state).unwrap_or_else(|p| p.into_inner());
+                    let waits = &mut state.channels[self.channel].waits;
+                    waits.waiting -= 1;
+                    waits.wakeups += 1;
                 }
             }
         }
@@ -267,8 +296,8 @@ impl InputGate for LocalInputGate {
                 if let Some(credit) = channel.receiver.on_consumed() {
                     channel.sender.on_credit(credit);
                     channel.pump();
+                    shared.writable[c].notify_one();
                 }
-                shared.writable.notify_all();
                 return Ok(Some((c, message)));
             }
             let now = Instant::now();
@@ -290,6 +319,23 @@ mod tests {
         Message::Data { side: None, batch: b }
     }
 
+    /// Polls until `done` holds. The deadline only turns a hang into a failure; nothing is timed.
+    fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "never {what}");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Waits until channel `c`'s sender is waiting in its `blocks`-th blocked send.
+    fn wait_blocked(shared: &LocalGateShared, c: usize, blocks: u64) {
+        poll_until(&format!("blocked {blocks} times on channel {c}"), || {
+            let w = shared.send_waits(c);
+            w.waiting == 1 && w.blocked_sends >= blocks
+        });
+    }
+
     #[test]
     fn a_slow_receiver_blocks_the_sender_with_bounded_in_flight_and_loses_nothing() {
         let config = ChannelConfig { capacity: 2, max_queued: 1 };
@@ -303,9 +349,14 @@ mod tests {
             tx.send(Message::EndOfStream).unwrap();
         });
         let mut got = Vec::new();
-        loop {
+        for taken in 1u64.. {
+            // The receiver takes a message only once the sender is stuck again (or done): as slow
+            // as a receiver can be, whatever the scheduler does.
+            poll_until("the sender blocked again or finished", || {
+                let w = shared.send_waits(0);
+                (w.waiting == 1 && w.blocked_sends >= taken) || producer.is_finished()
+            });
             assert!(shared.in_flight(0) <= config.max_in_flight(), "in flight {}", shared.in_flight(0));
-            std::thread::sleep(Duration::from_millis(1));
             match gate.recv(Duration::from_secs(5)).unwrap() {
                 Some((0, Message::Data { batch, .. })) => got.push(batch.get(0).unwrap().value[0]),
                 Some((0, Message::EndOfStream)) => break,
@@ -314,7 +365,12 @@ mod tests {
         }
         producer.join().unwrap();
         assert_eq!(got, (0..50).collect::<Vec<u8>>(), "in order, nothing lost or duplicated");
-        assert!(blocked.load(Ordering::Relaxed) > 0, "the sender waited for credit");
+        // 51 messages through 3 slots, each taken only once the sender was stuck: every send from
+        // the fourth on found the channel full.
+        let waits = shared.send_waits(0);
+        assert_eq!(waits.blocked_sends, 51 - config.max_in_flight() as u64, "{waits:?}");
+        assert_eq!(waits.waiting, 0);
+        assert!(blocked.load(Ordering::Relaxed) > 0, "the sender's wait is timed for metrics");
     }
 
     #[test]
@@ -322,19 +378,17 @@ mod tests {
         let config = ChannelConfig { capacity: 1, max_queued: 1 };
         let (shared, mut gate, mut senders) = local_gate(2, config, vec![Arc::default(), Arc::default()]);
         let mut tx = senders.remove(0);
-        let blocked = std::thread::spawn(move || {
-            let mut result = Ok(());
-            for i in 0..10 {
-                result = tx.send(batch(i));
-                if result.is_err() {
-                    break;
-                }
-            }
-            result
+        let (result_tx, result_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Two sends fill the channel; the third blocks until the gate closes.
+            let result = (0..3).try_for_each(|i| tx.send(batch(i)));
+            result_tx.send(result).unwrap();
         });
-        std::thread::sleep(Duration::from_millis(50));
+        wait_blocked(&shared, 0, 1);
         shared.close();
-        assert_eq!(blocked.join().unwrap(), Err(Disconnected));
+        let result = result_rx.recv_timeout(Duration::from_secs(30)).expect("closing wakes the blocked sender");
+        assert_eq!(result, Err(Disconnected));
+        assert_eq!(shared.send_waits(0), SendWaits { waiting: 0, blocked_sends: 1, wakeups: 1 });
         assert_eq!(gate.recv(Duration::from_secs(1)), Err(Disconnected));
     }
 
@@ -347,18 +401,19 @@ mod tests {
         let mut tx0 = senders.pop().unwrap();
         tx0.send(batch(0)).unwrap();
         gate.set_blocked(0, true);
-        assert!(gate.recv(Duration::from_millis(20)).unwrap().is_none(), "channel 0 is held");
+        assert!(gate.recv(Duration::ZERO).unwrap().is_none(), "channel 0 is held");
         tx1.send(batch(1)).unwrap();
-        assert!(matches!(gate.recv(Duration::from_millis(20)).unwrap(), Some((1, _))));
-        // Channel 0 fills up to its credit and no further while held.
+        assert!(matches!(gate.recv(Duration::ZERO).unwrap(), Some((1, _))));
+        // Channel 0 fills up to its credit and queue, and no further while held.
         let producer = std::thread::spawn(move || {
             for i in 2..10u8 {
                 tx0.send(batch(i)).unwrap();
             }
         });
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(shared.in_flight(0) <= config.max_in_flight());
-        assert!(!producer.is_finished(), "the sender waits for credit");
+        wait_blocked(&shared, 0, 1);
+        assert_eq!(shared.in_flight(0), config.max_in_flight(), "full, and not beyond");
+        assert!(gate.recv(Duration::ZERO).unwrap().is_none(), "a held channel delivers nothing, even when full");
+        assert_eq!(shared.send_waits(0).blocked_sends, 1);
         gate.set_blocked(0, false);
         let mut got = Vec::new();
         while got.len() < 9 {
@@ -368,6 +423,32 @@ mod tests {
         }
         producer.join().unwrap();
         assert_eq!(got, (0..10u8).filter(|i| *i != 1).collect::<Vec<_>>(), "in order, nothing lost");
+    }
+
+    #[test]
+    fn receiving_wakes_only_the_sender_whose_credit_came_back() {
+        let config = ChannelConfig { capacity: 1, max_queued: 1 };
+        let (shared, mut gate, senders) = local_gate(2, config, vec![Arc::default(), Arc::default()]);
+        let producers: Vec<_> = senders
+            .into_iter()
+            .map(|mut tx| std::thread::spawn(move || (0..10u8).try_for_each(|i| tx.send(batch(i)))))
+            .collect();
+        for c in 0..2 {
+            wait_blocked(&shared, c, 1);
+        }
+        gate.set_blocked(1, true);
+        // Each message taken from channel 0 frees one of its buffers: its sender moves on and
+        // blocks again; channel 1's sender must sleep through all of it.
+        for taken in 1..=5 {
+            assert!(matches!(gate.recv(Duration::from_secs(5)).unwrap(), Some((0, _))));
+            wait_blocked(&shared, 0, taken + 1);
+        }
+        assert_eq!(shared.send_waits(1), SendWaits { waiting: 1, blocked_sends: 1, wakeups: 0 });
+        assert!(shared.send_waits(0).wakeups >= 5);
+        shared.close();
+        for producer in producers {
+            assert_eq!(producer.join().unwrap(), Err(Disconnected));
+        }
     }
 
     #[test]

@@ -185,6 +185,34 @@ mod tests {
         }
     }
 
+    /// Keys, their key group and owning subtask at `max_parallelism` 128 and parallelism 3,
+    /// derived by hand from the definitions, not from Eddy's code:
+    ///
+    /// - key group = `(xxh3_64(key, seed 0) * max_parallelism) >> 64` (multiply-shift);
+    /// - subtask = `group * parallelism / max_parallelism` (Flink's assignment), so subtask 0
+    ///   owns groups 0..=42, subtask 1 owns 43..=85 and subtask 2 owns 86..=127.
+    ///
+    /// Computed with the `xxhash` Python package (4.1.0), e.g. for `user-481`:
+    /// `h = xxhash.xxh3_64_intdigest(b"user-481")` = 0x56157e2e906c0100, `(h * 128) >> 64` = 43,
+    /// `43 * 3 // 128` = 1. The `user-*` keys sit on the edges of the ranges. (xxh3 of the empty
+    /// input is the published 0x2d06800538d394c2.)
+    const OWNERS: [(&str, u16, usize); 14] = [
+        ("", 22, 0),
+        ("alice", 38, 0),
+        ("bob", 10, 0),
+        ("carol", 113, 2),
+        ("dave", 24, 0),
+        ("erin", 122, 2),
+        ("grace", 43, 1),
+        ("niaj", 49, 1),
+        ("user-59", 0, 0),
+        ("user-36", 42, 0),
+        ("user-481", 43, 1),
+        ("user-67", 85, 1),
+        ("user-40", 86, 2),
+        ("user-209", 127, 2),
+    ];
+
     #[test]
     fn hash_routing_sends_each_key_to_the_subtask_owning_its_group_and_events_follow_records() {
         let outs: Vec<_> = (0..3).map(|_| std::sync::Arc::new(std::sync::Mutex::new(Vec::new()))).collect();
@@ -192,27 +220,32 @@ mod tests {
             outs.iter().map(|o| Box::new(Collect(o.clone())) as Box<dyn ChannelSender>).collect();
         let mut router = OutputRouter::new(Partitioning::Hash(KeyBy::Value), senders, 128, 1 << 20, 1_000, "s".into());
         let mut batch = RecordBatch::default();
-        for i in 0..200u32 {
-            batch.push(None, i.to_string().as_bytes(), Some(i64::from(i)));
+        for (i, (key, ..)) in OWNERS.iter().enumerate() {
+            batch.push(None, key.as_bytes(), Some(i as i64));
         }
         router.emit(&batch, 0).unwrap();
         router.broadcast(Message::Watermark(7)).unwrap();
-        let mut seen = 0;
         for (subtask, out) in outs.iter().enumerate() {
             let out = out.lock().unwrap();
             assert_eq!(out.last(), Some(&Message::Watermark(7)), "the watermark comes after the records");
+            let mut got = Vec::new();
             for m in out.iter() {
                 if let Message::Data { batch, .. } = m {
                     for r in batch.iter() {
-                        let key = r.key.unwrap();
-                        assert_eq!(key, r.value);
-                        let owner = KeyGroupRange::subtask_of(key_group_of(key, 128), 128, 3);
-                        assert_eq!(owner as usize, subtask);
-                        seen += 1;
+                        assert_eq!(r.key, Some(r.value), "key_by value keys the record by its value");
+                        got.push(String::from_utf8(r.value.to_vec()).unwrap());
                     }
                 }
             }
+            let expected: Vec<&str> = OWNERS.iter().filter(|(.., owner)| *owner == subtask).map(|(k, ..)| *k).collect();
+            assert_eq!(got, expected, "keys routed to subtask {subtask}, in input order");
         }
-        assert_eq!(seen, 200);
+    }
+
+    #[test]
+    fn key_groups_follow_the_documented_hash() {
+        for (key, group, _) in OWNERS {
+            assert_eq!(key_group_of(key.as_bytes(), 128), group, "key {key:?}");
+        }
     }
 }
