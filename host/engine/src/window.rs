@@ -2,6 +2,10 @@
 //! windows that grow and merge as records arrive. Pure functions and one small state machine;
 //! the window operator stores accumulators per window in keyed state and calls the guest's
 //! aggregate to add and merge them.
+//!
+//! Timestamps come from input, so window bounds are computed with checked arithmetic: a record
+//! whose window would start or end outside `i64` (within one window length of ±2^63 ms) is
+//! assigned no window ([`WindowKind::assign`] returns `None`).
 
 use serde::Deserialize;
 
@@ -27,7 +31,17 @@ impl Window {
     fn cover(&self, other: &Window) -> Window {
         Window { start: self.start.min(other.start), end: self.end.max(other.end) }
     }
+
+    /// `[start, start + length)`, if its end fits in i64.
+    fn starting_at(start: i64, length: i64) -> Option<Window> {
+        Some(Window { start, end: start.checked_add(length)? })
+    }
 }
+
+/// The most windows one record may belong to: `size_ms / slide_ms` of a sliding window. Each
+/// is one accumulator read, fold and write per record (and one result per watermark), so the
+/// ratio multiplies state and work per record; a spec past it is refused at validation.
+pub const MAX_WINDOWS_PER_RECORD: i64 = 1_000;
 
 /// How records are grouped in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -63,29 +77,35 @@ impl WindowKind {
             WindowKind::Sliding { size_ms, slide_ms } if size_ms % slide_ms != 0 => {
                 Err(format!("size_ms ({size_ms}) must be a multiple of slide_ms ({slide_ms})"))
             }
+            WindowKind::Sliding { size_ms, slide_ms } if size_ms / slide_ms > MAX_WINDOWS_PER_RECORD => Err(format!(
+                "size_ms / slide_ms = {size_ms} / {slide_ms} = {} windows per record, above the limit of \
+                 {MAX_WINDOWS_PER_RECORD}: use a larger slide_ms or a smaller size_ms",
+                size_ms / slide_ms
+            )),
             WindowKind::Session { gap_ms } if gap_ms <= 0 => Err(format!("gap_ms must be positive, got {gap_ms}")),
             _ => Ok(()),
         }
     }
 
-    /// The windows a record at `timestamp` belongs to, earliest first. A session record gets
-    /// its own `[t, t + gap)` window, which [`SessionWindows`] merges with its neighbours.
-    pub fn assign(&self, timestamp: i64) -> Vec<Window> {
+    /// The windows a record at `timestamp` belongs to, earliest first, or `None` if one of
+    /// them would start or end outside i64: such a record belongs to no window. A session
+    /// record gets its own `[t, t + gap)` window, which [`SessionWindows`] merges with its
+    /// neighbours.
+    pub fn assign(&self, timestamp: i64) -> Option<Vec<Window>> {
         match *self {
             WindowKind::Tumbling { size_ms } => {
-                let start = timestamp - timestamp.rem_euclid(size_ms);
-                vec![Window { start, end: start + size_ms }]
+                let start = timestamp.checked_sub(timestamp.rem_euclid(size_ms))?;
+                Some(vec![Window::starting_at(start, size_ms)?])
             }
             WindowKind::Sliding { size_ms, slide_ms } => {
-                let last = timestamp - timestamp.rem_euclid(slide_ms);
-                let mut windows: Vec<Window> = (0..size_ms / slide_ms)
-                    .map(|i| last - i * slide_ms)
-                    .map(|start| Window { start, end: start + size_ms })
-                    .collect();
-                windows.reverse();
-                windows
+                let last = timestamp.checked_sub(timestamp.rem_euclid(slide_ms))?;
+                // `i * slide_ms < size_ms` for every i here, so only the subtraction can overflow.
+                (0..size_ms / slide_ms)
+                    .rev()
+                    .map(|i| Window::starting_at(last.checked_sub(i * slide_ms)?, size_ms))
+                    .collect()
             }
-            WindowKind::Session { gap_ms } => vec![Window { start: timestamp, end: timestamp + gap_ms }],
+            WindowKind::Session { gap_ms } => Some(vec![Window::starting_at(timestamp, gap_ms)?]),
         }
     }
 }
@@ -109,27 +129,30 @@ pub struct SessionWindows {
 }
 
 impl SessionWindows {
+    /// The session `window` would belong to if added: its cover with every session it
+    /// overlaps or touches. Nothing changes; the window operator judges lateness on this.
+    pub fn cover(&self, window: Window) -> Window {
+        let mut result = window;
+        // Under the contract one pass finds every such session; repeat until stable anyway,
+        // so the answer never rests on it.
+        loop {
+            let grown = self.sessions.iter().filter(|s| s.overlaps_or_touches(&result)).fold(result, |c, s| c.cover(s));
+            if grown == result {
+                return result;
+            }
+            result = grown;
+        }
+    }
+
     /// Adds a record's window and merges it with every session it overlaps or touches.
     pub fn add(&mut self, window: Window) -> Merge {
-        let mut result = window;
-        let mut absorbed = Vec::new();
-        self.sessions.retain(|s| {
-            if s.overlaps_or_touches(&result) {
-                result = result.cover(s);
-                absorbed.push(*s);
-                false
-            } else {
-                true
-            }
-        });
-        // A merge can make the cover reach a session that did not touch the new window alone.
-        while let Some(i) = self.sessions.iter().position(|s| s.overlaps_or_touches(&result)) {
-            let s = self.sessions.remove(i);
-            result = result.cover(&s);
-            absorbed.push(s);
-        }
-        self.sessions.push(result);
-        self.sessions.sort();
+        let result = self.cover(window);
+        // Every session touching the stable cover lies inside it.
+        let (mut absorbed, mut open): (Vec<Window>, Vec<Window>) =
+            self.sessions.iter().partition(|s| s.overlaps_or_touches(&result));
+        open.push(result);
+        open.sort();
+        self.sessions = open;
         absorbed.sort();
         Merge { result, absorbed }
     }
@@ -161,15 +184,47 @@ mod tests {
     }
 
     #[test]
+    fn sliding_windows_past_the_windows_per_record_limit_are_refused_naming_ratio_and_limit() {
+        let at_limit = WindowKind::Sliding { size_ms: 1000 * 5, slide_ms: 5 };
+        assert_eq!(at_limit.validate(), Ok(()));
+        let err = WindowKind::Sliding { size_ms: 1001 * 5, slide_ms: 5 }.validate().expect_err("past the limit");
+        assert!(err.contains("1001 windows per record") && err.contains("limit of 1000"), "{err}");
+    }
+
+    #[test]
+    fn windows_that_would_leave_i64_are_not_assigned() {
+        // (kind, timestamps whose windows fit in i64, timestamps whose windows do not);
+        // i64::MAX is 7 and i64::MIN is 2 (mod 10).
+        let cases = [
+            (WindowKind::Tumbling { size_ms: 10 }, [i64::MAX - 8, i64::MIN + 8], [i64::MAX - 7, i64::MIN + 7]),
+            (
+                WindowKind::Sliding { size_ms: 20, slide_ms: 10 },
+                [i64::MAX - 18, i64::MIN + 18],
+                [i64::MAX - 17, i64::MIN + 17],
+            ),
+            (WindowKind::Session { gap_ms: 10 }, [i64::MAX - 10, i64::MIN], [i64::MAX - 9, i64::MAX]),
+        ];
+        for (kind, inside, outside) in cases {
+            for t in inside {
+                let windows = kind.assign(t).unwrap_or_else(|| panic!("{kind:?} {t} fits"));
+                assert!(windows.iter().all(|w| w.start <= t && t < w.end), "{kind:?} {t}: {windows:?}");
+            }
+            for t in outside {
+                assert_eq!(kind.assign(t), None, "{kind:?} {t}");
+            }
+        }
+    }
+
+    #[test]
     fn negative_timestamps_align_like_positive_ones() {
         let w = WindowKind::Tumbling { size_ms: 10 }.assign(-1);
-        assert_eq!(w, vec![Window { start: -10, end: 0 }]);
+        assert_eq!(w, Some(vec![Window { start: -10, end: 0 }]));
     }
 
     proptest! {
         #[test]
         fn tumbling_puts_each_record_in_exactly_one_aligned_window(ts in -1_000_000i64..1_000_000, size in 1i64..10_000) {
-            let w = WindowKind::Tumbling { size_ms: size }.assign(ts);
+            let w = WindowKind::Tumbling { size_ms: size }.assign(ts).expect("fits");
             prop_assert_eq!(w.len(), 1);
             prop_assert!(w[0].start <= ts && ts < w[0].end && w[0].start.rem_euclid(size) == 0);
         }
@@ -177,7 +232,7 @@ mod tests {
         #[test]
         fn sliding_puts_each_record_in_size_over_slide_windows(ts in -1_000_000i64..1_000_000, slide in 1i64..500, n in 1i64..8) {
             let kind = WindowKind::Sliding { size_ms: slide * n, slide_ms: slide };
-            let w = kind.assign(ts);
+            let w = kind.assign(ts).expect("fits");
             prop_assert_eq!(w.len() as i64, n);
             for win in &w {
                 prop_assert!(win.start <= ts && ts < win.end && win.start.rem_euclid(slide) == 0);

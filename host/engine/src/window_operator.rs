@@ -6,7 +6,23 @@
 //! component, [`AggregateFn`] for [`AggregateInstance`]) creates, adds to, merges and reads it.
 //! A window fires when the watermark reaches its firing time and emits one record
 //! `{"start": s, "end": e, "result": R}` with the key and timestamp `end - 1`; it is purged
-//! `allowed_lateness_ms` later, and a record arriving in between re-fires it at once.
+//! `allowed_lateness_ms` later, and each record arriving in between re-fires it at once
+//! (Flink's contract: one result per late record, whatever the batching upstream).
+//!
+//! Lateness: a record is late (side output, or dropped) when no window it would join is still
+//! kept. For tumbling and sliding windows those are the windows containing its timestamp; for
+//! a session it is the session it would make: `[t, t + gap)` merged with the key's kept
+//! sessions it overlaps or touches (as Flink's merging window assigner judges lateness on the
+//! merged window). So a record behind the watermark still joins an open session around it.
+//! A record whose window would start or end outside `i64` (a timestamp within one window
+//! length of ±2^63 ms) belongs to no window and is late too: one bad timestamp in the input
+//! must not fail, and with restarts crash-loop, the job.
+//!
+//! Batches: the records of a batch up to the first one that fires a window at once (a late
+//! but allowed record) are folded with one `add` crossing and that record's re-fires are read
+//! with one `results`; the rest of the batch continues the same way. So an on-time batch costs
+//! one `add`, and each late-but-allowed record one more: late records are the exception, and
+//! a re-fire must hold exactly the records that arrived before it.
 //!
 //! Firing time: `max_timestamp()` (`end - 1`) for tumbling and sliding windows, but `end` for
 //! sessions, because [`SessionWindows`] merges sessions that merely touch: a record at exactly
@@ -262,11 +278,20 @@ impl WindowStore {
 /// A result that is due: (firing time, key, window, result bytes).
 type Fired = (i64, Vec<u8>, Window, Vec<u8>);
 
-/// A session built during one batch: the stored sessions it swallowed and its new records.
+/// A session built during one batch: the stored sessions it swallowed and its new records
+/// (in arrival order).
 #[derive(Debug, Default)]
 struct PendingSession {
     stored: Vec<Window>,
     records: Vec<u32>,
+}
+
+/// One key's sessions while a batch is folded: all of them (stored and new), and the ones the
+/// batch built or changed.
+#[derive(Debug)]
+struct KeySessions {
+    sessions: SessionWindows,
+    pending: BTreeMap<Window, PendingSession>,
 }
 
 /// The (key, window) groups of one batch, gathered for a single batched `add`.
@@ -433,26 +458,16 @@ impl<A: AggregateFn> WindowOperator<A> {
 
     /// Checks every record before any state changes, so a bad batch leaves no partial effect.
     fn validate(&self, batch: &RecordBatch) -> Result<(), OperatorError> {
-        let reach = match self.kind {
-            WindowKind::Tumbling { size_ms } | WindowKind::Sliding { size_ms, .. } => size_ms,
-            WindowKind::Session { gap_ms } => gap_ms,
-        };
         for (i, r) in batch.iter().enumerate() {
             if r.key.is_none() {
                 return Err(self.bad_record(format!(
                     "record {i} of the batch has no key; a window needs keyed records: add `key_by` to the step"
                 )));
             }
-            let Some(t) = r.timestamp else {
+            if r.timestamp.is_none() {
                 return Err(self.bad_record(format!(
                     "record {i} of the batch has no event timestamp; a window needs event time: add `timestamp` \
                      (a JSON pointer such as `/ts`) to the source"
-                )));
-            };
-            // Window bounds are computed as t -/+ the window's reach; keep them inside i64.
-            if t.checked_sub(reach).is_none() || t.checked_add(reach).is_none() {
-                return Err(self.bad_record(format!(
-                    "record {i} has timestamp {t}, too close to the limits of i64 for a window reaching {reach} ms"
                 )));
             }
         }
@@ -493,17 +508,31 @@ impl<A: AggregateFn> WindowOperator<A> {
         Ok(windows.into_iter().zip(results).map(|((t, k, w), result)| (t, k, w, result)).collect())
     }
 
-    fn process_fixed(&mut self, batch: &RecordBatch, out: &mut Output) -> Result<Vec<Fired>, OperatorError> {
+    /// Folds the records of `batch` from `from` on into their windows, up to and including
+    /// the first one that fires a window at once. Returns what fired and where to go on.
+    fn process_fixed(
+        &mut self,
+        batch: &RecordBatch,
+        from: usize,
+        out: &mut Output,
+    ) -> Result<(Vec<Fired>, usize), OperatorError> {
         let mut groups: BTreeMap<(&[u8], Window), Vec<u32>> = BTreeMap::new();
-        for (i, r) in batch.iter().enumerate() {
+        let mut next = batch.len();
+        for (i, r) in batch.iter().enumerate().skip(from) {
             let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
-            let mut live = self.kind.assign(t).into_iter().filter(|w| !self.past_cleanup(w)).peekable();
-            if live.peek().is_none() {
+            let live: Vec<Window> =
+                self.kind.assign(t).unwrap_or_default().into_iter().filter(|w| !self.past_cleanup(w)).collect();
+            if live.is_empty() {
                 self.emit_late(out, &r);
                 continue;
             }
+            let fires_now = live.iter().any(|w| self.fire_time(w) <= self.watermark);
             for w in live {
                 groups.entry((key, w)).or_default().push(i as u32);
+            }
+            if fires_now {
+                next = i + 1;
+                break;
             }
         }
         let mut updates = Updates::default();
@@ -514,82 +543,99 @@ impl<A: AggregateFn> WindowOperator<A> {
             };
             updates.push(key, window, acc, records);
         }
-        self.apply(batch, updates)
+        Ok((self.apply(batch, updates)?, next))
     }
 
+    /// [`Self::process_fixed`] for sessions: each record is merged with its key's sessions
+    /// (stored, and built from earlier records of the batch), and is late only if the merged
+    /// session is past its cleanup.
     fn process_sessions(
         &mut self,
         batch: &RecordBatch,
-        gap_ms: i64,
+        from: usize,
         out: &mut Output,
-    ) -> Result<Vec<Fired>, OperatorError> {
-        // Late records first, in batch order; the rest grouped by key, in arrival order.
-        let mut by_key: BTreeMap<&[u8], Vec<u32>> = BTreeMap::new();
-        for (i, r) in batch.iter().enumerate() {
+    ) -> Result<(Vec<Fired>, usize), OperatorError> {
+        let mut keys: BTreeMap<&[u8], KeySessions> = BTreeMap::new();
+        let mut next = batch.len();
+        for (i, r) in batch.iter().enumerate().skip(from) {
             let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
-            if self.past_cleanup(&Window { start: t, end: t + gap_ms }) {
+            let Some(window) = self.kind.assign(t).and_then(|w| w.first().copied()) else {
                 self.emit_late(out, &r);
-            } else {
-                by_key.entry(key).or_default().push(i as u32);
+                continue;
+            };
+            let sessions = match keys.entry(key) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    let mut sessions = SessionWindows::default();
+                    for w in self.store.sessions(key)? {
+                        sessions.add(w);
+                    }
+                    e.insert(KeySessions { sessions, pending: BTreeMap::new() })
+                }
+            };
+            if self.past_cleanup(&sessions.sessions.cover(window)) {
+                self.emit_late(out, &r);
+                continue;
+            }
+            let merge = sessions.sessions.add(window);
+            let mut session = PendingSession::default();
+            for absorbed in merge.absorbed {
+                match sessions.pending.remove(&absorbed) {
+                    Some(p) => {
+                        session.stored.extend(p.stored);
+                        session.records.extend(p.records);
+                    }
+                    // Not touched in this batch yet: a stored session with an accumulator.
+                    None => session.stored.push(absorbed),
+                }
+            }
+            session.records.push(i as u32);
+            sessions.pending.insert(merge.result, session);
+            if self.fire_time(&merge.result) <= self.watermark {
+                next = i + 1;
+                break;
             }
         }
         let mut updates = Updates::default();
-        for (key, indices) in by_key {
-            let mut sessions = SessionWindows::default();
-            for w in self.store.sessions(key)? {
-                sessions.add(w);
-            }
-            // Merge the whole batch's windows first, so each final session is one update.
-            let mut pending: BTreeMap<Window, PendingSession> = BTreeMap::new();
-            for i in indices {
-                let Some(t) = batch.get(i as usize).and_then(|r| r.timestamp) else { continue };
-                let merge = sessions.add(Window { start: t, end: t + gap_ms });
-                let mut session = PendingSession::default();
-                for absorbed in merge.absorbed {
-                    match pending.remove(&absorbed) {
-                        Some(p) => {
-                            session.stored.extend(p.stored);
-                            session.records.extend(p.records);
-                        }
-                        // Not touched in this batch yet: a stored session with an accumulator.
-                        None => session.stored.push(absorbed),
-                    }
-                }
-                session.records.push(i);
-                pending.insert(merge.result, session);
-            }
-            for (window, mut session) in pending {
-                let mut acc: Option<Vec<u8>> = None;
-                for part in &session.stored {
-                    let Some((_, part_acc)) = self.store.acc(key, part)? else {
-                        return Err(self.store.corrupt(format!(
-                            "session [{}, {}) is in the session set but has no accumulator",
-                            part.start, part.end
-                        )));
-                    };
-                    acc = Some(match acc {
-                        None => part_acc,
-                        Some(a) => self.aggregate.merge(&a, &part_acc)?,
-                    });
-                    if *part != window {
-                        // Absorbed: its state and timers give way to the merged session's.
-                        self.store.delete_acc(key, part)?;
-                        let (fire, cleanup) = (self.fire_time(part), self.cleanup_time(part));
-                        let timers = self.timers()?;
-                        timers.fire.remove(&(fire, key.to_vec(), *part));
-                        timers.cleanup.remove(&(cleanup, key.to_vec(), *part));
-                    }
-                }
-                let acc = match acc {
-                    Some(acc) => acc,
-                    None => self.empty_accumulator()?,
-                };
+        for (key, sessions) in keys {
+            for (window, mut session) in sessions.pending {
+                let acc = self.merge_stored(key, &window, &session.stored)?;
+                // Merged pending sessions interleave; `add` wants arrival order.
                 session.records.sort_unstable();
                 updates.push(key, window, acc, session.records);
             }
-            self.store.put_sessions(key, sessions.sessions())?;
+            self.store.put_sessions(key, sessions.sessions.sessions())?;
         }
-        self.apply(batch, updates)
+        Ok((self.apply(batch, updates)?, next))
+    }
+
+    /// The accumulator of session `window` from the stored sessions it absorbed (empty if
+    /// none); the absorbed ones' state and timers give way to it.
+    fn merge_stored(&mut self, key: &[u8], window: &Window, stored: &[Window]) -> Result<Vec<u8>, OperatorError> {
+        let mut acc: Option<Vec<u8>> = None;
+        for part in stored {
+            let Some((_, part_acc)) = self.store.acc(key, part)? else {
+                return Err(self.store.corrupt(format!(
+                    "session [{}, {}) is in the session set but has no accumulator",
+                    part.start, part.end
+                )));
+            };
+            acc = Some(match acc {
+                None => part_acc,
+                Some(a) => self.aggregate.merge(&a, &part_acc)?,
+            });
+            if part != window {
+                self.store.delete_acc(key, part)?;
+                let (fire, cleanup) = (self.fire_time(part), self.cleanup_time(part));
+                let timers = self.timers()?;
+                timers.fire.remove(&(fire, key.to_vec(), *part));
+                timers.cleanup.remove(&(cleanup, key.to_vec(), *part));
+            }
+        }
+        match acc {
+            Some(acc) => Ok(acc),
+            None => self.empty_accumulator(),
+        }
     }
 
     fn result_record(out: &mut Output, key: &[u8], window: &Window, result: &[u8]) {
@@ -622,11 +668,17 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
         self.validate(batch)?;
         self.timers()?;
         let mut out = self.empty_output();
-        let fired = match self.kind {
-            WindowKind::Session { gap_ms } => self.process_sessions(batch, gap_ms, &mut out)?,
-            WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } => self.process_fixed(batch, &mut out)?,
-        };
-        Self::emit_results(&mut out, fired);
+        let mut from = 0;
+        while from < batch.len() {
+            let (fired, next) = match self.kind {
+                WindowKind::Session { .. } => self.process_sessions(batch, from, &mut out)?,
+                WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } => {
+                    self.process_fixed(batch, from, &mut out)?
+                }
+            };
+            Self::emit_results(&mut out, fired);
+            from = next;
+        }
         Ok(out)
     }
 
