@@ -813,7 +813,9 @@ impl PipelineSpec {
                 return Err(invalid(field("state_ttl_ms"), "must be positive (omit it to keep state forever)"));
             }
             if let Some(window) = &step.window {
-                window.kind().map_err(|(f, problem)| invalid(field(&format!("window.{f}")), problem))?;
+                window.kind().map_err(|(f, problem)| {
+                    invalid(field(&format!("window.{f}")), format!("step `{}`: {problem}", step.name))
+                })?;
                 if window.allowed_lateness_ms < 0 {
                     return Err(invalid(field("window.allowed_lateness_ms"), "must not be negative"));
                 }
@@ -885,6 +887,10 @@ mod tests {
             (
                 step("{name: a, wasm: a.wasm, key_by: key, window: {type: sliding, size_ms: 10, slide_ms: 3}}"),
                 "multiple",
+            ),
+            (
+                step("{name: a, wasm: a.wasm, key_by: key, window: {type: sliding, size_ms: 100000, slide_ms: 1}}"),
+                "step `a`: size_ms / slide_ms = 100000 / 1 = 100000 windows per record, above the limit of 1000",
             ),
             (step("{name: a, wasm: a.wasm, window: {type: session, gap_ms: 5}}"), "steps[0].key_by"),
             (step("{name: a, wasm: a.wasm, state_ttl_ms: 0}"), "steps[0].state_ttl_ms"),
