@@ -2,24 +2,40 @@
 //! compatibility hash. A second load maps the artifact instead of compiling (milliseconds
 //! instead of seconds for large guests).
 //!
-//! Deserializing an artifact runs native code from it, so an entry is trusted only if its
-//! own checksum matches: file = `MAGIC | sha256(body) | body`. A damaged or truncated entry
-//! is reported, deleted and rebuilt. Writes go to a temporary file and are renamed into place,
-//! so a crash mid-write never leaves a half entry under the final name.
+//! Deserializing an artifact runs its native code outside the sandbox, so an entry is loaded
+//! only if this host wrote it for this exact component and engine. The file is
+//! `MAGIC | sha256(body) | tag | body`, where `tag` is an HMAC-SHA256, under the per-host
+//! secret ([`host_key`]), of the `.wasm`'s digest, the engine tag and `sha256(body)`. The
+//! checksum alone tells a damaged entry (rebuilt) from one that is whole but not vouched
+//! for: written under another host's key, copied from another component, renamed, or edited
+//! with its checksum recomputed (all recompiled, never loaded). The key lives outside the
+//! cache directory, so whoever can write entries cannot also supply the key.
+//!
+//! Files are created with `create_new` under a random temporary name, then renamed into place,
+//! so a crash mid-write never leaves a half entry under the final name and a file planted at
+//! a temporary name (a symlink, say) is never written through.
+
+mod host_key;
 
 use std::fs;
 use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
+use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use self::host_key::HostKey;
 use crate::LoadError;
 
-const MAGIC: &[u8; 8] = b"EDDYART1";
-const HEADER_LEN: usize = MAGIC.len() + 32;
+const MAGIC: &[u8; 8] = b"EDDYART2";
+const CHECKSUM_LEN: usize = 32;
+const TAG_LEN: usize = 32;
+const HEADER_LEN: usize = MAGIC.len() + CHECKSUM_LEN + TAG_LEN;
 
 /// How a load obtained its compiled component.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,12 +51,21 @@ pub enum CacheOutcome {
         /// What was wrong with it.
         reason: String,
     },
+    /// The entry failed authentication (written under another host key, for another
+    /// component or engine, or edited): it was never loaded, and was recompiled and replaced.
+    Untrusted {
+        /// Which check failed.
+        reason: String,
+    },
 }
 
-/// Artifact cache in one directory.
-#[derive(Debug, Clone)]
+/// Artifact cache in one directory, with the key that authenticates its entries.
+#[derive(Debug)]
 pub(crate) struct ArtifactCache {
     dir: PathBuf,
+    key_path: Option<PathBuf>,
+    /// Read (or created) on first use, so a runtime that never loads needs no key.
+    key: OnceLock<HostKey>,
 }
 
 fn engine_tag(engine: &Engine) -> String {
@@ -53,76 +78,206 @@ fn cache_err(path: &Path, reason: impl ToString) -> LoadError {
     LoadError::Cache { path: path.display().to_string(), reason: reason.to_string() }
 }
 
+/// Why an entry is not loaded.
+enum Rejection {
+    Damaged(String),
+    Untrusted(String),
+}
+
+impl From<Rejection> for CacheOutcome {
+    fn from(r: Rejection) -> Self {
+        match r {
+            Rejection::Damaged(reason) => CacheOutcome::Rebuilt { reason },
+            Rejection::Untrusted(reason) => CacheOutcome::Untrusted { reason },
+        }
+    }
+}
+
 impl ArtifactCache {
-    pub(crate) fn new(dir: PathBuf) -> Self {
-        Self { dir }
+    pub(crate) fn new(dir: PathBuf, key_path: Option<PathBuf>) -> Self {
+        Self { dir, key_path, key: OnceLock::new() }
     }
 
-    pub(crate) fn path_for(&self, engine: &Engine, digest: &str) -> PathBuf {
-        self.dir.join(format!("{digest}-{}.cwasm", engine_tag(engine)))
+    fn path_for(&self, engine_tag: &str, digest: &str) -> PathBuf {
+        self.dir.join(format!("{digest}-{engine_tag}.cwasm"))
     }
 
-    /// The compiled component for `wasm`, from the cache when a valid entry exists.
+    /// The compiled component for `wasm`, from the cache when an authentic entry exists.
     pub(crate) fn load_or_compile(
         &self,
         engine: &Engine,
         digest: &str,
         wasm: &[u8],
     ) -> Result<(Component, CacheOutcome), LoadError> {
-        let path = self.path_for(engine, digest);
+        let key = self.key()?;
+        let entry = Entry { key, digest, engine_tag: engine_tag(engine) };
+        let path = self.path_for(&entry.engine_tag, digest);
         let outcome = match fs::read(&path) {
-            Ok(file) => match verified_body(&file) {
+            Ok(file) => match entry.authentic_body(&file) {
                 Ok(body) => {
-                    // SAFETY: the body is byte for byte what `precompile_component` produced for
-                    // this engine configuration (checked by sha256 above), and wasmtime checks
-                    // the engine compatibility header itself.
+                    // SAFETY: this host's key vouches that the body is byte for byte what
+                    // `precompile_component` produced here for this digest and engine
+                    // configuration; wasmtime checks its own compatibility header too.
                     match unsafe { Component::deserialize(engine, body) } {
                         Ok(component) => return Ok((component, CacheOutcome::Hit)),
                         Err(e) => CacheOutcome::Rebuilt { reason: format!("artifact rejected by the engine: {e}") },
                     }
                 }
-                Err(reason) => CacheOutcome::Rebuilt { reason },
+                Err(rejection) => rejection.into(),
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => CacheOutcome::Compiled,
             Err(e) => CacheOutcome::Rebuilt { reason: format!("unreadable: {e}") },
         };
-        if let CacheOutcome::Rebuilt { reason } = &outcome {
-            tracing::warn!(path = %path.display(), %reason, "damaged artifact cache entry; rebuilding it");
-            let _ = fs::remove_file(&path);
+        match &outcome {
+            CacheOutcome::Rebuilt { reason } => {
+                tracing::warn!(path = %path.display(), %reason, "damaged artifact cache entry; rebuilding it");
+            }
+            CacheOutcome::Untrusted { reason } => tracing::warn!(
+                path = %path.display(),
+                %reason,
+                "artifact cache entry failed authentication (another host's key, another component's \
+                 entry, or edited); it was not loaded and is being recompiled and replaced"
+            ),
+            _ => {}
         }
         let body = engine.precompile_component(wasm).map_err(|e| LoadError::Invalid(format!("{e:#}")))?;
-        self.store(&path, &body)?;
+        self.store(&path, &entry.file(&body))?;
         // SAFETY: produced just now by this engine.
         let component =
             unsafe { Component::deserialize(engine, &body) }.map_err(|e| LoadError::Invalid(format!("{e:#}")))?;
         Ok((component, outcome))
     }
 
-    fn store(&self, path: &Path, body: &[u8]) -> Result<(), LoadError> {
-        fs::create_dir_all(&self.dir).map_err(|e| cache_err(&self.dir, e))?;
-        let mut file = Vec::with_capacity(HEADER_LEN + body.len());
-        file.extend_from_slice(MAGIC);
-        file.extend_from_slice(&Sha256::digest(body));
-        file.extend_from_slice(body);
-        // Unique per writer: threads of one process may store the same entry at once, and a
-        // shared temporary name would let one rename away the file the other is about to rename.
-        static NEXT_TMP: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT_TMP.fetch_add(1, Ordering::Relaxed);
-        let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
-        fs::write(&tmp, &file).map_err(|e| cache_err(&tmp, e))?;
-        fs::rename(&tmp, path).map_err(|e| cache_err(path, e))
+    /// The host key, read or created on first use; the cache directory exists (0700) after.
+    fn key(&self) -> Result<&HostKey, LoadError> {
+        if let Some(key) = self.key.get() {
+            return Ok(key);
+        }
+        let path = self.key_path.as_deref().ok_or_else(|| {
+            cache_err(
+                &self.dir,
+                "no place for the host key that authenticates cached artifacts: set EDDY_HOME or HOME, \
+                 or RuntimeConfig::host_key_path",
+            )
+        })?;
+        self.create_dir()?;
+        self.refuse_key_inside(path)?;
+        let key = HostKey::load_or_create(path).map_err(|reason| cache_err(path, reason))?;
+        // Racing threads read the same file, so whichever sets it sets the same key.
+        Ok(self.key.get_or_init(|| key))
+    }
+
+    fn create_dir(&self) -> Result<(), LoadError> {
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir).map_err(|e| cache_err(&self.dir, e))
+    }
+
+    /// Whoever can write entries must not be able to supply the key that vouches for them.
+    fn refuse_key_inside(&self, key_path: &Path) -> Result<(), LoadError> {
+        let dir = fs::canonicalize(&self.dir).map_err(|e| cache_err(&self.dir, e))?;
+        let key_dir = key_path.parent().map(fs::canonicalize);
+        if let Some(Ok(key_dir)) = key_dir
+            && key_dir.starts_with(&dir)
+        {
+            return Err(cache_err(
+                key_path,
+                format!(
+                    "the host key may not live inside the artifact cache {} (anyone who can plant an \
+                     artifact there could plant its key too); keep it elsewhere, e.g. the default \
+                     $EDDY_HOME/host.key",
+                    dir.display()
+                ),
+            ));
+        }
+        let mode = fs::metadata(&dir).map_err(|e| cache_err(&dir, e))?.permissions().mode();
+        if mode & 0o022 != 0 {
+            tracing::warn!(
+                dir = %dir.display(),
+                mode = format!("{:o}", mode & 0o777),
+                "the artifact cache is writable by other users; entries they plant are rejected, \
+                 but `chmod 700` it to keep them out"
+            );
+        }
+        Ok(())
+    }
+
+    fn store(&self, path: &Path, file: &[u8]) -> Result<(), LoadError> {
+        self.create_dir()?;
+        let tmp = write_new_file(path, file).map_err(|e| cache_err(path, format!("writing a temporary file: {e}")))?;
+        fs::rename(&tmp, path).map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            cache_err(path, e)
+        })
     }
 }
 
-fn verified_body(file: &[u8]) -> Result<&[u8], String> {
-    if file.len() < HEADER_LEN || &file[..MAGIC.len()] != MAGIC {
-        return Err("not an Eddy artifact (bad header or truncated)".into());
+/// What an entry is bound to: the host key, the component's digest and the engine.
+struct Entry<'a> {
+    key: &'a HostKey,
+    digest: &'a str,
+    engine_tag: String,
+}
+
+impl Entry<'_> {
+    fn tag(&self, checksum: &[u8]) -> Hmac<Sha256> {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.key.bytes()).expect("HMAC takes keys of any length");
+        // Each field is fixed-length hex or a fixed-size hash, separated anyway so no two
+        // inputs concatenate to the same bytes.
+        for field in [MAGIC.as_slice(), self.digest.as_bytes(), self.engine_tag.as_bytes(), checksum] {
+            mac.update(&(field.len() as u64).to_le_bytes());
+            mac.update(field);
+        }
+        mac
     }
-    let (sum, body) = file[MAGIC.len()..].split_at(32);
-    if Sha256::digest(body).as_slice() != sum {
-        return Err("checksum mismatch (corrupt or truncated)".into());
+
+    /// The file to store for `body`.
+    fn file(&self, body: &[u8]) -> Vec<u8> {
+        let checksum = Sha256::digest(body);
+        let mut file = Vec::with_capacity(HEADER_LEN + body.len());
+        file.extend_from_slice(MAGIC);
+        file.extend_from_slice(&checksum);
+        file.extend_from_slice(&self.tag(&checksum).finalize().into_bytes());
+        file.extend_from_slice(body);
+        file
     }
-    Ok(body)
+
+    /// The body of `file` if this host wrote it for this digest and engine.
+    fn authentic_body<'f>(&self, file: &'f [u8]) -> Result<&'f [u8], Rejection> {
+        if file.len() < HEADER_LEN || &file[..MAGIC.len()] != MAGIC {
+            return Err(Rejection::Damaged("not an Eddy artifact of this version (bad header or truncated)".into()));
+        }
+        let (checksum, rest) = file[MAGIC.len()..].split_at(CHECKSUM_LEN);
+        let (tag, body) = rest.split_at(TAG_LEN);
+        if Sha256::digest(body).as_slice() != checksum {
+            return Err(Rejection::Damaged("checksum mismatch (corrupt or truncated)".into()));
+        }
+        // Constant-time comparison.
+        self.tag(checksum).verify_slice(tag).map_err(|_| {
+            Rejection::Untrusted(format!(
+                "authentication failed: not written under this host's key for component sha256 {} and \
+                 engine {}",
+                self.digest, self.engine_tag
+            ))
+        })?;
+        Ok(body)
+    }
+}
+
+/// Writes `bytes` to a new file (mode 0600, `create_new`, synced) with a random name next to
+/// `path`, and returns its name. Unique per writer: threads and processes may store the same
+/// entry at once, and a shared temporary name would let one rename away the other's file.
+fn write_new_file(path: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    let mut nonce = [0u8; 8];
+    getrandom::fill(&mut nonce).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(format!(".{}.tmp", u64::from_le_bytes(nonce)));
+    let tmp = path.with_file_name(name);
+    let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    let written = file.write_all(bytes).and_then(|()| file.sync_all());
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(tmp)
 }
 
 /// Hex sha256 of a component: its identity in the cache and in pipelines.

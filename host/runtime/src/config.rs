@@ -72,7 +72,13 @@ pub enum InstanceAllocation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeConfig {
     /// Where precompiled artifacts are cached by digest; `None` compiles in memory each load.
+    /// Created mode 0700.
     pub cache_dir: Option<PathBuf>,
+    /// The per-host secret that authenticates cache entries (32 random bytes, mode 0600,
+    /// created on first use). It must not lie inside `cache_dir`: whoever can write there
+    /// could then plant both an artifact and the key that vouches for it. Default:
+    /// [`default_host_key_path`]. Used only when `cache_dir` is set.
+    pub host_key_path: Option<PathBuf>,
     /// Largest `.wasm` accepted.
     pub max_component_bytes: usize,
     /// Default limits for instances.
@@ -87,10 +93,20 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
             cache_dir: None,
+            host_key_path: default_host_key_path(),
             max_component_bytes: 128 << 20,
             limits: SandboxLimits::default(),
             epoch_tick_ms: 10,
             allocation: InstanceAllocation::Pooling { max_instances: 128 },
         }
     }
+}
+
+/// Where the host key lives unless configured: `$EDDY_HOME/host.key`, else
+/// `$HOME/.eddy/host.key`; `None` when neither variable is set. Per user, not per project,
+/// so a cloned repository or a shared volume that carries a cache directory never carries
+/// the key that vouches for its entries.
+pub fn default_host_key_path() -> Option<PathBuf> {
+    let non_empty = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    non_empty("EDDY_HOME").or_else(|| non_empty("HOME").map(|home| home.join(".eddy"))).map(|dir| dir.join("host.key"))
 }

@@ -136,7 +136,7 @@ impl Runtime {
         WindowAggregate::add_to_linker::<_, HasSelf<_>>(&mut aggregate_linker, |h| h).map_err(link_err)?;
         let ticker = EpochTicker::start(engine.clone(), Duration::from_millis(config.epoch_tick_ms.max(1)));
         Ok(Self {
-            cache: config.cache_dir.clone().map(ArtifactCache::new),
+            cache: config.cache_dir.clone().map(|dir| ArtifactCache::new(dir, config.host_key_path.clone())),
             engine,
             operator_linker,
             aggregate_linker,
