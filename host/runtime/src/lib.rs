@@ -2,7 +2,7 @@
 //!
 //! Loads `.wasm` components that implement `wit/dataflow.wit`, validates them (a core module,
 //! garbage, a component of another world and a component with missing exports each get a
-//! clear [`LoadError`]), compiles each digest once (artifacts cached on disk, checksummed),
+//! clear [`LoadError`]), compiles each digest once (artifacts cached on disk, authenticated),
 //! and instantiates one sandboxed instance per operator subtask. Instances reach keyed state
 //! through a [`eddy_state::StateBackend`] and timers through an [`eddy_core::TimerService`],
 //! both scoped to the keys of the current call.
@@ -62,7 +62,7 @@ mod slots;
 mod validate;
 
 pub use cache::{CacheOutcome, digest_of};
-pub use config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants};
+pub use config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants, default_host_key_path};
 pub use eddy_wire::TableError;
 pub use error::{CallError, CallErrorKind, Fault, GuestErrorKind, LoadError, RuntimeError, Violation};
 pub use instance::{AccumulatorUpdate, AggregateInstance, OperatorInstance};
