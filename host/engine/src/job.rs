@@ -19,7 +19,7 @@ use std::sync::mpsc;
 
 use eddy_core::{BoundedOutOfOrderness, HeapTimerService, TimeDomain, TimerService, WATERMARK_MIN, WatermarkTracker};
 use eddy_runtime::{CallError, Component, LoadError, Runtime, RuntimeError, Subtask, World};
-use eddy_state::{HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, TtlBackend, TtlClock};
+use eddy_state::{BoundedBackend, HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, TtlBackend, TtlClock};
 
 use crate::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
 use crate::checkpoint::metadata::{Sweep, collect_garbage};
@@ -355,7 +355,7 @@ impl StepContext<'_> {
         slot: Slot,
         timers: &mut dyn TimerService,
     ) -> Result<Box<dyn StateBackend>, RunError> {
-        let mut backend: Box<dyn StateBackend> = match self.spec.state.backend {
+        let storage: Box<dyn StateBackend> = match self.spec.state.backend {
             StateBackendKind::Heap => Box::new(HeapStateBackend::default()),
             StateBackendKind::Rocksdb => {
                 let dir = self.state_dir.join(format!("t{}-s{}-op{}", slot.task, slot.subtask.index, slot.position));
@@ -367,6 +367,10 @@ impl StepContext<'_> {
                 Box::new(RocksDbBackend::open(&dir, config).map_err(|e| Self::state_error(s, e))?)
             }
         };
+        // Under TTL and the restore below, so purges and restored entries count too.
+        let (limits, how_to_raise) = self.spec.state.limits_for(s);
+        let mut backend: Box<dyn StateBackend> =
+            Box::new(BoundedBackend::new(storage, limits, how_to_raise).map_err(|e| Self::state_error(s, e))?);
         if let Some(point) = self.restore {
             let mut restored_timers = Vec::new();
             point

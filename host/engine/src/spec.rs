@@ -73,6 +73,14 @@ pub struct StateSpec {
     /// RocksDB memtable size per subtask and step, MiB (two at most).
     #[serde(default = "default_write_buffer_mb")]
     pub write_buffer_mb: usize,
+    /// Key plus value bytes one subtask of one step may hold; a step's `state_max_bytes`
+    /// overrides it. Default: 1 GiB on the heap, 64 GiB in RocksDB.
+    #[serde(default)]
+    pub max_bytes_per_subtask: Option<u64>,
+    /// Entries one subtask of one step may hold; a step's `state_max_entries` overrides it.
+    /// Default: 10 M on the heap, 1 G in RocksDB.
+    #[serde(default)]
+    pub max_entries_per_subtask: Option<u64>,
 }
 
 impl Default for StateSpec {
@@ -82,7 +90,29 @@ impl Default for StateSpec {
             dir: None,
             block_cache_mb: default_block_cache_mb(),
             write_buffer_mb: default_write_buffer_mb(),
+            max_bytes_per_subtask: None,
+            max_entries_per_subtask: None,
         }
+    }
+}
+
+impl StateSpec {
+    /// The limits of one subtask of `step`, and the error's advice on raising them.
+    pub fn limits_for(&self, step: &StepSpec) -> (eddy_state::StateLimits, String) {
+        let (bytes, entries) = match self.backend {
+            StateBackendKind::Heap => (1 << 30, 10_000_000),
+            StateBackendKind::Rocksdb => (64 << 30, 1_000_000_000),
+        };
+        let limits = eddy_state::StateLimits {
+            max_bytes: step.state_max_bytes.or(self.max_bytes_per_subtask).unwrap_or(bytes),
+            max_entries: step.state_max_entries.or(self.max_entries_per_subtask).unwrap_or(entries),
+        };
+        let how_to_raise = format!(
+            "if step `{}` needs that much, raise its `state_max_bytes` / `state_max_entries` (or \
+             `state.max_bytes_per_subtask` / `state.max_entries_per_subtask` for every step)",
+            step.name
+        );
+        (limits, how_to_raise)
     }
 }
 
@@ -532,6 +562,12 @@ pub struct StepSpec {
     /// Keyed state not written for this long reads as absent and is purged.
     #[serde(default)]
     pub state_ttl_ms: Option<i64>,
+    /// Key plus value bytes one subtask of this step may hold (default: `state.max_bytes_per_subtask`).
+    #[serde(default)]
+    pub state_max_bytes: Option<u64>,
+    /// Entries one subtask of this step may hold (default: `state.max_entries_per_subtask`).
+    #[serde(default)]
+    pub state_max_entries: Option<u64>,
     /// Makes the step a window over the aggregate in `wasm`.
     #[serde(default)]
     pub window: Option<WindowSpec>,

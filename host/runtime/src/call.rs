@@ -5,7 +5,7 @@ use wasmtime::{Store, Trap};
 
 use crate::bindings::types::{ErrorKind, OperatorError};
 use crate::config::SandboxLimits;
-use crate::error::{CallError, CallErrorKind, GuestErrorKind, HostTrap};
+use crate::error::{CallError, CallErrorKind, GuestErrorKind, HostTrap, Violation};
 use crate::sandbox::HasSandbox;
 
 /// Per-instance call policy.
@@ -79,6 +79,10 @@ pub(crate) fn classify(e: &wasmtime::Error, limits: &SandboxLimits) -> CallError
     if let Some(host) = e.downcast_ref::<HostTrap>() {
         return match host {
             HostTrap::Violation(v) => CallErrorKind::Violation(v.clone()),
+            // A state limit is the operator's doing, not storage failing: restarting will not help.
+            HostTrap::State(eddy_state::StateError::LimitExceeded(e)) => {
+                CallErrorKind::Violation(Violation::StateLimit(e.clone()))
+            }
             HostTrap::State(s) => CallErrorKind::State(s.to_string()),
         };
     }

@@ -22,6 +22,11 @@ pub struct SandboxLimits {
     pub max_value_bytes: usize,
     /// Bytes a guest may emit during one call.
     pub max_output_bytes_per_call: usize,
+    /// Bytes one `list-get`, `list-replace` or `map-entries` may carry: the items plus 8
+    /// bytes per `list<u8>` (the pointer and length each takes in guest memory). Bounds what
+    /// the host materializes for one call however large a list or map grows; a guest needing
+    /// more keeps its items under several keys or states.
+    pub max_state_read_bytes: usize,
     /// States plus side outputs one instance may declare.
     pub max_declarations: usize,
 }
@@ -36,6 +41,7 @@ impl Default for SandboxLimits {
             max_key_bytes: 64 << 10,
             max_value_bytes: 16 << 20,
             max_output_bytes_per_call: 64 << 20,
+            max_state_read_bytes: 16 << 20,
             max_declarations: 1_024,
         }
     }

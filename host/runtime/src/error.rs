@@ -114,6 +114,9 @@ pub enum Violation {
     /// An undeclared id or a conflicting declaration.
     #[error("{0}")]
     BadDeclaration(String),
+    /// A write that would take the subtask's state past its configured bytes or entries.
+    #[error("{0}")]
+    StateLimit(eddy_state::StateLimitExceeded),
     /// A batched call that answered a different number of items than it was given.
     #[error("returned {actual} results for {expected} inputs")]
     ResultCount {

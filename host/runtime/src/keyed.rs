@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use eddy_core::{
     FiredTimer, KeyGroup, KeyGroupRange, RecordBatch, TimeDomain, TimerService, key_group_of_hash, key_hash,
 };
-use eddy_state::{StateBackend, StateError, StateKey, decode_list, encode_list};
+use eddy_state::{ListKeys, StateBackend, StateError, StateKey, list_for_each};
 use eddy_wire::{Packed, Row, Span, Table, ValueWrite};
 use wasmtime_wasi::{WasiCtxView, WasiView};
 
@@ -27,6 +27,39 @@ fn trap(v: Violation) -> wasmtime::Error {
 
 fn limit(what: &'static str, limit: usize, actual: usize) -> ImportResult<()> {
     if actual > limit { Err(trap(Violation::Limit { what, limit, actual })) } else { Ok(()) }
+}
+
+/// What each `list<u8>` of a whole-state read costs the guest beyond its bytes: the pointer
+/// and length the canonical ABI writes for it into guest memory.
+const DESCRIPTOR_BYTES: usize = 8;
+
+/// A whole list or map being copied out for the guest, cut off at `limit` bytes so a guest
+/// cannot make the host materialize a state of any size in one call. The scan runs to the
+/// end (backends cannot stop one early) but copies nothing past the limit, and the error
+/// reports the whole size.
+struct BoundedRead<T> {
+    what: &'static str,
+    limit: usize,
+    bytes: usize,
+    items: Vec<T>,
+}
+
+impl<T> BoundedRead<T> {
+    fn new(what: &'static str, limit: usize) -> Self {
+        Self { what, limit, bytes: 0, items: Vec::new() }
+    }
+
+    fn push(&mut self, bytes: usize, item: impl FnOnce() -> T) {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.bytes <= self.limit {
+            self.items.push(item());
+        }
+    }
+
+    fn finish(self) -> ImportResult<Vec<T>> {
+        limit(self.what, self.limit, self.bytes)?;
+        Ok(self.items)
+    }
 }
 
 /// Records emitted during one call.
@@ -102,6 +135,8 @@ pub(crate) struct Keyed {
     by_name: HashMap<String, u32>,
     pub(crate) keys: KeyTable,
     key_buf: StateKey,
+    /// Item keys of list state, reused across appends.
+    list_keys: ListKeys,
     pub(crate) output: Output,
     output_bytes: usize,
 }
@@ -126,6 +161,7 @@ impl Keyed {
             by_name: HashMap::new(),
             keys: KeyTable::default(),
             key_buf: StateKey::default(),
+            list_keys: ListKeys::default(),
             output: Output::default(),
             output_bytes: 0,
         }
@@ -341,23 +377,35 @@ impl state::Host for OperatorHost {
     }
 
     fn list_get(&mut self, state: u32, key: u32) -> ImportResult<Vec<Vec<u8>>> {
-        self.keyed.with_state_key(state, Some(List), key, None, |b, k, _| match b.get(k)? {
-            Some(bytes) => decode_list(&bytes),
-            None => Ok(Vec::new()),
-        })
+        let mut read = BoundedRead::new("list-get result bytes", self.keyed.limits.max_state_read_bytes);
+        self.keyed.with_state_key(state, Some(List), key, None, |b, k, _| {
+            list_for_each(b, k, &mut |item| read.push(item.len() + DESCRIPTOR_BYTES, || item.to_vec()))
+        })?;
+        read.finish()
     }
 
     fn list_append(&mut self, state: u32, key: u32, item: Vec<u8>) -> ImportResult<()> {
-        let mut items = self.list_get(state, key)?;
-        items.push(item);
-        self.list_replace(state, key, items)
+        limit("state value bytes", self.keyed.limits.max_value_bytes, item.len())?;
+        // Taken out for the call: `with_state_key` borrows the rest of `Keyed`.
+        let mut list_keys = std::mem::take(&mut self.keyed.list_keys);
+        let appended = self.keyed.with_state_key(state, Some(List), key, None, |b, k, _| list_keys.append(b, k, &item));
+        self.keyed.list_keys = list_keys;
+        appended
     }
 
     fn list_replace(&mut self, state: u32, key: u32, items: Vec<Vec<u8>>) -> ImportResult<()> {
-        let encoded = encode_list(&items);
-        limit("list state bytes", self.keyed.limits.max_value_bytes, encoded.len())?;
-        self.keyed.with_state_key(state, Some(List), key, None, |b, k, _| b.put(k, &encoded))
-    }
+        let limits = &self.keyed.limits;
+        for item in &items {
+            limit("state value bytes", limits.max_value_bytes, item.len())?;
+        }
+        // A list the guest could not read back in one `list-get` is refused when written.
+        let bytes = items.iter().map(|i| i.len() + DESCRIPTOR_BYTES).sum();
+        limit("list-replace bytes", limits.max_state_read_bytes, bytes)?;
+        let mut list_keys = std::mem::take(&mut self.keyed.list_keys);
+        let replaced =
+            self.keyed.with_state_key(state, Some(List), key, None, |b, k, _| list_keys.replace(b, k, &items));
+        self.keyed.list_keys = list_keys;
+        replaced
 
     fn map_get(&mut self, state: u32, key: u32, map_key: Vec<u8>) -> ImportResult<Option<Vec<u8>>> {
         limit("map key bytes", self.keyed.limits.max_key_bytes, map_key.len())?;
@@ -376,17 +424,21 @@ impl state::Host for OperatorHost {
     }
 
     fn map_entries(&mut self, state: u32, key: u32) -> ImportResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut read = BoundedRead::new("map-entries result bytes", self.keyed.limits.max_state_read_bytes);
         self.keyed.with_state_key(state, Some(Map), key, None, |b, prefix, _| {
-            let mut entries = Vec::new();
-            b.scan_prefix(prefix, &mut |k, v| entries.push((k[prefix.len()..].to_vec(), v.to_vec())))?;
-            Ok(entries)
-        })
+            b.scan_prefix(prefix, &mut |k, v| {
+                let map_key = &k[prefix.len()..];
+                read.push(map_key.len() + v.len() + 2 * DESCRIPTOR_BYTES, || (map_key.to_vec(), v.to_vec()));
+            })
+        })?;
+        read.finish()
     }
 
     fn clear(&mut self, state: u32, key: u32) -> ImportResult<()> {
+        // Lists and maps are an entry per item under the state's key (see `eddy_state::ListKeys`).
         self.keyed.with_state_key(state, None, key, None, |b, k, kind| match kind {
-            Map => b.delete_prefix(k),
-            _ => b.delete(k),
+            Map | List => b.delete_prefix(k),
+            Value => b.delete(k),
         })
     }
 }

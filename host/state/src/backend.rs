@@ -11,6 +11,25 @@ pub enum StateError {
     /// The storage under the backend failed; retrying the task may help.
     #[error("state storage failed: {0}")]
     Storage(String),
+    /// A write would take the state past a configured limit ([`crate::StateLimits`]): the
+    /// operator's doing (or a limit sized too small); retrying will not help.
+    #[error(transparent)]
+    LimitExceeded(#[from] StateLimitExceeded),
+}
+
+/// What a state limit refused: which limit, its value, what the write would have made of it,
+/// and how to raise it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the subtask's state would hold {actual} {what}, over its limit of {limit} {what}; {how_to_raise}")]
+pub struct StateLimitExceeded {
+    /// `bytes` or `entries`.
+    pub what: &'static str,
+    /// The limit.
+    pub limit: u64,
+    /// What the refused write would have made of it.
+    pub actual: u64,
+    /// The setting that raises the limit, in the words of whoever configured it.
+    pub how_to_raise: String,
 }
 
 /// An ordered map of byte keys to byte values, owned by one subtask.
@@ -29,6 +48,11 @@ pub trait StateBackend: Send {
             out.extend_from_slice(v);
         }
         Ok(value.is_some())
+    }
+    /// Length of the value under `key` as stored, without copying it (what a write replaces,
+    /// for [`crate::BoundedBackend`]'s count).
+    fn value_len(&self, key: &[u8]) -> Result<Option<usize>, StateError> {
+        Ok(self.get(key)?.map(|v| v.len()))
     }
     /// Sets the value under `key`.
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError>;

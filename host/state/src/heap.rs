@@ -54,6 +54,10 @@ impl StateBackend for HeapStateBackend {
         Ok(value.is_some())
     }
 
+    fn value_len(&self, key: &[u8]) -> Result<Option<usize>, StateError> {
+        Ok(self.entries.get(key).map(Vec::len))
+    }
+
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
         match self.entries.get_mut(key) {
             Some(v) => {

@@ -19,13 +19,17 @@
 //! ```
 
 mod backend;
+mod bounded;
 mod heap;
 mod layout;
+mod list;
 mod rocks;
 mod ttl;
 
-pub use backend::{BackendSnapshot, FrozenEntries, StateBackend, StateError};
+pub use backend::{BackendSnapshot, FrozenEntries, StateBackend, StateError, StateLimitExceeded};
+pub use bounded::{BoundedBackend, StateLimits, StateUsage};
 pub use heap::HeapStateBackend;
 pub use layout::{DecodedStateKey, StateKey, decode_list, decode_state_key, encode_list};
+pub use list::{ListKeys, list_for_each};
 pub use rocks::{RocksDbBackend, RocksDbConfig};
 pub use ttl::{TtlBackend, TtlClock};

@@ -155,6 +155,10 @@ impl StateBackend for RocksDbBackend {
         Ok(value.is_some())
     }
 
+    fn value_len(&self, key: &[u8]) -> Result<Option<usize>, StateError> {
+        Ok(self.db.get_pinned(key).map_err(storage)?.map(|v| v.len()))
+    }
+
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
         self.db.put_opt(key, value, &self.write).map_err(storage)
     }

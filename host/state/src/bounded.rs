@@ -1,0 +1,288 @@
+//! Bounded state: a wrapper that refuses any write which would take one subtask's state past
+//! a number of bytes or entries, so a guest writing new keys without end fails its job with a
+//! clear error instead of taking the host's memory or disk.
+//!
+//! It sits directly on the storage backend (under TTL), because every change to what is
+//! stored passes there: the guest's writes, the window operator's, TTL purges and a restore
+//! (restored entries go to [`StateBackend::raw_mut`], which is this wrapper). Accounting in the
+//! runtime's state imports would miss all but the first. Each write asks the inner backend for
+//! the length of the value it replaces ([`StateBackend::value_len`]), so overwrites and deletes
+//! are counted exactly; a prefix delete scans what it removes first.
+
+use std::path::Path;
+
+use crate::{BackendSnapshot, StateBackend, StateError, StateLimitExceeded};
+
+/// How much state one subtask of one step may hold. Bytes are key plus value as stored (a TTL
+/// stamp included); per-entry overhead of the backend is not counted, which is what
+/// `max_entries` bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateLimits {
+    /// Key plus value bytes of every entry.
+    pub max_bytes: u64,
+    /// Number of entries.
+    pub max_entries: u64,
+}
+
+/// What a subtask's state holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateUsage {
+    /// Key plus value bytes of every entry.
+    pub bytes: u64,
+    /// Number of entries.
+    pub entries: u64,
+}
+
+fn entry_bytes(key: &[u8], value_len: usize) -> u64 {
+    (key.len() + value_len) as u64
+}
+
+/// A [`StateBackend`] that keeps its inner backend within [`StateLimits`].
+///
+/// A write that would grow the state past a limit fails with
+/// [`StateError::LimitExceeded`] and changes nothing; writes that shrink it always pass, so
+/// state over a lowered limit can still be cleaned up.
+pub struct BoundedBackend {
+    inner: Box<dyn StateBackend>,
+    limits: StateLimits,
+    how_to_raise: String,
+    usage: StateUsage,
+}
+
+impl std::fmt::Debug for BoundedBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoundedBackend")
+            .field("limits", &self.limits)
+            .field("usage", &self.usage)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BoundedBackend {
+    /// Wraps `inner`, counting what it already holds (one scan; nothing for a fresh backend).
+    /// `how_to_raise` ends every limit error: the setting that raises the limit.
+    pub fn new(
+        inner: Box<dyn StateBackend>,
+        limits: StateLimits,
+        how_to_raise: impl Into<String>,
+    ) -> Result<Self, StateError> {
+        let mut usage = StateUsage::default();
+        inner.scan_prefix(b"", &mut |k, v| {
+            usage.bytes += entry_bytes(k, v.len());
+            usage.entries += 1;
+        })?;
+        Ok(Self { inner, limits, how_to_raise: how_to_raise.into(), usage })
+    }
+
+    /// What the state holds now.
+    pub fn usage(&self) -> StateUsage {
+        self.usage
+    }
+
+    /// Refuses `next` if it grows a measure past its limit.
+    fn admit(&self, next: StateUsage) -> Result<(), StateError> {
+        let over = |what, limit, now, next| (next > limit && next > now).then_some((what, limit, next));
+        let refused = over("bytes", self.limits.max_bytes, self.usage.bytes, next.bytes)
+            .or_else(|| over("entries", self.limits.max_entries, self.usage.entries, next.entries));
+        match refused {
+            None => Ok(()),
+            Some((what, limit, actual)) => Err(StateError::LimitExceeded(StateLimitExceeded {
+                what,
+                limit,
+                actual,
+                how_to_raise: self.how_to_raise.clone(),
+            })),
+        }
+    }
+
+    /// The usage after removing the entry under `key`, if there is one.
+    fn without(&self, key: &[u8]) -> Result<StateUsage, StateError> {
+        Ok(match self.inner.value_len(key)? {
+            Some(len) => StateUsage {
+                bytes: self.usage.bytes.saturating_sub(entry_bytes(key, len)),
+                entries: self.usage.entries.saturating_sub(1),
+            },
+            None => self.usage,
+        })
+    }
+}
+
+impl StateBackend for BoundedBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        self.inner.get(key)
+    }
+
+    fn read_into(&self, key: &[u8], out: &mut Vec<u8>) -> Result<bool, StateError> {
+        self.inner.read_into(key, out)
+    }
+
+    fn value_len(&self, key: &[u8]) -> Result<Option<usize>, StateError> {
+        self.inner.value_len(key)
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        let rest = self.without(key)?;
+        let next = StateUsage { bytes: rest.bytes + entry_bytes(key, value.len()), entries: rest.entries + 1 };
+        self.admit(next)?;
+        self.inner.put(key, value)?;
+        self.usage = next;
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
+        let next = self.without(key)?;
+        self.inner.delete(key)?;
+        self.usage = next;
+        Ok(())
+    }
+
+    fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
+        self.inner.scan_prefix(prefix, visit)
+    }
+
+    fn scan_from(&self, from: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StateError> {
+        self.inner.scan_from(from, visit)
+    }
+
+    fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
+        let mut removed = StateUsage::default();
+        self.inner.scan_prefix(prefix, &mut |k, v| {
+            removed.bytes += entry_bytes(k, v.len());
+            removed.entries += 1;
+        })?;
+        self.inner.delete_prefix(prefix)?;
+        self.usage.bytes = self.usage.bytes.saturating_sub(removed.bytes);
+        self.usage.entries = self.usage.entries.saturating_sub(removed.entries);
+        Ok(())
+    }
+
+    fn approximate_len(&self) -> usize {
+        self.usage.entries as usize
+    }
+
+    fn purge_expired(&mut self) -> Result<usize, StateError> {
+        // Whatever the inner backend reclaims on its own is outside this count; a storage
+        // backend (the only thing this wraps) expires nothing itself.
+        self.inner.purge_expired()
+    }
+
+    fn snapshot(&mut self, staging: &Path) -> Result<BackendSnapshot, StateError> {
+        self.inner.snapshot(staging)
+    }
+
+    fn raw_mut(&mut self) -> &mut dyn StateBackend {
+        // Restored entries are stored as given: they go through the count like any write.
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::HeapStateBackend;
+
+    fn bounded(limits: StateLimits) -> BoundedBackend {
+        BoundedBackend::new(Box::new(HeapStateBackend::default()), limits, "raise it").expect("empty backend")
+    }
+
+    const UNLIMITED: StateLimits = StateLimits { max_bytes: u64::MAX, max_entries: u64::MAX };
+
+    /// Usage recomputed from a plain map: the oracle.
+    fn usage_of(map: &BTreeMap<Vec<u8>, Vec<u8>>) -> StateUsage {
+        StateUsage { bytes: map.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum(), entries: map.len() as u64 }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put(Vec<u8>, Vec<u8>),
+        Delete(Vec<u8>),
+        DeletePrefix(Vec<u8>),
+    }
+
+    fn small_bytes() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(0u8..3, 0..4)
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (small_bytes(), proptest::collection::vec(any::<u8>(), 0..8)).prop_map(|(k, v)| Op::Put(k, v)),
+            1 => small_bytes().prop_map(Op::Delete),
+            1 => small_bytes().prop_map(Op::DeletePrefix),
+        ]
+    }
+
+    proptest! {
+        /// Overwrites, deletes and prefix deletes keep the count equal to what is stored, and
+        /// a refused write changes nothing.
+        #[test]
+        fn usage_is_what_is_stored(ops in proptest::collection::vec(op(), 0..60), max_bytes in 0u64..80, max_entries in 0u64..12) {
+            let mut backend = bounded(StateLimits { max_bytes, max_entries });
+            let mut oracle: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Put(k, v) => {
+                        let mut next = oracle.clone();
+                        next.insert(k.clone(), v.clone());
+                        let (now, after) = (usage_of(&oracle), usage_of(&next));
+                        let grows_past = (after.bytes > max_bytes && after.bytes > now.bytes)
+                            || (after.entries > max_entries && after.entries > now.entries);
+                        match backend.put(&k, &v) {
+                            Ok(()) => { prop_assert!(!grows_past); oracle = next; }
+                            Err(StateError::LimitExceeded(e)) => {
+                                prop_assert!(grows_past, "refused {e}");
+                            }
+                            Err(e) => prop_assert!(false, "{e}"),
+                        }
+                    }
+                    Op::Delete(k) => { backend.delete(&k).unwrap(); oracle.remove(&k); }
+                    Op::DeletePrefix(p) => { backend.delete_prefix(&p).unwrap(); oracle.retain(|k, _| !k.starts_with(&p)); }
+                }
+                prop_assert_eq!(backend.usage(), usage_of(&oracle));
+                let mut stored = BTreeMap::new();
+                backend.scan_prefix(b"", &mut |k, v| { stored.insert(k.to_vec(), v.to_vec()); }).unwrap();
+                prop_assert_eq!(&stored, &oracle);
+            }
+        }
+    }
+
+    #[test]
+    fn a_write_past_the_limit_is_refused_and_names_it() {
+        let mut backend = bounded(StateLimits { max_bytes: 10, max_entries: 100 });
+        backend.put(b"ab", b"cdefgh").unwrap();
+        let err = backend.put(b"x", b"yz").unwrap_err();
+        assert_eq!(err.to_string(), "the subtask's state would hold 11 bytes, over its limit of 10 bytes; raise it");
+        assert_eq!(backend.get(b"x").unwrap(), None, "a refused write changes nothing");
+        // Overwriting with fewer bytes, and deleting, always pass.
+        backend.put(b"ab", b"c").unwrap();
+        backend.put(b"x", b"yz").unwrap();
+        assert_eq!(backend.usage(), StateUsage { bytes: 6, entries: 2 });
+    }
+
+    #[test]
+    fn state_already_in_the_backend_and_restored_state_count() {
+        let mut inner = HeapStateBackend::default();
+        inner.put(b"old", b"12345").unwrap();
+        let mut backend =
+            BoundedBackend::new(Box::new(inner), StateLimits { max_bytes: 100, max_entries: 2 }, "raise it").unwrap();
+        assert_eq!(backend.usage(), StateUsage { bytes: 8, entries: 1 });
+        // A restore writes through `raw_mut`.
+        backend.raw_mut().put(b"restored", b"1").unwrap();
+        assert_eq!(backend.usage(), StateUsage { bytes: 17, entries: 2 });
+        let err = backend.raw_mut().put(b"third", b"").unwrap_err();
+        assert!(err.to_string().contains("3 entries, over its limit of 2 entries"), "{err}");
+    }
+
+    #[test]
+    fn unlimited_counts_without_refusing() {
+        let mut backend = bounded(UNLIMITED);
+        for i in 0..1_000u32 {
+            backend.put(&i.to_be_bytes(), b"v").unwrap();
+        }
+        assert_eq!(backend.usage(), StateUsage { bytes: 5_000, entries: 1_000 });
+        assert_eq!(backend.approximate_len(), 1_000);
+    }
+}
