@@ -2,7 +2,6 @@
 //! the real Wasm guests, and compared with oracles computed another way.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -342,35 +341,41 @@ fn a_slow_sink_slows_the_source_with_bounded_records_in_flight_and_loses_nothing
     assert!(source_blocked > 100_000_000, "the source waited for credit: {source_blocked} ns");
 }
 
+/// State TTL through the [`TtlClock`] seam: the test moves processing time itself, so nothing
+/// depends on how fast a loaded machine runs. The word counter keeps one count per word under a
+/// TTL of 1 500 ms, restarted by every write.
 #[test]
 fn state_expires_after_its_ttl() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let input = dir.path().join("words.txt");
-    std::fs::write(&input, "a a\n").expect("input");
-    let yaml = format!(
-        "name: ttl\nbuffer_timeout_ms: 1\nsources: [{{type: file, name: words, path: words.txt, follow: true}}]\nsteps:\n  \
-         - {{name: split, wasm: {}}}\n  - {{name: count, wasm: {}, key_by: key, state_ttl_ms: 1500}}\nsink: {{type: blackhole}}\n",
-        guests::WORDCOUNT_SPLIT,
-        guests::WORDCOUNT_COUNT
-    );
-    let spec = spec_in(dir.path(), &yaml);
-    let sink = MemorySink::default();
-    let received = sink.received.clone();
-    let job = start(&spec, sink, JobOptions::default());
-    let counts = || -> Vec<u64> {
-        received.lock().expect("lock").iter().map(|(_, r)| json(&r.value).as_u64().expect("n")).collect()
+    use eddy_core::HeapTimerService;
+    use eddy_runtime::Subtask;
+    use eddy_state::{HeapStateBackend, TtlBackend, TtlClock};
+
+    let (clock, hand) = TtlClock::manual(1_000);
+    let backend = TtlBackend::new(Box::new(HeapStateBackend::default()), 1_500, clock);
+    let count = eddy_tests::load("count", guests::WORDCOUNT_COUNT);
+    let mut op = count
+        .instantiate_operator(Subtask::single(128), Box::new(backend), Box::new(HeapTimerService::default()))
+        .expect("instantiate");
+    op.open("").expect("open");
+    let mut add_one = || -> Vec<u64> {
+        let out = op.process(&eddy_tests::json_batch(&[(Some("a"), 1u64)])).expect("process");
+        eddy_tests::decode::<String, u64>(&out.main).into_iter().map(|(_, n)| n).collect()
     };
-    wait_for("the first counts", Duration::from_secs(30), || counts().len() == 2);
-    // Within the TTL the count continues (the TTL is generous: test threads share 2 cores) ...
-    std::fs::OpenOptions::new().append(true).open(&input).expect("open").write_all(b"a\n").expect("append");
-    wait_for("the third count", Duration::from_secs(30), || counts().len() == 3);
-    // ... after it, the state is gone and counting starts over.
-    std::thread::sleep(Duration::from_millis(2_500));
-    std::fs::OpenOptions::new().append(true).open(&input).expect("open").write_all(b"a\n").expect("append");
-    wait_for("the fourth count", Duration::from_secs(30), || counts().len() == 4);
-    job.cancel();
-    job.wait().expect("cancelled cleanly");
-    assert_eq!(counts(), vec![1, 2, 3, 1]);
+    assert_eq!([add_one(), add_one()], [[1], [2]]);
+    // The last write (at 1 000) keeps the count until 2 500; this one restarts it, to 3 999.
+    hand.advance_to(2_499);
+    assert_eq!(add_one(), [3]);
+    hand.advance_to(3_998);
+    assert_eq!(add_one(), [4], "the write at 2 499 restarted the TTL");
+    // Nothing written from 3 998 for the TTL: the count is gone and starts over.
+    hand.advance_to(3_998 + 1_500);
+    assert_eq!(add_one(), [1]);
+    // Expired state is reclaimed by purge steps, not only hidden.
+    hand.advance_to(10_000);
+    let state = op.state_backend_mut();
+    assert_eq!(state.approximate_len(), 1);
+    assert_eq!(state.purge_expired().expect("purge"), 1);
+    assert_eq!(state.approximate_len(), 0);
 }
 
 #[test]
