@@ -10,3 +10,4 @@ mod load;
 mod nexmark;
 mod operators;
 mod polyglot;
+mod windows;
