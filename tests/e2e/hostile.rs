@@ -1,13 +1,16 @@
 //! Hostile operators: each misbehaviour fails with its own error, the failing instance is
 //! poisoned, and the same runtime keeps serving a healthy operator.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
+use eddy_core::HeapTimerService;
 use eddy_guest_artifacts as guests;
 use eddy_runtime::{
-    CallError, CallErrorKind, Component, Fault, GuestErrorKind, Runtime, RuntimeConfig, SandboxLimits, Subtask,
-    Violation, WasiGrants,
+    CallError, CallErrorKind, Component, Fault, GuestErrorKind, OperatorInstance, Runtime, RuntimeConfig,
+    SandboxLimits, Subtask, Violation, WasiGrants,
 };
+use eddy_state::{BoundedBackend, HeapStateBackend, StateBackend, StateError, StateLimits};
 use eddy_tests::{decode, instantiate, json_batch, load, open_operator, runtime};
 
 /// Limits small enough that every test runs fast; the defaults are tested in `sandbox_defaults`.
@@ -47,11 +50,16 @@ fn contained_trap(mode: &str) -> CallError {
 fn contained_trap_in(component: &Component, mode: &str) -> CallError {
     let (err, poisoned) = misbehave_in(component, mode);
     assert!(poisoned, "a trap must poison the instance: {err}");
+    a_healthy_operator_goes_on();
+    err
+}
+
+/// The shared runtime still runs a well-behaved operator correctly.
+fn a_healthy_operator_goes_on() {
     let count = load("count", guests::WORDCOUNT_COUNT);
     let mut op = open_operator(&count, Subtask::single(128), "null");
     let out = op.process(&json_batch(&[(Some("ok"), 1u64), (Some("ok"), 1)])).expect("healthy");
     assert_eq!(decode::<String, u64>(&out.main), vec![(Some("ok".into()), 1), (Some("ok".into()), 2)]);
-    err
 }
 
 #[test]
@@ -220,4 +228,128 @@ fn sandbox_defaults_are_bounded() {
     assert!(
         limits.max_key_bytes < limits.max_value_bytes && limits.max_value_bytes <= limits.max_output_bytes_per_call
     );
+}
+
+// State: bounded per subtask, lists appended without re-encoding, whole-state reads bounded.
+
+/// A heap backend that counts the bytes (key and value) every `put` hands it.
+struct CountingBackend {
+    inner: HeapStateBackend,
+    written: Arc<AtomicU64>,
+}
+
+impl StateBackend for CountingBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        self.inner.get(key)
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        self.written.fetch_add((key.len() + value.len()) as u64, Ordering::Relaxed);
+        self.inner.put(key, value)
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
+        self.inner.delete(key)
+    }
+
+    fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
+        self.inner.scan_prefix(prefix, visit)
+    }
+
+    fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
+        self.inner.delete_prefix(prefix)
+    }
+
+    fn approximate_len(&self) -> usize {
+        self.inner.approximate_len()
+    }
+
+    fn raw_mut(&mut self) -> &mut dyn StateBackend {
+        self
+    }
+}
+
+fn operator_over(component: &Component, backend: Box<dyn StateBackend>, mode: &str) -> OperatorInstance {
+    let mut op = component
+        .instantiate_operator(Subtask::single(128), backend, Box::new(HeapTimerService::default()))
+        .expect("instantiate");
+    op.open(&format!(r#"{{"mode": "{mode}"}}"#)).expect("open");
+    op
+}
+
+#[test]
+fn appending_to_a_list_writes_the_same_bytes_however_long_the_list() {
+    let written = Arc::new(AtomicU64::new(0));
+    let backend = CountingBackend { inner: HeapStateBackend::default(), written: written.clone() };
+    let mut op = operator_over(hostile(), Box::new(backend), "list-append");
+    let mut per_append = Vec::new();
+    for i in 0..2_000 {
+        let before = written.load(Ordering::Relaxed);
+        op.process(&json_batch(&[(Some("k"), format!("item-{i:05}"))])).expect("append");
+        per_append.push(written.load(Ordering::Relaxed) - before);
+    }
+    let first = per_append[0];
+    assert!(
+        per_append.iter().all(|&b| b == first),
+        "bytes written per append: first {first}, 1000th {}, last {}",
+        per_append[999],
+        per_append[1_999]
+    );
+}
+
+#[test]
+fn a_state_flood_stops_at_the_subtask_state_limit() {
+    for (limits, what, limit) in [
+        (StateLimits { max_bytes: 1 << 20, max_entries: u64::MAX }, "bytes", 1 << 20),
+        (StateLimits { max_bytes: u64::MAX, max_entries: 500 }, "entries", 500),
+    ] {
+        let backend = BoundedBackend::new(Box::new(HeapStateBackend::default()), limits, "raise `state_max_bytes`")
+            .expect("bounded");
+        let mut op = operator_over(hostile(), Box::new(backend), "state-flood");
+        let err = op.process(&json_batch(&[(Some("k"), "v")])).expect_err("flood");
+        assert!(op.is_poisoned(), "{err}");
+        assert!(
+            matches!(&err.kind, CallErrorKind::Violation(Violation::StateLimit(e)) if e.what == what && e.limit == limit),
+            "{err}"
+        );
+        assert!(err.to_string().contains("raise `state_max_bytes`"), "says how to raise it: {err}");
+        assert!(!err.retryable(), "a limit recurs on restart: {err}");
+        assert!(op.state_backend().approximate_len() as u64 <= limits.max_entries);
+        a_healthy_operator_goes_on();
+    }
+}
+
+#[test]
+fn reading_a_map_larger_than_the_read_bound_is_refused() {
+    let patient =
+        load("hostile", guests::HOSTILE).with_limits(SandboxLimits { call_timeout_ms: 20_000, ..tight_limits() });
+    let err = contained_trap_in(&patient, "huge-map");
+    assert!(
+        matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "map-entries result bytes", limit, .. }) if limit == 16 << 20),
+        "{err}"
+    );
+}
+
+fn run_job(dir: &std::path::Path, yaml: &str) -> Result<eddy_engine::RunSummary, eddy_engine::RunError> {
+    std::fs::write(dir.join("pipeline.yaml"), yaml).expect("write spec");
+    let spec = eddy_engine::PipelineSpec::from_file(&dir.join("pipeline.yaml")).expect("valid spec");
+    let sink = eddy_tests::MemorySink::default();
+    let options = eddy_engine::JobOptions { sink: Some(Box::new(sink)), ..eddy_engine::JobOptions::default() };
+    eddy_engine::Job::start(&spec, runtime(), options).expect("job starts").wait()
+}
+
+#[test]
+fn a_state_flood_fails_its_job_naming_the_step_the_limit_and_the_setting() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("in.jsonl"), "\"a\"\n\"b\"\n").expect("input");
+    let yaml = format!(
+        "name: state-flood\nsources: [{{type: file, name: in, path: in.jsonl, format: json_lines}}]\nsteps:\n  \
+         - {{name: hoard, wasm: {}, key_by: value, config: {{mode: state-flood}}, state_max_bytes: 1048576}}\n\
+         sink: {{type: blackhole}}\n",
+        guests::HOSTILE
+    );
+    let err = run_job(dir.path(), &yaml).expect_err("the flood must fail the job").to_string();
+    for needle in ["`hoard`", "over its limit of 1048576 bytes", "state_max_bytes"] {
+        assert!(err.contains(needle), "{needle:?} missing from: {err}");
+    }
 }

@@ -7,8 +7,10 @@ use eddy_runtime::{OperatorInstance, Output};
 
 use crate::operator::{OperatorError, OperatorSnapshot, StreamOperator};
 
-/// How often expired state is purged (a full scan of the subtask's state).
-const PURGE_EVERY_MS: i64 = 10_000;
+/// How often a purge step runs. Each step examines a bounded number of entries
+/// ([`eddy_state::PURGE_STEP_ENTRIES`] by default) from where the last one stopped: at 1 000 per
+/// 100 ms, a million entries are swept in under two minutes, each step well under a millisecond.
+const PURGE_EVERY_MS: i64 = 100;
 
 /// One subtask of a Wasm operator step.
 #[derive(Debug)]

@@ -60,6 +60,13 @@ pub trait StateBackend: Send {
     fn delete(&mut self, key: &[u8]) -> Result<(), StateError>;
     /// Visits the entries under `prefix` in key order.
     fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError>;
+    /// Visits the entries with keys from `from` on, in key order, until `visit` returns `false`:
+    /// a bounded walk a later call resumes (TTL purge steps). The default is correct for any
+    /// backend but walks every key before `from`; storage backends and wrappers override it.
+    fn scan_from(&self, from: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StateError> {
+        let mut going = true;
+        self.scan_prefix(b"", &mut |k, v| going = going && (k < from || visit(k, v)))
+    }
     /// Removes the entries under `prefix`.
     fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError>;
     /// Number of live entries (for metrics and tests; may be an estimate on disk backends).

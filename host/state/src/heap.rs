@@ -83,6 +83,15 @@ impl StateBackend for HeapStateBackend {
         Ok(())
     }
 
+    fn scan_from(&self, from: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StateError> {
+        for (k, v) in self.entries.range::<_, [u8]>((Bound::Included(from), Bound::Unbounded)) {
+            if !visit(k, v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
         let doomed: Vec<Vec<u8>> = self.range(prefix).map(|(k, _)| k.clone()).collect();
         for k in doomed {

@@ -32,4 +32,4 @@ pub use heap::HeapStateBackend;
 pub use layout::{DecodedStateKey, StateKey, decode_list, decode_state_key, encode_list};
 pub use list::{ListKeys, list_for_each};
 pub use rocks::{RocksDbBackend, RocksDbConfig};
-pub use ttl::{TtlBackend, TtlClock};
+pub use ttl::{ManualTtlClock, PURGE_STEP_ENTRIES, TtlBackend, TtlClock};

@@ -171,6 +171,18 @@ impl StateBackend for RocksDbBackend {
         self.scan_range(prefix, prefix_end(prefix).as_deref(), visit)
     }
 
+    fn scan_from(&self, from: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StateError> {
+        let mut read = ReadOptions::default();
+        read.fill_cache(false);
+        for item in self.db.iterator_opt(IteratorMode::From(from, Direction::Forward), read) {
+            let (k, v) = item.map_err(storage)?;
+            if !visit(&k, &v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
         let mut batch = WriteBatch::default();
         self.scan_prefix(prefix, &mut |k, _| batch.delete(k))?;

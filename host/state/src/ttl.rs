@@ -7,7 +7,11 @@
 //! expire the same state on every run and in every test.
 //!
 //! Reads only hide expired entries (they take `&self` and cannot delete); the space is reclaimed
-//! by [`TtlBackend::purge_expired`], which the engine calls periodically.
+//! by [`TtlBackend::purge_expired`], which the engine calls on its processing-time tick. Each
+//! call is one bounded step: it examines at most [`TtlBackend::purge_step_entries`] stored entries,
+//! starting at a cursor key where the previous step stopped, and wraps to the first key after
+//! the last; so a purge never stalls the task thread for a scan of the whole state, and repeated
+//! steps reach every entry.
 //!
 //! Each stored value is `write time (i64 BE, ms) | user value`. The stamp is part of the state
 //! format: state written through a [`TtlBackend`] must be read back (and restored) through one.
@@ -26,20 +30,31 @@ const STAMP_LEN: usize = 8;
 #[derive(Debug, Clone)]
 pub struct TtlClock {
     now_ms: Arc<AtomicI64>,
+    /// False for a [`TtlClock::manual`] clock: the engine's ticks leave it alone.
+    follows_ticks: bool,
 }
 
 impl TtlClock {
-    /// A clock reading `now_ms`; clones share it.
+    /// A clock reading `now_ms`, advanced by the engine's ticks; clones share it.
     pub fn new(now_ms: i64) -> Self {
-        Self { now_ms: Arc::new(AtomicI64::new(now_ms)) }
+        Self { now_ms: Arc::new(AtomicI64::new(now_ms)), follows_ticks: true }
     }
 
-    /// Advances the clock to `now_ms`. An earlier time is ignored: if time could move backwards,
-    /// a value already hidden as expired could reappear.
+    /// A clock reading `now_ms` that only the returned [`ManualTtlClock`] advances: the engine's
+    /// ticks ([`set`](Self::set)) leave it alone, so a test decides when state expires instead
+    /// of waiting for the wall clock.
+    pub fn manual(now_ms: i64) -> (Self, ManualTtlClock) {
+        let now_ms = Arc::new(AtomicI64::new(now_ms));
+        (Self { now_ms: now_ms.clone(), follows_ticks: false }, ManualTtlClock { now_ms })
+    }
+
+    /// The engine's tick: advances the clock to `now_ms` (a manual clock ignores it). An earlier
+    /// time is ignored: if time could move backwards, a value already hidden as expired could
+    /// reappear.
     pub fn set(&self, now_ms: i64) {
-        // Relaxed suffices: the clock publishes no other memory, and `fetch_max` on one location
-        // is monotonic in every thread's view.
-        self.now_ms.fetch_max(now_ms, Ordering::Relaxed);
+        if self.follows_ticks {
+            advance(&self.now_ms, now_ms);
+        }
     }
 
     /// The current processing time in milliseconds.
@@ -47,6 +62,35 @@ impl TtlClock {
         self.now_ms.load(Ordering::Relaxed)
     }
 }
+
+/// The hand that moves a [`TtlClock::manual`] clock.
+#[derive(Debug)]
+pub struct ManualTtlClock {
+    now_ms: Arc<AtomicI64>,
+}
+
+impl ManualTtlClock {
+    /// Advances the clock to `now_ms`; an earlier time is ignored, as for [`TtlClock::set`].
+    pub fn advance_to(&self, now_ms: i64) {
+        advance(&self.now_ms, now_ms);
+    }
+
+    /// The time the clock reads.
+    pub fn now(&self) -> i64 {
+        self.now_ms.load(Ordering::Relaxed)
+    }
+}
+
+fn advance(clock: &AtomicI64, now_ms: i64) {
+    // Relaxed suffices: the clock publishes no other memory, and `fetch_max` on one location is
+    // monotonic in every thread's view.
+    clock.fetch_max(now_ms, Ordering::Relaxed);
+}
+
+/// Stored entries one purge step examines, unless [`TtlBackend::with_purge_step_entries`] says
+/// otherwise: small enough that a step costs well under a millisecond on the heap, large enough
+/// that a state of a million entries is swept in a thousand steps.
+pub const PURGE_STEP_ENTRIES: usize = 1_000;
 
 /// A [`StateBackend`] whose values expire `ttl_ms` after they were last written.
 ///
@@ -59,6 +103,9 @@ pub struct TtlBackend {
     clock: TtlClock,
     /// Reused for stamping values, so a `put` does not allocate.
     buf: Vec<u8>,
+    /// The next purge step starts at this key (empty: at the first key).
+    purge_cursor: Vec<u8>,
+    purge_step_entries: usize,
 }
 
 impl fmt::Debug for TtlBackend {
@@ -81,7 +128,40 @@ impl TtlBackend {
     /// never what a job means.
     pub fn new(inner: Box<dyn StateBackend>, ttl_ms: i64, clock: TtlClock) -> Self {
         assert!(ttl_ms > 0, "state TTL must be positive, got {ttl_ms} ms");
-        Self { inner, ttl_ms, clock, buf: Vec::new() }
+        Self { inner, ttl_ms, clock, buf: Vec::new(), purge_cursor: Vec::new(), purge_step_entries: PURGE_STEP_ENTRIES }
+    }
+
+    /// Sets how many stored entries one purge step examines (at least 1).
+    pub fn with_purge_step_entries(mut self, entries: usize) -> Self {
+        self.purge_step_entries = entries.max(1);
+        self
+    }
+
+    /// How many stored entries one purge step examines.
+    pub fn purge_step_entries(&self) -> usize {
+        self.purge_step_entries
+    }
+
+    /// Visits the live entries `scan` offers, stamps stripped, until `visit` returns `false`;
+    /// stops at a corrupt entry and returns its error.
+    fn visit_live(
+        &self,
+        scan: impl FnOnce(&mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StateError>,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StateError> {
+        // One reading of the clock for the whole scan, so a concurrent tick cannot make the scan
+        // disagree with itself.
+        let now = self.clock.now();
+        let mut corrupt = None;
+        scan(&mut |key, stored| match split_stamp(key, stored) {
+            Ok((written, value)) if !is_expired(written, self.ttl_ms, now) => visit(key, value),
+            Ok(_) => true,
+            Err(e) => {
+                corrupt = Some(e);
+                false
+            }
+        })?;
+        corrupt.map_or(Ok(()), Err)
     }
 
     fn is_expired(&self, written: i64) -> bool {
@@ -107,24 +187,33 @@ fn split_stamp<'a>(key: &[u8], stored: &'a [u8]) -> Result<(i64, &'a [u8]), Stat
 }
 
 impl StateBackend for TtlBackend {
-    /// Removes every expired entry and returns how many, so expired state does not hold memory
-    /// or disk until its key happens to be written again.
+    /// One purge step: examines at most [`purge_step_entries`](TtlBackend::purge_step_entries)
+    /// stored entries from the cursor on, removes the expired ones and returns how many, and
+    /// moves the cursor past them (back to the first key once it reached the last). Expired
+    /// state thus stops holding memory or disk within one sweep of the steps, whether or not its
+    /// key is ever written again.
     ///
-    /// A corrupt entry fails the purge before anything is deleted.
+    /// A corrupt entry fails the step before it deletes anything; the cursor stays, so the next
+    /// step reports it again.
     fn purge_expired(&mut self) -> Result<usize, StateError> {
-        let now = self.clock.now();
-        let ttl_ms = self.ttl_ms;
+        let (now, ttl_ms, budget) = (self.clock.now(), self.ttl_ms, self.purge_step_entries);
+        let (mut examined, mut last) = (0, None);
         let mut expired = Vec::new();
         let mut corrupt = None;
-        self.inner.scan_prefix(b"", &mut |key, stored| {
-            if corrupt.is_some() {
-                return;
-            }
+        self.inner.scan_from(&self.purge_cursor, &mut |key, stored| {
             match split_stamp(key, stored) {
                 Ok((written, _)) if is_expired(written, ttl_ms, now) => expired.push(key.to_vec()),
                 Ok(_) => {}
-                Err(e) => corrupt = Some(e),
+                Err(e) => {
+                    corrupt = Some(e);
+                    return false;
+                }
             }
+            examined += 1;
+            if examined == budget {
+                last = Some(key.to_vec());
+            }
+            examined < budget
         })?;
         if let Some(e) = corrupt {
             return Err(e);
@@ -132,6 +221,14 @@ impl StateBackend for TtlBackend {
         for key in &expired {
             self.inner.delete(key)?;
         }
+        self.purge_cursor = match last {
+            // The smallest key after the last one examined.
+            Some(mut key) => {
+                key.push(0);
+                key
+            }
+            None => Vec::new(),
+        };
         Ok(expired.len())
     }
 
@@ -162,21 +259,21 @@ impl StateBackend for TtlBackend {
     /// Visits the live entries under `prefix`. On a corrupt entry the scan stops visiting and
     /// returns the error; entries before it have been visited.
     fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
-        // One reading of the clock for the whole scan, so a concurrent tick cannot make the scan
-        // disagree with itself.
-        let now = self.clock.now();
-        let mut corrupt = None;
-        self.inner.scan_prefix(prefix, &mut |key, stored| {
-            if corrupt.is_some() {
-                return;
-            }
-            match split_stamp(key, stored) {
-                Ok((written, value)) if !is_expired(written, self.ttl_ms, now) => visit(key, value),
-                Ok(_) => {}
-                Err(e) => corrupt = Some(e),
-            }
-        })?;
-        corrupt.map_or(Ok(()), Err)
+        self.visit_live(
+            |live| {
+                let mut going = true;
+                self.inner.scan_prefix(prefix, &mut |k, v| going = going && live(k, v))
+            },
+            &mut |k, v| {
+                visit(k, v);
+                true
+            },
+        )
+    }
+
+    /// Visits the live entries from `from` on, as [`scan_prefix`](Self::scan_prefix) does.
+    fn scan_from(&self, from: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StateError> {
+        self.visit_live(|live| self.inner.scan_from(from, live), visit)
     }
 
     fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
@@ -203,6 +300,7 @@ mod tests {
     use crate::HeapStateBackend;
     use proptest::prelude::*;
     use std::collections::HashMap;
+    use std::sync::atomic::AtomicUsize;
 
     fn ttl_backend(ttl_ms: i64, clock: &TtlClock) -> TtlBackend {
         TtlBackend::new(Box::new(HeapStateBackend::default()), ttl_ms, clock.clone())
@@ -222,6 +320,107 @@ mod tests {
         assert_eq!(clock.now(), 150);
         clock.set(120);
         assert_eq!(other.now(), 150);
+    }
+
+    #[test]
+    fn a_manual_clock_moves_only_by_its_hand() {
+        let (clock, hand) = TtlClock::manual(100);
+        let mut backend = ttl_backend(10, &clock);
+        backend.put(b"k", b"v").unwrap();
+        clock.clone().set(1_000);
+        assert_eq!((clock.now(), backend.get(b"k").unwrap()), (100, Some(b"v".to_vec())), "ticks leave it alone");
+        hand.advance_to(110);
+        assert_eq!(backend.get(b"k").unwrap(), None);
+        hand.advance_to(50);
+        assert_eq!(hand.now(), 110, "never backwards");
+    }
+
+    /// A heap backend that counts the stored entries scans hand to their visitors.
+    struct Counting {
+        inner: HeapStateBackend,
+        visited: Arc<AtomicUsize>,
+    }
+
+    impl StateBackend for Counting {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+            self.inner.get(key)
+        }
+        fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+            self.inner.put(key, value)
+        }
+        fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
+            self.inner.delete(key)
+        }
+        fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
+            self.inner.scan_prefix(prefix, &mut |k, v| {
+                self.visited.fetch_add(1, Ordering::Relaxed);
+                visit(k, v);
+            })
+        }
+        fn scan_from(&self, from: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StateError> {
+            self.inner.scan_from(from, &mut |k, v| {
+                self.visited.fetch_add(1, Ordering::Relaxed);
+                visit(k, v)
+            })
+        }
+        fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
+            self.inner.delete_prefix(prefix)
+        }
+        fn approximate_len(&self) -> usize {
+            self.inner.approximate_len()
+        }
+        fn raw_mut(&mut self) -> &mut dyn StateBackend {
+            self
+        }
+    }
+
+    /// 100 entries, the even ones written at 0 and the odd ones at 5, TTL 10.
+    fn hundred_entries(clock: &TtlClock, backend: &mut TtlBackend) {
+        for parity in [0, 1] {
+            clock.set(parity * 5);
+            for i in (parity..100).step_by(2) {
+                backend.put(format!("k{i:03}").as_bytes(), b"v").unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn a_purge_step_examines_at_most_its_budget_and_steps_sweep_every_expired_entry() {
+        let clock = TtlClock::new(0);
+        let visited = Arc::new(AtomicUsize::new(0));
+        let inner = Counting { inner: HeapStateBackend::default(), visited: visited.clone() };
+        let mut backend = TtlBackend::new(Box::new(inner), 10, clock.clone()).with_purge_step_entries(7);
+        hundred_entries(&clock, &mut backend);
+        clock.set(10);
+        let mut removed = 0;
+        // 100 entries at 7 a step: 15 steps reach the end.
+        for step in 0..15 {
+            visited.store(0, Ordering::Relaxed);
+            removed += backend.purge_expired().unwrap();
+            let examined = visited.load(Ordering::Relaxed);
+            assert!(examined <= 7, "step {step} examined {examined} entries");
+        }
+        assert_eq!(removed, 50, "one sweep removes every expired entry");
+        assert_eq!(backend.approximate_len(), 50);
+        assert!(scan_all(&backend).iter().all(|(k, _)| k[3] % 2 == 1), "only the odd ones, still live, remain");
+        // The cursor wraps: the next sweep finds the odd ones once they expire.
+        clock.set(15);
+        let removed: usize = (0..9).map(|_| backend.purge_expired().unwrap()).sum();
+        assert_eq!((removed, backend.approximate_len()), (50, 0));
+    }
+
+    #[test]
+    fn purge_steps_sweep_a_rocksdb_backend_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rocks = crate::RocksDbBackend::open(dir.path(), crate::RocksDbConfig::default()).expect("open");
+        let clock = TtlClock::new(0);
+        let mut backend = TtlBackend::new(Box::new(rocks), 10, clock.clone()).with_purge_step_entries(7);
+        hundred_entries(&clock, &mut backend);
+        clock.set(10);
+        assert_eq!(backend.purge_expired().unwrap(), 4, "k000..k006: 4 even, 3 odd");
+        let removed: usize = (0..14).map(|_| backend.purge_expired().unwrap()).sum();
+        assert_eq!(removed, 46);
+        assert_eq!(scan_all(&backend).len(), 50);
     }
 
     #[test]
@@ -304,6 +503,7 @@ mod tests {
         assert!(err.to_string().contains("\"bad\""), "{err}");
         assert!(matches!(backend.scan_prefix(b"", &mut |_, _| {}), Err(StateError::Corrupt(_))));
         assert!(matches!(backend.purge_expired(), Err(StateError::Corrupt(_))));
+        assert!(matches!(backend.purge_expired(), Err(StateError::Corrupt(_))), "the cursor stays on it");
         assert_eq!(backend.approximate_len(), 1, "a failed purge deletes nothing");
     }
 
@@ -347,11 +547,14 @@ mod tests {
 
     proptest! {
         /// Against a map of key -> (value, write time): reads see exactly the unexpired entries,
-        /// purges remove exactly the expired ones, and the length counts what is stored.
+        /// a purge step removes only expired ones, a sweep of steps removes all of them, and the
+        /// length counts what is stored.
         #[test]
-        fn behaves_like_an_expiring_map(ttl_ms in 1i64..12, ops in proptest::collection::vec(op(), 0..96)) {
+        fn behaves_like_an_expiring_map(
+            ttl_ms in 1i64..12, step_entries in 1usize..8, ops in proptest::collection::vec(op(), 0..96),
+        ) {
             let clock = TtlClock::new(1_000);
-            let mut backend = ttl_backend(ttl_ms, &clock);
+            let mut backend = ttl_backend(ttl_ms, &clock).with_purge_step_entries(step_entries);
             let mut oracle: HashMap<Vec<u8>, (Vec<u8>, i64)> = HashMap::new();
             let live = |written: i64, now: i64| written + ttl_ms > now;
             for op in ops {
@@ -371,9 +574,12 @@ mod tests {
                     }
                     Op::Advance(ms) => clock.set(now + ms),
                     Op::Purge => {
-                        let before = oracle.len();
-                        oracle.retain(|_, (_, w)| live(*w, now));
-                        prop_assert_eq!(backend.purge_expired().unwrap(), before - oracle.len());
+                        let removed = backend.purge_expired().unwrap();
+                        let stored: Vec<Vec<u8>> = scan_all(&*backend.raw_mut()).into_iter().map(|(k, _)| k).collect();
+                        let gone: Vec<_> = oracle.iter().filter(|(k, _)| !stored.contains(k)).collect();
+                        prop_assert_eq!(gone.len(), removed);
+                        prop_assert!(gone.iter().all(|(_, (_, w))| !live(*w, now)), "a step removed live state");
+                        oracle.retain(|k, _| stored.contains(k));
                     }
                 }
                 prop_assert_eq!(backend.approximate_len(), oracle.len());
@@ -382,7 +588,13 @@ mod tests {
             let mut expected: Vec<_> =
                 oracle.into_iter().filter(|(_, (_, w))| live(*w, now)).map(|(k, (v, _))| (k, v)).collect();
             expected.sort();
-            prop_assert_eq!(scan_all(&backend), expected);
+            prop_assert_eq!(scan_all(&backend), expected.clone());
+            // One sweep from wherever the cursor stands: to the end, then from the start.
+            let sweep = backend.approximate_len() / step_entries + 3;
+            for _ in 0..sweep {
+                backend.purge_expired().unwrap();
+            }
+            prop_assert_eq!(backend.approximate_len(), expected.len(), "a sweep leaves only live state");
         }
     }
 }

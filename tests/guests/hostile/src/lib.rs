@@ -12,6 +12,9 @@
 //! - `list-map` (well-behaved): per key, appends each value (a string) to a list state and
 //!   counts it in a map state, then emits `{"list": [...], "map": [[k, n], ...]}`; the value
 //!   `"clear"` clears both instead.
+//! - `list-append` (well-behaved): appends each value to the key's list state, emits nothing;
+//! - `state-flood`: writes new 1 KiB map entries under the record's key without end;
+//! - `huge-map`: grows one key's map state past 16 MiB, then asks for all its entries.
 
 use std::hint::black_box;
 
@@ -111,6 +114,19 @@ impl Operator for Hostile {
                 ctx.emit_raw(None, record.key_bytes(), &serde_json::to_vec(&summary)?, record.timestamp())?;
             }
             "error" => return Err(Error::bad_record("hostile operator rejects every record")),
+            "list-append" => self.list.push(&record.value::<String>()?)?,
+            "state-flood" => {
+                for i in 0u64.. {
+                    self.counts.insert(&format!("{i:0>1024}"), &i)?;
+                }
+            }
+            "huge-map" => {
+                // 17 Ki entries with 1 KiB map keys: just past the default read bound (16 MiB).
+                for i in 0..17 * 1024 {
+                    self.map.insert(&format!("{i:0>1024}"), &1)?;
+                }
+                ctx.emit_value(&self.map.entries()?.len())?;
+            }
             other => return Err(Error::bad_config(format!("unknown mode {other}"))),
         }
         Ok(())
