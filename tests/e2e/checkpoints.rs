@@ -14,24 +14,27 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use std::sync::{Arc, Mutex};
+
+use eddy_engine::checkpoint::store::StoreOp;
 use eddy_engine::connectors::generator_event;
-use eddy_engine::{Job, JobOptions, PipelineSpec, RunError, SourceSpec};
+use eddy_engine::{FaultPoint, Job, JobOptions, PipelineSpec, RunError, SourceSpec};
 use eddy_tests::runtime;
 use serde_json::Value;
 
 /// One window result: (user, window start, purchases, total cents).
 type Row = (String, i64, u64, i64);
 
-struct Setup {
-    seed: u64,
-    events: u64,
-    rate: u64,
-    parallelism: u32,
-    backend: &'static str,
-    interval_ms: u64,
-    retained: usize,
+pub(crate) struct Setup {
+    pub(crate) seed: u64,
+    pub(crate) events: u64,
+    pub(crate) rate: u64,
+    pub(crate) parallelism: u32,
+    pub(crate) backend: &'static str,
+    pub(crate) interval_ms: u64,
+    pub(crate) retained: usize,
     /// `files` (transactional) or `upsert` (idempotent).
-    sink: &'static str,
+    pub(crate) sink: &'static str,
 }
 
 impl Default for Setup {
@@ -50,7 +53,7 @@ impl Default for Setup {
 }
 
 /// Writes the pipeline into `dir` (state, checkpoints and output beside it) and returns its path.
-fn write_pipeline(dir: &Path, s: &Setup) -> PathBuf {
+pub(crate) fn write_pipeline(dir: &Path, s: &Setup) -> PathBuf {
     let yaml = format!(
         r#"
 name: exactly-once-test
@@ -105,7 +108,7 @@ sink:
 }
 
 /// Window results computed directly from the generator's events.
-fn oracle(spec: &PipelineSpec) -> Vec<Row> {
+pub(crate) fn oracle(spec: &PipelineSpec) -> Vec<Row> {
     let SourceSpec::Generator(g) = &spec.sources[0] else { panic!("generator source") };
     let mut windows: BTreeMap<(String, i64), (u64, i64)> = BTreeMap::new();
     for i in 0..g.events.expect("bounded") {
@@ -121,7 +124,7 @@ fn oracle(spec: &PipelineSpec) -> Vec<Row> {
 }
 
 /// Every row in the committed files, sorted (duplicates kept, so they show).
-fn committed(out: &Path) -> Vec<Row> {
+pub(crate) fn committed(out: &Path) -> Vec<Row> {
     let mut rows = Vec::new();
     let Ok(entries) = std::fs::read_dir(out) else { return rows };
     for entry in entries.filter_map(Result::ok).filter(|e| e.path().is_file()) {
@@ -158,9 +161,18 @@ fn differences(got: &[Row], expected: &[Row]) -> String {
 }
 
 /// Runs the pipeline in this process until `stop` says so (then cancels) or it finishes.
-fn run_until(path: &Path, stop: impl Fn(&Job) -> bool) -> Result<eddy_engine::RunSummary, RunError> {
+pub(crate) fn run_until(path: &Path, stop: impl Fn(&Job) -> bool) -> Result<eddy_engine::RunSummary, RunError> {
+    run_with(path, JobOptions::default(), stop)
+}
+
+/// [`run_until`] with `options`.
+pub(crate) fn run_with(
+    path: &Path,
+    options: JobOptions,
+    stop: impl Fn(&Job) -> bool,
+) -> Result<eddy_engine::RunSummary, RunError> {
     let spec = PipelineSpec::from_file(path).expect("spec");
-    let job = Job::start(&spec, runtime(), JobOptions::default())?;
+    let job = Job::start(&spec, runtime(), options)?;
     while !job.is_done() {
         if stop(&job) {
             job.cancel();
@@ -170,7 +182,7 @@ fn run_until(path: &Path, stop: impl Fn(&Job) -> bool) -> Result<eddy_engine::Ru
     job.wait()
 }
 
-fn assert_exactly_once(path: &Path, context: &str) {
+pub(crate) fn assert_exactly_once(path: &Path, context: &str) {
     let spec = PipelineSpec::from_file(path).expect("spec");
     let expected = oracle(&spec);
     let got = committed(&path.parent().expect("dir").join("out"));
@@ -260,12 +272,57 @@ fn a_source_parallelism_change_is_refused_with_a_clear_error() {
 /// Env var that turns [`crash_child`] into the job under test.
 const CHILD_PIPELINE: &str = "EDDY_CRASH_PIPELINE";
 
+/// Env var: the seed of the faults [`crash_child`] injects; unset, it injects none.
+const CHILD_FAULT_SEED: &str = "EDDY_CRASH_FAULT_SEED";
+
+/// A seeded xorshift draw in `0..bound`, shareable between threads.
+fn seeded_draws(seed: u64) -> Arc<dyn Fn(u64) -> u64 + Send + Sync> {
+    let state = Mutex::new(seed | 1);
+    Arc::new(move |bound: u64| {
+        let mut x = state.lock().expect("rng");
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x % bound.max(1)
+    })
+}
+
+/// Options that make the checkpoint store fail 5% of writes and delay 20% by up to 20 ms, and
+/// make the process die (abort: no destructor, no flush, like SIGKILL) at one in twelve of the
+/// checkpoint protocol's fault points, so deaths land inside checkpoints on purpose.
+fn faulty(seed: u64) -> JobOptions {
+    let draw = seeded_draws(seed);
+    let store_draw = draw.clone();
+    JobOptions {
+        store_faults: Some(Arc::new(move |op: StoreOp, _: &str| {
+            if op == StoreOp::Put {
+                match store_draw(100) {
+                    0..5 => return Err("injected write failure".into()),
+                    5..25 => std::thread::sleep(Duration::from_millis(store_draw(20))),
+                    _ => {}
+                }
+            }
+            Ok(())
+        })),
+        fault_hook: Some(Arc::new(move |_: FaultPoint| {
+            if draw(12) == 0 {
+                std::process::abort();
+            }
+        })),
+        ..JobOptions::default()
+    }
+}
+
 /// Not a test of its own: the process the crash test starts (and kills).
 #[test]
 #[ignore = "started by the crash test in a child process"]
 fn crash_child() {
     let Ok(path) = std::env::var(CHILD_PIPELINE) else { return };
-    match run_until(Path::new(&path), |_| false) {
+    let options = match std::env::var(CHILD_FAULT_SEED).ok().and_then(|s| s.parse().ok()) {
+        Some(seed) => faulty(seed),
+        None => JobOptions::default(),
+    };
+    match run_with(Path::new(&path), options, |_| false) {
         Ok(summary) => assert!(summary.finished),
         Err(RunError::AlreadyFinished { .. }) => {}
         Err(e) => panic!("child job failed: {e}"),
@@ -287,56 +344,149 @@ fn start_child_with(path: &Path, env: &[(&str, &str)]) -> std::process::Child {
         .expect("start the child job")
 }
 
+/// The crash test's seed (`EDDY_CRASH_SEED` repeats a run) and number of kills
+/// (`EDDY_CRASH_KILLS`, at least 20).
+fn crash_settings() -> (u64, u32) {
+    let kills: u32 = std::env::var("EDDY_CRASH_KILLS").ok().and_then(|k| k.parse().ok()).unwrap_or(20).max(20);
+    let seed: u64 = std::env::var("EDDY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    (seed, kills)
+}
+
+/// Runs the pipeline at `path` in child processes until `kills` of them died mid-run — killed
+/// with SIGKILL at a random moment, or (with `faults`) dead by their own injected fault — then
+/// once more to the end. Returns how many runs finished before they could be killed.
+fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool) -> u32 {
+    let draw = seeded_draws(seed);
+    let mut killed = 0;
+    let mut attempt = 0u64;
+    let mut finished_early = 0;
+    while killed < kills {
+        attempt += 1;
+        let fault_seed = (seed ^ attempt.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_string();
+        let env: Vec<(&str, &str)> = if faults { vec![(CHILD_FAULT_SEED, &fault_seed)] } else { Vec::new() };
+        let mut child = start_child_with(path, &env);
+        std::thread::sleep(Duration::from_millis(150 + draw(600)));
+        match child.try_wait().expect("poll child") {
+            Some(status) if status.success() => {
+                finished_early += 1;
+                break;
+            }
+            Some(_) => {}
+            None => {
+                child.kill().expect("SIGKILL");
+                child.wait().expect("reap");
+            }
+        }
+        killed += 1;
+    }
+    // Let the last run finish (or confirm it had), without faults.
+    let status = start_child(path).wait().expect("final run");
+    assert!(status.success(), "seed {seed}: the final run failed");
+    finished_early
+}
+
 /// The crash test: the job runs in a child process that is killed with SIGKILL at random
 /// moments (`EDDY_CRASH_KILLS` times, at least 20; `EDDY_CRASH_SEED` repeats a run) and
 /// restarted each time; afterwards the committed output equals the oracle exactly.
 #[test]
 fn sigkill_at_random_moments_loses_nothing_and_duplicates_nothing() {
-    let kills: u32 = std::env::var("EDDY_CRASH_KILLS").ok().and_then(|k| k.parse().ok()).unwrap_or(20).max(20);
-    let seed: u64 = std::env::var("EDDY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-    });
+    let (seed, kills) = crash_settings();
     eprintln!("crash test: seed {seed} (EDDY_CRASH_SEED={seed} repeats it), {kills} kills");
     let dir = tempfile::tempdir().expect("tempdir");
     // ~0.55 s of input per kill: the job outlives the kills whatever their number.
     let events = 4_500 * u64::from(kills);
     let setup = Setup { seed, events, rate: 8_000, backend: "rocksdb", interval_ms: 150, ..Setup::default() };
     let path = write_pipeline(dir.path(), &setup);
-    let mut rng = seed;
-    let mut next = |bound: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % bound
-    };
     let started = Instant::now();
-    let mut killed = 0;
-    let mut finished_early = 0;
-    while killed < kills {
-        let mut child = start_child(&path);
-        std::thread::sleep(Duration::from_millis(150 + next(600)));
-        if child.try_wait().expect("poll child").is_some() {
-            finished_early += 1;
-            break;
-        }
-        child.kill().expect("SIGKILL");
-        child.wait().expect("reap");
-        killed += 1;
-    }
-    // Let the last run finish (or confirm it had).
-    let status = start_child(&path).wait().expect("final run");
-    assert!(status.success(), "the final run failed");
+    let finished_early = crash_repeatedly(&path, seed, kills, false);
     let spec = PipelineSpec::from_file(&path).expect("spec");
     let expected = oracle(&spec);
     let got = committed(&dir.path().join("out"));
     eprintln!(
-        "crash test: seed {seed}: {killed} SIGKILLs in {:.1}s, {} window results compared with the oracle, {} differences",
+        "crash test: seed {seed}: {kills} SIGKILLs in {:.1}s, {} window results compared with the oracle, {} differences",
         started.elapsed().as_secs_f64(),
         expected.len(),
         if got == expected { 0 } else { 1 }
     );
     assert_eq!(finished_early, 0, "the job finished before {kills} kills; make it longer");
     assert!(got == expected, "seed {seed}: {}", differences(&got, &expected));
+}
+
+/// Generated purchases keyed by user into a Wasm operator with value state that emits each
+/// user's running count, RocksDB state at parallelism 2, exactly-once files.
+fn running_count_pipeline(dir: &Path, seed: u64, events: u64) -> PathBuf {
+    let yaml = format!(
+        "name: crash-running-count\nparallelism: 2\nsources:\n  - {{type: generator, name: purchases, seed: {seed}, \
+         events: {events}, keys: 40, key_field: user_id, key_prefix: user-, value_field: amount_cents, min_value: 1, \
+         max_value: 1000, start_ms: 0, interval_ms: 5, rate_per_sec: 8000}}\nsteps:\n  - {{name: count, wasm: {count}, \
+         key_by: /user_id}}\nstate: {{backend: rocksdb, dir: state}}\ncheckpoints: {{dir: checkpoints, interval_ms: 100, \
+         retained: 2}}\nrestart: {{strategy: none}}\nsink: {{type: files, dir: out}}\n",
+        count = eddy_guest_artifacts::RUNNING_COUNT,
+    );
+    let path = dir.join("pipeline.yaml");
+    std::fs::write(&path, yaml).expect("write pipeline");
+    path
+}
+
+/// Each user's running counts 1..=n, computed from the generator's events.
+fn running_count_oracle(spec: &PipelineSpec) -> Vec<(String, u64)> {
+    let SourceSpec::Generator(g) = &spec.sources[0] else { panic!("generator source") };
+    let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+    for i in 0..g.events.expect("bounded") {
+        let value: Value = serde_json::from_slice(&generator_event(g, i).value).expect("json");
+        *totals.entry(value["user_id"].as_str().expect("user").to_owned()).or_default() += 1;
+    }
+    totals.into_iter().flat_map(|(user, n)| (1..=n).map(move |k| (user.clone(), k))).collect()
+}
+
+/// The (key, count) rows committed in `out`, sorted, duplicates kept.
+pub(crate) fn committed_counts(out: &Path) -> Vec<(String, u64)> {
+    let mut rows = Vec::new();
+    let Ok(entries) = std::fs::read_dir(out) else { return rows };
+    for entry in entries.filter_map(Result::ok).filter(|e| e.path().is_file()) {
+        for line in std::fs::read_to_string(entry.path()).expect("read").lines() {
+            let v: Value = serde_json::from_str(line).expect("json line");
+            rows.push((v["key"].as_str().expect("key").to_owned(), v["value"].as_u64().expect("count")));
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// The crash test with faults: a stateful Wasm operator, a checkpoint store that fails and
+/// delays writes at random, and deaths placed inside checkpoints (after an upload, before and
+/// after the metadata, before the sink commits) besides SIGKILLs at random moments. Seeded:
+/// `EDDY_CRASH_SEED` repeats a run.
+#[test]
+fn deaths_inside_checkpoints_with_a_failing_store_lose_nothing_and_duplicate_nothing() {
+    let (seed, kills) = crash_settings();
+    eprintln!("crash test with faults: seed {seed} (EDDY_CRASH_SEED={seed} repeats it), {kills} deaths");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = running_count_pipeline(dir.path(), seed, 4_500 * u64::from(kills));
+    let started = Instant::now();
+    let finished_early = crash_repeatedly(&path, seed, kills, true);
+    let expected = running_count_oracle(&PipelineSpec::from_file(&path).expect("spec"));
+    let got = committed_counts(&dir.path().join("out"));
+    let mut balance: BTreeMap<&(String, u64), i64> = BTreeMap::new();
+    for row in &got {
+        *balance.entry(row).or_default() += 1;
+    }
+    for row in &expected {
+        *balance.entry(row).or_default() -= 1;
+    }
+    let extra: i64 = balance.values().filter(|c| **c > 0).sum();
+    let missing: i64 = -balance.values().filter(|c| **c < 0).sum::<i64>();
+    eprintln!(
+        "crash test with faults: seed {seed}: {kills} deaths in {:.1}s, {} running counts compared with the oracle, \
+         {} differences",
+        started.elapsed().as_secs_f64(),
+        expected.len(),
+        missing + extra
+    );
+    assert_eq!(finished_early, 0, "the job finished before {kills} deaths; make it longer");
+    assert!(got == expected, "seed {seed}: {missing} running counts missing, {extra} extra");
 }
 
 /// Word counts from a followed file through `split` and `count`, with checkpoints.

@@ -10,4 +10,5 @@ mod load;
 mod nexmark;
 mod operators;
 mod polyglot;
+mod recovery;
 mod windows;

@@ -28,6 +28,7 @@ const RUST_GUESTS: &[(&str, &str, &str)] = &[
     ("NEXMARK_WINDOW_ROW", "nexmark-window-row", "nexmark_window_row"),
     ("NEXMARK_Q8", "nexmark-q8", "nexmark_q8"),
     ("HOSTILE", "hostile", "hostile"),
+    ("RUNNING_COUNT", "running-count", "running_count"),
     ("MISSING_EXPORT", "missing-export", "missing_export"),
     ("COMMAND", "command", "command"),
 ];
