@@ -34,8 +34,13 @@ fn misbehave(mode: &str) -> (CallError, bool) {
 }
 
 fn misbehave_in(component: &Component, mode: &str) -> (CallError, bool) {
-    let mut op = open_operator(component, Subtask::single(128), &format!(r#"{{"mode": "{mode}"}}"#));
-    let err = op.process(&json_batch(&[(Some("k"), "v")])).expect_err(mode);
+    misbehave_with(component, &format!(r#"{{"mode": "{mode}"}}"#))
+}
+
+/// Opens the hostile operator with `config` (JSON) and feeds it one record.
+fn misbehave_with(component: &Component, config: &str) -> (CallError, bool) {
+    let mut op = open_operator(component, Subtask::single(128), config);
+    let err = op.process(&json_batch(&[(Some("k"), "v")])).expect_err(config);
     assert_eq!(err.operator, "hostile");
     assert_eq!(err.call, "process");
     (err, op.is_poisoned())
@@ -48,7 +53,11 @@ fn contained_trap(mode: &str) -> CallError {
 }
 
 fn contained_trap_in(component: &Component, mode: &str) -> CallError {
-    let (err, poisoned) = misbehave_in(component, mode);
+    contained_trap_with(component, &format!(r#"{{"mode": "{mode}"}}"#))
+}
+
+fn contained_trap_with(component: &Component, config: &str) -> CallError {
+    let (err, poisoned) = misbehave_with(component, config);
     assert!(poisoned, "a trap must poison the instance: {err}");
     a_healthy_operator_goes_on();
     err
@@ -141,7 +150,7 @@ fn a_value_write_outside_its_buffer_is_refused() {
 fn state_without_a_current_key_is_refused() {
     let mut op = instantiate(hostile(), Subtask::single(128));
     let err = op.open(r#"{"mode": "state-in-open"}"#).expect_err("no key in open");
-    assert!(matches!(err.kind, CallErrorKind::Violation(Violation::NoKey(ref m)) if m.contains("open")), "{err}");
+    assert_eq!(err.kind, CallErrorKind::Violation(Violation::NoKey { call: "open", record: None }), "{err}");
 }
 
 #[test]
@@ -330,12 +339,140 @@ fn reading_a_map_larger_than_the_read_bound_is_refused() {
     );
 }
 
+// ---- Output, timers and logs a guest controls (issue 10, items 5 and 7) ----
+
+fn limit_of(err: &CallError) -> Option<(&'static str, usize, usize)> {
+    match err.kind {
+        CallErrorKind::Violation(Violation::Limit { what, limit, actual }) => Some((what, limit, actual)),
+        _ => None,
+    }
+}
+
+#[test]
+fn emitted_rows_are_charged_for_every_byte_copied_even_when_they_alias_one_value() {
+    // 100 rows, each pointing at the same 1 MiB: 1 MiB sent, 100 MiB to copy, 8 MiB allowed.
+    let err = contained_trap_with(hostile(), r#"{"mode": "aliased-emit", "count": 100}"#);
+    let (what, limit, actual) = limit_of(&err).unwrap_or_else(|| panic!("a limit, got {err}"));
+    assert_eq!((what, limit), ("output bytes in one call", 8 << 20), "{err}");
+    assert!(actual > 8 << 20, "{err}");
+    assert!(err.to_string().contains("output bytes in one call") && err.to_string().contains(&(8 << 20).to_string()));
+}
+
+/// Runs `yaml` (a pipeline over `dir`) on the shared runtime to its end or first failure.
 fn run_job(dir: &std::path::Path, yaml: &str) -> Result<eddy_engine::RunSummary, eddy_engine::RunError> {
     std::fs::write(dir.join("pipeline.yaml"), yaml).expect("write spec");
     let spec = eddy_engine::PipelineSpec::from_file(&dir.join("pipeline.yaml")).expect("valid spec");
     let sink = eddy_tests::MemorySink::default();
     let options = eddy_engine::JobOptions { sink: Some(Box::new(sink)), ..eddy_engine::JobOptions::default() };
     eddy_engine::Job::start(&spec, runtime(), options).expect("job starts").wait()
+}
+
+#[test]
+fn a_job_emitting_aliased_rows_fails_alone_naming_the_output_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("in.jsonl"), "\"a\"\n\"b\"\n").expect("input");
+    std::fs::write(dir.path().join("words.txt"), "the fox\nthe dog\n".repeat(200)).expect("input");
+    let hostile = format!(
+        "name: aliased\nsources: [{{type: file, name: in, path: in.jsonl, format: json_lines}}]\nsteps:\n  \
+         - {{name: flood, wasm: {}, config: {{mode: aliased-emit}}}}\nsink: {{type: blackhole}}\n",
+        guests::HOSTILE
+    );
+    let healthy = format!(
+        "name: wc\nsources: [{{type: file, name: lines, path: words.txt}}]\nsteps:\n  \
+         - {{name: split, wasm: {}}}\n  - {{name: count, wasm: {}, key_by: key}}\nsink: {{type: blackhole}}\n",
+        guests::WORDCOUNT_SPLIT,
+        guests::WORDCOUNT_COUNT
+    );
+    let hostile_dir = dir.path().join("hostile");
+    let healthy_dir = dir.path().join("healthy");
+    for d in [&hostile_dir, &healthy_dir] {
+        std::fs::create_dir(d).expect("dir");
+    }
+    std::fs::rename(dir.path().join("in.jsonl"), hostile_dir.join("in.jsonl")).expect("move");
+    std::fs::rename(dir.path().join("words.txt"), healthy_dir.join("words.txt")).expect("move");
+    let (failed, finished) = std::thread::scope(|s| {
+        let h = s.spawn(|| run_job(&hostile_dir, &hostile));
+        let ok = run_job(&healthy_dir, &healthy);
+        (h.join().expect("hostile job thread"), ok)
+    });
+    let err = failed.expect_err("the aliased rows must fail the job").to_string();
+    assert!(err.contains("flood") && err.contains("output bytes in one call"), "{err}");
+    assert!(err.contains(&(64usize << 20).to_string()), "names the limit: {err}");
+    let summary = finished.expect("the healthy job on the same runtime finishes");
+    assert!(summary.finished);
+    assert_eq!(summary.metrics.sink_records, 800, "one count per word");
+}
+
+#[test]
+fn endless_timers_on_one_key_stop_at_the_per_key_limit() {
+    let err = contained_trap("timer-flood");
+    let (what, limit, _) = limit_of(&err).unwrap_or_else(|| panic!("a limit, got {err}"));
+    assert_eq!((what, limit), ("registered timers of one key", SandboxLimits::default().max_timers_per_key), "{err}");
+}
+
+#[test]
+fn endless_timers_stop_at_the_per_instance_limit() {
+    let few = load("hostile", guests::HOSTILE).with_limits(SandboxLimits {
+        max_timers: 5_000,
+        max_timers_per_key: usize::MAX,
+        ..tight_limits()
+    });
+    let err = contained_trap_in(&few, "timer-flood");
+    let (what, limit, _) = limit_of(&err).unwrap_or_else(|| panic!("a limit, got {err}"));
+    assert_eq!((what, limit), ("registered timers", 5_000), "{err}");
+    assert!(err.to_string().contains("5000"), "{err}");
+}
+
+#[test]
+fn a_burst_of_due_timers_reaches_the_guest_in_bounded_batches() {
+    // 100 keys of 1 KiB, 1 000 timers each, all due at one watermark: 100 MiB of keys, more
+    // than the guest's 64 MiB of memory if they came in one `on-timer` call.
+    let patient =
+        load("hostile", guests::HOSTILE).with_limits(SandboxLimits { call_timeout_ms: 20_000, ..tight_limits() });
+    let mut op = open_operator(&patient, Subtask::single(128), r#"{"mode": "timer-burst", "count": 1000}"#);
+    let keys: Vec<(Option<String>, &str)> = (0..100).map(|i| (Some(format!("{i:0>1024}")), "v")).collect();
+    assert!(op.process(&json_batch(&keys)).expect("register").main.is_empty());
+    assert_eq!(op.timer_service().len(), 100_000);
+    let fired = op.timer_service().advance_watermark(i64::MAX);
+    let out = op.on_timers(&fired).unwrap_or_else(|e| panic!("every timer delivered: {e}"));
+    let mut per_timestamp = std::collections::BTreeMap::<i64, usize>::new();
+    for (_, t) in decode::<(), i64>(&out.main) {
+        *per_timestamp.entry(t).or_default() += 1;
+    }
+    let expected: std::collections::BTreeMap<i64, usize> = (1..=1_000).map(|t| (t, 100)).collect();
+    assert_eq!(per_timestamp, expected, "each timer fired once");
+    assert!(!op.is_poisoned());
+    a_healthy_operator_goes_on();
+}
+
+#[test]
+fn a_log_flood_is_throttled_and_cut_before_it_leaves_the_guest() {
+    let patient =
+        load("hostile", guests::HOSTILE).with_limits(SandboxLimits { call_timeout_ms: 20_000, ..tight_limits() });
+    let limits = SandboxLimits::default();
+    let mut op = open_operator(&patient, Subtask::single(128), r#"{"mode": "log-flood", "count": 200000}"#);
+    op.process(&json_batch(&[(Some("k"), "v")])).expect("logging never fails a call");
+    let stats = op.log_stats();
+    assert_eq!(stats.written + stats.dropped, 200_001, "{stats:?}");
+    // The burst, plus what the rate refills while the flood runs (generously: a minute).
+    let bound = u64::from(limits.log_burst_lines) + 60 * u64::from(limits.log_lines_per_second);
+    assert!(stats.written <= bound, "{stats:?}");
+    assert_eq!(stats.truncated, 1, "the 1 MiB line: {stats:?}");
+    // The instance goes on, and so does a healthy operator on the same runtime.
+    assert!(!op.is_poisoned());
+    a_healthy_operator_goes_on();
+}
+
+#[test]
+fn state_outside_a_record_is_not_blamed_on_a_missing_key_by() {
+    let mut op = instantiate(hostile(), Subtask::single(128));
+    let err = op.open(r#"{"mode": "state-in-open"}"#).expect_err("no key in open").to_string();
+    assert!(err.contains("open") && !err.contains("key_by"), "{err}");
+    assert!(err.contains("process") || err.contains("on-timer"), "says where state works: {err}");
+
+    let mut op = open_operator(hostile(), Subtask::single(128), r#"{"mode": "raw-state"}"#);
+    let err = op.process(&json_batch(&[(None::<&str>, "v")])).expect_err("record without key").to_string();
+    assert!(err.contains("has no key") && err.contains("add key_by"), "{err}");
 }
 
 #[test]

@@ -24,7 +24,7 @@ mod timers;
 mod watermark;
 
 pub use key_group::{KeyGroup, KeyGroupRange, MAX_PARALLELISM_LIMIT, key_group_of, key_group_of_hash, key_hash};
-pub use record::{Record, RecordBatch, RecordMeta, RecordView, Span};
+pub use record::{BatchFull, MAX_BATCH_BYTES, Record, RecordBatch, RecordMeta, RecordView, Span};
 pub use time::{TimeDomain, WATERMARK_MIN};
 pub use timers::{FiredTimer, HeapTimerService, TimerService};
 pub use watermark::{BoundedOutOfOrderness, WatermarkTracker};

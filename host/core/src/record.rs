@@ -58,6 +58,19 @@ impl RecordView<'_> {
     }
 }
 
+/// A batch's bytes are addressed by `u32` spans: this many bytes at most.
+pub const MAX_BATCH_BYTES: usize = u32::MAX as usize;
+
+/// A record that would take a batch past [`MAX_BATCH_BYTES`]; the batch is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a record batch holds at most {MAX_BATCH_BYTES} bytes; adding {adding} to {held} would pass that")]
+pub struct BatchFull {
+    /// Bytes the batch held.
+    pub held: usize,
+    /// Bytes the refused record or batch would have added.
+    pub adding: usize,
+}
+
 /// Records in one contiguous buffer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecordBatch {
@@ -71,19 +84,58 @@ impl RecordBatch {
         Self { data: Vec::with_capacity(bytes), records: Vec::with_capacity(records) }
     }
 
+    /// Refuses `adding` more bytes if they would not be addressable by `u32` spans.
+    fn room_for(&self, adding: usize) -> Result<(), BatchFull> {
+        let held = self.data.len();
+        match held.checked_add(adding) {
+            Some(total) if total <= MAX_BATCH_BYTES => Ok(()),
+            _ => Err(BatchFull { held, adding }),
+        }
+    }
+
+    /// Appends bytes that `room_for` admitted, so the casts cannot truncate.
     fn append(&mut self, bytes: &[u8]) -> Span {
-        let offset = self.data.len();
+        let offset = self.data.len() as u32;
         self.data.extend_from_slice(bytes);
-        // Batches are bounded far below 4 GiB by the channel buffer size; a larger one is a bug.
-        let offset = u32::try_from(offset).expect("record batch larger than 4 GiB");
         Span { offset, len: bytes.len() as u32 }
     }
 
-    /// Appends a record.
-    pub fn push(&mut self, key: Option<&[u8]>, value: &[u8], timestamp: Option<i64>) {
+    /// Appends a record, or refuses it (changing nothing) if the batch would pass
+    /// [`MAX_BATCH_BYTES`]. Use this for records whose size a guest or an input controls.
+    pub fn try_push(&mut self, key: Option<&[u8]>, value: &[u8], timestamp: Option<i64>) -> Result<(), BatchFull> {
+        self.room_for(key.map_or(0, <[u8]>::len).saturating_add(value.len()))?;
         let key = key.map(|k| self.append(k));
         let value = self.append(value);
         self.records.push(RecordMeta { key, value, timestamp });
+        Ok(())
+    }
+
+    /// Appends a record.
+    ///
+    /// # Panics
+    ///
+    /// If the batch would pass [`MAX_BATCH_BYTES`]: for batches the host sizes itself (a
+    /// channel buffer of ~32 KiB). Where a guest or an input decides the size, use
+    /// [`RecordBatch::try_push`].
+    pub fn push(&mut self, key: Option<&[u8]>, value: &[u8], timestamp: Option<i64>) {
+        if let Err(full) = self.try_push(key, value, timestamp) {
+            panic!("{full}");
+        }
+    }
+
+    /// Appends every record of `other`, or none of them if the batch would pass
+    /// [`MAX_BATCH_BYTES`].
+    pub fn try_extend(&mut self, other: &RecordBatch) -> Result<(), BatchFull> {
+        self.room_for(other.data.len())?;
+        let base = self.data.len() as u32;
+        let moved = |s: Span| Span { offset: s.offset + base, len: s.len };
+        self.data.extend_from_slice(&other.data);
+        self.records.extend(other.records.iter().map(|m| RecordMeta {
+            key: m.key.map(moved),
+            value: moved(m.value),
+            timestamp: m.timestamp,
+        }));
+        Ok(())
     }
 
     /// Appends a borrowed record.
@@ -166,5 +218,35 @@ mod tests {
             ]
         );
         assert_eq!(b.byte_len(), 6);
+    }
+
+    #[test]
+    fn extending_appends_the_other_batchs_records_in_order() {
+        let mut a = RecordBatch::default();
+        a.push(Some(b"k1"), b"v1", Some(1));
+        let mut b = RecordBatch::default();
+        b.push(None, b"v2", None);
+        b.push(Some(b"k3"), b"", Some(3));
+        a.try_extend(&b).expect("room");
+        let got: Vec<Record> = a.iter().map(|r| r.to_owned()).collect();
+        let record =
+            |k: Option<&[u8]>, v: &[u8], t| Record { key: k.map(<[u8]>::to_vec), value: v.to_vec(), timestamp: t };
+        assert_eq!(
+            got,
+            vec![record(Some(b"k1"), b"v1", Some(1)), record(None, b"v2", None), record(Some(b"k3"), b"", Some(3))]
+        );
+    }
+
+    #[test]
+    fn a_record_past_the_span_range_is_refused_and_changes_nothing() {
+        let mut b = RecordBatch::default();
+        b.push(Some(b"k"), b"v", None);
+        let before = b.clone();
+        let err = b.room_for(MAX_BATCH_BYTES - 1).expect_err("two bytes held");
+        assert_eq!(err, BatchFull { held: 2, adding: MAX_BATCH_BYTES - 1 });
+        assert!(b.room_for(MAX_BATCH_BYTES - 2).is_ok(), "exactly the limit fits");
+        assert!(b.room_for(usize::MAX).is_err(), "no overflow in the sum");
+        assert!(err.to_string().contains(&MAX_BATCH_BYTES.to_string()), "{err}");
+        assert_eq!(b, before);
     }
 }

@@ -3,9 +3,9 @@
 //! The engine owns one per keyed subtask; the runtime's `timers` imports register and delete
 //! through it, and the engine advances it on watermarks and processing-time ticks.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
-use crate::{KeyGroup, TimeDomain, WATERMARK_MIN};
+use crate::{KeyGroup, TimeDomain, WATERMARK_MIN, key_hash};
 
 /// A timer that came due.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -39,8 +39,13 @@ pub trait TimerService: Send {
     fn advance_watermark(&mut self, watermark: i64) -> Vec<FiredTimer>;
     /// Moves processing time to `now_ms` and returns the processing-time timers now due.
     fn advance_processing_time(&mut self, now_ms: i64) -> Vec<FiredTimer>;
+    /// Whether this timer is registered (and not yet fired).
+    fn contains(&self, domain: TimeDomain, key_group: KeyGroup, key: &[u8], timestamp: i64) -> bool;
     /// Number of registered timers in both domains.
     fn len(&self) -> usize;
+    /// Number of registered timers of one key, both domains. May count more, never fewer
+    /// (an implementation may count keys by hash).
+    fn len_of_key(&self, key_group: KeyGroup, key: &[u8]) -> usize;
     /// Every registered timer, not yet fired (for checkpoints), event time first.
     fn pending(&self) -> Vec<FiredTimer>;
     /// Whether no timer is registered.
@@ -56,13 +61,23 @@ type Queue = BTreeSet<(i64, KeyGroup, Vec<u8>)>;
 pub struct HeapTimerService {
     event_time: Queue,
     processing_time: Queue,
+    /// Registered timers per key hash: ~20 bytes per key with timers, against ~100 per timer
+    /// for a map by key bytes. Keys whose hashes collide share a count, which can only make
+    /// a per-key limit stricter for them, with odds of about n²/2⁶⁵ among n keys.
+    per_key: HashMap<u64, u32>,
     watermark: i64,
     now_ms: i64,
 }
 
 impl Default for HeapTimerService {
     fn default() -> Self {
-        Self { event_time: Queue::new(), processing_time: Queue::new(), watermark: WATERMARK_MIN, now_ms: 0 }
+        Self {
+            event_time: Queue::new(),
+            processing_time: Queue::new(),
+            per_key: HashMap::new(),
+            watermark: WATERMARK_MIN,
+            now_ms: 0,
+        }
     }
 }
 
@@ -79,23 +94,51 @@ impl HeapTimerService {
         }
     }
 
-    fn fire(queue: &mut Queue, up_to: i64, domain: TimeDomain) -> Vec<FiredTimer> {
+    fn fire(&mut self, domain: TimeDomain, up_to: i64) -> Vec<FiredTimer> {
+        let queue = self.queue(domain);
         let later = match up_to.checked_add(1) {
             Some(bound) => queue.split_off(&(bound, 0, Vec::new())),
             None => Queue::new(),
         };
         let due = std::mem::replace(queue, later);
-        due.into_iter().map(|(timestamp, key_group, key)| FiredTimer { timestamp, key_group, key, domain }).collect()
+        due.into_iter()
+            .map(|(timestamp, key_group, key)| {
+                self.forget_one(&key);
+                FiredTimer { timestamp, key_group, key, domain }
+            })
+            .collect()
+    }
+
+    fn forget_one(&mut self, key: &[u8]) {
+        let hash = key_hash(key);
+        if let Some(n) = self.per_key.get_mut(&hash) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_key.remove(&hash);
+            }
+        }
     }
 }
 
 impl TimerService for HeapTimerService {
     fn register(&mut self, domain: TimeDomain, key_group: KeyGroup, key: &[u8], timestamp: i64) {
-        self.queue(domain).insert((timestamp, key_group, key.to_vec()));
+        if self.queue(domain).insert((timestamp, key_group, key.to_vec())) {
+            *self.per_key.entry(key_hash(key)).or_default() += 1;
+        }
     }
 
     fn delete(&mut self, domain: TimeDomain, key_group: KeyGroup, key: &[u8], timestamp: i64) {
-        self.queue(domain).remove(&(timestamp, key_group, key.to_vec()));
+        if self.queue(domain).remove(&(timestamp, key_group, key.to_vec())) {
+            self.forget_one(key);
+        }
+    }
+
+    fn contains(&self, domain: TimeDomain, key_group: KeyGroup, key: &[u8], timestamp: i64) -> bool {
+        let queue = match domain {
+            TimeDomain::EventTime => &self.event_time,
+            TimeDomain::ProcessingTime => &self.processing_time,
+        };
+        queue.contains(&(timestamp, key_group, key.to_vec()))
     }
 
     fn current_watermark(&self) -> i64 {
@@ -108,16 +151,20 @@ impl TimerService for HeapTimerService {
 
     fn advance_watermark(&mut self, watermark: i64) -> Vec<FiredTimer> {
         self.watermark = self.watermark.max(watermark);
-        Self::fire(&mut self.event_time, self.watermark, TimeDomain::EventTime)
+        self.fire(TimeDomain::EventTime, self.watermark)
     }
 
     fn advance_processing_time(&mut self, now_ms: i64) -> Vec<FiredTimer> {
         self.now_ms = self.now_ms.max(now_ms);
-        Self::fire(&mut self.processing_time, self.now_ms, TimeDomain::ProcessingTime)
+        self.fire(TimeDomain::ProcessingTime, self.now_ms)
     }
 
     fn len(&self) -> usize {
         self.event_time.len() + self.processing_time.len()
+    }
+
+    fn len_of_key(&self, _key_group: KeyGroup, key: &[u8]) -> usize {
+        self.per_key.get(&key_hash(key)).map_or(0, |&n| n as usize)
     }
 
     fn pending(&self) -> Vec<FiredTimer> {
@@ -159,6 +206,29 @@ mod tests {
         assert_eq!(t.advance_processing_time(5).len(), 1);
         assert_eq!(t.advance_watermark(i64::MAX).len(), 1);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn timers_are_counted_per_key_as_they_come_and_go() {
+        let mut t = HeapTimerService::default();
+        let count = |t: &HeapTimerService| (t.len_of_key(1, b"a"), t.len_of_key(2, b"b"), t.len());
+        assert_eq!(count(&t), (0, 0, 0));
+        t.register(TimeDomain::EventTime, 1, b"a", 10);
+        t.register(TimeDomain::EventTime, 1, b"a", 10);
+        t.register(TimeDomain::ProcessingTime, 1, b"a", 10);
+        t.register(TimeDomain::EventTime, 1, b"a", 30);
+        t.register(TimeDomain::EventTime, 2, b"b", 20);
+        assert_eq!(count(&t), (3, 1, 4), "a twice-registered timer counts once");
+        assert!(t.contains(TimeDomain::ProcessingTime, 1, b"a", 10));
+        assert!(!t.contains(TimeDomain::ProcessingTime, 1, b"a", 30));
+        t.delete(TimeDomain::EventTime, 1, b"a", 30);
+        t.delete(TimeDomain::EventTime, 1, b"a", 99);
+        assert_eq!(count(&t), (2, 1, 3), "deleting a missing timer changes nothing");
+        assert_eq!(t.advance_watermark(20).len(), 2);
+        assert_eq!(count(&t), (1, 0, 1), "fired timers no longer count");
+        assert_eq!(t.advance_processing_time(10).len(), 1);
+        assert_eq!(count(&t), (0, 0, 0));
+        assert!(t.per_key.is_empty(), "no entry is left for keys without timers");
     }
 
     #[test]

@@ -52,7 +52,9 @@ impl CallPolicy {
         if let Err(e) = self.arm(store) {
             return Err(fail(store, CallErrorKind::Internal(format!("{e:#}")), None));
         }
-        match f(store) {
+        let result = f(store);
+        store.data_mut().sandbox().end_call();
+        match result {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => {
                 Err(fail(store, CallErrorKind::Operator { kind: guest_kind(e.kind), message: e.message }, None))

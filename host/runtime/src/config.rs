@@ -29,6 +29,21 @@ pub struct SandboxLimits {
     pub max_state_read_bytes: usize,
     /// States plus side outputs one instance may declare.
     pub max_declarations: usize,
+    /// Timers one instance may hold registered (both domains). The heap timer service spends
+    /// ~100 bytes plus the key's bytes per timer, so 1 M timers with short keys hold ~130 MB.
+    pub max_timers: usize,
+    /// Timers one key may hold registered (both domains).
+    pub max_timers_per_key: usize,
+    /// Timers handed to one `on-timer` call; more that come due at once go in several calls
+    /// (each also holds at most 1 MiB of keys), so a burst cannot overflow guest memory.
+    pub max_timers_per_call: usize,
+    /// Longest log message kept; longer ones are cut before they leave guest memory.
+    pub max_log_message_bytes: usize,
+    /// Log lines one instance may write per second on average; lines beyond the rate and
+    /// the burst are dropped and counted, and the count is logged at most every 10 s.
+    pub log_lines_per_second: u32,
+    /// Log lines one instance may write at once before the rate applies.
+    pub log_burst_lines: u32,
 }
 
 impl Default for SandboxLimits {
@@ -43,6 +58,12 @@ impl Default for SandboxLimits {
             max_output_bytes_per_call: 64 << 20,
             max_state_read_bytes: 16 << 20,
             max_declarations: 1_024,
+            max_timers: 1_000_000,
+            max_timers_per_key: 10_000,
+            max_timers_per_call: 1_024,
+            max_log_message_bytes: 4 << 10,
+            log_lines_per_second: 100,
+            log_burst_lines: 1_000,
         }
     }
 }

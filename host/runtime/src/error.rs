@@ -97,9 +97,15 @@ pub enum Violation {
         /// Records in the call.
         records: usize,
     },
-    /// State or timers used without a key.
-    #[error("{0}: keyed state and timers need a keyed stream (add key_by before this step)")]
-    NoKey(String),
+    /// Keyed state or timers used without a key: on a record that has none (`record`), or
+    /// in a call that handles no record or timer (`open`, `close`).
+    #[error("{}", no_key_message(.call, *.record))]
+    NoKey {
+        /// The export being called.
+        call: &'static str,
+        /// The record without a key, if that is what the handle named.
+        record: Option<u32>,
+    },
     /// A span of a guest's table whose bytes lie outside the buffer it came with.
     #[error("{what} {index} points outside the buffer it came with")]
     BadSpan {
@@ -125,6 +131,20 @@ pub enum Violation {
         /// Results the guest returned.
         actual: usize,
     },
+}
+
+/// Two different mistakes, two different fixes: only a record without a key means the
+/// stream is not keyed.
+fn no_key_message(call: &str, record: Option<u32>) -> String {
+    match record {
+        Some(record) => {
+            format!("record {record} has no key, but keyed state and timers need one: add key_by before this step")
+        }
+        None => format!(
+            "keyed state or timers used in {call}, which handles no record or timer whose key they could \
+             use: use them in process or on-timer (declare states in open)"
+        ),
+    }
 }
 
 /// What happened inside a call that did not return normally.

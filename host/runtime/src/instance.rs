@@ -58,6 +58,49 @@ fn to_wit_timers(fired: &[FiredTimer]) -> TimerBatch {
     TimerBatch { data, timers }
 }
 
+/// Key bytes handed to one `on-timer` call, at most (unless one key alone is longer).
+pub(crate) const TIMER_KEY_BYTES_PER_CALL: usize = 1 << 20;
+
+/// Consecutive runs of `fired`, each of at most `max_timers` timers (at least one) whose keys
+/// add up to at most `max_key_bytes`, except a run of one timer whose key alone is longer.
+pub(crate) fn timer_batches(
+    fired: &[FiredTimer],
+    max_timers: usize,
+    max_key_bytes: usize,
+) -> impl Iterator<Item = &[FiredTimer]> {
+    let max_timers = max_timers.max(1);
+    let mut rest = fired;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut key_bytes = 0usize;
+        let mut len = 0;
+        for t in rest.iter().take(max_timers) {
+            key_bytes = key_bytes.saturating_add(t.key.len());
+            if len > 0 && key_bytes > max_key_bytes {
+                break;
+            }
+            len += 1;
+        }
+        let (batch, later) = rest.split_at(len);
+        rest = later;
+        Some(batch)
+    })
+}
+
+/// Appends `more` to `output`; side outputs match by name (both list every declared one).
+fn append_output(output: &mut Output, more: Output) -> Result<(), eddy_core::BatchFull> {
+    output.main.try_extend(&more.main)?;
+    for (name, batch) in more.side {
+        match output.side.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, held)) => held.try_extend(&batch)?,
+            None => output.side.push((name, batch)),
+        }
+    }
+    Ok(())
+}
+
 /// A keyed operator subtask's sandboxed instance.
 pub struct OperatorInstance {
     pub(crate) store: Store<OperatorHost>,
@@ -97,8 +140,34 @@ impl OperatorInstance {
         result
     }
 
-    /// Delivers fired timers (all of this subtask's key groups) and returns the output.
+    /// Delivers fired timers (all of this subtask's key groups) and returns the output. They
+    /// go to the guest in order, in as many `on-timer` calls as the limits need: at most
+    /// `max_timers_per_call` timers and [`TIMER_KEY_BYTES_PER_CALL`] of keys in each (but at
+    /// least one timer), so no number of timers due at once overflows guest memory. Each call
+    /// has its own deadline and output limit; the output of all of them is returned together.
     pub fn on_timers(&mut self, fired: &[FiredTimer]) -> Result<Output, CallError> {
+        let max_timers = self.policy.limits.max_timers_per_call;
+        let mut output: Option<Output> = None;
+        for batch in timer_batches(fired, max_timers, TIMER_KEY_BYTES_PER_CALL) {
+            let more = self.on_timer_batch(batch)?;
+            match &mut output {
+                None => output = Some(more),
+                Some(output) => append_output(output, more).map_err(|full| CallError {
+                    operator: self.store.data().sandbox.operator.clone(),
+                    call: "on-timer",
+                    kind: CallErrorKind::Violation(Violation::Limit {
+                        what: "output bytes of the timers due at once",
+                        limit: eddy_core::MAX_BATCH_BYTES,
+                        actual: full.held.saturating_add(full.adding),
+                    }),
+                    guest_message: None,
+                })?,
+            }
+        }
+        Ok(output.unwrap_or_default())
+    }
+
+    fn on_timer_batch(&mut self, fired: &[FiredTimer]) -> Result<Output, CallError> {
         let Self { store, bindings, policy } = self;
         store.data_mut().keyed.load_timer_keys(fired);
         let wit = to_wit_timers(fired);
@@ -151,6 +220,11 @@ impl OperatorInstance {
         self.policy.poisoned
     }
 
+    /// What became of the guest's log lines so far.
+    pub fn log_stats(&self) -> crate::LogStats {
+        self.store.data().sandbox.log.stats
+    }
+
     /// Linear memory the instance holds now.
     pub fn memory_bytes(&mut self) -> usize {
         self.store.data_mut().sandbox().memory_used()
@@ -169,13 +243,6 @@ impl HasSandbox for AggregateHost {
 }
 
 impl crate::bindings::types::Host for AggregateHost {}
-
-impl crate::bindings::log::Host for AggregateHost {
-    fn log(&mut self, level: crate::bindings::log::Level, message: String) -> wasmtime::Result<()> {
-        crate::sandbox::guest_log(&mut self.sandbox, level, message);
-        Ok(())
-    }
-}
 
 impl wasmtime_wasi::WasiView for AggregateHost {
     fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
@@ -264,4 +331,55 @@ pub struct AccumulatorUpdate<'a> {
     pub accumulator: &'a [u8],
     /// Indices into the batch, ascending; one key and one window.
     pub records: &'a [u32],
+}
+
+#[cfg(test)]
+mod tests {
+    use eddy_core::TimeDomain;
+
+    use super::*;
+
+    fn timers(key_lens: &[usize]) -> Vec<FiredTimer> {
+        key_lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| FiredTimer {
+                timestamp: i as i64,
+                key_group: 0,
+                key: vec![b'k'; len],
+                domain: TimeDomain::EventTime,
+            })
+            .collect()
+    }
+
+    /// The batch sizes `timer_batches` cuts `key_lens` into.
+    fn sizes(key_lens: &[usize], max_timers: usize, max_key_bytes: usize) -> Vec<usize> {
+        let fired = timers(key_lens);
+        let batches: Vec<&[FiredTimer]> = timer_batches(&fired, max_timers, max_key_bytes).collect();
+        let rejoined: Vec<FiredTimer> = batches.iter().flat_map(|b| b.iter().cloned()).collect();
+        assert_eq!(rejoined, fired, "every timer once, in order");
+        batches.iter().map(|b| b.len()).collect()
+    }
+
+    #[test]
+    fn due_timers_are_cut_into_batches_by_count_and_key_bytes() {
+        // (key lengths, max timers, max key bytes, batch sizes), worked out by hand.
+        let cases: [(&[usize], usize, usize, &[usize]); 8] = [
+            (&[], 3, 100, &[]),
+            (&[1, 1, 1, 1, 1, 1, 1], 3, 100, &[3, 3, 1]),
+            (&[1, 1, 1], 3, 100, &[3]),
+            (&[4, 4, 4, 4], 10, 8, &[2, 2]),
+            (&[4, 4, 4, 4], 10, 9, &[2, 2]),
+            (&[4, 4, 4, 4], 10, 12, &[3, 1]),
+            (&[20, 1, 30, 1], 10, 8, &[1, 1, 1, 1]),
+            (&[1, 1], 0, 100, &[1, 1]),
+        ];
+        for (key_lens, max_timers, max_key_bytes, expected) in cases {
+            assert_eq!(
+                sizes(key_lens, max_timers, max_key_bytes),
+                expected,
+                "{key_lens:?} by {max_timers}, {max_key_bytes}"
+            );
+        }
+    }
 }

@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 use eddy_core::{
-    FiredTimer, KeyGroup, KeyGroupRange, RecordBatch, TimeDomain, TimerService, key_group_of_hash, key_hash,
+    FiredTimer, KeyGroup, KeyGroupRange, MAX_BATCH_BYTES, RecordBatch, RecordMeta, TimeDomain, TimerService,
+    key_group_of_hash, key_hash,
 };
 use eddy_state::{ListKeys, StateBackend, StateError, StateKey, list_for_each};
 use eddy_wire::{Packed, Row, Span, Table, ValueWrite};
@@ -106,10 +107,8 @@ impl KeyTable {
     fn get(&self, handle: u32) -> ImportResult<(KeyGroup, &[u8])> {
         match self.entries.get(handle as usize) {
             Some(Some((g, start, len))) => Ok((*g, &self.data[*start..*start + *len])),
-            Some(None) => Err(trap(Violation::NoKey(format!("record {handle} has no key")))),
-            None if self.entries.is_empty() => {
-                Err(trap(Violation::NoKey(format!("no current key in {}", self.context))))
-            }
+            Some(None) => Err(trap(Violation::NoKey { call: self.context, record: Some(handle) })),
+            None if self.entries.is_empty() => Err(trap(Violation::NoKey { call: self.context, record: None })),
             None => Err(trap(Violation::BadKeyHandle { handle, records: self.entries.len() })),
         }
     }
@@ -341,13 +340,6 @@ impl WasiView for OperatorHost {
 
 impl types::Host for OperatorHost {}
 
-impl crate::bindings::log::Host for OperatorHost {
-    fn log(&mut self, level: crate::bindings::log::Level, message: String) -> ImportResult<()> {
-        crate::sandbox::guest_log(&mut self.sandbox, level, message);
-        Ok(())
-    }
-}
-
 use state::StateKind::{List, Map, Value};
 
 impl state::Host for OperatorHost {
@@ -406,6 +398,7 @@ impl state::Host for OperatorHost {
             self.keyed.with_state_key(state, Some(List), key, None, |b, k, _| list_keys.replace(b, k, &items));
         self.keyed.list_keys = list_keys;
         replaced
+    }
 
     fn map_get(&mut self, state: u32, key: u32, map_key: Vec<u8>) -> ImportResult<Option<Vec<u8>>> {
         limit("map key bytes", self.keyed.limits.max_key_bytes, map_key.len())?;
@@ -454,7 +447,15 @@ impl timers::Host for OperatorHost {
     fn register_timer(&mut self, key: u32, d: types::TimeDomain, timestamp: i64) -> ImportResult<()> {
         let k = &mut self.keyed;
         let (group, key) = k.keys.get(key)?;
-        k.timers.register(domain(d), group, key, timestamp);
+        let (d, limits) = (domain(d), &k.limits);
+        let (held, held_by_key) = (k.timers.len(), k.timers.len_of_key(group, key));
+        // At a limit, registering a timer that exists already is still allowed (it adds nothing).
+        let at_limit = held >= limits.max_timers || held_by_key >= limits.max_timers_per_key;
+        if at_limit && !k.timers.contains(d, group, key, timestamp) {
+            limit("registered timers", limits.max_timers, held + 1)?;
+            limit("registered timers of one key", limits.max_timers_per_key, held_by_key + 1)?;
+        }
+        k.timers.register(d, group, key, timestamp);
         Ok(())
     }
 
@@ -488,26 +489,77 @@ impl output::Host for OperatorHost {
         self.keyed.declare(name, None, false)
     }
 
+    /// Every row is resolved and checked, and what copying them all would cost is charged,
+    /// before anything is copied: rows may all point at one span of the buffer, so the host
+    /// may be asked to copy far more than the guest sent.
     fn emit(&mut self, records: types::OutputBatch) -> ImportResult<()> {
         let k = &mut self.keyed;
-        k.output_bytes += records.data.len();
-        limit("output bytes in one call", k.limits.max_output_bytes_per_call, k.output_bytes)?;
-        for (i, r) in table::<Row>(&records.records)?.iter().enumerate() {
-            let key = r.key.map(|s| span_bytes(&records.data, s, "emitted record", i)).transpose()?;
-            let value = span_bytes(&records.data, r.value, "emitted record", i)?;
-            limit("emitted key bytes", k.limits.max_key_bytes, key.map_or(0, <[u8]>::len))?;
-            limit("emitted value bytes", k.limits.max_value_bytes, value.len())?;
+        let rows = resolve_rows(&records, &k.limits, k.output.side.len())?;
+        let copied = rows.iter().fold(0usize, |sum, r| sum.saturating_add(r.copied_bytes()));
+        k.output_bytes = k.output_bytes.saturating_add(copied);
+        // Within a batch's span range too, so the copies below cannot be refused.
+        let allowed = k.limits.max_output_bytes_per_call.min(MAX_BATCH_BYTES);
+        limit("output bytes in one call", allowed, k.output_bytes)?;
+        for r in rows {
             let target = match r.tag {
                 0 => &mut k.output.main,
                 n => match k.output.side.get_mut(n as usize - 1) {
                     Some((_, batch)) => batch,
-                    None => {
-                        return Err(trap(Violation::BadDeclaration(format!("side output id {n} was never declared"))));
-                    }
+                    None => return Err(undeclared_output(n)),
                 },
             };
-            target.push(key, value, r.timestamp);
+            target.try_push(r.key, r.value, r.timestamp).map_err(|full| {
+                trap(Violation::Limit {
+                    what: "output bytes in one call",
+                    limit: MAX_BATCH_BYTES,
+                    actual: full.held.saturating_add(full.adding),
+                })
+            })?;
         }
         Ok(())
     }
+}
+
+/// What the host holds per emitted record beyond its bytes.
+const EMITTED_ROW_BYTES: usize = std::mem::size_of::<RecordMeta>();
+
+/// One row of an `emit`, resolved against its buffer.
+struct Emitted<'a> {
+    tag: u32,
+    key: Option<&'a [u8]>,
+    value: &'a [u8],
+    timestamp: Option<i64>,
+}
+
+impl Emitted<'_> {
+    /// What copying this row into the call's output costs the host.
+    fn copied_bytes(&self) -> usize {
+        self.key.map_or(0, <[u8]>::len) + self.value.len() + EMITTED_ROW_BYTES
+    }
+}
+
+fn undeclared_output(id: u32) -> wasmtime::Error {
+    trap(Violation::BadDeclaration(format!("side output id {id} was never declared")))
+}
+
+/// The rows of an output batch, each checked against its buffer, the size limits and the
+/// declared side outputs (`side_outputs` of them).
+fn resolve_rows<'a>(
+    records: &'a types::OutputBatch,
+    limits: &SandboxLimits,
+    side_outputs: usize,
+) -> ImportResult<Vec<Emitted<'a>>> {
+    let table = table::<Row>(&records.records)?;
+    let mut rows = Vec::with_capacity(table.len());
+    for (i, r) in table.iter().enumerate() {
+        let key = r.key.map(|s| span_bytes(&records.data, s, "emitted record", i)).transpose()?;
+        let value = span_bytes(&records.data, r.value, "emitted record", i)?;
+        limit("emitted key bytes", limits.max_key_bytes, key.map_or(0, <[u8]>::len))?;
+        limit("emitted value bytes", limits.max_value_bytes, value.len())?;
+        if r.tag as usize > side_outputs {
+            return Err(undeclared_output(r.tag));
+        }
+        rows.push(Emitted { tag: r.tag, key, value, timestamp: r.timestamp });
+    }
+    Ok(rows)
 }

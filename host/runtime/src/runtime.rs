@@ -12,12 +12,14 @@ use eddy_state::StateBackend;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ProfilingStrategy, Store};
 
-use crate::bindings::aggregate_world::{WindowAggregate, WindowAggregatePre};
-use crate::bindings::operator_world::{KeyedOperator, KeyedOperatorPre};
+use crate::bindings::aggregate_world::WindowAggregatePre;
+use crate::bindings::operator_world::KeyedOperatorPre;
+use crate::bindings::{output, state, timers, types};
 use crate::cache::{ArtifactCache, CacheOutcome, digest_of};
 use crate::call::{CallPolicy, classify};
 use crate::config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants};
 use crate::error::{LoadError, RuntimeError};
+use crate::guest_log;
 use crate::instance::{AggregateHost, AggregateInstance, OperatorInstance};
 use crate::keyed::{Keyed, OperatorHost};
 use crate::sandbox::Sandbox;
@@ -128,12 +130,19 @@ impl Runtime {
     pub fn new(config: RuntimeConfig) -> Result<Self, RuntimeError> {
         let engine = Engine::new(&engine_config(&config)).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let link_err = |e: wasmtime::Error| RuntimeError::Engine(format!("linking host imports: {e:#}"));
+        // Every import through its generated bindings except `log`, which reads its message
+        // in place (see `guest_log`).
         let mut operator_linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut operator_linker).map_err(link_err)?;
-        KeyedOperator::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
+        types::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
+        state::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
+        timers::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
+        output::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
+        guest_log::add_to_linker(&mut operator_linker).map_err(link_err)?;
         let mut aggregate_linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut aggregate_linker).map_err(link_err)?;
-        WindowAggregate::add_to_linker::<_, HasSelf<_>>(&mut aggregate_linker, |h| h).map_err(link_err)?;
+        types::add_to_linker::<_, HasSelf<_>>(&mut aggregate_linker, |h| h).map_err(link_err)?;
+        guest_log::add_to_linker(&mut aggregate_linker).map_err(link_err)?;
         let ticker = EpochTicker::start(engine.clone(), Duration::from_millis(config.epoch_tick_ms.max(1)));
         Ok(Self {
             cache: config.cache_dir.clone().map(|dir| ArtifactCache::new(dir, config.host_key_path.clone())),
@@ -305,7 +314,7 @@ impl Component {
             });
         };
         let host = OperatorHost {
-            sandbox: Sandbox::new(&self.name, &self.grants, self.limits.memory_bytes),
+            sandbox: Sandbox::new(&self.name, &self.grants, &self.limits),
             keyed: Keyed::new(self.limits.clone(), backend, timers, subtask.key_groups(), subtask.max_parallelism),
         };
         let mut store = self.new_store(host);
@@ -322,7 +331,7 @@ impl Component {
                 reason: "it is an operator, not a window aggregate; use it as a pipeline step".into(),
             });
         };
-        let host = AggregateHost { sandbox: Sandbox::new(&self.name, &self.grants, self.limits.memory_bytes) };
+        let host = AggregateHost { sandbox: Sandbox::new(&self.name, &self.grants, &self.limits) };
         let mut store = self.new_store(host);
         store.limiter(|h| &mut h.sandbox.memory);
         let bindings = pre.instantiate(&mut store).map_err(|e| self.instantiate_err(&e))?;

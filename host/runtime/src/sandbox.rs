@@ -7,8 +7,9 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::bindings::log;
-use crate::config::WasiGrants;
+use crate::config::{SandboxLimits, WasiGrants};
 use crate::error::{HostTrap, Violation};
+use crate::guest_log::GuestLog;
 
 /// Bytes of guest stderr kept for error reports.
 const STDERR_CAPACITY: usize = 64 << 10;
@@ -71,6 +72,7 @@ pub(crate) struct Sandbox {
     pub(crate) memory: MemoryCap,
     stderr: MemoryOutputPipe,
     last_error_log: Option<String>,
+    pub(crate) log: GuestLog,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -83,7 +85,7 @@ impl std::fmt::Debug for Sandbox {
 }
 
 impl Sandbox {
-    pub(crate) fn new(operator: &str, grants: &WasiGrants, memory_bytes: usize) -> Self {
+    pub(crate) fn new(operator: &str, grants: &WasiGrants, limits: &SandboxLimits) -> Self {
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
         let mut wasi = WasiCtxBuilder::new();
         wasi.stderr(stderr.clone()).envs(&grants.env);
@@ -103,9 +105,10 @@ impl Sandbox {
             operator: operator.to_owned(),
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            memory: MemoryCap { cap: memory_bytes, used: 0 },
+            memory: MemoryCap { cap: limits.memory_bytes, used: 0 },
             stderr,
             last_error_log: None,
+            log: GuestLog::new(limits.log_lines_per_second, limits.log_burst_lines, limits.max_log_message_bytes),
         }
     }
 
@@ -117,6 +120,11 @@ impl Sandbox {
     /// Forgets the error log of earlier calls (cheap: runs once per call).
     pub(crate) fn begin_call(&mut self) {
         self.last_error_log = None;
+    }
+
+    /// Reports dropped log lines, if a report is due.
+    pub(crate) fn end_call(&mut self) {
+        self.log.report_drops(&self.operator);
     }
 
     /// The guest's own account of a failure: its last error log in this call (the SDKs log
@@ -154,10 +162,16 @@ pub(crate) trait HasSandbox {
     fn sandbox(&mut self) -> &mut Sandbox;
 }
 
-/// The `log` import: guest logs join the host's log, tagged with the operator; error-level
-/// messages are kept as the guest's last words for error reports (the SDKs log panics there).
-pub(crate) fn guest_log(sandbox: &mut Sandbox, level: log::Level, message: String) {
-    let message = tail(&message, GUEST_MESSAGE_MAX);
+/// A guest's log line, already cut to its limit: it joins the host's log tagged with the
+/// operator if `written` (the rate limit let it through); an error-level line is kept as the
+/// guest's last words for error reports either way (the SDKs log panics there).
+pub(crate) fn guest_log(sandbox: &mut Sandbox, level: log::Level, message: String, written: bool) {
+    if !written {
+        if matches!(level, log::Level::Error) {
+            sandbox.last_error_log = Some(message);
+        }
+        return;
+    }
     let operator = sandbox.operator.as_str();
     match level {
         log::Level::Trace => tracing::trace!(operator, "{message}"),

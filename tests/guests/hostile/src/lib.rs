@@ -15,22 +15,33 @@
 //! - `list-append` (well-behaved): appends each value to the key's list state, emits nothing;
 //! - `state-flood`: writes new 1 KiB map entries under the record's key without end;
 //! - `huge-map`: grows one key's map state past 16 MiB, then asks for all its entries.
+//! - `aliased-emit`: emits `count` (default 100 000) rows that all point at one 1 MiB value;
+//! - `timer-flood`: registers event-time timers on the record's key without end;
+//! - `timer-burst`: registers `count` (default 1 000) event-time timers at 1..=count on the
+//!   record's key; each that fires is emitted as its timestamp;
+//! - `log-flood`: logs one 1 MiB line, then `count` (default 1 000 000) short lines, at error
+//!   level;
+//! - `raw-state`: reads value state for the record through the raw import (no SDK checks).
 
 use std::hint::black_box;
 
 use eddy_sdk::raw::state as raw_state;
 use eddy_sdk::raw::{output as raw_output, types as raw_types};
-use eddy_sdk::{Context, Error, ListState, MapState, OpenContext, Operator, Record, Result};
+use eddy_sdk::{Context, Error, ListState, MapState, OpenContext, Operator, Record, Result, TimeDomain, Timer};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
 pub struct Config {
     mode: String,
+    /// How many rows, timers or lines the `aliased-emit`, `timer-burst` and `log-flood` modes use.
+    #[serde(default)]
+    count: Option<u64>,
 }
 
 #[derive(Debug)]
 pub struct Hostile {
     mode: String,
+    count: Option<u64>,
     map: MapState<String, u8>,
     list: ListState<String>,
     counts: MapState<String, u64>,
@@ -60,7 +71,13 @@ impl Operator for Hostile {
             let id = raw_state::declare("v", raw_state::StateKind::Value, false);
             black_box(raw_state::value_get(id, 0));
         }
-        Ok(Hostile { mode: config.mode, map, list: ctx.list_state("list"), counts: ctx.map_state("counts") })
+        Ok(Hostile {
+            mode: config.mode,
+            count: config.count,
+            map,
+            list: ctx.list_state("list"),
+            counts: ctx.map_state("counts"),
+        })
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
@@ -127,10 +144,57 @@ impl Operator for Hostile {
                 }
                 ctx.emit_value(&self.map.entries()?.len())?;
             }
+            "aliased-emit" => aliased_emit(self.count.unwrap_or(100_000)),
+            "raw-state" => {
+                let id = raw_state::declare("v", raw_state::StateKind::Value, false);
+                black_box(raw_state::value_get(id, 0));
+            }
+            "timer-flood" => {
+                for t in 0i64.. {
+                    ctx.register_timer(TimeDomain::EventTime, t)?;
+                }
+            }
+            "timer-burst" => {
+                for t in 1..=self.count.unwrap_or(1_000) as i64 {
+                    ctx.register_timer(TimeDomain::EventTime, t)?;
+                }
+            }
+            "log-flood" => {
+                eddy_sdk::log::error(&"x".repeat(1 << 20));
+                for i in 0..self.count.unwrap_or(1_000_000) {
+                    eddy_sdk::log::error(&format!("flood line {i}"));
+                }
+            }
             other => return Err(Error::bad_config(format!("unknown mode {other}"))),
         }
         Ok(())
     }
+
+    fn on_timer(&mut self, timer: &Timer<'_>, ctx: &mut Context) -> Result<()> {
+        if self.mode == "timer-burst" {
+            ctx.emit_value(&timer.timestamp())?;
+        }
+        Ok(())
+    }
+}
+
+/// Emits `rows` records whose values all point at the same 1 MiB span of a 1 MiB buffer:
+/// cheap for the guest to send, `rows` MiB for the host to copy.
+fn aliased_emit(rows: u64) {
+    const VALUE_BYTES: u32 = 1 << 20;
+    const ABSENT: u32 = u32::MAX;
+    // One packed output row (see `types.batch`): key span (absent), value span, timestamp,
+    // flags (no timestamp), output 0.
+    let row: Vec<u8> = [ABSENT, ABSENT, 0, VALUE_BYTES]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .chain(0i64.to_le_bytes())
+        .chain([0u32, 0].iter().flat_map(|w| w.to_le_bytes()))
+        .collect();
+    raw_output::emit(&raw_types::OutputBatch {
+        data: vec![b'x'; VALUE_BYTES as usize],
+        records: row.repeat(rows as usize),
+    });
 }
 
 eddy_sdk::export_operator!(Hostile);
