@@ -79,6 +79,7 @@ fn cache_err(path: &Path, reason: impl ToString) -> LoadError {
 }
 
 /// Why an entry is not loaded.
+#[derive(Debug)]
 enum Rejection {
     Damaged(String),
     Untrusted(String),
@@ -161,6 +162,7 @@ impl ArtifactCache {
             )
         })?;
         self.create_dir()?;
+        self.warn_if_shared();
         self.refuse_key_inside(path)?;
         let key = HostKey::load_or_create(path).map_err(|reason| cache_err(path, reason))?;
         // Racing threads read the same file, so whichever sets it sets the same key.
@@ -174,30 +176,32 @@ impl ArtifactCache {
     /// Whoever can write entries must not be able to supply the key that vouches for them.
     fn refuse_key_inside(&self, key_path: &Path) -> Result<(), LoadError> {
         let dir = fs::canonicalize(&self.dir).map_err(|e| cache_err(&self.dir, e))?;
-        let key_dir = key_path.parent().map(fs::canonicalize);
-        if let Some(Ok(key_dir)) = key_dir
-            && key_dir.starts_with(&dir)
-        {
+        if resolved(key_path).starts_with(&dir) {
             return Err(cache_err(
                 key_path,
                 format!(
                     "the host key may not live inside the artifact cache {} (anyone who can plant an \
                      artifact there could plant its key too); keep it elsewhere, e.g. the default \
-                     $EDDY_HOME/host.key",
+                     $EDDY_HOME/host.key or $HOME/.eddy/host.key",
                     dir.display()
                 ),
             ));
         }
-        let mode = fs::metadata(&dir).map_err(|e| cache_err(&dir, e))?.permissions().mode();
-        if mode & 0o022 != 0 {
+        Ok(())
+    }
+
+    /// Entries others plant are rejected anyway, but they cost a recompile each time.
+    fn warn_if_shared(&self) {
+        if let Ok(meta) = fs::metadata(&self.dir)
+            && meta.permissions().mode() & 0o022 != 0
+        {
             tracing::warn!(
-                dir = %dir.display(),
-                mode = format!("{:o}", mode & 0o777),
+                dir = %self.dir.display(),
+                mode = format!("{:o}", meta.permissions().mode() & 0o777),
                 "the artifact cache is writable by other users; entries they plant are rejected, \
                  but `chmod 700` it to keep them out"
             );
         }
-        Ok(())
     }
 
     fn store(&self, path: &Path, file: &[u8]) -> Result<(), LoadError> {
@@ -219,7 +223,7 @@ struct Entry<'a> {
 
 impl Entry<'_> {
     fn tag(&self, checksum: &[u8]) -> Hmac<Sha256> {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.key.bytes()).expect("HMAC takes keys of any length");
+        let mut mac = self.key.mac();
         // Each field is fixed-length hex or a fixed-size hash, separated anyway so no two
         // inputs concatenate to the same bytes.
         for field in [MAGIC.as_slice(), self.digest.as_bytes(), self.engine_tag.as_bytes(), checksum] {
@@ -280,7 +284,111 @@ fn write_new_file(path: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
     Ok(tmp)
 }
 
+/// `path` with symlinks resolved as far as it exists, the rest appended as written (a key
+/// file, or its directory, may not exist yet).
+fn resolved(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    for existing in absolute.ancestors() {
+        if let Ok(real) = fs::canonicalize(existing) {
+            let rest = absolute.strip_prefix(existing).unwrap_or(Path::new(""));
+            return real.join(rest);
+        }
+    }
+    absolute
+}
+
 /// Hex sha256 of a component: its identity in the cache and in pipelines.
 pub fn digest_of(wasm: &[u8]) -> String {
     Sha256::digest(wasm).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIGEST_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const DIGEST_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    const BODY: &[u8] = b"stands in for native code";
+
+    fn key(byte: u8) -> HostKey {
+        HostKey::from_bytes([byte; host_key::HOST_KEY_BYTES]).expect("key")
+    }
+
+    fn entry<'a>(key: &'a HostKey, digest: &'a str, engine_tag: &str) -> Entry<'a> {
+        Entry { key, digest, engine_tag: engine_tag.to_owned() }
+    }
+
+    fn untrusted(result: Result<&[u8], Rejection>) -> bool {
+        matches!(result, Err(Rejection::Untrusted(_)))
+    }
+
+    fn damaged(result: Result<&[u8], Rejection>) -> bool {
+        matches!(result, Err(Rejection::Damaged(_)))
+    }
+
+    #[test]
+    fn an_entry_authenticates_only_under_its_key_digest_and_engine() {
+        let (mine, theirs) = (key(1), key(2));
+        let file = entry(&mine, DIGEST_A, "e1").file(BODY);
+        assert_eq!(entry(&mine, DIGEST_A, "e1").authentic_body(&file).expect("authentic"), BODY);
+        assert!(untrusted(entry(&theirs, DIGEST_A, "e1").authentic_body(&file)), "another host's key");
+        assert!(untrusted(entry(&mine, DIGEST_B, "e1").authentic_body(&file)), "another component");
+        assert!(untrusted(entry(&mine, DIGEST_A, "e2").authentic_body(&file)), "another engine");
+    }
+
+    #[test]
+    fn damage_is_told_apart_from_an_edit_that_fixed_the_checksum() {
+        let mine = key(1);
+        let check = entry(&mine, DIGEST_A, "e1");
+        let file = check.file(BODY);
+        let mut flipped = file.clone();
+        *flipped.last_mut().expect("body") ^= 1;
+        assert!(damaged(check.authentic_body(&flipped)), "a flipped bit");
+        assert!(damaged(check.authentic_body(&file[..HEADER_LEN - 1])), "truncated");
+        let mut old_format = file.clone();
+        old_format[..MAGIC.len()].copy_from_slice(b"EDDYART1");
+        assert!(damaged(check.authentic_body(&old_format)), "an entry of the unauthenticated format");
+
+        // What someone without the key can do: change the body and recompute its checksum.
+        let checksum_at = MAGIC.len();
+        let checksum = Sha256::digest(&flipped[HEADER_LEN..]);
+        flipped[checksum_at..checksum_at + CHECKSUM_LEN].copy_from_slice(&checksum);
+        assert!(untrusted(check.authentic_body(&flipped)), "an edit with its checksum recomputed");
+        let mut retagged = file.clone();
+        retagged[HEADER_LEN - 1] ^= 1;
+        assert!(untrusted(check.authentic_body(&retagged)), "a changed tag");
+    }
+
+    #[test]
+    fn a_key_inside_the_cache_is_refused_before_it_is_created() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("artifacts");
+        fs::create_dir(&dir).expect("mkdir");
+        std::os::unix::fs::symlink(&dir, root.path().join("alias")).expect("symlink");
+        for key_path in [dir.join("host.key"), dir.join("keys/host.key"), root.path().join("alias/host.key")] {
+            let cache = ArtifactCache::new(dir.clone(), Some(key_path.clone()));
+            let err = cache.key().expect_err("a key inside the cache must be refused").to_string();
+            assert!(err.contains("inside the artifact cache"), "{err}");
+            assert!(!key_path.exists(), "no key was created at {}", key_path.display());
+        }
+    }
+
+    #[test]
+    fn without_a_place_for_the_key_the_cache_is_not_used() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let err = ArtifactCache::new(root.path().join("artifacts"), None).key().expect_err("no key").to_string();
+        assert!(err.contains("EDDY_HOME"), "{err}");
+    }
+
+    #[test]
+    fn temporary_files_are_new_private_and_unique() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let path = root.path().join("entry.cwasm");
+        let (a, b) = (write_new_file(&path, b"one").expect("write"), write_new_file(&path, b"two").expect("write"));
+        assert_ne!(a, b, "two writers of one entry never share a temporary file");
+        for (tmp, bytes) in [(&a, b"one"), (&b, b"two")] {
+            assert_eq!(fs::read(tmp).expect("read"), bytes);
+            assert_eq!(fs::metadata(tmp).expect("stat").permissions().mode() & 0o777, 0o600);
+        }
+    }
 }

@@ -11,13 +11,19 @@ use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
 use super::write_new_file;
 
 /// Length of the secret in bytes (the HMAC-SHA256 block is larger, so no key is wasted).
 pub(super) const HOST_KEY_BYTES: usize = 32;
 
-/// The secret. Its bytes never appear in `Debug` output or logs.
-pub(super) struct HostKey([u8; HOST_KEY_BYTES]);
+/// The secret, ready to authenticate with. Its bytes never appear in `Debug` output or logs.
+pub(super) struct HostKey {
+    /// Keyed once; each use clones it.
+    mac: Hmac<Sha256>,
+}
 
 impl std::fmt::Debug for HostKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -35,8 +41,14 @@ impl HostKey {
         }
     }
 
-    pub(super) fn bytes(&self) -> &[u8] {
-        &self.0
+    pub(super) fn from_bytes(bytes: [u8; HOST_KEY_BYTES]) -> Result<Self, String> {
+        let mac = <Hmac<Sha256> as Mac>::new_from_slice(&bytes).map_err(|e| format!("unusable as an HMAC key: {e}"))?;
+        Ok(Self { mac })
+    }
+
+    /// A fresh HMAC-SHA256 under this key.
+    pub(super) fn mac(&self) -> Hmac<Sha256> {
+        self.mac.clone()
     }
 }
 
@@ -67,7 +79,7 @@ fn read(path: &Path) -> Result<Option<HostKey>, String> {
         .map_err(|e| format!("cannot read the host key: {e}"))?;
     let key = <[u8; HOST_KEY_BYTES]>::try_from(bytes.as_slice())
         .map_err(|_| format!("the host key must be exactly {HOST_KEY_BYTES} bytes, found {}; {replace}", meta.len()))?;
-    Ok(Some(HostKey(key)))
+    HostKey::from_bytes(key).map(Some)
 }
 
 fn create(path: &Path) -> Result<HostKey, String> {
@@ -85,7 +97,7 @@ fn create(path: &Path) -> Result<HostKey, String> {
     match published {
         Ok(()) => {
             tracing::info!(path = %path.display(), "created the host key that authenticates cached artifacts");
-            Ok(HostKey(key))
+            HostKey::from_bytes(key)
         }
         // Another process created it meanwhile: use theirs, complete since it was linked whole.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -103,16 +115,27 @@ mod tests {
         dir.path().join("home").join("host.key")
     }
 
+    /// Identifies a key without exposing it: its tag of a fixed message.
+    fn fingerprint(key: &HostKey) -> Vec<u8> {
+        key.mac().chain_update(b"probe").finalize().into_bytes().to_vec()
+    }
+
+    /// The fingerprint of the key stored at `path`, computed from the file's bytes.
+    fn fingerprint_on_disk(path: &Path) -> Vec<u8> {
+        let bytes: [u8; HOST_KEY_BYTES] = fs::read(path).expect("read").try_into().expect("32 bytes");
+        assert_ne!(bytes, [0u8; HOST_KEY_BYTES], "random, not zeroed");
+        fingerprint(&HostKey::from_bytes(bytes).expect("key"))
+    }
+
     #[test]
     fn a_new_key_is_32_private_bytes_and_is_reused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = key_path(&dir);
         let first = HostKey::load_or_create(&path).expect("create");
         assert_eq!(fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o600);
-        assert_eq!(fs::read(&path).expect("read"), first.bytes());
+        assert_eq!(fingerprint_on_disk(&path), fingerprint(&first));
         let again = HostKey::load_or_create(&path).expect("read back");
-        assert_eq!(again.bytes(), first.bytes());
-        assert_ne!(first.bytes(), &[0u8; HOST_KEY_BYTES], "random, not zeroed");
+        assert_eq!(fingerprint(&again), fingerprint(&first));
     }
 
     #[test]
@@ -125,13 +148,13 @@ mod tests {
                 .map(|_| {
                     s.spawn(|| {
                         barrier.wait();
-                        HostKey::load_or_create(&path).expect("racing create").bytes().to_vec()
+                        fingerprint(&HostKey::load_or_create(&path).expect("racing create"))
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().expect("thread")).collect()
         });
-        let on_disk = fs::read(&path).expect("read");
+        let on_disk = fingerprint_on_disk(&path);
         assert!(keys.iter().all(|k| *k == on_disk), "every racer uses the published key");
         let left: Vec<_> = fs::read_dir(path.parent().expect("dir")).expect("list").collect();
         assert_eq!(left.len(), 1, "no temporary files left behind: {left:?}");
