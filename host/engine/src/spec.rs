@@ -270,6 +270,11 @@ fn default_max_parallelism() -> u32 {
     128
 }
 
+/// 16 MiB: far beyond any sane record, small enough that one line cannot exhaust the host.
+fn default_max_line_bytes() -> usize {
+    16 << 20
+}
+
 fn one() -> u32 {
     1
 }
@@ -301,6 +306,10 @@ pub enum SourceSpec {
         /// Keep reading as the file grows (an unbounded source) instead of ending at EOF.
         #[serde(default)]
         follow: bool,
+        /// The longest line accepted, in bytes, not counting its `\n`: a longer line fails the
+        /// job (naming the file and line) instead of being read whole into memory.
+        #[serde(default = "default_max_line_bytes")]
+        max_line_bytes: usize,
     },
     /// Deterministic synthetic events: event `i` is a pure function of `(seed, i)`.
     Generator(GeneratorSpec),
@@ -890,7 +899,8 @@ mod tests {
                 path: "in.txt".into(),
                 format: SourceFormat::Lines,
                 timestamp: None,
-                follow: false
+                follow: false,
+                max_line_bytes: 16 << 20,
             }
         );
     }

@@ -3,6 +3,10 @@
 //! The position is counted in whole lines: a line is consumed (and the position moves past it)
 //! only once it has become a record or been skipped, so a checkpointed position always sits at
 //! a line start and resuming there neither repeats nor loses a record.
+//!
+//! A line may hold at most `max_line_bytes` bytes before its `\n`. The limit is checked as the
+//! line is read, so a longer line (or a file with no newline at all) fails the source after at
+//! most that many bytes of memory, never by reading the whole line first.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
@@ -30,6 +34,8 @@ pub(super) struct FileOptions {
     pub timestamp: Option<String>,
     /// Wait for more at EOF instead of ending.
     pub follow: bool,
+    /// The longest line accepted, not counting its `\n`.
+    pub max_line_bytes: usize,
 }
 
 /// Reads one file; see the module docs.
@@ -97,7 +103,7 @@ impl FileSource {
             // Rows are objects named by the header, so a resumed reader needs it again.
             self.seek(0)?;
             let mut header = Vec::new();
-            self.reader.read_until(b'\n', &mut header).map_err(|e| self.io(e))?;
+            self.read_line(1, &mut header)?;
             if header.len() as u64 > byte {
                 return Err(self.bad_position(position, "it is inside the CSV header line"));
             }
@@ -107,6 +113,46 @@ impl FileSource {
         self.line = line;
         self.byte = byte;
         Ok(())
+    }
+
+    /// Appends line `line_no` to `line`, up to and including its `\n`, or to the end of the
+    /// file; returns the bytes read. Fails once the line holds more than `max_line_bytes` bytes
+    /// before its `\n`, having taken at most that many into `line`: what is read stays in the
+    /// reader, so a retried call meets the same error.
+    fn read_line(&mut self, line_no: u64, line: &mut Vec<u8>) -> Result<usize, SourceError> {
+        let limit = self.opts.max_line_bytes;
+        let mut read = 0;
+        loop {
+            let available = match self.reader.fill_buf() {
+                Ok(available) => available,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_error(&self.opts, e)),
+            };
+            if available.is_empty() {
+                return Ok(read);
+            }
+            let newline = available.iter().position(|&b| b == b'\n');
+            let take = newline.map_or(available.len(), |i| i + 1);
+            let content = line.len() + newline.unwrap_or(take);
+            if content > limit {
+                let problem = format!(
+                    "is longer than the limit of {limit} bytes (`max_line_bytes` of the source): raise the limit, or split the input into shorter lines"
+                );
+                return Err(self.bad_input(line_no, problem));
+            }
+            let needed = line.len() + take;
+            if needed > line.capacity() {
+                // Grow as a Vec does, but never past the limit: it bounds memory, not only length.
+                let target = line.capacity().saturating_mul(2).min(limit.saturating_add(1)).max(needed);
+                line.reserve_exact(target - line.len());
+            }
+            line.extend_from_slice(&available[..take]);
+            self.reader.consume(take);
+            read += take;
+            if newline.is_some() {
+                return Ok(read);
+            }
+        }
     }
 
     fn seek(&mut self, byte: u64) -> Result<(), SourceError> {
@@ -246,7 +292,10 @@ impl super::Source for FileSource {
         while out.len() - before < max {
             if self.pending.last() != Some(&b'\n') {
                 // Appends to a partial line left by an earlier poll, if any.
-                let read = self.reader.read_until(b'\n', &mut self.pending).map_err(|e| self.io(e))?;
+                let mut pending = std::mem::take(&mut self.pending);
+                let read = self.read_line(self.line + 1, &mut pending);
+                self.pending = pending;
+                let read = read?;
                 at_eof = read == 0 || self.pending.last() != Some(&b'\n');
                 // The writer may be mid-line: wait for its newline before consuming the line.
                 if at_eof && (self.opts.follow || self.pending.is_empty()) {
@@ -366,6 +415,62 @@ mod tests {
             format,
             timestamp: timestamp.map(str::to_string),
             follow,
+            max_line_bytes: 16 << 20,
+        }
+    }
+
+    fn with_max_line_bytes(mut spec: SourceSpec, limit: usize) -> SourceSpec {
+        if let SourceSpec::File { max_line_bytes, .. } = &mut spec {
+            *max_line_bytes = limit;
+        }
+        spec
+    }
+
+    #[test]
+    fn a_line_over_the_limit_fails_naming_the_file_the_line_and_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!("{}\n{}\nafter\n", "a".repeat(50), "b".repeat(51));
+        let path = write_file(&dir, &text);
+        let lines = with_max_line_bytes(spec(&path, SourceFormat::Lines, None, false), 50);
+        let mut src = open_source(&lines, 0, 1, None).unwrap();
+        let mut batch = RecordBatch::default();
+        for _ in 0..2 {
+            // A retried poll meets the same line, not the one after it.
+            let err = src.poll(&mut batch, 100).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, SourceError::BadInput { line: 2, .. }), "{text}");
+            assert!(text.contains(&path.display().to_string()) && text.contains("line 2"), "{text}");
+            assert!(text.contains("limit of 50 bytes") && text.contains("max_line_bytes"), "{text}");
+            assert_eq!(src.position(), SourcePosition::File { line: 1, byte: 51 }, "line 1 (exactly 50 bytes) passed");
+        }
+        assert_eq!(records(&batch), vec![rec(&format!("\"{}\"", "a".repeat(50)), None)]);
+
+        // The CSV header a resumed reader re-reads is held to the limit too.
+        let path = write_file(&dir, &format!("{}\n1\n2\n", "h".repeat(51)));
+        let csv = with_max_line_bytes(spec(&path, SourceFormat::Csv, None, false), 50);
+        let err = open_source(&csv, 0, 1, Some(&SourcePosition::File { line: 2, byte: 54 })).err().unwrap();
+        assert!(matches!(err, SourceError::BadInput { line: 1, .. }), "{err}");
+    }
+
+    #[test]
+    fn an_over_long_line_is_never_read_whole() {
+        const LIMIT: usize = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        for (follow, newline) in [(false, "\n"), (true, "")] {
+            // Three times the limit; followed, the writer is still mid-line.
+            let path = write_file(&dir, &format!("{}{newline}", "x".repeat(3 * LIMIT)));
+            let options = FileOptions {
+                name: "input".into(),
+                path: path.clone(),
+                format: SourceFormat::Lines,
+                timestamp: None,
+                follow,
+                max_line_bytes: LIMIT,
+            };
+            let mut src = FileSource::open(options, None).unwrap();
+            let err = src.poll(&mut RecordBatch::default(), 100).unwrap_err();
+            assert!(matches!(err, SourceError::BadInput { line: 1, .. }), "follow {follow}: {err}");
+            assert!(src.pending.capacity() <= LIMIT + 1, "follow {follow}: {} bytes held", src.pending.capacity());
         }
     }
 

@@ -151,7 +151,7 @@ pub fn open_source(
         return Err(bad_reader("the subtask must be below the parallelism"));
     }
     match spec {
-        SourceSpec::File { name, path, format, timestamp, follow } => {
+        SourceSpec::File { name, path, format, timestamp, follow, max_line_bytes } => {
             if parallelism != 1 {
                 return Err(bad_reader("a file is read by one reader"));
             }
@@ -161,6 +161,7 @@ pub fn open_source(
                 format: *format,
                 timestamp: timestamp.clone(),
                 follow: *follow,
+                max_line_bytes: *max_line_bytes,
             };
             Ok(Box::new(file::FileSource::open(options, start)?))
         }
@@ -235,6 +236,7 @@ mod tests {
             format: crate::SourceFormat::Lines,
             timestamp: None,
             follow: false,
+            max_line_bytes: 1024,
         };
         let err = open_source(&file, 0, 2, None).err().unwrap().to_string();
         assert!(err.contains("source `f`") && err.contains("one reader"), "{err}");
