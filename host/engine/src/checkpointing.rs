@@ -86,7 +86,7 @@ pub(crate) struct CheckpointThread {
     pub store: CheckpointStore,
     pub participants: usize,
     pub first_id: CheckpointId,
-    /// Checkpoints kept from before this run (the one restored from).
+    /// Checkpoints kept from before this run, oldest first (the one restored from is last).
     pub retained: Vec<CheckpointMetadata>,
     pub signals: Arc<Signals>,
     pub reports: Receiver<Report>,

@@ -105,9 +105,10 @@ pub struct Recovered {
 }
 
 impl Recovered {
-    /// The restored checkpoint's metadata and the older ones, newest first.
+    /// The older checkpoints and the restored one, oldest first (the order in which the
+    /// checkpoint thread retires them).
     pub fn retained(&self) -> Vec<CheckpointMetadata> {
-        self.point.iter().map(|p| p.metadata().clone()).chain(self.older.iter().cloned()).collect()
+        self.older.iter().rev().cloned().chain(self.point.iter().map(|p| p.metadata().clone())).collect()
     }
 }
 
