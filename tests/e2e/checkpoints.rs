@@ -356,12 +356,14 @@ fn crash_settings() -> (u64, u32) {
 
 /// Runs the pipeline at `path` in child processes until `kills` of them died mid-run — killed
 /// with SIGKILL at a random moment, or (with `faults`) dead by their own injected fault — then
-/// once more to the end. Returns how many runs finished before they could be killed.
-fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool) -> u32 {
+/// once more to the end. Returns how many runs finished before they could be killed and how many
+/// died of an injected fault.
+fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool) -> (u32, u32) {
     let draw = seeded_draws(seed);
     let mut killed = 0;
     let mut attempt = 0u64;
     let mut finished_early = 0;
+    let mut died_of_faults = 0;
     while killed < kills {
         attempt += 1;
         let fault_seed = (seed ^ attempt.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_string();
@@ -373,7 +375,7 @@ fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool) -> u32 {
                 finished_early += 1;
                 break;
             }
-            Some(_) => {}
+            Some(_) => died_of_faults += 1,
             None => {
                 child.kill().expect("SIGKILL");
                 child.wait().expect("reap");
@@ -384,7 +386,7 @@ fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool) -> u32 {
     // Let the last run finish (or confirm it had), without faults.
     let status = start_child(path).wait().expect("final run");
     assert!(status.success(), "seed {seed}: the final run failed");
-    finished_early
+    (finished_early, died_of_faults)
 }
 
 /// The crash test: the job runs in a child process that is killed with SIGKILL at random
@@ -400,7 +402,7 @@ fn sigkill_at_random_moments_loses_nothing_and_duplicates_nothing() {
     let setup = Setup { seed, events, rate: 8_000, backend: "rocksdb", interval_ms: 150, ..Setup::default() };
     let path = write_pipeline(dir.path(), &setup);
     let started = Instant::now();
-    let finished_early = crash_repeatedly(&path, seed, kills, false);
+    let (finished_early, _) = crash_repeatedly(&path, seed, kills, false);
     let spec = PipelineSpec::from_file(&path).expect("spec");
     let expected = oracle(&spec);
     let got = committed(&dir.path().join("out"));
@@ -466,7 +468,7 @@ fn deaths_inside_checkpoints_with_a_failing_store_lose_nothing_and_duplicate_not
     let dir = tempfile::tempdir().expect("tempdir");
     let path = running_count_pipeline(dir.path(), seed, 4_500 * u64::from(kills));
     let started = Instant::now();
-    let finished_early = crash_repeatedly(&path, seed, kills, true);
+    let (finished_early, died_of_faults) = crash_repeatedly(&path, seed, kills, true);
     let expected = running_count_oracle(&PipelineSpec::from_file(&path).expect("spec"));
     let got = committed_counts(&dir.path().join("out"));
     let mut balance: BTreeMap<&(String, u64), i64> = BTreeMap::new();
@@ -479,8 +481,8 @@ fn deaths_inside_checkpoints_with_a_failing_store_lose_nothing_and_duplicate_not
     let extra: i64 = balance.values().filter(|c| **c > 0).sum();
     let missing: i64 = -balance.values().filter(|c| **c < 0).sum::<i64>();
     eprintln!(
-        "crash test with faults: seed {seed}: {kills} deaths in {:.1}s, {} running counts compared with the oracle, \
-         {} differences",
+        "crash test with faults: seed {seed}: {kills} deaths ({died_of_faults} at fault points, the rest SIGKILL) in \
+         {:.1}s, {} running counts compared with the oracle, {} differences",
         started.elapsed().as_secs_f64(),
         expected.len(),
         missing + extra
