@@ -75,12 +75,17 @@ fn mode(path: &Path) -> String {
     format!("{:o}", fs::metadata(path).expect("metadata").permissions().mode() & 0o777)
 }
 
-fn assert_untrusted(component: &Component) {
+/// Loads `wasm` over a planted entry: it must be recompiled (not loaded), the component must
+/// behave as `wasm` does, and the entry must have been replaced by one that is loaded next time.
+fn recompiled_not_loaded(host: &Host, wasm: &str, behaves_as_asked: fn(&Component)) {
+    let loaded = host.load(wasm);
     assert!(
-        matches!(component.cache_outcome(), CacheOutcome::Untrusted { .. }),
+        matches!(loaded.cache_outcome(), CacheOutcome::Untrusted { .. }),
         "a planted entry must be recompiled, not loaded; got {:?}",
-        component.cache_outcome()
+        loaded.cache_outcome()
     );
+    behaves_as_asked(&loaded);
+    assert_eq!(host.load(wasm).cache_outcome(), &CacheOutcome::Hit, "the planted entry was replaced");
 }
 
 /// The word counter: a running count per key.
@@ -164,11 +169,7 @@ fn an_entry_copied_from_another_component_is_recompiled_not_loaded() {
     let counter_entry = host.entry_of(guests::WORDCOUNT_COUNT);
     fs::copy(host.entry_of(guests::WORDCOUNT_SPLIT), &counter_entry).expect("plant the splitter's entry");
 
-    let loaded = host.load(guests::WORDCOUNT_COUNT);
-    assert_untrusted(&loaded);
-    counts_words(&loaded);
-    // The planted entry was replaced by a valid one.
-    assert_eq!(host.load(guests::WORDCOUNT_COUNT).cache_outcome(), &CacheOutcome::Hit);
+    recompiled_not_loaded(&host, guests::WORDCOUNT_COUNT, counts_words);
 }
 
 /// A valid entry from another host (a shared volume, a cloned repository) is not valid here.
@@ -181,10 +182,7 @@ fn an_entry_written_under_another_host_key_is_recompiled() {
     fs::create_dir_all(&host.cache_dir).expect("cache dir");
     fs::copy(&foreign, host.cache_dir.join(file_name(&foreign))).expect("plant the foreign entry");
 
-    let loaded = host.load(guests::WORDCOUNT_COUNT);
-    assert_untrusted(&loaded);
-    counts_words(&loaded);
-    assert_eq!(host.load(guests::WORDCOUNT_COUNT).cache_outcome(), &CacheOutcome::Hit);
+    recompiled_not_loaded(&host, guests::WORDCOUNT_COUNT, counts_words);
 }
 
 /// An entry is bound to the digest of the `.wasm` it was compiled from, not just to its name.
@@ -198,10 +196,7 @@ fn an_entry_renamed_to_another_digest_is_recompiled() {
     let renamed = host.cache_dir.join(file_name(&counter_entry).replace(&counter_digest, &split_digest));
     fs::rename(&counter_entry, &renamed).expect("rename the counter's entry to the splitter's digest");
 
-    let loaded = host.load(guests::WORDCOUNT_SPLIT);
-    assert_untrusted(&loaded);
-    splits_lines(&loaded);
-    assert_eq!(host.load(guests::WORDCOUNT_SPLIT).cache_outcome(), &CacheOutcome::Hit);
+    recompiled_not_loaded(&host, guests::WORDCOUNT_SPLIT, splits_lines);
 }
 
 /// Entry layout, written here from the format's description rather than taken from the code:
@@ -229,9 +224,7 @@ fn an_edited_body_with_its_checksum_recomputed_is_recompiled() {
     bytes[CHECKSUM_AT..CHECKSUM_END].copy_from_slice(&checksum);
     fs::write(&entry, &bytes).expect("edit entry");
 
-    let loaded = host.load(guests::WORDCOUNT_COUNT);
-    assert_untrusted(&loaded);
-    counts_words(&loaded);
+    recompiled_not_loaded(&host, guests::WORDCOUNT_COUNT, counts_words);
 }
 
 #[test]
