@@ -56,13 +56,16 @@ impl<T: Serialize + DeserializeOwned> ListState<T> {
         Self { id: declare(name, StateKind::List, false), _t: PhantomData }
     }
 
-    /// All items for the current key, oldest first.
+    /// All items for the current key, oldest first. The host hands over at most its
+    /// `max_state_read_bytes` (16 MiB by default) in one read and traps beyond it, so keep a
+    /// list that grows without end under several keys or trim it with [`replace`](Self::replace).
     pub fn get(&self) -> Result<Vec<T>> {
         let key = context::current_key()?;
         wit::list_get(self.id, key).iter().map(|b| codec::decode(b)).collect()
     }
 
-    /// Appends one item for the current key.
+    /// Appends one item for the current key. Costs the same however long the list is: the
+    /// host stores each item as its own entry.
     pub fn push(&self, item: &T) -> Result<()> {
         let key = context::current_key()?;
         wit::list_append(self.id, key, &codec::encode(item)?);
@@ -120,7 +123,9 @@ where
         Ok(())
     }
 
-    /// Every entry for the current key, ordered by the encoded map key.
+    /// Every entry for the current key, ordered by the encoded map key. Bounded like
+    /// [`ListState::get`]: a map past the host's read bound traps here; use
+    /// [`get`](Self::get) for single entries.
     pub fn entries(&self) -> Result<Vec<(K, V)>> {
         let key = context::current_key()?;
         wit::map_entries(self.id, key).iter().map(|(k, v)| Ok((codec::decode(k)?, codec::decode(v)?))).collect()
