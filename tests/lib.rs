@@ -13,12 +13,22 @@ pub fn test_cache_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/eddy-test-cache")
 }
 
+/// The key that authenticates the test cache's entries: beside the cache, not in the user's
+/// home, so test runs leave nothing outside `target/`.
+pub fn test_host_key() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/eddy-test-host.key")
+}
+
 /// The shared runtime, with the default sandbox and the persistent artifact cache.
 pub fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
-        Runtime::new(RuntimeConfig { cache_dir: Some(test_cache_dir()), ..RuntimeConfig::default() })
-            .expect("default runtime config is valid")
+        let config = RuntimeConfig {
+            cache_dir: Some(test_cache_dir()),
+            host_key_path: Some(test_host_key()),
+            ..RuntimeConfig::default()
+        };
+        Runtime::new(config).expect("default runtime config is valid")
     })
 }
 
