@@ -510,7 +510,7 @@ fn word_totals(text: &str) -> BTreeMap<String, u64> {
 }
 
 /// Starts the word count with an in-memory sink; returns the job and what the sink receives.
-fn start_wordcount(dir: &Path, yaml: &str, restore_from: Option<PathBuf>) -> (Job, eddy_tests::Received) {
+pub(crate) fn start_wordcount(dir: &Path, yaml: &str, restore_from: Option<PathBuf>) -> (Job, eddy_tests::Received) {
     let path = dir.join("pipeline.yaml");
     std::fs::write(&path, yaml).expect("write spec");
     let spec = PipelineSpec::from_file(&path).expect("spec");
@@ -521,7 +521,7 @@ fn start_wordcount(dir: &Path, yaml: &str, restore_from: Option<PathBuf>) -> (Jo
 }
 
 /// Waits until the sink has received `n` records.
-fn wait_for(received: &eddy_tests::Received, n: usize) {
+pub(crate) fn wait_for(received: &eddy_tests::Received, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while received.lock().expect("lock").len() < n {
         assert!(Instant::now() < deadline, "only {} of {n} records arrived", received.lock().expect("lock").len());

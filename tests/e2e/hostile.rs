@@ -490,3 +490,43 @@ fn a_state_flood_fails_its_job_naming_the_step_the_limit_and_the_setting() {
         assert!(err.contains(needle), "{needle:?} missing from: {err}");
     }
 }
+
+/// The `list-map` mode (per key a list and a map, echoed after each record) stopped with a
+/// savepoint at parallelism 2 and resumed at 3: every list moves with its key group, item by
+/// item, and keeps growing where it stopped.
+#[test]
+fn list_state_continues_after_a_savepoint_resumed_at_another_parallelism() {
+    use crate::checkpoints::{start_wordcount as start, wait_for};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = |p: u32| {
+        format!(
+            "name: lists\nbatch_size: 8\nsources: [{{type: file, name: in, path: in.jsonl, format: json_lines, follow: true}}]\n\
+             steps:\n  - {{name: lists, wasm: {}, key_by: value, parallelism: {p}, config: {{mode: list-map}}}}\n\
+             checkpoints: {{dir: checkpoints, interval_ms: 50}}\nsink: {{type: print}}\n",
+            guests::HOSTILE
+        )
+    };
+    let words: Vec<String> = (0..20).map(|i| format!("\"w{i}\"\n")).collect();
+    let (first, second) = (words.concat().repeat(5), words.concat().repeat(3));
+    std::fs::write(dir.path().join("in.jsonl"), &first).expect("input");
+    let (job, received) = start(dir.path(), &yaml(2), None);
+    wait_for(&received, 100);
+    let savepoint = dir.path().join("savepoint");
+    job.stop_with_savepoint(&savepoint, std::time::Duration::from_secs(30)).expect("savepoint");
+    std::fs::write(dir.path().join("in.jsonl"), first + &second).expect("more input");
+    std::fs::remove_dir_all(dir.path().join("checkpoints")).expect("fresh checkpoint dir");
+    let (job, received) = start(dir.path(), &yaml(3), Some(savepoint));
+    wait_for(&received, 60);
+    job.cancel();
+    job.wait().expect("second run");
+    let mut last = std::collections::BTreeMap::new();
+    for (_, r) in received.lock().expect("lock").iter() {
+        let key: String = serde_json::from_slice(r.key.as_deref().expect("keyed")).expect("key");
+        last.insert(key, serde_json::from_slice::<serde_json::Value>(&r.value).expect("json"));
+    }
+    assert_eq!(last.len(), 20, "every key seen again");
+    for (key, summary) in last {
+        let expected = serde_json::json!({ "list": vec![key.clone(); 8], "map": [[key, 8]] });
+        assert_eq!(summary, expected);
+    }
+}
