@@ -275,6 +275,12 @@ impl WindowStore {
     }
 }
 
+/// The records of `batch` from index `from` on, with their indices (without walking the
+/// ones before: a batch is resumed after each record that fires a window).
+fn records_from(batch: &RecordBatch, from: usize) -> impl Iterator<Item = (usize, RecordView<'_>)> {
+    (from..batch.len()).filter_map(|i| Some((i, batch.get(i)?)))
+}
+
 /// A result that is due: (firing time, key, window, result bytes).
 type Fired = (i64, Vec<u8>, Window, Vec<u8>);
 
@@ -518,7 +524,7 @@ impl<A: AggregateFn> WindowOperator<A> {
     ) -> Result<(Vec<Fired>, usize), OperatorError> {
         let mut groups: BTreeMap<(&[u8], Window), Vec<u32>> = BTreeMap::new();
         let mut next = batch.len();
-        for (i, r) in batch.iter().enumerate().skip(from) {
+        for (i, r) in records_from(batch, from) {
             let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
             let live: Vec<Window> =
                 self.kind.assign(t).unwrap_or_default().into_iter().filter(|w| !self.past_cleanup(w)).collect();
@@ -557,7 +563,7 @@ impl<A: AggregateFn> WindowOperator<A> {
     ) -> Result<(Vec<Fired>, usize), OperatorError> {
         let mut keys: BTreeMap<&[u8], KeySessions> = BTreeMap::new();
         let mut next = batch.len();
-        for (i, r) in batch.iter().enumerate().skip(from) {
+        for (i, r) in records_from(batch, from) {
             let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
             let Some(window) = self.kind.assign(t).and_then(|w| w.first().copied()) else {
                 self.emit_late(out, &r);

@@ -692,13 +692,16 @@ fn late_but_allowed_records_in_one_batch_each_refire_their_window() {
     assert_eq!(op.state().approximate_len(), 0);
 }
 
+/// Small windows of each kind, for the edges of time.
+const ONE_OF_EACH: [WindowKind; 3] = [
+    WindowKind::Tumbling { size_ms: 10 },
+    WindowKind::Sliding { size_ms: 20, slide_ms: 10 },
+    WindowKind::Session { gap_ms: 10 },
+];
+
 #[test]
 fn a_record_whose_window_would_leave_i64_goes_to_the_late_output() {
-    for kind in [
-        WindowKind::Tumbling { size_ms: 10 },
-        WindowKind::Sliding { size_ms: 20, slide_ms: 10 },
-        WindowKind::Session { gap_ms: 10 },
-    ] {
+    for kind in ONE_OF_EACH {
         let mut op = operator(kind, 0, SumCount::default());
         let extreme = [ev(0, i64::MAX - 3, 1), ev(1, i64::MIN + 3, 2), ev(2, i64::MAX, 4)];
         let late: Vec<Ev> = match kind {
@@ -802,11 +805,7 @@ fn records_without_key_or_timestamp_are_rejected_naming_the_operator_and_the_fix
 
 #[test]
 fn the_final_watermark_fires_windows_at_the_end_of_time_without_overflow() {
-    for kind in [
-        WindowKind::Tumbling { size_ms: 10 },
-        WindowKind::Sliding { size_ms: 20, slide_ms: 10 },
-        WindowKind::Session { gap_ms: 10 },
-    ] {
+    for kind in ONE_OF_EACH {
         let mut op = operator(kind, i64::MAX, SumCount::default());
         // The extreme timestamps whose windows still fit in i64.
         let reach = match kind {
