@@ -184,6 +184,7 @@ mod tests {
 
     use super::*;
     use crate::HeapStateBackend;
+    use crate::test_ops::{Op, op};
 
     fn bounded(limits: StateLimits) -> BoundedBackend {
         BoundedBackend::new(Box::new(HeapStateBackend::default()), limits, "raise it").expect("empty backend")
@@ -194,25 +195,6 @@ mod tests {
     /// Usage recomputed from a plain map: the oracle.
     fn usage_of(map: &BTreeMap<Vec<u8>, Vec<u8>>) -> StateUsage {
         StateUsage { bytes: map.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum(), entries: map.len() as u64 }
-    }
-
-    #[derive(Debug, Clone)]
-    enum Op {
-        Put(Vec<u8>, Vec<u8>),
-        Delete(Vec<u8>),
-        DeletePrefix(Vec<u8>),
-    }
-
-    fn small_bytes() -> impl Strategy<Value = Vec<u8>> {
-        proptest::collection::vec(0u8..3, 0..4)
-    }
-
-    fn op() -> impl Strategy<Value = Op> {
-        prop_oneof![
-            3 => (small_bytes(), proptest::collection::vec(any::<u8>(), 0..8)).prop_map(|(k, v)| Op::Put(k, v)),
-            1 => small_bytes().prop_map(Op::Delete),
-            1 => small_bytes().prop_map(Op::DeletePrefix),
-        ]
     }
 
     proptest! {

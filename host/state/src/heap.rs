@@ -119,6 +119,8 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
 
+    use crate::test_ops::{Op, op, small_bytes};
+
     #[test]
     fn a_snapshot_is_frozen_while_the_backend_keeps_changing() {
         let mut backend = HeapStateBackend::default();
@@ -136,25 +138,6 @@ mod tests {
         let expected: Vec<_> = (0..1_000u32).map(|i| (i.to_be_bytes().to_vec(), b"old".to_vec())).collect();
         assert_eq!(seen, expected);
         assert_eq!(backend.get(&5u32.to_be_bytes()).unwrap(), Some(b"new".to_vec()));
-    }
-
-    #[derive(Debug, Clone)]
-    enum Op {
-        Put(Vec<u8>, Vec<u8>),
-        Delete(Vec<u8>),
-        DeletePrefix(Vec<u8>),
-    }
-
-    fn small_bytes() -> impl Strategy<Value = Vec<u8>> {
-        proptest::collection::vec(0u8..4, 0..4)
-    }
-
-    fn op() -> impl Strategy<Value = Op> {
-        prop_oneof![
-            (small_bytes(), small_bytes()).prop_map(|(k, v)| Op::Put(k, v)),
-            small_bytes().prop_map(Op::Delete),
-            small_bytes().prop_map(Op::DeletePrefix),
-        ]
     }
 
     proptest! {

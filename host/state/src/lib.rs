@@ -24,6 +24,8 @@ mod heap;
 mod layout;
 mod list;
 mod rocks;
+#[cfg(test)]
+mod test_ops;
 mod ttl;
 
 pub use backend::{BackendSnapshot, FrozenEntries, StateBackend, StateError, StateLimitExceeded};
