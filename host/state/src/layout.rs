@@ -1,4 +1,4 @@
-//! The byte layout of state keys and list values. Part of the snapshot format: change it only
+//! The byte layout of state keys and of lists kept as one value. Part of the snapshot format: change it only
 //! with a snapshot version bump.
 //!
 //! Key: `key group (u16 BE) | key len (u32 BE) | key | name len (u16 BE) | name |
@@ -97,7 +97,9 @@ pub fn decode_state_key(mut bytes: &[u8]) -> Result<DecodedStateKey<'_>, StateEr
     Ok(DecodedStateKey { key_group, key, state, namespace, map_key: bytes })
 }
 
-/// Encodes list-state items: `count (u32 BE) | (len (u32 BE) | item)*`.
+/// Encodes items as one value: `count (u32 BE) | (len (u32 BE) | item)*`. The window operator
+/// keeps its session lists this way; list state used it before [`crate::ListKeys`] (an entry
+/// per item), and lists in snapshots from then are still read.
 pub fn encode_list<I: AsRef<[u8]>>(items: &[I]) -> Vec<u8> {
     let total: usize = items.iter().map(|i| 4 + i.as_ref().len()).sum();
     let mut out = Vec::with_capacity(4 + total);

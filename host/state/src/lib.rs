@@ -6,7 +6,10 @@
 //! for the heap, a native checkpoint (hard-linked SST files) for RocksDB. Every state entry's key
 //! follows one layout ([`StateKey`]): `key group | key | state name | namespace | map key`, so
 //! everything of one key group is one contiguous range and a rescale moves ranges. [`TtlBackend`]
-//! wraps any backend so state expires a fixed processing time after its last write.
+//! wraps any backend so state expires a fixed processing time after its last write;
+//! [`BoundedBackend`] keeps one subtask's state within [`StateLimits`] (bytes and entries).
+//! List state is an entry per item under the list's key ([`ListKeys`]), so an append costs the
+//! same at any length.
 //!
 //! ```
 //! use eddy_state::{HeapStateBackend, StateBackend, StateKey};
