@@ -644,7 +644,9 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
     }
 
-    fn result_record(out: &mut Output, key: &[u8], window: &Window, result: &[u8]) {
+    /// Appends one window result to `out`; a result that would take the output past what one
+    /// batch can address (results come from the guest) fails the step instead of the host.
+    fn result_record(&self, out: &mut Output, key: &[u8], window: &Window, result: &[u8]) -> Result<(), OperatorError> {
         let mut value = format!("{{\"start\":{},\"end\":{},\"result\":", window.start, window.end).into_bytes();
         if serde_json::from_slice::<serde::de::IgnoredAny>(result).is_ok() {
             value.extend_from_slice(result.trim_ascii());
@@ -654,14 +656,18 @@ impl<A: AggregateFn> WindowOperator<A> {
             value.extend_from_slice(text.to_string().as_bytes());
         }
         value.push(b'}');
-        out.main.push(Some(key), &value, Some(window.max_timestamp()));
+        out.main.try_push(Some(key), &value, Some(window.max_timestamp())).map_err(|full| OperatorError::BadRecord {
+            operator: self.name.clone(),
+            problem: format!("window results of one call are too large: {full}"),
+        })
     }
 
-    fn emit_results(out: &mut Output, mut fired: Vec<Fired>) {
+    fn emit_results(&self, out: &mut Output, mut fired: Vec<Fired>) -> Result<(), OperatorError> {
         fired.sort_by(|a, b| (a.0, &a.1, a.2).cmp(&(b.0, &b.1, b.2)));
         for (_, key, window, result) in fired {
-            Self::result_record(out, &key, &window, &result);
+            self.result_record(out, &key, &window, &result)?;
         }
+        Ok(())
     }
 }
 
@@ -682,7 +688,7 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
                     self.process_fixed(batch, from, &mut out)?
                 }
             };
-            Self::emit_results(&mut out, fired);
+            self.emit_results(&mut out, fired)?;
             from = next;
         }
         Ok(out)
@@ -713,7 +719,7 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
             due.push((time, key, window, acc));
         }
         for (_, key, window, result) in self.fire(due)? {
-            Self::result_record(&mut out, &key, &window, &result);
+            self.result_record(&mut out, &key, &window, &result)?;
         }
         let mut purged_sessions: BTreeMap<Vec<u8>, Vec<Window>> = BTreeMap::new();
         for (_, key, window) in due_cleanup {
