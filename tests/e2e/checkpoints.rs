@@ -255,17 +255,20 @@ fn a_damaged_newest_checkpoint_is_skipped_for_the_previous_one() {
     assert_exactly_once(&path, "after falling back");
 }
 
-#[test]
-fn a_source_parallelism_change_is_refused_with_a_clear_error() {
+/// Runs the test pipeline until its first checkpoint, applies `edit` to its YAML and starts it
+/// again; returns the error the restart must fail with.
+pub(crate) fn refused_after_edit(edit: impl Fn(String) -> String) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write_pipeline(dir.path(), &Setup::default());
     run_until(&path, |job| !job.completed_checkpoints().is_empty()).expect("first run");
-    let text = std::fs::read_to_string(&path)
-        .expect("read")
-        .replace("    rate_per_sec:", "    parallelism: 2\n    rate_per_sec:");
+    let text = edit(std::fs::read_to_string(&path).expect("read"));
     std::fs::write(&path, text).expect("write");
-    let err = run_until(&path, |_| false).expect_err("incompatible");
-    let message = err.to_string();
+    run_until(&path, |_| false).expect_err("the edited pipeline must be refused").to_string()
+}
+
+#[test]
+fn a_source_parallelism_change_is_refused_with_a_clear_error() {
+    let message = refused_after_edit(|text| text.replace("    rate_per_sec:", "    parallelism: 2\n    rate_per_sec:"));
     assert!(message.contains("source `purchases`") && message.contains("parallelism"), "{message}");
 }
 

@@ -13,7 +13,7 @@ use eddy_engine::{Job, JobOptions, PipelineSpec, RunError};
 use eddy_tests::runtime;
 
 use crate::checkpoints::{
-    Setup, assert_exactly_once, committed, committed_counts, run_until, run_with, write_pipeline,
+    Setup, assert_exactly_once, committed, committed_counts, refused_after_edit, run_until, run_with, write_pipeline,
 };
 
 /// Every file under `dir` with its contents, to show that nothing was deleted or changed.
@@ -114,11 +114,17 @@ fn a_finished_window_job_run_again_emits_nothing_twice() {
     }
 }
 
-#[test]
-fn a_checkpoint_that_cannot_be_read_stops_the_start_and_deletes_nothing() {
+/// The window test pipeline on RocksDB (3 checkpoints retained), stopped after its third.
+fn stopped_after_three_rocksdb_checkpoints() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write_pipeline(dir.path(), &Setup { retained: 3, backend: "rocksdb", ..Setup::default() });
     run_until(&path, |job| job.completed_checkpoints().len() >= 3).expect("first run");
+    (dir, path)
+}
+
+#[test]
+fn a_checkpoint_that_cannot_be_read_stops_the_start_and_deletes_nothing() {
+    let (dir, path) = stopped_after_three_rocksdb_checkpoints();
     let checkpoints = dir.path().join("checkpoints");
     let newest = *completed(&checkpoints).last().expect("a checkpoint");
     let before = (tree(&checkpoints), tree(&dir.path().join("out")));
@@ -145,9 +151,7 @@ fn a_checkpoint_that_cannot_be_read_stops_the_start_and_deletes_nothing() {
 
 #[test]
 fn damaged_files_in_every_checkpoint_stop_the_start_instead_of_starting_over() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = write_pipeline(dir.path(), &Setup { retained: 3, backend: "rocksdb", ..Setup::default() });
-    run_until(&path, |job| job.completed_checkpoints().len() >= 3).expect("first run");
+    let (dir, path) = stopped_after_three_rocksdb_checkpoints();
     let checkpoints = dir.path().join("checkpoints");
     assert!(!committed(&dir.path().join("out")).is_empty(), "output was committed");
     // Damage every shared SST (same size, one bit flipped): no checkpoint passes its checks.
@@ -205,27 +209,14 @@ fn retained_checkpoints_are_kept_across_a_restart() {
 
 #[test]
 fn a_changed_max_parallelism_is_refused_with_the_reason() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = write_pipeline(dir.path(), &Setup::default());
-    run_until(&path, |job| !job.completed_checkpoints().is_empty()).expect("first run");
-    let text = std::fs::read_to_string(&path)
-        .expect("read")
-        .replace("parallelism: 2\n", "parallelism: 2\nmax_parallelism: 64\n");
-    std::fs::write(&path, text).expect("write");
-    let err = run_until(&path, |_| false).expect_err("incompatible");
-    let message = err.to_string();
+    let message = refused_after_edit(|text| text.replace("parallelism: 2\n", "parallelism: 2\nmax_parallelism: 64\n"));
     assert!(message.contains("max_parallelism 128") && message.contains("64"), "{message}");
 }
 
 #[test]
 fn a_checkpoint_of_another_pipeline_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = write_pipeline(dir.path(), &Setup::default());
-    run_until(&path, |job| !job.completed_checkpoints().is_empty()).expect("first run");
-    let text = std::fs::read_to_string(&path).expect("read").replace("name: exactly-once-test", "name: another-job");
-    std::fs::write(&path, text).expect("write");
-    let err = run_until(&path, |_| false).expect_err("not this pipeline's");
-    assert!(err.to_string().contains("belongs to pipeline `exactly-once-test`"), "{err}");
+    let message = refused_after_edit(|text| text.replace("name: exactly-once-test", "name: another-job"));
+    assert!(message.contains("belongs to pipeline `exactly-once-test`"), "{message}");
 }
 
 #[test]

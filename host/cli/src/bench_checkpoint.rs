@@ -97,19 +97,8 @@ fn checkpoint(
     let sync_started = Instant::now();
     let state = writer.backend.snapshot(staging.path())?;
     let sync_ms = sync_started.elapsed().as_secs_f64() * 1e3;
-    let taken = TakenSnapshot {
-        participant: 0,
-        task: 0,
-        subtask: 0,
-        parallelism: 1,
-        keyed: true,
-        source: None,
-        sink: None,
-        operators: vec![("totals".into(), OperatorSnapshot { timers: Vec::new(), state })],
-        alignment_ms: 0.0,
-        sync_ms,
-        staging: Some(staging),
-    };
+    let operators = vec![("totals".into(), OperatorSnapshot { timers: Vec::new(), state })];
+    let taken = TakenSnapshot { sync_ms, staging: Some(staging), ..TakenSnapshot::of_keyed_subtask(0, 1, operators) };
     let (store, uploader) = (store.clone(), uploader.clone());
     let upload = std::thread::spawn(move || -> Result<(u64, f64)> {
         let started = Instant::now();

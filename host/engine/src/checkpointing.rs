@@ -371,19 +371,8 @@ mod tests {
     fn snapshot(participant: usize, value: &[u8]) -> TakenSnapshot {
         let entries: Vec<(Vec<u8>, Vec<u8>)> = vec![(vec![0, 0, b'a' + participant as u8], value.to_vec())];
         let state = BackendSnapshot::Frozen(Box::new(entries));
-        TakenSnapshot {
-            participant,
-            task: 0,
-            subtask: participant as u32,
-            parallelism: 2,
-            keyed: true,
-            source: None,
-            sink: None,
-            operators: vec![("count".into(), OperatorSnapshot { timers: Vec::new(), state })],
-            alignment_ms: 0.0,
-            sync_ms: 0.0,
-            staging: None,
-        }
+        let operators = vec![("count".into(), OperatorSnapshot { timers: Vec::new(), state })];
+        TakenSnapshot::of_keyed_subtask(participant as u32, 2, operators)
     }
 
     fn wait_until(what: &str, done: impl Fn() -> bool) {

@@ -259,19 +259,7 @@ mod tests {
                 (step.to_string(), OperatorSnapshot { timers: Vec::new(), state })
             })
             .collect();
-        TakenSnapshot {
-            participant: subtask as usize,
-            task: 0,
-            subtask,
-            parallelism,
-            keyed,
-            source: None,
-            sink: None,
-            operators,
-            alignment_ms: 0.0,
-            sync_ms: 0.0,
-            staging: None,
-        }
+        TakenSnapshot { keyed, ..TakenSnapshot::of_keyed_subtask(subtask, parallelism, operators) }
     }
 
     fn checkpoint(snapshots: Vec<TakenSnapshot>) -> (tempfile::TempDir, RestorePoint) {

@@ -49,6 +49,26 @@ pub struct TakenSnapshot {
     pub staging: Option<tempfile::TempDir>,
 }
 
+impl TakenSnapshot {
+    /// Subtask `subtask` of `parallelism` of a keyed task 0, reading no source and holding no
+    /// sink, with `operators`' snapshots: the shape tests and benchmarks of the upload need.
+    pub fn of_keyed_subtask(subtask: u32, parallelism: u32, operators: Vec<(String, OperatorSnapshot)>) -> Self {
+        Self {
+            participant: subtask as usize,
+            task: 0,
+            subtask,
+            parallelism,
+            keyed: true,
+            source: None,
+            sink: None,
+            operators,
+            alignment_ms: 0.0,
+            sync_ms: 0.0,
+            staging: None,
+        }
+    }
+}
+
 /// Remembers which shared files are already in the store, so each is uploaded once.
 #[derive(Debug, Default)]
 pub struct Uploader {
@@ -211,19 +231,7 @@ mod tests {
             timers: Vec::new(),
             state: BackendSnapshot::Directory(dir.path().to_path_buf()),
         };
-        TakenSnapshot {
-            participant: 0,
-            task: 0,
-            subtask: 0,
-            parallelism: 1,
-            keyed: true,
-            source: None,
-            sink: None,
-            operators: vec![("count".into(), snapshot)],
-            alignment_ms: 0.0,
-            sync_ms: 0.0,
-            staging: Some(dir),
-        }
+        TakenSnapshot { staging: Some(dir), ..TakenSnapshot::of_keyed_subtask(0, 1, vec![("count".into(), snapshot)]) }
     }
 
     #[test]
