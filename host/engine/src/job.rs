@@ -993,3 +993,33 @@ fn poisoned() -> RunError {
 fn internal(task: usize, subtask: u32, message: &str) -> RunError {
     RunError::Internal { task, subtask, message: message.to_string() }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_directory_whose_lock_is_held_survives_and_an_abandoned_one_is_removed() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let yaml = "name: p\nsources: [{type: file, name: in, path: in.txt}]\nsteps: [{name: a, wasm: a.wasm}]\nsink: {type: print}\n";
+        let mut spec = PipelineSpec::from_yaml(yaml).expect("spec");
+        spec.state.dir = Some(base.path().to_path_buf());
+        // A live run of another process (on this host or another sharing the directory): its
+        // lock is held, and its process id means nothing here.
+        let live = base.path().join("run-4000000-live");
+        std::fs::create_dir(&live).expect("mkdir");
+        File::create(live.join(RUN_LOCK)).expect("lock file");
+        let held = File::open(live.join(RUN_LOCK)).expect("open");
+        held.try_lock().expect("hold the lock");
+        // A run that died: its lock file is there and nobody holds it.
+        let dead = base.path().join("run-abandoned");
+        std::fs::create_dir(&dead).expect("mkdir");
+        File::create(dead.join(RUN_LOCK)).expect("lock file");
+
+        let ours = local_state_dir(&spec).expect("state dir");
+        assert!(live.exists(), "a run whose lock is held is never removed");
+        assert!(!dead.exists(), "a run nobody holds is cleaned up");
+        let probe = File::open(ours.dir.path().join(RUN_LOCK)).expect("our lock");
+        assert!(probe.try_lock().is_err(), "our run holds its lock while it lives");
+    }
+}
