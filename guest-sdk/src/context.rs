@@ -152,7 +152,10 @@ pub(crate) fn current_key() -> Result<u32> {
 }
 
 fn no_key() -> Error {
-    Error::failed("keyed state used outside process/on_timer, or on a record without a key")
+    Error::failed(
+        "keyed state needs the current record's key: there is none in open/close (use state in process or \
+         on_timer) nor for a record without a key (add key_by before this step)",
+    )
 }
 
 /// Reads value state `state` for the current key and hands the bytes to `f`: this call's own
