@@ -28,6 +28,8 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::marker::PhantomData;
 
+pub mod row;
+
 /// The `len` of a span that is absent (no key, no value, a cleared state).
 pub const ABSENT: u32 = u32::MAX;
 
