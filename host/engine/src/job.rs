@@ -22,13 +22,9 @@ use eddy_runtime::{CallError, Component, LoadError, Runtime, RuntimeError, Subta
 use eddy_state::{BoundedBackend, HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, TtlBackend, TtlClock};
 
 use crate::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
-use crate::checkpoint::metadata::{Sweep, collect_garbage};
-use crate::checkpoint::recovery::{self, Expected, ReadRetry};
-use crate::checkpoint::restore::{Share, Skipped};
+use crate::checkpoint::restore::Share;
 use crate::checkpoint::store::StoreFaults;
-use crate::checkpoint::{
-    BarrierAligner, CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint,
-};
+use crate::checkpoint::{BarrierAligner, CheckpointError, CheckpointId, RestorePoint};
 use crate::checkpointing::{
     CheckpointThread, CompletedCheckpoint, FaultHook, SavepointRequest, Signals, SinkCommitter,
 };
@@ -44,6 +40,12 @@ use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError, no
 use crate::upsert_sink::UpsertSink;
 use crate::wasm_operator::WasmOperator;
 use crate::window_operator::{LateData, WindowConfig, WindowOperator};
+
+mod local_state;
+mod recover;
+
+use local_state::{LocalStateDir, local_state_dir};
+use recover::recover;
 
 /// Why a job could not start or did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -417,86 +419,6 @@ impl StepContext<'_> {
             .map_err(|source| RunError::Open { step: s.name.clone(), error: Box::new(source) })?;
         Ok(Box::new(WasmOperator::new(s.name.clone(), instance, s.state_ttl_ms.is_some())))
     }
-}
-
-/// The checkpoint store, the checkpoint to restore from, and the retained checkpoints.
-struct Recovery {
-    store: CheckpointStore,
-    point: Option<RestorePoint>,
-    /// Checkpoints kept from before this run (the restored one and older valid ones).
-    retained: Vec<CheckpointMetadata>,
-    /// The first checkpoint id of this run.
-    next_id: CheckpointId,
-}
-
-/// Opens the spec's checkpoint store and picks what to restore: the newest valid checkpoint in
-/// it (or in `restore_from`, a savepoint). A finished job's final checkpoint re-commits its sink
-/// and stops the start; a store with checkpoints none of which is valid, or a sink with committed
-/// output and no checkpoint, stops it too. Then garbage from earlier runs is collected.
-fn recover(
-    spec: &PipelineSpec,
-    restore_from: Option<&Path>,
-    store_faults: Option<StoreFaults>,
-) -> Result<Option<Recovery>, RunError> {
-    let Some(checkpoints) = &spec.checkpoints else { return Ok(None) };
-    let mut store = checkpoints.open_store()?;
-    if let Some(faults) = store_faults {
-        store = store.with_faults(faults);
-    }
-    let retry = ReadRetry::default();
-    if let Some(dir) = restore_from {
-        let expected = Expected { job: None, max_parallelism: spec.max_parallelism };
-        let savepoint = recovery::recover(&CheckpointStore::local(dir)?, expected, 1, &retry)?;
-        let Some(point) = savepoint.point else {
-            let why = savepoint.skipped.first().map(|(id, e)| format!(" (checkpoint {id}: {e})")).unwrap_or_default();
-            return Err(RunError::Checkpoint(CheckpointError::Incompatible(format!(
-                "no valid savepoint in {}{why}",
-                dir.display()
-            ))));
-        };
-        let next_id = recovery::next_id(&store, &retry)?.max(point.id() + 1);
-        return Ok(Some(Recovery { store, point: Some(point), retained: Vec::new(), next_id }));
-    }
-    let expected = Expected { job: Some(&spec.name), max_parallelism: spec.max_parallelism };
-    let found = recovery::recover(&store, expected, checkpoints.retained.max(1), &retry)?;
-    for (id, error) in &found.skipped {
-        tracing::warn!(job = %spec.name, checkpoint = id, %error, "checkpoint skipped: it is damaged");
-    }
-    if let Some(point) = &found.point
-        && point.metadata().finished
-    {
-        if let Some(state) = point.sink_state() {
-            sink_committer(&spec.sink)(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
-        }
-        return Err(RunError::AlreadyFinished { job: spec.name.clone(), id: point.id(), dir: checkpoints.location() });
-    }
-    if found.point.is_none() {
-        refuse_to_start_over(spec, &checkpoints.location(), &found.skipped)?;
-    }
-    let retained = found.retained();
-    // Files of checkpoints that never completed, or that were superseded.
-    collect_garbage(&store, &retained, &std::collections::HashSet::new(), Sweep::Startup)?;
-    Ok(Some(Recovery { store, point: found.point, retained, next_id: found.next_id }))
-}
-
-/// With nothing to restore, a start from the beginning is right only if nothing was emitted
-/// before: no damaged checkpoint (the job ran before) and no committed output.
-fn refuse_to_start_over(spec: &PipelineSpec, checkpoints: &str, skipped: &Skipped) -> Result<(), RunError> {
-    let mut found = Vec::new();
-    if let Some((id, error)) = skipped.first() {
-        found.push(format!("{} checkpoint(s) in {checkpoints} are damaged (newest, {id}: {error})", skipped.len()));
-    }
-    if let SinkSpec::Files { dir } = &spec.sink {
-        let committed = FilesSink::committed_files(dir)
-            .map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?;
-        if committed > 0 {
-            found.push(format!("{committed} committed file(s) in {}", dir.display()));
-        }
-    }
-    if found.is_empty() {
-        return Ok(());
-    }
-    Err(RunError::WillNotStartOver { job: spec.name.clone(), found: found.join("; "), checkpoints: checkpoints.into() })
 }
 
 impl Job {
@@ -937,42 +859,6 @@ impl Job {
     }
 }
 
-/// This run's local state directory, and the lock that tells other processes it is in use.
-struct LocalStateDir {
-    dir: tempfile::TempDir,
-    _lock: File,
-}
-
-/// Name of the lock file in each run directory: held (`flock`) for as long as the run lives.
-const RUN_LOCK: &str = ".lock";
-
-/// A fresh local directory for this run's state under the spec's state directory. Directories
-/// of earlier runs whose lock nobody holds (their process is gone) are removed first. The lock,
-/// not a process id, decides: a process id says nothing about another host or container
-/// sharing the directory, and ids are reused.
-fn local_state_dir(spec: &PipelineSpec) -> Result<LocalStateDir, RunError> {
-    let base = spec.state.dir.clone().unwrap_or_else(|| PathBuf::from(".eddy/state").join(&spec.name));
-    let error = |problem: String| RunError::State { step: "*".into(), problem };
-    std::fs::create_dir_all(&base).map_err(|e| error(format!("cannot create {}: {e}", base.display())))?;
-    if let Ok(entries) = std::fs::read_dir(&base) {
-        for entry in entries.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().starts_with("run-")) {
-            // A directory without a lock file is being created right now: leave it.
-            let Ok(lock) = File::open(entry.path().join(RUN_LOCK)) else { continue };
-            if lock.try_lock().is_ok() {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("run-")
-        .tempdir_in(&base)
-        .map_err(|e| error(format!("cannot create a run directory in {}: {e}", base.display())))?;
-    let lock_path = dir.path().join(RUN_LOCK);
-    let lock = File::create(&lock_path).map_err(|e| error(format!("cannot create {}: {e}", lock_path.display())))?;
-    lock.try_lock().map_err(|e| error(format!("cannot lock {}: {e}", lock_path.display())))?;
-    Ok(LocalStateDir { dir, _lock: lock })
-}
-
 /// The message a panic carried, if it was a string.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -992,34 +878,4 @@ fn poisoned() -> RunError {
 
 fn internal(task: usize, subtask: u32, message: &str) -> RunError {
     RunError::Internal { task, subtask, message: message.to_string() }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_run_directory_whose_lock_is_held_survives_and_an_abandoned_one_is_removed() {
-        let base = tempfile::tempdir().expect("tempdir");
-        let yaml = "name: p\nsources: [{type: file, name: in, path: in.txt}]\nsteps: [{name: a, wasm: a.wasm}]\nsink: {type: print}\n";
-        let mut spec = PipelineSpec::from_yaml(yaml).expect("spec");
-        spec.state.dir = Some(base.path().to_path_buf());
-        // A live run of another process (on this host or another sharing the directory): its
-        // lock is held, and its process id means nothing here.
-        let live = base.path().join("run-4000000-live");
-        std::fs::create_dir(&live).expect("mkdir");
-        File::create(live.join(RUN_LOCK)).expect("lock file");
-        let held = File::open(live.join(RUN_LOCK)).expect("open");
-        held.try_lock().expect("hold the lock");
-        // A run that died: its lock file is there and nobody holds it.
-        let dead = base.path().join("run-abandoned");
-        std::fs::create_dir(&dead).expect("mkdir");
-        File::create(dead.join(RUN_LOCK)).expect("lock file");
-
-        let ours = local_state_dir(&spec).expect("state dir");
-        assert!(live.exists(), "a run whose lock is held is never removed");
-        assert!(!dead.exists(), "a run nobody holds is cleaned up");
-        let probe = File::open(ours.dir.path().join(RUN_LOCK)).expect("our lock");
-        assert!(probe.try_lock().is_err(), "our run holds its lock while it lives");
-    }
 }

@@ -1,0 +1,94 @@
+//! What a starting job restores: the shell around [`crate::checkpoint::recovery`] that opens
+//! the spec's checkpoint store, applies a finished job's last commit, refuses to start over when
+//! that would emit committed output again, and collects the garbage of earlier runs.
+
+use std::path::Path;
+
+use super::{RunError, sink_committer};
+use crate::checkpoint::metadata::{Sweep, collect_garbage};
+use crate::checkpoint::recovery::{self, Expected, ReadRetry};
+use crate::checkpoint::restore::Skipped;
+use crate::checkpoint::store::StoreFaults;
+use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint};
+use crate::files_sink::FilesSink;
+use crate::spec::{PipelineSpec, SinkSpec};
+
+/// The checkpoint store, the checkpoint to restore from, and the retained checkpoints.
+pub(super) struct Recovery {
+    pub(super) store: CheckpointStore,
+    pub(super) point: Option<RestorePoint>,
+    /// Checkpoints kept from before this run (the restored one and older valid ones).
+    pub(super) retained: Vec<CheckpointMetadata>,
+    /// The first checkpoint id of this run.
+    pub(super) next_id: CheckpointId,
+}
+
+/// Opens the spec's checkpoint store and picks what to restore: the newest valid checkpoint in
+/// it (or in `restore_from`, a savepoint). A finished job's final checkpoint re-commits its sink
+/// and stops the start; a store with checkpoints none of which is valid, or a sink with committed
+/// output and no checkpoint, stops it too. Then garbage from earlier runs is collected.
+pub(super) fn recover(
+    spec: &PipelineSpec,
+    restore_from: Option<&Path>,
+    store_faults: Option<StoreFaults>,
+) -> Result<Option<Recovery>, RunError> {
+    let Some(checkpoints) = &spec.checkpoints else { return Ok(None) };
+    let mut store = checkpoints.open_store()?;
+    if let Some(faults) = store_faults {
+        store = store.with_faults(faults);
+    }
+    let retry = ReadRetry::default();
+    if let Some(dir) = restore_from {
+        let expected = Expected { job: None, max_parallelism: spec.max_parallelism };
+        let savepoint = recovery::recover(&CheckpointStore::local(dir)?, expected, 1, &retry)?;
+        let Some(point) = savepoint.point else {
+            let why = savepoint.skipped.first().map(|(id, e)| format!(" (checkpoint {id}: {e})")).unwrap_or_default();
+            return Err(RunError::Checkpoint(CheckpointError::Incompatible(format!(
+                "no valid savepoint in {}{why}",
+                dir.display()
+            ))));
+        };
+        let next_id = recovery::next_id(&store, &retry)?.max(point.id() + 1);
+        return Ok(Some(Recovery { store, point: Some(point), retained: Vec::new(), next_id }));
+    }
+    let expected = Expected { job: Some(&spec.name), max_parallelism: spec.max_parallelism };
+    let found = recovery::recover(&store, expected, checkpoints.retained.max(1), &retry)?;
+    for (id, error) in &found.skipped {
+        tracing::warn!(job = %spec.name, checkpoint = id, %error, "checkpoint skipped: it is damaged");
+    }
+    if let Some(point) = &found.point
+        && point.metadata().finished
+    {
+        if let Some(state) = point.sink_state() {
+            sink_committer(&spec.sink)(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
+        }
+        return Err(RunError::AlreadyFinished { job: spec.name.clone(), id: point.id(), dir: checkpoints.location() });
+    }
+    if found.point.is_none() {
+        refuse_to_start_over(spec, &checkpoints.location(), &found.skipped)?;
+    }
+    let retained = found.retained();
+    // Files of checkpoints that never completed, or that were superseded.
+    collect_garbage(&store, &retained, &std::collections::HashSet::new(), Sweep::Startup)?;
+    Ok(Some(Recovery { store, point: found.point, retained, next_id: found.next_id }))
+}
+
+/// With nothing to restore, a start from the beginning is right only if nothing was emitted
+/// before: no damaged checkpoint (the job ran before) and no committed output.
+fn refuse_to_start_over(spec: &PipelineSpec, checkpoints: &str, skipped: &Skipped) -> Result<(), RunError> {
+    let mut found = Vec::new();
+    if let Some((id, error)) = skipped.first() {
+        found.push(format!("{} checkpoint(s) in {checkpoints} are damaged (newest, {id}: {error})", skipped.len()));
+    }
+    if let SinkSpec::Files { dir } = &spec.sink {
+        let committed = FilesSink::committed_files(dir)
+            .map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?;
+        if committed > 0 {
+            found.push(format!("{committed} committed file(s) in {}", dir.display()));
+        }
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(RunError::WillNotStartOver { job: spec.name.clone(), found: found.join("; "), checkpoints: checkpoints.into() })
+}
