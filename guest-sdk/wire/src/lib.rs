@@ -29,6 +29,15 @@ use core::fmt;
 use core::marker::PhantomData;
 
 pub mod row;
+pub mod schema;
+#[cfg(feature = "serde")]
+pub mod de;
+#[cfg(feature = "serde")]
+pub mod json;
+#[cfg(feature = "serde")]
+pub mod ser;
+#[cfg(all(test, feature = "serde"))]
+mod serde_tests;
 
 /// The `len` of a span that is absent (no key, no value, a cleared state).
 pub const ABSENT: u32 = u32::MAX;

@@ -1,0 +1,329 @@
+//! Rows into any `Deserialize` type, by field name: a struct's fields are found in the row
+//! through its schema (so a reader may declare fewer fields, in any order, as with JSON), and
+//! strings and bytes are borrowed from the row.
+//!
+//! A struct whose every field is in the row is read as a sequence in the struct's order (the
+//! field-to-slot map is computed once per schema and struct, then cached); otherwise as a map
+//! of the fields present, so serde reports a missing field by name or fills a default. A row
+//! whose schema is unknown reads positionally. Other targets see a row as a map of its named
+//! fields (`serde_json::Value`, internally tagged enums) and each slot as its kind says.
+
+use alloc::string::{String, ToString};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::fmt;
+
+use serde::de::value::{BorrowedStrDeserializer, StrDeserializer};
+use serde::de::{self, DeserializeSeed, Deserializer, Visitor};
+
+use crate::row::{Kind, RowError, RowRef};
+use crate::schema::{Schema, Schemas};
+
+/// Why a row did not become the type asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowDeError(String);
+
+impl fmt::Display for RowDeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl core::error::Error for RowDeError {}
+
+impl de::Error for RowDeError {
+    fn custom<T: fmt::Display>(msg: T) -> Self {
+        RowDeError(msg.to_string())
+    }
+}
+
+impl From<RowError> for RowDeError {
+    fn from(e: RowError) -> Self {
+        RowDeError(e.to_string())
+    }
+}
+
+fn json_error(e: serde_json::Error) -> RowDeError {
+    RowDeError(e.to_string())
+}
+
+/// Cached field-to-slot maps, one per (schema, target struct) pair seen.
+#[derive(Debug, Default)]
+pub struct RowDecoder {
+    maps: Vec<FieldMap>,
+}
+
+#[derive(Debug)]
+struct FieldMap {
+    schema: u32,
+    /// The address of the `'static` field list serde's derive passes: it identifies the
+    /// target struct and is only compared.
+    fields: usize,
+    count: usize,
+    slots: Vec<Option<u16>>,
+    complete: bool,
+}
+
+impl RowDecoder {
+    /// A decoder with no maps yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decodes the row in `bytes` as a `T`.
+    pub fn decode<'de, T: de::Deserialize<'de>>(&mut self, bytes: &'de [u8], schemas: &dyn Schemas) -> Result<T, RowDeError> {
+        let row = RowRef::new(bytes)?;
+        T::deserialize(RowDe { row, ctx: Ctx { maps: self, schemas } })
+    }
+
+    fn map_of(&mut self, schema: &Schema, id: u32, fields: &'static [&'static str]) -> &FieldMap {
+        let found = self.maps.iter().position(|m| m.schema == id && m.fields == fields.as_ptr() as usize && m.count == fields.len());
+        let at = match found {
+            Some(at) => at,
+            None => {
+                let slots: Vec<Option<u16>> =
+                    fields.iter().map(|f| schema.index_of(f).and_then(|i| u16::try_from(i).ok())).collect();
+                let complete = slots.iter().all(Option::is_some);
+                self.maps.push(FieldMap { schema: id, fields: fields.as_ptr() as usize, count: fields.len(), slots, complete });
+                self.maps.len() - 1
+            }
+        };
+        &self.maps[at]
+    }
+}
+
+struct Ctx<'s> {
+    maps: &'s mut RowDecoder,
+    schemas: &'s dyn Schemas,
+}
+
+impl Ctx<'_> {
+    fn reborrow(&mut self) -> Ctx<'_> {
+        Ctx { maps: self.maps, schemas: self.schemas }
+    }
+}
+
+/// A whole row.
+struct RowDe<'de, 's> {
+    row: RowRef<'de>,
+    ctx: Ctx<'s>,
+}
+
+impl<'de> RowDe<'de, '_> {
+    fn schema(&self) -> Option<Arc<Schema>> {
+        match self.row.schema() {
+            0 => None,
+            id => self.ctx.schemas.get(id),
+        }
+    }
+
+    fn positional<V: Visitor<'de>>(mut self, visitor: V) -> Result<V::Value, RowDeError> {
+        let slots: Vec<usize> = (0..self.row.len()).collect();
+        visitor.visit_seq(Slots { row: self.row, ctx: self.ctx.reborrow(), slots: &slots, at: 0 })
+    }
+
+    fn named<V: Visitor<'de>>(mut self, schema: &Schema, visitor: V) -> Result<V::Value, RowDeError> {
+        let entries: Vec<(&str, usize)> = schema.fields.iter().map(String::as_str).zip(0..).collect();
+        visitor.visit_map(Named { row: self.row, ctx: self.ctx.reborrow(), entries: &entries, at: 0 })
+    }
+}
+
+impl<'de> Deserializer<'de> for RowDe<'de, '_> {
+    type Error = RowDeError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, RowDeError> {
+        match self.schema() {
+            Some(schema) => self.named(&schema, visitor),
+            None => self.positional(visitor),
+        }
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        mut self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, RowDeError> {
+        let Some(schema) = self.schema() else { return self.positional(visitor) };
+        let id = self.row.schema();
+        let map = self.ctx.maps.map_of(&schema, id, fields);
+        if map.complete {
+            let slots: Vec<usize> = map.slots.iter().flatten().map(|s| usize::from(*s)).collect();
+            return visitor.visit_seq(Slots { row: self.row, ctx: self.ctx.reborrow(), slots: &slots, at: 0 });
+        }
+        let entries: Vec<(&'static str, usize)> =
+            fields.iter().zip(&map.slots).filter_map(|(f, s)| s.map(|s| (*f, usize::from(s)))).collect();
+        visitor.visit_map(Named { row: self.row, ctx: self.ctx.reborrow(), entries: &entries, at: 0 })
+    }
+
+    fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, RowDeError> {
+        self.positional(visitor)
+    }
+
+    fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, visitor: V) -> Result<V::Value, RowDeError> {
+        self.positional(visitor)
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, RowDeError> {
+        visitor.visit_some(self)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, RowDeError> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, RowDeError> {
+        visitor.visit_unit()
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf unit
+        unit_struct tuple_struct map enum identifier
+    }
+}
+
+/// Slots read in a given order (a struct read positionally).
+struct Slots<'de, 's, 'v> {
+    row: RowRef<'de>,
+    ctx: Ctx<'s>,
+    slots: &'v [usize],
+    at: usize,
+}
+
+impl<'de> de::SeqAccess<'de> for Slots<'de, '_, '_> {
+    type Error = RowDeError;
+
+    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, RowDeError> {
+        let Some(&i) = self.slots.get(self.at) else { return Ok(None) };
+        self.at += 1;
+        seed.deserialize(FieldDe { row: self.row, i, ctx: self.ctx.reborrow() }).map(Some)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.slots.len() - self.at)
+    }
+}
+
+/// Named slots (a struct missing fields, or any reader of a named row).
+struct Named<'de, 's, 'v, 'n> {
+    row: RowRef<'de>,
+    ctx: Ctx<'s>,
+    entries: &'v [(&'n str, usize)],
+    at: usize,
+}
+
+impl<'de> de::MapAccess<'de> for Named<'de, '_, '_, '_> {
+    type Error = RowDeError;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, RowDeError> {
+        let Some((name, _)) = self.entries.get(self.at) else { return Ok(None) };
+        seed.deserialize(StrDeserializer::<RowDeError>::new(name)).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, RowDeError> {
+        let (_, i) = self.entries[self.at];
+        self.at += 1;
+        seed.deserialize(FieldDe { row: self.row, i, ctx: self.ctx.reborrow() })
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.entries.len() - self.at)
+    }
+}
+
+/// One slot.
+struct FieldDe<'de, 's> {
+    row: RowRef<'de>,
+    i: usize,
+    ctx: Ctx<'s>,
+}
+
+impl<'de> FieldDe<'de, '_> {
+    fn null(&self) -> Result<bool, RowDeError> {
+        Ok(self.row.is_null(self.i)?)
+    }
+
+    fn variable(&self) -> Result<&'de [u8], RowDeError> {
+        self.row.variable(self.i)?.ok_or_else(|| RowError::Null(self.i).into())
+    }
+}
+
+impl<'de, 's> FieldDe<'de, 's> {
+    fn into_row(self) -> Result<RowDe<'de, 's>, RowDeError> {
+        let bytes = self.variable()?;
+        Ok(RowDe { row: RowRef::new(bytes)?, ctx: self.ctx })
+    }
+}
+
+impl<'de> Deserializer<'de> for FieldDe<'de, '_> {
+    type Error = RowDeError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, RowDeError> {
+        if self.null()? {
+            return visitor.visit_unit();
+        }
+        let i = self.i;
+        match self.row.kind(i)? {
+            Kind::Unset => visitor.visit_unit(),
+            Kind::Bool => visitor.visit_bool(self.row.bool(i)?),
+            Kind::I64 => visitor.visit_i64(self.row.i64(i)?),
+            Kind::U64 => visitor.visit_u64(self.row.u64(i)?),
+            Kind::F64 => visitor.visit_f64(self.row.f64(i)?),
+            Kind::Str => visitor.visit_borrowed_str(self.row.str(i)?.unwrap_or_default()),
+            Kind::Bytes => visitor.visit_borrowed_bytes(self.variable()?),
+            Kind::Row => self.into_row()?.deserialize_any(visitor),
+            Kind::Json => serde_json::Deserializer::from_slice(self.variable()?).deserialize_any(visitor).map_err(json_error),
+        }
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, RowDeError> {
+        if self.null()? { visitor.visit_none() } else { visitor.visit_some(self) }
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, RowDeError> {
+        match self.row.kind(self.i)? {
+            Kind::Row if !self.null()? => self.into_row()?.deserialize_struct(name, fields, visitor),
+            Kind::Json if !self.null()? => serde_json::Deserializer::from_slice(self.variable()?)
+                .deserialize_struct(name, fields, visitor)
+                .map_err(json_error),
+            _ => self.deserialize_any(visitor),
+        }
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, RowDeError> {
+        match self.row.kind(self.i)? {
+            Kind::Str if !self.null()? => {
+                let variant = self.row.str(self.i)?.unwrap_or_default();
+                visitor.visit_enum(BorrowedStrDeserializer::<RowDeError>::new(variant))
+            }
+            Kind::Json if !self.null()? => serde_json::Deserializer::from_slice(self.variable()?)
+                .deserialize_enum(name, variants, visitor)
+                .map_err(json_error),
+            _ => self.deserialize_any(visitor),
+        }
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, RowDeError> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    fn deserialize_unit<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, RowDeError> {
+        if self.null()? { visitor.visit_unit() } else { self.deserialize_any(visitor) }
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        unit_struct seq tuple tuple_struct map identifier ignored_any
+    }
+}
+
