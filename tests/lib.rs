@@ -61,7 +61,12 @@ pub fn json_batch<K: serde::Serialize, V: serde::Serialize>(records: &[(Option<K
     batch
 }
 
-/// Decodes a batch of JSON keys and values.
+/// A record value as JSON, as a sink shows it (rows rendered with their field names).
+pub fn value_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> T {
+    serde_json::from_slice(&eddy_engine::values::json_text(bytes)).expect("value renders as JSON")
+}
+
+/// Decodes a batch of JSON keys and row or JSON values.
 pub fn decode<K: serde::de::DeserializeOwned, V: serde::de::DeserializeOwned>(
     batch: &RecordBatch,
 ) -> Vec<(Option<K>, V)> {
@@ -69,7 +74,7 @@ pub fn decode<K: serde::de::DeserializeOwned, V: serde::de::DeserializeOwned>(
         .iter()
         .map(|r| {
             let key = r.key.map(|k| serde_json::from_slice(k).expect("key is JSON"));
-            (key, serde_json::from_slice(r.value).expect("value is JSON"))
+            (key, value_json(r.value))
         })
         .collect()
 }

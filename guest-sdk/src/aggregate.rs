@@ -96,7 +96,7 @@ pub fn merge<T: Aggregate>(slot: &'static Slot<T>, a: Vec<u8>, b: Vec<u8>) -> Re
 
 #[doc(hidden)]
 pub fn get_results<T: Aggregate>(slot: &'static Slot<T>, accs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, OperatorError> {
-    with_aggregate(slot, |agg| accs.iter().map(|acc| codec::encode(&agg.result(codec::decode(acc)?))).collect())
+    with_aggregate(slot, |agg| accs.iter().map(|acc| codec::encode_value(&agg.result(codec::decode(acc)?))).collect())
 }
 
 /// Exports a type implementing [`Aggregate`] as this component's aggregate function.

@@ -1,9 +1,21 @@
-//! How typed keys, values and state are turned into bytes: JSON, so that operators written in
-//! different languages read each other's records.
+//! How typed keys, values and state are turned into bytes.
+//!
+//! Record values: a struct is written as a row (Eddy's binary record, `eddy_wire::row`; its
+//! field names are declared to the host once per shape), anything else as JSON; either is
+//! read back, rows by field name with strings borrowed. Keys and state stay JSON: they are
+//! small, hashed and compared as bytes, and must mean the same to every language's SDK.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use eddy_wire::de::RowDecoder;
+use eddy_wire::row::is_row;
+use eddy_wire::schema::{Schema, Schemas};
+use eddy_wire::ser::{RowEncoder, RowSerError};
 use serde::{Deserialize, Serialize};
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// Encodes a value as the bytes Eddy stores and ships.
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
@@ -19,4 +31,126 @@ pub(crate) fn encode_into<T: Serialize + ?Sized>(buf: &mut Vec<u8>, value: &T) -
 /// Decodes bytes produced by [`encode`] (or by any other SDK).
 pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
     Ok(serde_json::from_slice(bytes)?)
+}
+
+/// The host's schemas as this instance has seen them (asked once per id).
+#[derive(Default)]
+struct HostSchemas(RefCell<HashMap<u32, Option<Arc<Schema>>>>);
+
+impl Schemas for HostSchemas {
+    fn get(&self, id: u32) -> Option<Arc<Schema>> {
+        if let Some(known) = self.0.borrow().get(&id) {
+            return known.clone();
+        }
+        let found = host::fields(id).map(|(name, fields)| Arc::new(Schema { name, fields }));
+        self.0.borrow_mut().insert(id, found.clone());
+        found
+    }
+}
+
+#[derive(Default)]
+struct Rows {
+    encoder: RowEncoder,
+    decoder: RowDecoder,
+    schemas: HostSchemas,
+}
+
+thread_local! {
+    static ROWS: RefCell<Rows> = RefCell::new(Rows::default());
+}
+
+/// Appends record value `value` to `buf`: a row if it is a struct, else JSON.
+pub(crate) fn encode_value_into<T: Serialize + ?Sized>(buf: &mut Vec<u8>, value: &T) -> Result<()> {
+    let as_row = ROWS.with_borrow_mut(|rows| rows.encoder.encode(value, buf, &mut host::declare));
+    match as_row {
+        Ok(()) => Ok(()),
+        Err(RowSerError::NotAStruct) => encode_into(buf, value),
+        Err(e) => Err(Error::bad_record(format!("writing a row: {e}"))),
+    }
+}
+
+/// Encodes record value `value` as [`encode_value_into`] does.
+pub fn encode_value<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    encode_value_into(&mut buf, value)?;
+    Ok(buf)
+}
+
+/// Decodes a record value: a row (by field name) or JSON.
+pub fn decode_value<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
+    if !is_row(bytes) {
+        return decode(bytes);
+    }
+    ROWS.with_borrow_mut(|rows| {
+        let Rows { decoder, schemas, .. } = rows;
+        decoder.decode(bytes, schemas).map_err(|e| Error::bad_record(format!("reading a row: {e}")))
+    })
+}
+
+/// The JSON text of the part of record value `bytes` that JSON pointer `pointer` (such as
+/// `/bidder`) names, `None` if there is no such part: read in place from a row, parsed from
+/// JSON.
+pub fn pointer_json(bytes: &[u8], pointer: &str) -> Result<Option<Vec<u8>>> {
+    if is_row(bytes) {
+        let found = ROWS.with_borrow(|rows| eddy_wire::json::pointer_to_json(bytes, pointer, &rows.schemas));
+        return found.map_err(|e| Error::bad_record(format!("reading a row: {e}")));
+    }
+    let value: serde_json::Value = decode(bytes)?;
+    value.pointer(pointer).map(encode).transpose()
+}
+
+/// The `schemas` import, or (off wasm, for native tests) the same ids computed locally.
+mod host {
+    use eddy_wire::schema::Schema;
+
+    #[cfg(target_arch = "wasm32")]
+    pub(super) fn declare(schema: &Schema) -> u32 {
+        crate::bindings::operator_world::eddy::dataflow::schemas::declare_schema(&schema.name, &schema.fields)
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    pub(super) fn fields(id: u32) -> Option<(String, Vec<String>)> {
+        crate::bindings::operator_world::eddy::dataflow::schemas::schema_fields(id)
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    thread_local! {
+        static DECLARED: std::cell::RefCell<std::collections::HashMap<u32, Schema>> = Default::default();
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(super) fn declare(schema: &Schema) -> u32 {
+        let id = schema.id();
+        DECLARED.with_borrow_mut(|d| d.insert(id, schema.clone()));
+        id
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(super) fn fields(id: u32) -> Option<(String, Vec<String>)> {
+        DECLARED.with_borrow(|d| d.get(&id).map(|s| (s.name.clone(), s.fields.clone())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Bid<'a> {
+        auction: u64,
+        channel: &'a str,
+    }
+
+    #[test]
+    fn structs_travel_as_rows_and_everything_else_as_json() {
+        let row = encode_value(&Bid { auction: 3, channel: "web" }).expect("row");
+        assert!(is_row(&row));
+        assert_eq!(decode_value::<Bid<'_>>(&row).expect("by name"), Bid { auction: 3, channel: "web" });
+        assert_eq!(encode_value(&7u32).expect("json"), b"7");
+        assert_eq!(encode_value("w").expect("json"), br#""w""#);
+        assert_eq!(decode_value::<Bid<'_>>(br#"{"channel":"x","auction":1}"#).expect("json"), Bid { auction: 1, channel: "x" });
+        assert_eq!(pointer_json(&row, "/channel").expect("row"), Some(br#""web""#.to_vec()));
+        assert_eq!(pointer_json(br#"{"a":{"b":[1,2]}}"#, "/a/b/1").expect("json"), Some(b"2".to_vec()));
+        assert_eq!(pointer_json(&row, "/nope").expect("row"), None);
+    }
 }

@@ -240,6 +240,12 @@ fn encoded<T: Serialize + ?Sized>(data: &mut Vec<u8>, value: &T) -> Result<Span>
     span_at(data, offset)
 }
 
+fn encoded_value<T: Serialize + ?Sized>(data: &mut Vec<u8>, value: &T) -> Result<Span> {
+    let offset = data.len();
+    codec::encode_value_into(data, value)?;
+    span_at(data, offset)
+}
+
 fn raw(data: &mut Vec<u8>, bytes: &[u8]) -> Result<Span> {
     let offset = data.len();
     data.extend_from_slice(bytes);
@@ -327,12 +333,12 @@ impl Context {
 
     /// Emits a keyed record to the main output, with the current timestamp.
     pub fn emit<K: Serialize + ?Sized, V: Serialize + ?Sized>(&mut self, key: &K, value: &V) -> Result<()> {
-        push_output(0, self.timestamp, |d| Ok((Some(encoded(d, key)?), encoded(d, value)?)))
+        push_output(0, self.timestamp, |d| Ok((Some(encoded(d, key)?), encoded_value(d, value)?)))
     }
 
     /// Emits a record without a key to the main output, with the current timestamp.
     pub fn emit_value<V: Serialize + ?Sized>(&mut self, value: &V) -> Result<()> {
-        push_output(0, self.timestamp, |d| Ok((None, encoded(d, value)?)))
+        push_output(0, self.timestamp, |d| Ok((None, encoded_value(d, value)?)))
     }
 
     /// Emits a keyed record to a side output, with the current timestamp.
@@ -342,7 +348,7 @@ impl Context {
         key: &K,
         value: &V,
     ) -> Result<()> {
-        push_output(side.0, self.timestamp, |d| Ok((Some(encoded(d, key)?), encoded(d, value)?)))
+        push_output(side.0, self.timestamp, |d| Ok((Some(encoded(d, key)?), encoded_value(d, value)?)))
     }
 
     /// Emits raw bytes to `side` (or the main output) with an explicit timestamp.

@@ -50,7 +50,13 @@ impl<'a> Record<'a> {
 
     /// The value, decoded.
     pub fn value<V: Deserialize<'a>>(&self) -> Result<V> {
-        codec::decode(self.value)
+        codec::decode_value(self.value)
+    }
+
+    /// The JSON text of the part of the value a JSON pointer (such as `/bidder`) names, `None`
+    /// if there is none; a row is read in place, without decoding the rest.
+    pub fn value_at(&self, pointer: &str) -> Result<Option<Vec<u8>>> {
+        codec::pointer_json(self.value, pointer)
     }
 }
 

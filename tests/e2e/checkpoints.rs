@@ -113,7 +113,7 @@ pub(crate) fn oracle(spec: &PipelineSpec) -> Vec<Row> {
     let mut windows: BTreeMap<(String, i64), (u64, i64)> = BTreeMap::new();
     for i in 0..g.events.expect("bounded") {
         let event = generator_event(g, i);
-        let value: Value = serde_json::from_slice(&event.value).expect("json");
+        let value: Value = eddy_tests::value_json(&event.value);
         let user = value["user_id"].as_str().expect("user").to_owned();
         let ts = event.timestamp.expect("event time");
         let entry = windows.entry((user, ts - ts.rem_euclid(10_000))).or_default();
@@ -440,7 +440,7 @@ fn running_count_oracle(spec: &PipelineSpec) -> Vec<(String, u64)> {
     let SourceSpec::Generator(g) = &spec.sources[0] else { panic!("generator source") };
     let mut totals: BTreeMap<String, u64> = BTreeMap::new();
     for i in 0..g.events.expect("bounded") {
-        let value: Value = serde_json::from_slice(&generator_event(g, i).value).expect("json");
+        let value: Value = eddy_tests::value_json(&generator_event(g, i).value);
         *totals.entry(value["user_id"].as_str().expect("user").to_owned()).or_default() += 1;
     }
     totals.into_iter().flat_map(|(user, n)| (1..=n).map(move |k| (user.clone(), k))).collect()
@@ -582,7 +582,7 @@ fn last_counts(received: &eddy_tests::Received) -> BTreeMap<String, u64> {
     let mut last = BTreeMap::new();
     for (_, r) in received.lock().expect("lock").iter() {
         let word: String = serde_json::from_slice(r.key.as_deref().expect("keyed")).expect("word");
-        let count: u64 = serde_json::from_slice(&r.value).expect("count");
+        let count: u64 = eddy_tests::value_json(&r.value);
         let entry = last.entry(word).or_insert(0);
         *entry = count.max(*entry);
     }
@@ -607,7 +607,7 @@ fn an_upsert_sink_converges_to_the_fault_free_table_across_a_restart() {
         .iter()
         .map(|(k, v)| {
             let user: String = serde_json::from_slice(k).expect("key");
-            let v: Value = serde_json::from_slice(v).expect("value");
+            let v: Value = eddy_tests::value_json(v);
             let row = (
                 v["start"].as_i64().expect("start"),
                 v["result"]["purchases"].as_u64().expect("n"),

@@ -32,7 +32,7 @@ fn run_to_end(spec: &PipelineSpec) -> Vec<(Option<String>, eddy_core::Record)> {
 }
 
 fn json(bytes: &[u8]) -> Value {
-    serde_json::from_slice(bytes).expect("JSON")
+    eddy_tests::value_json(bytes)
 }
 
 /// A deterministic text over a small vocabulary (many repeats per word).

@@ -522,7 +522,7 @@ fn list_state_continues_after_a_savepoint_resumed_at_another_parallelism() {
     let mut last = std::collections::BTreeMap::new();
     for (_, r) in received.lock().expect("lock").iter() {
         let key: String = serde_json::from_slice(r.key.as_deref().expect("keyed")).expect("key");
-        last.insert(key, serde_json::from_slice::<serde_json::Value>(&r.value).expect("json"));
+        last.insert(key, eddy_tests::value_json::<serde_json::Value>(&r.value));
     }
     assert_eq!(last.len(), 20, "every key seen again");
     for (key, summary) in last {

@@ -41,7 +41,7 @@ fn check(query: &str, native: fn(Vec<eddy_nexmark::Event>) -> Vec<Value>) {
     assert!(summary.finished);
     let out = received.lock().expect("lock").clone();
     assert!(out.iter().all(|(side, _)| side.is_none()), "{query}: nothing late or on a side output");
-    let got = sorted(out.iter().map(|(_, r)| serde_json::from_slice(&r.value).expect("JSON row")).collect());
+    let got = sorted(out.iter().map(|(_, r)| eddy_tests::value_json(&r.value)).collect());
     assert_eq!(got.len(), expected.len(), "{query}: row count");
     assert!(got == expected, "{query}: rows differ from the native baseline");
 }

@@ -173,7 +173,7 @@ fn purchase_totals_equal_a_batch_sum_however_records_are_grouped_and_merged() {
         merged = agg.merge(&merged, part).expect("merge");
     }
     let results = agg.results(&[merged, empty.clone()]).expect("results");
-    let results: Vec<serde_json::Value> = results.iter().map(|r| serde_json::from_slice(r).expect("json")).collect();
+    let results: Vec<serde_json::Value> = results.iter().map(|r| eddy_tests::value_json(r)).collect();
     assert_eq!(
         results,
         vec![

@@ -50,7 +50,7 @@ type ReadPrice = fn(&[u8]) -> Option<u64>;
 type BidBytes<'a> = (u64, u64, u64, &'a [u8], &'a [u8], i64, &'a [u8]);
 
 fn write_row(bid: &BidRef<'_>, buf: &mut Vec<u8>) {
-    let mut row = RowWriter::new(buf, 7);
+    let mut row = RowWriter::new(buf, 7, 0);
     row.u64(AUCTION, bid.auction);
     row.u64(BIDDER, bid.bidder);
     row.u64(PRICE, bid.price);

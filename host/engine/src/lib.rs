@@ -50,6 +50,7 @@ pub mod metrics;
 mod operator;
 pub mod plan;
 pub mod router;
+pub mod values;
 mod sink;
 mod spec;
 mod task;

@@ -35,14 +35,13 @@ pub fn extract_key<'a>(key_by: &KeyBy, record: &RecordView<'a>) -> Result<Cow<'a
             "`key` selected, but the record has no key (the upstream step emitted none); key by a field such as `/user_id` instead".to_string()
         }),
         KeyBy::Value => Ok(Cow::Borrowed(record.value)),
-        KeyBy::Field(pointer) => {
-            let value: serde_json::Value = serde_json::from_slice(record.value)
-                .map_err(|e| format!("`{pointer}` selected, but the value is not JSON ({e})"))?;
-            let field = value.pointer(pointer).ok_or_else(|| {
-                format!("the value has no field `{pointer}`: {}", String::from_utf8_lossy(record.value))
-            })?;
-            serde_json::to_vec(field).map(Cow::Owned).map_err(|e| e.to_string())
-        }
+        KeyBy::Field(pointer) => match crate::values::pointer_text(record.value, pointer)? {
+            Some(key) => Ok(Cow::Owned(key)),
+            None => Err(format!(
+                "the value has no field `{pointer}`: {}",
+                String::from_utf8_lossy(&crate::values::json_text(record.value))
+            )),
+        },
     }
 }
 

@@ -5,6 +5,8 @@ use std::io::Write;
 
 use eddy_core::RecordBatch;
 
+use crate::values::json_text;
+
 /// Where a run's records end up. `output` is `None` for the main output, else a side output.
 ///
 /// Exactly-once sinks take part in checkpoints as a two-phase commit: `pre_commit` at the
@@ -42,8 +44,8 @@ impl<W: Write + Send> Sink for PrintSink<W> {
                 write!(self.0, "[{name}] ")?;
             }
             match r.key {
-                Some(k) => writeln!(self.0, "{} => {}", text(k), text(r.value))?,
-                None => writeln!(self.0, "{}", text(r.value))?,
+                Some(k) => writeln!(self.0, "{} => {}", text(&json_text(k)), text(&json_text(r.value)))?,
+                None => writeln!(self.0, "{}", text(&json_text(r.value)))?,
             }
         }
         Ok(())
@@ -60,6 +62,7 @@ impl<W: Write + Send> Sink for PrintSink<W> {
 pub struct JsonLinesSink<W: Write>(pub W);
 
 fn embed(bytes: &[u8]) -> serde_json::Value {
+    let bytes = &json_text(bytes);
     serde_json::from_slice(bytes).unwrap_or_else(|_| serde_json::Value::String(text(bytes).into_owned()))
 }
 

@@ -409,8 +409,9 @@ fn default_interval_ms() -> i64 {
     1
 }
 
-/// The Nexmark source: events as `eddy_nexmark::to_json` (`{"type":"person"|"auction"|"bid",
-/// ...}`) with their `date_time` as event time; event `i` is `eddy_nexmark::event(config, i)`.
+/// The Nexmark source: events as rows (`eddy_nexmark::write_row`; they render as the JSON of
+/// `eddy_nexmark::to_json`, `{"type":"person"|"auction"|"bid", ...}`) with their `date_time` as
+/// event time; event `i` is `eddy_nexmark::event(config, i)`.
 /// Every field but `name` is optional; the generator's fields and defaults are those of
 /// `eddy_nexmark::NexmarkConfig`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

@@ -62,7 +62,7 @@ impl Sink for UpsertSink {
                 ));
             };
             table_key(&mut self.key, output, key);
-            self.table.put(&self.key, r.value).map_err(io)?;
+            self.table.put(&self.key, &crate::values::json_text(r.value)).map_err(io)?;
         }
         Ok(())
     }

@@ -647,6 +647,15 @@ impl<A: AggregateFn> WindowOperator<A> {
     /// Appends one window result to `out`; a result that would take the output past what one
     /// batch can address (results come from the guest) fails the step instead of the host.
     fn result_record(&self, out: &mut Output, key: &[u8], window: &Window, result: &[u8]) -> Result<(), OperatorError> {
+        if eddy_wire::row::is_row(result) {
+            let value = crate::values::window_row(window.start, window.end, result);
+            return out.main.try_push(Some(key), &value, Some(window.max_timestamp())).map_err(|full| {
+                OperatorError::BadRecord {
+                    operator: self.name.clone(),
+                    problem: format!("window results of one call are too large: {full}"),
+                }
+            });
+        }
         let mut value = format!("{{\"start\":{},\"end\":{},\"result\":", window.start, window.end).into_bytes();
         if serde_json::from_slice::<serde::de::IgnoredAny>(result).is_ok() {
             value.extend_from_slice(result.trim_ascii());

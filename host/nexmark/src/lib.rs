@@ -45,4 +45,4 @@ pub use generator::{
     NexmarkConfig, PERSON_PROPORTION, TOTAL_PROPORTION, US_STATES, auctions_before, event, event_time, events, kind,
     persons_before,
 };
-pub use model::{Auction, Bid, Event, Person, to_json, write_json};
+pub use model::{Auction, Bid, Event, Person, row_schemas, to_json, write_json, write_row};

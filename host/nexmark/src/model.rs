@@ -4,6 +4,8 @@
 //! (`"person"`, `"auction"`, `"bid"`), then the fields in declaration order, snake_case, times
 //! in ms since the epoch, ids and money (cents) as unsigned integers.
 
+use eddy_wire::row::{Kind, RowFrame};
+use eddy_wire::schema::Schema;
 use serde::{Deserialize, Serialize};
 
 /// A new user of the auction site.
@@ -107,6 +109,78 @@ pub fn write_json(event: &Event, out: &mut Vec<u8>) {
     let _ = serde_json::to_writer(out, event);
 }
 
+/// The row schemas of the three event types: the JSON object's keys in order, `type` first.
+pub fn row_schemas() -> [Schema; 3] {
+    [
+        Schema::new("person", &PERSON_FIELDS),
+        Schema::new("auction", &AUCTION_FIELDS),
+        Schema::new("bid", &BID_FIELDS),
+    ]
+}
+
+const PERSON_FIELDS: [&str; 9] =
+    ["type", "id", "name", "email_address", "credit_card", "city", "state", "date_time", "extra"];
+const AUCTION_FIELDS: [&str; 11] = [
+    "type",
+    "id",
+    "item_name",
+    "description",
+    "initial_bid",
+    "reserve",
+    "date_time",
+    "expires",
+    "seller",
+    "category",
+    "extra",
+];
+const BID_FIELDS: [&str; 8] = ["type", "auction", "bidder", "price", "channel", "url", "date_time", "extra"];
+
+/// Appends `event` to `out` as a row (`eddy_wire::row`) of its type's schema in
+/// [`row_schemas`]: the fields of its JSON form, in the same order, with the same names.
+pub fn write_row(event: &Event, out: &mut Vec<u8>) {
+    static IDS: std::sync::LazyLock<[u32; 3]> = std::sync::LazyLock::new(|| row_schemas().map(|s| s.id()));
+    let str = |row: &RowFrame, out: &mut Vec<u8>, i, s: &str| row.variable(out, i, Kind::Str, s.as_bytes());
+    match event {
+        Event::Person(p) => {
+            let row = RowFrame::begin(out, PERSON_FIELDS.len(), IDS[0]);
+            str(&row, out, 0, "person");
+            row.u64(out, 1, p.id);
+            str(&row, out, 2, &p.name);
+            str(&row, out, 3, &p.email_address);
+            str(&row, out, 4, &p.credit_card);
+            str(&row, out, 5, &p.city);
+            str(&row, out, 6, &p.state);
+            row.i64(out, 7, p.date_time);
+            str(&row, out, 8, &p.extra);
+        }
+        Event::Auction(a) => {
+            let row = RowFrame::begin(out, AUCTION_FIELDS.len(), IDS[1]);
+            str(&row, out, 0, "auction");
+            row.u64(out, 1, a.id);
+            str(&row, out, 2, &a.item_name);
+            str(&row, out, 3, &a.description);
+            row.u64(out, 4, a.initial_bid);
+            row.u64(out, 5, a.reserve);
+            row.i64(out, 6, a.date_time);
+            row.i64(out, 7, a.expires);
+            row.u64(out, 8, a.seller);
+            row.u64(out, 9, a.category);
+            str(&row, out, 10, &a.extra);
+        }
+        Event::Bid(b) => {
+            let row = RowFrame::begin(out, BID_FIELDS.len(), IDS[2]);
+            str(&row, out, 0, "bid");
+            row.u64(out, 1, b.auction);
+            row.u64(out, 2, b.bidder);
+            row.u64(out, 3, b.price);
+            str(&row, out, 4, &b.channel);
+            str(&row, out, 5, &b.url);
+            row.i64(out, 6, b.date_time);
+            str(&row, out, 7, &b.extra);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +238,30 @@ mod tests {
             let mut appended = b"x".to_vec();
             write_json(&e, &mut appended);
             assert_eq!(&appended[1..], json.as_bytes());
+        }
+    }
+
+    /// The row of an event renders (by `eddy_wire::json`, with the schemas by id) as the JSON
+    /// `serde_json` writes for it, and reads back as the event through serde.
+    #[test]
+    fn rows_are_the_json_objects_in_binary() {
+        struct Known([Schema; 3]);
+        impl eddy_wire::schema::Schemas for Known {
+            fn get(&self, id: u32) -> Option<std::sync::Arc<Schema>> {
+                self.0.iter().find(|s| s.id() == id).cloned().map(std::sync::Arc::new)
+            }
+        }
+        let known = Known(row_schemas());
+        let config = NexmarkConfig { seed: 11, ..NexmarkConfig::default() };
+        let mut decoder = eddy_wire::de::RowDecoder::new();
+        for i in (0..200).chain(250_000..250_050) {
+            let e = event(&config, i);
+            let mut row = b"x".to_vec();
+            write_row(&e, &mut row);
+            let mut json = Vec::new();
+            eddy_wire::json::row_to_json(&row[1..], &known, &mut json).unwrap();
+            assert_eq!(String::from_utf8(json).unwrap(), String::from_utf8(to_json(&e)).unwrap(), "event {i}");
+            assert_eq!(decoder.decode::<Event>(&row[1..], &known).unwrap(), e, "event {i} through serde");
         }
     }
 

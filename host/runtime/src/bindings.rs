@@ -17,8 +17,9 @@ pub(crate) mod aggregate_world {
         with: {
             "eddy:dataflow/types": super::operator_world::eddy::dataflow::types,
             "eddy:dataflow/log": super::operator_world::eddy::dataflow::log,
+            "eddy:dataflow/schemas": super::operator_world::eddy::dataflow::schemas,
         },
     });
 }
 
-pub(crate) use operator_world::eddy::dataflow::{log, output, state, timers, types};
+pub(crate) use operator_world::eddy::dataflow::{log, output, schemas, state, timers, types};

@@ -244,6 +244,8 @@ impl HasSandbox for AggregateHost {
 
 impl crate::bindings::types::Host for AggregateHost {}
 
+crate::schemas::schemas_host!(AggregateHost);
+
 impl wasmtime_wasi::WasiView for AggregateHost {
     fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
         self.sandbox.ctx()

@@ -340,6 +340,8 @@ impl WasiView for OperatorHost {
 
 impl types::Host for OperatorHost {}
 
+crate::schemas::schemas_host!(OperatorHost);
+
 use state::StateKind::{List, Map, Value};
 
 impl state::Host for OperatorHost {

@@ -14,7 +14,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use crate::bindings::aggregate_world::WindowAggregatePre;
 use crate::bindings::operator_world::KeyedOperatorPre;
-use crate::bindings::{output, state, timers, types};
+use crate::bindings::{output, schemas, state, timers, types};
 use crate::cache::{ArtifactCache, CacheOutcome, digest_of};
 use crate::call::{CallPolicy, classify};
 use crate::config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants};
@@ -135,6 +135,7 @@ impl Runtime {
         let mut operator_linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut operator_linker).map_err(link_err)?;
         types::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
+        schemas::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
         state::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
         timers::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
         output::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
@@ -142,6 +143,7 @@ impl Runtime {
         let mut aggregate_linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut aggregate_linker).map_err(link_err)?;
         types::add_to_linker::<_, HasSelf<_>>(&mut aggregate_linker, |h| h).map_err(link_err)?;
+        schemas::add_to_linker::<_, HasSelf<_>>(&mut aggregate_linker, |h| h).map_err(link_err)?;
         guest_log::add_to_linker(&mut aggregate_linker).map_err(link_err)?;
         let ticker = EpochTicker::start(engine.clone(), Duration::from_millis(config.epoch_tick_ms.max(1)));
         Ok(Self {
