@@ -60,8 +60,14 @@ struct FieldMap {
     /// target struct and is only compared.
     fields: usize,
     count: usize,
-    slots: Vec<Option<u16>>,
-    complete: bool,
+    /// How the struct is read: every field found (slots in the struct's order), or only some.
+    read: StructRead,
+}
+
+#[derive(Debug, Clone)]
+enum StructRead {
+    Complete(Arc<[usize]>),
+    Partial(Arc<[(&'static str, usize)]>),
 }
 
 impl RowDecoder {
@@ -76,19 +82,19 @@ impl RowDecoder {
         T::deserialize(RowDe { row, ctx: Ctx { maps: self, schemas } })
     }
 
-    fn map_of(&mut self, schema: &Schema, id: u32, fields: &'static [&'static str]) -> &FieldMap {
-        let found = self.maps.iter().position(|m| m.schema == id && m.fields == fields.as_ptr() as usize && m.count == fields.len());
-        let at = match found {
-            Some(at) => at,
-            None => {
-                let slots: Vec<Option<u16>> =
-                    fields.iter().map(|f| schema.index_of(f).and_then(|i| u16::try_from(i).ok())).collect();
-                let complete = slots.iter().all(Option::is_some);
-                self.maps.push(FieldMap { schema: id, fields: fields.as_ptr() as usize, count: fields.len(), slots, complete });
-                self.maps.len() - 1
-            }
+    fn read_of(&mut self, schema: &Schema, id: u32, fields: &'static [&'static str]) -> StructRead {
+        let key = fields.as_ptr() as usize;
+        if let Some(m) = self.maps.iter().find(|m| m.schema == id && m.fields == key && m.count == fields.len()) {
+            return m.read.clone();
+        }
+        let found: Vec<(&'static str, Option<usize>)> = fields.iter().map(|f| (*f, schema.index_of(f))).collect();
+        let read = if found.iter().all(|(_, slot)| slot.is_some()) {
+            StructRead::Complete(found.iter().filter_map(|(_, slot)| *slot).collect())
+        } else {
+            StructRead::Partial(found.iter().filter_map(|(f, slot)| slot.map(|s| (*f, s))).collect())
         };
-        &self.maps[at]
+        self.maps.push(FieldMap { schema: id, fields: key, count: fields.len(), read: read.clone() });
+        read
     }
 }
 
@@ -118,13 +124,8 @@ impl<'de> RowDe<'de, '_> {
     }
 
     fn positional<V: Visitor<'de>>(mut self, visitor: V) -> Result<V::Value, RowDeError> {
-        let slots: Vec<usize> = (0..self.row.len()).collect();
-        visitor.visit_seq(Slots { row: self.row, ctx: self.ctx.reborrow(), slots: &slots, at: 0 })
-    }
-
-    fn named<V: Visitor<'de>>(mut self, schema: &Schema, visitor: V) -> Result<V::Value, RowDeError> {
-        let entries: Vec<(&str, usize)> = schema.fields.iter().map(String::as_str).zip(0..).collect();
-        visitor.visit_map(Named { row: self.row, ctx: self.ctx.reborrow(), entries: &entries, at: 0 })
+        let order = Order::Range(self.row.len());
+        visitor.visit_seq(Slots { row: self.row, ctx: self.ctx.reborrow(), order, at: 0 })
     }
 }
 
@@ -133,27 +134,26 @@ impl<'de> Deserializer<'de> for RowDe<'de, '_> {
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, RowDeError> {
         match self.schema() {
-            Some(schema) => self.named(&schema, visitor),
+            Some(schema) => {
+                let names = Names::Schema(schema);
+                visitor.visit_map(Named { row: self.row, ctx: self.ctx, names, at: 0 })
+            }
             None => self.positional(visitor),
         }
     }
 
     fn deserialize_struct<V: Visitor<'de>>(
-        mut self,
+        self,
         _: &'static str,
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, RowDeError> {
         let Some(schema) = self.schema() else { return self.positional(visitor) };
-        let id = self.row.schema();
-        let map = self.ctx.maps.map_of(&schema, id, fields);
-        if map.complete {
-            let slots: Vec<usize> = map.slots.iter().flatten().map(|s| usize::from(*s)).collect();
-            return visitor.visit_seq(Slots { row: self.row, ctx: self.ctx.reborrow(), slots: &slots, at: 0 });
+        let Self { row, ctx } = self;
+        match ctx.maps.read_of(&schema, row.schema(), fields) {
+            StructRead::Complete(slots) => visitor.visit_seq(Slots { row, ctx, order: Order::List(slots), at: 0 }),
+            StructRead::Partial(named) => visitor.visit_map(Named { row, ctx, names: Names::Fields(named), at: 0 }),
         }
-        let entries: Vec<(&'static str, usize)> =
-            fields.iter().zip(&map.slots).filter_map(|(f, s)| s.map(|s| (*f, usize::from(s)))).collect();
-        visitor.visit_map(Named { row: self.row, ctx: self.ctx.reborrow(), entries: &entries, at: 0 })
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, RowDeError> {
@@ -182,52 +182,101 @@ impl<'de> Deserializer<'de> for RowDe<'de, '_> {
     }
 }
 
-/// Slots read in a given order (a struct read positionally).
-struct Slots<'de, 's, 'v> {
+/// Which slots a sequence visits, in order.
+enum Order {
+    /// `0..n`.
+    Range(usize),
+    /// These.
+    List(Arc<[usize]>),
+}
+
+impl Order {
+    fn get(&self, at: usize) -> Option<usize> {
+        match self {
+            Order::Range(n) => (at < *n).then_some(at),
+            Order::List(slots) => slots.get(at).copied(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Order::Range(n) => *n,
+            Order::List(slots) => slots.len(),
+        }
+    }
+}
+
+/// Slots read in a given order (a struct whose fields are all in the row, or a row without
+/// names read positionally).
+struct Slots<'de, 's> {
     row: RowRef<'de>,
     ctx: Ctx<'s>,
-    slots: &'v [usize],
+    order: Order,
     at: usize,
 }
 
-impl<'de> de::SeqAccess<'de> for Slots<'de, '_, '_> {
+impl<'de> de::SeqAccess<'de> for Slots<'de, '_> {
     type Error = RowDeError;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, RowDeError> {
-        let Some(&i) = self.slots.get(self.at) else { return Ok(None) };
+        let Some(i) = self.order.get(self.at) else { return Ok(None) };
         self.at += 1;
         seed.deserialize(FieldDe { row: self.row, i, ctx: self.ctx.reborrow() }).map(Some)
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.slots.len() - self.at)
+        Some(self.order.len() - self.at)
+    }
+}
+
+/// Which named slots a map visits.
+enum Names {
+    /// Every field of the row, by its schema.
+    Schema(Arc<Schema>),
+    /// The fields of a struct that the row has (name, slot).
+    Fields(Arc<[(&'static str, usize)]>),
+}
+
+impl Names {
+    fn get(&self, at: usize) -> Option<(&str, usize)> {
+        match self {
+            Names::Schema(schema) => schema.fields.get(at).map(|f| (f.as_str(), at)),
+            Names::Fields(fields) => fields.get(at).copied(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Names::Schema(schema) => schema.fields.len(),
+            Names::Fields(fields) => fields.len(),
+        }
     }
 }
 
 /// Named slots (a struct missing fields, or any reader of a named row).
-struct Named<'de, 's, 'v, 'n> {
+struct Named<'de, 's> {
     row: RowRef<'de>,
     ctx: Ctx<'s>,
-    entries: &'v [(&'n str, usize)],
+    names: Names,
     at: usize,
 }
 
-impl<'de> de::MapAccess<'de> for Named<'de, '_, '_, '_> {
+impl<'de> de::MapAccess<'de> for Named<'de, '_> {
     type Error = RowDeError;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, RowDeError> {
-        let Some((name, _)) = self.entries.get(self.at) else { return Ok(None) };
+        let Some((name, _)) = self.names.get(self.at) else { return Ok(None) };
         seed.deserialize(StrDeserializer::<RowDeError>::new(name)).map(Some)
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, RowDeError> {
-        let (_, i) = self.entries[self.at];
+        let (_, i) = self.names.get(self.at).ok_or_else(|| RowDeError("a map value without its key".into()))?;
         self.at += 1;
         seed.deserialize(FieldDe { row: self.row, i, ctx: self.ctx.reborrow() })
     }
 
     fn size_hint(&self) -> Option<usize> {
-        Some(self.entries.len() - self.at)
+        Some(self.names.len() - self.at)
     }
 }
 

@@ -4,8 +4,8 @@
 //! Field values map to kinds: integers to `i64`/`u64`, floats to `f64`, `bool`, strings and
 //! chars to `string`, byte slices to `bytes`, `None` and `()` to null, a unit enum variant to
 //! its name as a `string`, a nested struct to a nested row, and lists, maps and enum variants
-//! with data to an embedded JSON text (`json`). Only a struct (or an internally tagged enum,
-//! which serde writes as a struct) can be a row; anything else at the top is
+//! with data to an embedded JSON text (`json`). Only a struct (an internally tagged enum, which
+//! serde writes as a struct, or `Some` of either) can be a row; anything else at the top is
 //! [`RowSerError::NotAStruct`] and the caller encodes it another way (the SDK: JSON).
 
 use alloc::string::{String, ToString};
@@ -151,8 +151,9 @@ impl<'a> ser::Serializer for Top<'a> {
         serialize_struct_variant(&'static str, u32, &'static str, usize) -> Self::SerializeStructVariant;
     }
 
-    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<(), RowSerError> {
-        Err(RowSerError::NotAStruct)
+    /// `Some(struct)` is the struct's row (read back as `Some`); `None` is not a row.
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), RowSerError> {
+        value.serialize(self)
     }
 
     fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<(), RowSerError> {

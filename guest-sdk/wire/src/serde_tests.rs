@@ -137,6 +137,9 @@ fn only_structs_become_rows_and_a_failed_encode_leaves_the_buffer() {
     assert_eq!(registry.encode(&mut enc, &7u64), Err(RowSerError::NotAStruct));
     assert_eq!(registry.encode(&mut enc, &vec![1, 2]), Err(RowSerError::NotAStruct));
     assert_eq!(registry.encode(&mut enc, &Color::Rgb(1, 2, 3)), Err(RowSerError::NotAStruct));
+    assert_eq!(registry.encode(&mut enc, &None::<Inner>), Err(RowSerError::NotAStruct));
+    let some = registry.encode(&mut enc, &Some(Inner { id: 2, label: None })).expect("Some(struct) is a row");
+    assert_eq!(RowDecoder::new().decode::<Option<Inner>>(&some, &registry), Ok(Some(Inner { id: 2, label: None })));
     let mut out = vec![9u8];
     let mut declare = |s: &Schema| s.id();
     assert!(enc.encode(&"text", &mut out, &mut declare).is_err());

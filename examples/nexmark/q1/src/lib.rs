@@ -11,8 +11,8 @@
 //! `{"auction", "bidder", "price", "date_time"}` per bid, unkeyed, with the bid's event time.
 
 use eddy_sdk::{Context, OpenContext, Operator, Record, Result};
-use nexmark_model::{Bid, EventType};
-use serde::Serialize;
+use nexmark_model::EventType;
+use serde::{Deserialize, Serialize};
 
 /// One output row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -33,6 +33,15 @@ pub fn to_euros(dollars: u64) -> u64 {
     (u128::from(dollars) * 908 / 1000) as u64
 }
 
+/// The fields of a bid this query reads: from a row only these four slots are read.
+#[derive(Debug, Deserialize)]
+struct BidPrice {
+    auction: u64,
+    bidder: u64,
+    price: u64,
+    date_time: i64,
+}
+
 /// The operator.
 #[derive(Debug)]
 pub struct CurrencyConversion;
@@ -49,7 +58,7 @@ impl Operator for CurrencyConversion {
         if kind.kind != "bid" {
             return Ok(());
         }
-        let bid: Bid = record.value()?;
+        let bid: BidPrice = record.value()?;
         let row =
             EuroBid { auction: bid.auction, bidder: bid.bidder, price: to_euros(bid.price), date_time: bid.date_time };
         ctx.emit_value(&row)

@@ -10,8 +10,8 @@
 //! unkeyed, with the bid's event time.
 
 use eddy_sdk::{Context, OpenContext, Operator, Record, Result};
-use nexmark_model::{Bid, EventType};
-use serde::Serialize;
+use nexmark_model::EventType;
+use serde::{Deserialize, Serialize};
 
 /// Auctions whose id is a multiple of this are selected.
 pub const AUCTION_SKIP: u64 = 123;
@@ -29,6 +29,13 @@ pub struct AuctionPrice {
 #[derive(Debug)]
 pub struct Selection;
 
+/// The fields of a bid this query reads.
+#[derive(Debug, Deserialize)]
+struct BidAuction {
+    auction: u64,
+    price: u64,
+}
+
 impl Operator for Selection {
     type Config = ();
 
@@ -41,7 +48,7 @@ impl Operator for Selection {
         if kind.kind != "bid" {
             return Ok(());
         }
-        let bid: Bid = record.value()?;
+        let bid: BidAuction = record.value()?;
         if !bid.auction.is_multiple_of(AUCTION_SKIP) {
             return Ok(());
         }

@@ -28,7 +28,7 @@
 //! for auctions still to come.
 
 use eddy_sdk::{Context, ListState, OpenContext, Operator, Record, Result, ValueState};
-use nexmark_model::Event;
+use nexmark_model::EventType;
 use serde::{Deserialize, Serialize};
 
 /// The auction category the query looks for.
@@ -87,8 +87,10 @@ impl Operator for LocalItemSuggestion {
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        match record.value()? {
-            Event::Person(p) => {
+        let event: EventType<'_> = record.value()?;
+        match &*event.kind {
+            "person" => {
+                let p: PersonPlace = record.value()?;
                 let seller = Seller { name: p.name, city: p.city, state: p.state };
                 let waiting = self.waiting.get()?;
                 if !waiting.is_empty() {
@@ -101,14 +103,37 @@ impl Operator for LocalItemSuggestion {
                 }
                 self.seller.set(&seller)
             }
-            Event::Auction(a) if a.category == CATEGORY => match self.seller.get()? {
-                Some(seller) if seller.is_local() => emit(ctx, a.seller, &seller, a.id),
-                Some(_) => Ok(()),
-                None => self.waiting.push(&a.id),
-            },
-            Event::Auction(_) | Event::Bid(_) => Ok(()),
+            "auction" => {
+                let a: AuctionSeller = record.value()?;
+                if a.category != CATEGORY {
+                    return Ok(());
+                }
+                match self.seller.get()? {
+                    Some(seller) if seller.is_local() => emit(ctx, a.seller, &seller, a.id),
+                    Some(_) => Ok(()),
+                    None => self.waiting.push(&a.id),
+                }
+            }
+            _ => Ok(()),
         }
     }
+}
+
+/// The fields of a person this query reads.
+#[derive(Debug, Deserialize)]
+struct PersonPlace {
+    id: u64,
+    name: String,
+    city: String,
+    state: String,
+}
+
+/// The fields of an auction this query reads.
+#[derive(Debug, Deserialize)]
+struct AuctionSeller {
+    id: u64,
+    seller: u64,
+    category: u64,
 }
 
 eddy_sdk::export_operator!(LocalItemSuggestion);

@@ -26,7 +26,6 @@
 //! window: that is the query (a global maximum), and the state per window is three numbers.
 
 use eddy_sdk::{Aggregate, Record, Result};
-use nexmark_model::Bid;
 use serde::{Deserialize, Serialize};
 
 /// The best bid of a window so far.
@@ -57,6 +56,14 @@ pub fn best(a: Option<Highest>, b: Option<Highest>) -> Option<Highest> {
     }
 }
 
+/// The fields of a bid this query reads.
+#[derive(Debug, Deserialize)]
+struct BidPrice {
+    auction: u64,
+    bidder: u64,
+    price: u64,
+}
+
 /// The aggregate function.
 #[derive(Debug)]
 pub struct HighestBid;
@@ -75,7 +82,7 @@ impl Aggregate for HighestBid {
     }
 
     fn add(&self, acc: &mut Option<Highest>, record: &Record<'_>) -> Result<()> {
-        let bid: Bid = record.value()?;
+        let bid: BidPrice = record.value()?;
         *acc = best(*acc, Some(Highest { auction: bid.auction, bidder: bid.bidder, price: bid.price }));
         Ok(())
     }

@@ -27,7 +27,7 @@
 //! and the person's id as key.
 
 use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result, SideOutput, TimeDomain, Timer, ValueState};
-use nexmark_model::{Event, tumble_start};
+use nexmark_model::{EventType, tumble_start};
 use serde::{Deserialize, Serialize};
 
 /// The tumbling window.
@@ -78,10 +78,11 @@ impl Operator for MonitorNewUsers {
         if fire_at <= ctx.current_watermark() {
             return ctx.emit_raw(Some(self.late), record.key_bytes(), record.value_bytes(), Some(t));
         }
-        let person_name = match record.value()? {
-            Event::Person(p) => Some(p.name),
-            Event::Auction(_) => None,
-            Event::Bid(_) => return Ok(()),
+        let event: EventType<'_> = record.value()?;
+        let person_name = match &*event.kind {
+            "person" => Some(record.value::<PersonName>()?.name),
+            "auction" => None,
+            _ => return Ok(()),
         };
         let mut windows = self.windows.get()?.unwrap_or_default();
         let i = match windows.iter().position(|w| w.window_start == window_start) {
@@ -122,6 +123,12 @@ impl Operator for MonitorNewUsers {
         }
         Ok(())
     }
+}
+
+/// The field of a person this query reads.
+#[derive(Debug, Deserialize)]
+struct PersonName {
+    name: String,
 }
 
 eddy_sdk::export_operator!(MonitorNewUsers);
