@@ -82,11 +82,13 @@ impl RowDecoder {
         T::deserialize(RowDe { row, ctx: Ctx { maps: self, schemas } })
     }
 
-    fn read_of(&mut self, schema: &Schema, id: u32, fields: &'static [&'static str]) -> StructRead {
+    /// How to read struct `fields` from rows of schema `id`; `None` if that schema is unknown.
+    fn read_of(&mut self, id: u32, fields: &'static [&'static str], schemas: &dyn Schemas) -> Option<StructRead> {
         let key = fields.as_ptr() as usize;
         if let Some(m) = self.maps.iter().find(|m| m.schema == id && m.fields == key && m.count == fields.len()) {
-            return m.read.clone();
+            return Some(m.read.clone());
         }
+        let schema = schemas.get(id)?;
         let found: Vec<(&'static str, Option<usize>)> = fields.iter().map(|f| (*f, schema.index_of(f))).collect();
         let read = if found.iter().all(|(_, slot)| slot.is_some()) {
             StructRead::Complete(found.iter().filter_map(|(_, slot)| *slot).collect())
@@ -94,7 +96,7 @@ impl RowDecoder {
             StructRead::Partial(found.iter().filter_map(|(f, slot)| slot.map(|s| (*f, s))).collect())
         };
         self.maps.push(FieldMap { schema: id, fields: key, count: fields.len(), read: read.clone() });
-        read
+        Some(read)
     }
 }
 
@@ -148,11 +150,15 @@ impl<'de> Deserializer<'de> for RowDe<'de, '_> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, RowDeError> {
-        let Some(schema) = self.schema() else { return self.positional(visitor) };
+        let read = match self.row.schema() {
+            0 => None,
+            id => self.ctx.maps.read_of(id, fields, self.ctx.schemas),
+        };
         let Self { row, ctx } = self;
-        match ctx.maps.read_of(&schema, row.schema(), fields) {
-            StructRead::Complete(slots) => visitor.visit_seq(Slots { row, ctx, order: Order::List(slots), at: 0 }),
-            StructRead::Partial(named) => visitor.visit_map(Named { row, ctx, names: Names::Fields(named), at: 0 }),
+        match read {
+            None => Self { row, ctx }.positional(visitor),
+            Some(StructRead::Complete(slots)) => visitor.visit_seq(Slots { row, ctx, order: Order::List(slots), at: 0 }),
+            Some(StructRead::Partial(named)) => visitor.visit_map(Named { row, ctx, names: Names::Fields(named), at: 0 }),
         }
     }
 

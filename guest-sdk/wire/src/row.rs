@@ -392,11 +392,13 @@ impl RowFrame {
         header[1] = VERSION;
         header[2..4].copy_from_slice(&(fields as u16).to_le_bytes());
         header[4..8].copy_from_slice(&schema.to_le_bytes());
-        let frame = Self { start, kinds, slots, fields };
-        for i in 0..fields {
-            buf[frame.null_byte(i)] |= 1 << (i % 8);
+        // Every field starts null: whole bytes of null bits at once, then the last few.
+        let nulls = &mut buf[start + HEADER..start + kinds];
+        nulls[..fields / 8].fill(0xFF);
+        if fields % 8 != 0 {
+            nulls[fields / 8] = (1u8 << (fields % 8)) - 1;
         }
-        frame
+        Self { start, kinds, slots, fields }
     }
 
     /// Number of fields.

@@ -17,7 +17,7 @@ use std::fmt::{self, Write};
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::model::{Auction, Bid, Event, Person};
+use crate::model::{AuctionRef, BidRef, Event, EventRef, PersonRef};
 
 /// Id of the first person; person `n` (counted from 0) has id `FIRST_PERSON_ID + n`.
 pub const FIRST_PERSON_ID: u64 = 1000;
@@ -191,54 +191,91 @@ pub fn event_time(config: &NexmarkConfig, index: u64) -> i64 {
         d if d > 0 => draws.below(Salt::Disorder, d as u64 + 1),
         _ => 0,
     };
+    // 64-bit arithmetic when it cannot overflow (always, in practice): a 128-bit division
+    // per event was a tenth of the generator's time.
+    let fast = index
+        .checked_mul(config.inter_event_us)
+        .and_then(|us| i64::try_from(us / 1000).ok())
+        .and_then(|base| config.first_event_time_ms.checked_add(base))
+        .and_then(|t| t.checked_sub(disorder as i64));
+    if let Some(t) = fast {
+        return t;
+    }
     let base = i128::from(index).saturating_mul(i128::from(config.inter_event_us)) / 1000;
     clamp_i64(i128::from(config.first_event_time_ms) + base - i128::from(disorder))
 }
 
 /// Event `index`: a pure function of `(config, index)` (see the module docs).
 pub fn event(config: &NexmarkConfig, index: u64) -> Event {
-    let draws = Draws { seed: config.seed, index };
-    let date_time = event_time(config, index);
-    match kind(index) {
-        EventKind::Person => Event::Person(person(config, draws, date_time)),
-        EventKind::Auction => Event::Auction(auction(config, draws, date_time)),
-        EventKind::Bid => Event::Bid(bid(config, draws, date_time)),
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
     }
+    SCRATCH.with_borrow_mut(|scratch| event_ref(config, index, scratch).to_owned())
 }
 
 /// The events `0..config.events` in index order (`0..u64::MAX` when unbounded).
 pub fn events(config: &NexmarkConfig) -> impl Iterator<Item = Event> + '_ {
-    (0..config.events.unwrap_or(u64::MAX)).map(move |index| event(config, index))
+    let mut scratch = Scratch::default();
+    (0..config.events.unwrap_or(u64::MAX)).map(move |index| event_ref(config, index, &mut scratch).to_owned())
 }
 
-fn person(config: &NexmarkConfig, draws: Draws, date_time: i64) -> Person {
-    let name = format!(
+/// Reused buffers for the text of one event: [`event_ref`] writes the strings it makes here
+/// (names, emails, channels, paddings) instead of allocating, and keeps each channel's URL.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    name: String,
+    email: String,
+    card: String,
+    extra: String,
+    channels: Channels,
+}
+
+/// Event `index` as [`event`] makes it, borrowing its text from `scratch` and from the
+/// generator's static text: no allocation once `scratch` has seen a few events.
+pub fn event_ref<'s>(config: &NexmarkConfig, index: u64, scratch: &'s mut Scratch) -> EventRef<'s> {
+    let draws = Draws { seed: config.seed, index };
+    let date_time = event_time(config, index);
+    match kind(index) {
+        EventKind::Person => EventRef::Person(person(config, draws, date_time, scratch)),
+        EventKind::Auction => EventRef::Auction(auction(config, draws, date_time, &mut scratch.extra)),
+        EventKind::Bid => EventRef::Bid(bid(config, draws, date_time, scratch)),
+    }
+}
+
+fn person<'s>(config: &NexmarkConfig, draws: Draws, date_time: i64, scratch: &'s mut Scratch) -> PersonRef<'s> {
+    let Scratch { name, email, card, extra: padding, .. } = scratch;
+    // Writing to a String cannot fail.
+    name.clear();
+    let _ = write!(
+        name,
         "{} {}",
         FIRST_NAMES[draws.below(Salt::FirstName, FIRST_NAMES.len() as u64) as usize],
         LAST_NAMES[draws.below(Salt::LastName, LAST_NAMES.len() as u64) as usize]
     );
-    let email_address =
-        format!("{}@{}.com", words(draws.hash(Salt::EmailUser), 7), words(draws.hash(Salt::EmailHost), 5));
+    email.clear();
+    let _ = write!(email, "{}@{}.com", words(draws.hash(Salt::EmailUser), 7), words(draws.hash(Salt::EmailHost), 5));
     // Four groups of four digits from one hash: 10^16 is far below 2^64, so the bias is tiny.
     let digits = draws.hash(Salt::CreditCard) % 10_000_000_000_000_000;
     let group = |g: u32| digits / 10_000u64.pow(g) % 10_000;
-    let credit_card = format!("{:04} {:04} {:04} {:04}", group(3), group(2), group(1), group(0));
-    let city = US_CITIES[draws.below(Salt::City, US_CITIES.len() as u64) as usize].to_string();
-    let state = US_STATES[draws.below(Salt::State, US_STATES.len() as u64) as usize].to_string();
-    let size = 16 + name.len() + email_address.len() + credit_card.len() + city.len() + state.len();
-    Person {
+    card.clear();
+    let _ = write!(card, "{:04} {:04} {:04} {:04}", group(3), group(2), group(1), group(0));
+    let city = US_CITIES[draws.below(Salt::City, US_CITIES.len() as u64) as usize];
+    let state = US_STATES[draws.below(Salt::State, US_STATES.len() as u64) as usize];
+    let size = 16 + name.len() + email.len() + card.len() + city.len() + state.len();
+    let extra = extra(draws, size, config.avg_person_bytes, padding);
+    PersonRef {
         id: FIRST_PERSON_ID + persons_before(draws.index),
         name,
-        email_address,
-        credit_card,
+        email_address: email,
+        credit_card: card,
         city,
         state,
         date_time,
-        extra: extra(draws, size, config.avg_person_bytes),
+        extra,
     }
 }
 
-fn auction(config: &NexmarkConfig, draws: Draws, date_time: i64) -> Auction {
+fn auction<'s>(config: &NexmarkConfig, draws: Draws, date_time: i64, padding: &'s mut String) -> AuctionRef<'s> {
     // Event 0 is a person, so an auction always has one before it.
     let last_person = persons_before(draws.index).saturating_sub(1);
     let seller = if draws.hot(Salt::HotSeller, config.hot_seller_ratio) {
@@ -256,7 +293,8 @@ fn auction(config: &NexmarkConfig, draws: Draws, date_time: i64) -> Auction {
     let horizon_ms = horizon_events.saturating_mul(u128::from(config.inter_event_us)) / 1000;
     let length = 1 + draws.below(Salt::Expires, u64::try_from(horizon_ms * 2).unwrap_or(u64::MAX - 1).max(1));
     let size = 56 + item_name.len() + description.len();
-    Auction {
+    let extra = extra(draws, size, config.avg_auction_bytes, padding);
+    AuctionRef {
         id: FIRST_AUCTION_ID + auctions_before(draws.index),
         item_name,
         description,
@@ -266,11 +304,11 @@ fn auction(config: &NexmarkConfig, draws: Draws, date_time: i64) -> Auction {
         expires: clamp_i64(i128::from(date_time) + i128::from(length)),
         seller: FIRST_PERSON_ID + seller,
         category: FIRST_CATEGORY_ID + draws.below(Salt::Category, config.num_categories.max(1)),
-        extra: extra(draws, size, config.avg_auction_bytes),
+        extra,
     }
 }
 
-fn bid(config: &NexmarkConfig, draws: Draws, date_time: i64) -> Bid {
+fn bid<'s>(config: &NexmarkConfig, draws: Draws, date_time: i64, scratch: &'s mut Scratch) -> BidRef<'s> {
     // Events 1..=3 are auctions, so a bid always has three before it.
     let last_auction = auctions_before(draws.index).saturating_sub(1);
     let auction = if draws.hot(Salt::HotAuction, config.hot_auction_ratio) {
@@ -287,25 +325,51 @@ fn bid(config: &NexmarkConfig, draws: Draws, date_time: i64) -> Bid {
     } else {
         active_person(config, draws, Salt::Bidder, last_person)
     };
+    let Scratch { extra: padding, channels, .. } = scratch;
     let (channel, url) = if draws.hot(Salt::HotChannel, HOT_CHANNEL_RATIO) {
         let hot = draws.below(Salt::Channel, HOT_CHANNELS.len() as u64);
-        (HOT_CHANNELS[hot as usize].to_string(), channel_url(config.seed, COLD_CHANNELS + hot, 64))
+        channels.get(config.seed, COLD_CHANNELS + hot)
     } else {
-        let cold = draws.below(Salt::Channel, COLD_CHANNELS);
-        let mut url = channel_url(config.seed, cold, 80);
-        // Writing to a String cannot fail.
-        let _ = write!(url, "&channel_id={cold}");
-        (format!("channel-{cold}"), url)
+        channels.get(config.seed, draws.below(Salt::Channel, COLD_CHANNELS))
     };
     let size = 32 + channel.len() + url.len();
-    Bid {
+    let extra = extra(draws, size, config.avg_bid_bytes, padding);
+    BidRef {
         auction: FIRST_AUCTION_ID + auction,
         bidder: FIRST_PERSON_ID + bidder,
         price: price(draws.hash(Salt::Price)),
         channel,
         url,
         date_time,
-        extra: extra(draws, size, config.avg_bid_bytes),
+        extra,
+    }
+}
+
+/// Each channel's name and URL, made when the channel is first drawn (a function of the seed
+/// and the channel only). Channels `0..COLD_CHANNELS` are `channel-<n>`, the rest hot.
+#[derive(Debug, Default)]
+struct Channels {
+    seed: u64,
+    known: Vec<Option<(String, String)>>,
+}
+
+impl Channels {
+    fn get(&mut self, seed: u64, channel: u64) -> (&str, &str) {
+        if self.seed != seed || self.known.is_empty() {
+            self.seed = seed;
+            self.known = vec![None; (COLD_CHANNELS as usize) + HOT_CHANNELS.len()];
+        }
+        let (name, url) = self.known[channel as usize].get_or_insert_with(|| {
+            if channel >= COLD_CHANNELS {
+                (HOT_CHANNELS[(channel - COLD_CHANNELS) as usize].to_string(), channel_url(seed, channel, 64))
+            } else {
+                let mut url = channel_url(seed, channel, 80);
+                // Writing to a String cannot fail.
+                let _ = write!(url, "&channel_id={channel}");
+                (format!("channel-{channel}"), url)
+            }
+        });
+        (name, url)
     }
 }
 
@@ -326,21 +390,24 @@ fn price(hash: u64) -> u64 {
 }
 
 /// Text of 3 to `max - 1` characters (letters and spaces), trimmed, like Nexmark's strings.
-fn words(hash: u64, max: u64) -> String {
+fn words(hash: u64, max: u64) -> &'static str {
     let len = 3 + below(hash, max.saturating_sub(3).max(1)) as usize;
     let start = (hash % (TEXT.len() - len + 1) as u64) as usize;
-    TEXT[start..start + len].trim().to_string()
+    TEXT[start..start + len].trim()
 }
 
-/// Padding so that events of this kind are `avg` bytes on average: `avg - size` ± 20 %.
-fn extra(draws: Draws, size: usize, avg: u64) -> String {
+/// Padding so that events of this kind are `avg` bytes on average: `avg - size` ± 20 %. A
+/// slice of the text, or for a padding that wraps around the text, written over `out`.
+fn extra<'s>(draws: Draws, size: usize, avg: u64, out: &'s mut String) -> &'s str {
     let want = avg.saturating_sub(size as u64);
     let delta = (want + 2) / 5;
     let hash = draws.hash(Salt::Extra);
     let len = (want - delta + below(hash, 2 * delta + 1)) as usize;
-    let mut out = String::with_capacity(len);
     let mut start = (hash % TEXT.len() as u64) as usize;
-    // Long paddings wrap around the text.
+    if let Some(slice) = TEXT.get(start..start + len) {
+        return slice;
+    }
+    out.clear();
     while out.len() < len {
         let take = (len - out.len()).min(TEXT.len() - start);
         out.push_str(&TEXT[start..start + take]);
@@ -471,6 +538,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::model::Bid;
     use crate::to_json;
 
     fn config(seed: u64) -> NexmarkConfig {

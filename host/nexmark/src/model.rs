@@ -109,6 +109,147 @@ pub fn write_json(event: &Event, out: &mut Vec<u8>) {
     let _ = serde_json::to_writer(out, event);
 }
 
+/// A [`Person`] whose text is borrowed (from the generator's [`crate::Scratch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct PersonRef<'a> {
+    pub id: u64,
+    pub name: &'a str,
+    pub email_address: &'a str,
+    pub credit_card: &'a str,
+    pub city: &'a str,
+    pub state: &'a str,
+    pub date_time: i64,
+    pub extra: &'a str,
+}
+
+/// An [`Auction`] whose text is borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct AuctionRef<'a> {
+    pub id: u64,
+    pub item_name: &'a str,
+    pub description: &'a str,
+    pub initial_bid: u64,
+    pub reserve: u64,
+    pub date_time: i64,
+    pub expires: i64,
+    pub seller: u64,
+    pub category: u64,
+    pub extra: &'a str,
+}
+
+/// A [`Bid`] whose text is borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct BidRef<'a> {
+    pub auction: u64,
+    pub bidder: u64,
+    pub price: u64,
+    pub channel: &'a str,
+    pub url: &'a str,
+    pub date_time: i64,
+    pub extra: &'a str,
+}
+
+/// An [`Event`] whose text is borrowed: what the generator makes without allocating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventRef<'a> {
+    /// A person.
+    Person(PersonRef<'a>),
+    /// An auction.
+    Auction(AuctionRef<'a>),
+    /// A bid.
+    Bid(BidRef<'a>),
+}
+
+impl EventRef<'_> {
+    /// Event time (ms since the epoch).
+    pub fn date_time(&self) -> i64 {
+        match self {
+            EventRef::Person(p) => p.date_time,
+            EventRef::Auction(a) => a.date_time,
+            EventRef::Bid(b) => b.date_time,
+        }
+    }
+
+    /// The event with its own strings.
+    pub fn to_owned(&self) -> Event {
+        match *self {
+            EventRef::Person(p) => Event::Person(Person {
+                id: p.id,
+                name: p.name.into(),
+                email_address: p.email_address.into(),
+                credit_card: p.credit_card.into(),
+                city: p.city.into(),
+                state: p.state.into(),
+                date_time: p.date_time,
+                extra: p.extra.into(),
+            }),
+            EventRef::Auction(a) => Event::Auction(Auction {
+                id: a.id,
+                item_name: a.item_name.into(),
+                description: a.description.into(),
+                initial_bid: a.initial_bid,
+                reserve: a.reserve,
+                date_time: a.date_time,
+                expires: a.expires,
+                seller: a.seller,
+                category: a.category,
+                extra: a.extra.into(),
+            }),
+            EventRef::Bid(b) => Event::Bid(Bid {
+                auction: b.auction,
+                bidder: b.bidder,
+                price: b.price,
+                channel: b.channel.into(),
+                url: b.url.into(),
+                date_time: b.date_time,
+                extra: b.extra.into(),
+            }),
+        }
+    }
+}
+
+impl Event {
+    /// The event with its text borrowed.
+    pub fn as_ref(&self) -> EventRef<'_> {
+        match self {
+            Event::Person(p) => EventRef::Person(PersonRef {
+                id: p.id,
+                name: &p.name,
+                email_address: &p.email_address,
+                credit_card: &p.credit_card,
+                city: &p.city,
+                state: &p.state,
+                date_time: p.date_time,
+                extra: &p.extra,
+            }),
+            Event::Auction(a) => EventRef::Auction(AuctionRef {
+                id: a.id,
+                item_name: &a.item_name,
+                description: &a.description,
+                initial_bid: a.initial_bid,
+                reserve: a.reserve,
+                date_time: a.date_time,
+                expires: a.expires,
+                seller: a.seller,
+                category: a.category,
+                extra: &a.extra,
+            }),
+            Event::Bid(b) => EventRef::Bid(BidRef {
+                auction: b.auction,
+                bidder: b.bidder,
+                price: b.price,
+                channel: &b.channel,
+                url: &b.url,
+                date_time: b.date_time,
+                extra: &b.extra,
+            }),
+        }
+    }
+}
+
 /// The row schemas of the three event types: the JSON object's keys in order, `type` first.
 pub fn row_schemas() -> [Schema; 3] {
     [
@@ -137,46 +278,46 @@ const BID_FIELDS: [&str; 8] = ["type", "auction", "bidder", "price", "channel", 
 
 /// Appends `event` to `out` as a row (`eddy_wire::row`) of its type's schema in
 /// [`row_schemas`]: the fields of its JSON form, in the same order, with the same names.
-pub fn write_row(event: &Event, out: &mut Vec<u8>) {
+pub fn write_row(event: &EventRef<'_>, out: &mut Vec<u8>) {
     static IDS: std::sync::LazyLock<[u32; 3]> = std::sync::LazyLock::new(|| row_schemas().map(|s| s.id()));
     let str = |row: &RowFrame, out: &mut Vec<u8>, i, s: &str| row.variable(out, i, Kind::Str, s.as_bytes());
     match event {
-        Event::Person(p) => {
+        EventRef::Person(p) => {
             let row = RowFrame::begin(out, PERSON_FIELDS.len(), IDS[0]);
             str(&row, out, 0, "person");
             row.u64(out, 1, p.id);
-            str(&row, out, 2, &p.name);
-            str(&row, out, 3, &p.email_address);
-            str(&row, out, 4, &p.credit_card);
-            str(&row, out, 5, &p.city);
-            str(&row, out, 6, &p.state);
+            str(&row, out, 2, p.name);
+            str(&row, out, 3, p.email_address);
+            str(&row, out, 4, p.credit_card);
+            str(&row, out, 5, p.city);
+            str(&row, out, 6, p.state);
             row.i64(out, 7, p.date_time);
-            str(&row, out, 8, &p.extra);
+            str(&row, out, 8, p.extra);
         }
-        Event::Auction(a) => {
+        EventRef::Auction(a) => {
             let row = RowFrame::begin(out, AUCTION_FIELDS.len(), IDS[1]);
             str(&row, out, 0, "auction");
             row.u64(out, 1, a.id);
-            str(&row, out, 2, &a.item_name);
-            str(&row, out, 3, &a.description);
+            str(&row, out, 2, a.item_name);
+            str(&row, out, 3, a.description);
             row.u64(out, 4, a.initial_bid);
             row.u64(out, 5, a.reserve);
             row.i64(out, 6, a.date_time);
             row.i64(out, 7, a.expires);
             row.u64(out, 8, a.seller);
             row.u64(out, 9, a.category);
-            str(&row, out, 10, &a.extra);
+            str(&row, out, 10, a.extra);
         }
-        Event::Bid(b) => {
+        EventRef::Bid(b) => {
             let row = RowFrame::begin(out, BID_FIELDS.len(), IDS[2]);
             str(&row, out, 0, "bid");
             row.u64(out, 1, b.auction);
             row.u64(out, 2, b.bidder);
             row.u64(out, 3, b.price);
-            str(&row, out, 4, &b.channel);
-            str(&row, out, 5, &b.url);
+            str(&row, out, 4, b.channel);
+            str(&row, out, 5, b.url);
             row.i64(out, 6, b.date_time);
-            str(&row, out, 7, &b.extra);
+            str(&row, out, 7, b.extra);
         }
     }
 }
@@ -257,7 +398,7 @@ mod tests {
         for i in (0..200).chain(250_000..250_050) {
             let e = event(&config, i);
             let mut row = b"x".to_vec();
-            write_row(&e, &mut row);
+            write_row(&e.as_ref(), &mut row);
             let mut json = Vec::new();
             eddy_wire::json::row_to_json(&row[1..], &known, &mut json).unwrap();
             assert_eq!(String::from_utf8(json).unwrap(), String::from_utf8(to_json(&e)).unwrap(), "event {i}");
