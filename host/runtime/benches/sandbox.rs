@@ -1,6 +1,8 @@
 //! Sandbox cost benchmark: the word-count counter through the sandbox at several batch sizes,
 //! next to the same logic as native Rust over the same state backend, in the same run; and
-//! the cost of getting an instance (cold compile, cached artifact, instantiate only).
+//! the cost of getting an instance (cold compile, cached artifact, instantiate only); and one
+//! crossing: a batch of 1 024 Nexmark rows host -> guest -> host through a guest that emits each
+//! record unchanged, in ns per record, next to copying the same batch natively.
 //!
 //! Run: `cargo bench -p eddy-runtime --bench sandbox` (add `-- --quick` for fewer samples).
 //! Prints medians; ratios are computed from medians of the same run.
@@ -97,6 +99,54 @@ fn bare_native(batches: &[RecordBatch], counts: &mut HashMap<Vec<u8>, u64>) {
     }
 }
 
+/// One crossing of a 1 024-record batch of Nexmark events (rows, as the source writes them):
+/// `process` on a guest that emits every record unchanged, against a native copy of the batch
+/// (what a pass-through costs without the sandbox).
+fn crossing(runtime: &Runtime, samples: usize) {
+    const BATCH: usize = 1024;
+    let config = eddy_nexmark::NexmarkConfig::default();
+    let mut scratch = eddy_nexmark::Scratch::default();
+    let mut batch = RecordBatch::default();
+    let mut value = Vec::new();
+    for i in 0..BATCH as u64 {
+        let event = eddy_nexmark::event_ref(&config, i, &mut scratch);
+        value.clear();
+        eddy_nexmark::write_row(&event, &mut value);
+        batch.push(None, &value, Some(event.date_time()));
+    }
+    let echo = runtime.load_file("echo", guests::HOSTILE.as_ref()).expect("load");
+    let mut op = echo
+        .instantiate_operator(
+            Subtask::single(MAX_PARALLELISM),
+            Box::new(HeapStateBackend::default()),
+            Box::new(HeapTimerService::default()),
+        )
+        .expect("instantiate");
+    op.open(r#"{"mode":"echo"}"#).expect("open");
+    let rounds = 200;
+    let sandbox = measure(samples, || {
+        for _ in 0..rounds {
+            let out = op.process(&batch).expect("process");
+            assert_eq!(out.main.len(), BATCH);
+            black_box(out);
+        }
+    });
+    let native = measure(samples, || {
+        for _ in 0..rounds {
+            let mut out = RecordBatch::with_capacity(batch.len(), batch.byte_len());
+            for r in batch.iter() {
+                out.push(r.key, r.value, r.timestamp);
+            }
+            black_box(out);
+        }
+    });
+    let per = |d: Duration| d.as_nanos() as f64 / (rounds * BATCH) as f64;
+    println!("\none crossing: {BATCH} Nexmark rows ({} bytes) host -> guest -> host, median of {samples}\n", batch.byte_len());
+    println!("| path | ns/record |\n|---|---:|");
+    println!("| pass-through guest (process + emit, sandboxed) | {:.1} |", per(sandbox));
+    println!("| native copy of the batch | {:.1} |", per(native));
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let samples = if quick { 5 } else { 21 };
@@ -162,6 +212,8 @@ fn main() {
             per(bare)
         );
     }
+
+    crossing(&runtime, samples);
 
     println!("\ninstance start-up (wordcount counter), median of {samples} runs\n");
     println!("| path | time |");

@@ -117,6 +117,8 @@ impl Operator for Hostile {
                 raw_state::value_set_many(b"no", &write);
             }
             "probe" => ctx.emit_value(&probe())?,
+            // Not hostile: every record back unchanged, the crossing benchmark's guest.
+            "echo" => ctx.emit_raw(None, record.key_bytes(), record.value_bytes(), record.timestamp())?,
             "list-map" => {
                 let value: String = record.value()?;
                 if value == "clear" {
