@@ -148,7 +148,10 @@ mod tests {
         assert_eq!(decode_value::<Bid<'_>>(&row).expect("by name"), Bid { auction: 3, channel: "web" });
         assert_eq!(encode_value(&7u32).expect("json"), b"7");
         assert_eq!(encode_value("w").expect("json"), br#""w""#);
-        assert_eq!(decode_value::<Bid<'_>>(br#"{"channel":"x","auction":1}"#).expect("json"), Bid { auction: 1, channel: "x" });
+        assert_eq!(
+            decode_value::<Bid<'_>>(br#"{"channel":"x","auction":1}"#).expect("json"),
+            Bid { auction: 1, channel: "x" }
+        );
         assert_eq!(pointer_json(&row, "/channel").expect("row"), Some(br#""web""#.to_vec()));
         assert_eq!(pointer_json(br#"{"a":{"b":[1,2]}}"#, "/a/b/1").expect("json"), Some(b"2".to_vec()));
         assert_eq!(pointer_json(&row, "/nope").expect("row"), None);

@@ -77,7 +77,11 @@ impl RowDecoder {
     }
 
     /// Decodes the row in `bytes` as a `T`.
-    pub fn decode<'de, T: de::Deserialize<'de>>(&mut self, bytes: &'de [u8], schemas: &dyn Schemas) -> Result<T, RowDeError> {
+    pub fn decode<'de, T: de::Deserialize<'de>>(
+        &mut self,
+        bytes: &'de [u8],
+        schemas: &dyn Schemas,
+    ) -> Result<T, RowDeError> {
         let row = RowRef::new(bytes)?;
         T::deserialize(RowDe { row, ctx: Ctx { maps: self, schemas } })
     }
@@ -157,8 +161,12 @@ impl<'de> Deserializer<'de> for RowDe<'de, '_> {
         let Self { row, ctx } = self;
         match read {
             None => Self { row, ctx }.positional(visitor),
-            Some(StructRead::Complete(slots)) => visitor.visit_seq(Slots { row, ctx, order: Order::List(slots), at: 0 }),
-            Some(StructRead::Partial(named)) => visitor.visit_map(Named { row, ctx, names: Names::Fields(named), at: 0 }),
+            Some(StructRead::Complete(slots)) => {
+                visitor.visit_seq(Slots { row, ctx, order: Order::List(slots), at: 0 })
+            }
+            Some(StructRead::Partial(named)) => {
+                visitor.visit_map(Named { row, ctx, names: Names::Fields(named), at: 0 })
+            }
         }
     }
 
@@ -327,7 +335,9 @@ impl<'de> Deserializer<'de> for FieldDe<'de, '_> {
             Kind::Str => visitor.visit_borrowed_str(self.row.str(i)?.unwrap_or_default()),
             Kind::Bytes => visitor.visit_borrowed_bytes(self.variable()?),
             Kind::Row => self.into_row()?.deserialize_any(visitor),
-            Kind::Json => serde_json::Deserializer::from_slice(self.variable()?).deserialize_any(visitor).map_err(json_error),
+            Kind::Json => {
+                serde_json::Deserializer::from_slice(self.variable()?).deserialize_any(visitor).map_err(json_error)
+            }
         }
     }
 
@@ -381,4 +391,3 @@ impl<'de> Deserializer<'de> for FieldDe<'de, '_> {
         unit_struct seq tuple tuple_struct map identifier ignored_any
     }
 }
-

@@ -88,8 +88,8 @@ pub fn pointer_to_json(bytes: &[u8], pointer: &str, schemas: &dyn Schemas) -> Re
                     sub.push('/');
                     sub.push_str(&t.replace('~', "~0").replace('/', "~1"));
                 }
-                let value: serde_json::Value = serde_json::from_slice(row.variable(i)?.unwrap_or_default())
-                    .map_err(|_| RowError::BadSpan(i))?;
+                let value: serde_json::Value =
+                    serde_json::from_slice(row.variable(i)?.unwrap_or_default()).map_err(|_| RowError::BadSpan(i))?;
                 return Ok(value.pointer(&sub).map(|v| serde_json::to_vec(v).unwrap_or_default()));
             }
             _ if last => {

@@ -28,12 +28,12 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::marker::PhantomData;
 
-pub mod row;
-pub mod schema;
 #[cfg(feature = "serde")]
 pub mod de;
 #[cfg(feature = "serde")]
 pub mod json;
+pub mod row;
+pub mod schema;
 #[cfg(feature = "serde")]
 pub mod ser;
 #[cfg(all(test, feature = "serde"))]

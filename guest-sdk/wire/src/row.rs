@@ -395,7 +395,7 @@ impl RowFrame {
         // Every field starts null: whole bytes of null bits at once, then the last few.
         let nulls = &mut buf[start + HEADER..start + kinds];
         nulls[..fields / 8].fill(0xFF);
-        if fields % 8 != 0 {
+        if !fields.is_multiple_of(8) {
             nulls[fields / 8] = (1u8 << (fields % 8)) - 1;
         }
         Self { start, kinds, slots, fields }

@@ -80,25 +80,31 @@ fn everything() -> impl Strategy<Value = Everything> {
     (
         (any::<i8>(), any::<i64>(), any::<u64>(), -1e300f64..1e300, any::<bool>(), any::<char>()),
         (".{0,30}", proptest::option::of(any::<i32>()), any::<u64>(), proptest::option::of(".{0,5}")),
-        (proptest::collection::vec(any::<u16>(), 0..5), proptest::collection::btree_map(".{0,4}", any::<i64>(), 0..4), color),
+        (
+            proptest::collection::vec(any::<u16>(), 0..5),
+            proptest::collection::btree_map(".{0,4}", any::<i64>(), 0..4),
+            color,
+        ),
     )
-        .prop_map(|((small, signed, unsigned, float, flag, letter), (text, maybe, id, label), (list, map, color))| {
-            Everything {
-                small,
-                signed,
-                unsigned,
-                float,
-                flag,
-                letter,
-                text,
-                maybe,
-                inner: Inner { id, label },
-                list,
-                map,
-                color,
-                unit: (),
-            }
-        })
+        .prop_map(
+            |((small, signed, unsigned, float, flag, letter), (text, maybe, id, label), (list, map, color))| {
+                Everything {
+                    small,
+                    signed,
+                    unsigned,
+                    float,
+                    flag,
+                    letter,
+                    text,
+                    maybe,
+                    inner: Inner { id, label },
+                    list,
+                    map,
+                    color,
+                    unit: (),
+                }
+            },
+        )
 }
 
 /// A reader that wants two of the fields, in another order, borrowing the string.

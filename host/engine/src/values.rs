@@ -25,7 +25,8 @@ pub fn json_text(bytes: &[u8]) -> Cow<'_, [u8]> {
 /// part), reading a row in place and parsing JSON otherwise.
 pub fn pointer_text(value: &[u8], pointer: &str) -> Result<Option<Vec<u8>>, String> {
     if is_row(value) {
-        return pointer_to_json(value, pointer, eddy_runtime::schemas()).map_err(|e| format!("the value is a damaged row ({e})"));
+        return pointer_to_json(value, pointer, eddy_runtime::schemas())
+            .map_err(|e| format!("the value is a damaged row ({e})"));
     }
     let value: serde_json::Value =
         serde_json::from_slice(value).map_err(|e| format!("`{pointer}` selected, but the value is not JSON ({e})"))?;

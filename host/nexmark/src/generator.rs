@@ -398,7 +398,7 @@ fn words(hash: u64, max: u64) -> &'static str {
 
 /// Padding so that events of this kind are `avg` bytes on average: `avg - size` ± 20 %. A
 /// slice of the text, or for a padding that wraps around the text, written over `out`.
-fn extra<'s>(draws: Draws, size: usize, avg: u64, out: &'s mut String) -> &'s str {
+fn extra(draws: Draws, size: usize, avg: u64, out: &mut String) -> &str {
     let want = avg.saturating_sub(size as u64);
     let delta = (want + 2) / 5;
     let hash = draws.hash(Salt::Extra);

@@ -42,8 +42,8 @@ pub mod native;
 
 pub use generator::{
     AUCTION_PROPORTION, BID_PROPORTION, EventKind, FIRST_AUCTION_ID, FIRST_CATEGORY_ID, FIRST_PERSON_ID, InvalidConfig,
-    NexmarkConfig, PERSON_PROPORTION, Scratch, TOTAL_PROPORTION, US_STATES, auctions_before, event, event_ref, event_time,
-    events, kind, persons_before,
+    NexmarkConfig, PERSON_PROPORTION, Scratch, TOTAL_PROPORTION, US_STATES, auctions_before, event, event_ref,
+    event_time, events, kind, persons_before,
 };
 pub use model::{
     Auction, AuctionRef, Bid, BidRef, Event, EventRef, Person, PersonRef, row_schemas, to_json, write_json, write_row,

@@ -252,11 +252,7 @@ impl Event {
 
 /// The row schemas of the three event types: the JSON object's keys in order, `type` first.
 pub fn row_schemas() -> [Schema; 3] {
-    [
-        Schema::new("person", &PERSON_FIELDS),
-        Schema::new("auction", &AUCTION_FIELDS),
-        Schema::new("bid", &BID_FIELDS),
-    ]
+    [Schema::new("person", &PERSON_FIELDS), Schema::new("auction", &AUCTION_FIELDS), Schema::new("bid", &BID_FIELDS)]
 }
 
 const PERSON_FIELDS: [&str; 9] =

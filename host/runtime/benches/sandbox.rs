@@ -141,7 +141,10 @@ fn crossing(runtime: &Runtime, samples: usize) {
         }
     });
     let per = |d: Duration| d.as_nanos() as f64 / (rounds * BATCH) as f64;
-    println!("\none crossing: {BATCH} Nexmark rows ({} bytes) host -> guest -> host, median of {samples}\n", batch.byte_len());
+    println!(
+        "\none crossing: {BATCH} Nexmark rows ({} bytes) host -> guest -> host, median of {samples}\n",
+        batch.byte_len()
+    );
     println!("| path | ns/record |\n|---|---:|");
     println!("| pass-through guest (process + emit, sandboxed) | {:.1} |", per(sandbox));
     println!("| native copy of the batch | {:.1} |", per(native));

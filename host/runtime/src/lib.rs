@@ -58,8 +58,8 @@ mod guest_log;
 mod instance;
 mod keyed;
 mod runtime;
-mod schemas;
 mod sandbox;
+mod schemas;
 mod slots;
 mod validate;
 

@@ -55,7 +55,8 @@ pub struct SchemaRegistry {
 impl SchemaRegistry {
     /// Registers `schema` (again: a no-op); returns its id.
     pub fn declare(&self, schema: &Schema) -> Result<u32, SchemaError> {
-        let limit = |what, limit, actual| if actual > limit { Err(SchemaError::Limit { what, limit, actual }) } else { Ok(()) };
+        let limit =
+            |what, limit, actual| if actual > limit { Err(SchemaError::Limit { what, limit, actual }) } else { Ok(()) };
         limit("schema fields", MAX_SCHEMA_FIELDS, schema.fields.len())?;
         for name in std::iter::once(&schema.name).chain(&schema.fields) {
             limit("schema name bytes", MAX_SCHEMA_NAME_BYTES, name.len())?;
@@ -89,7 +90,9 @@ pub fn schemas() -> &'static SchemaRegistry {
 
 /// The `schemas` import, the same for both worlds.
 pub(crate) fn declare_import(name: String, fields: Vec<String>) -> wasmtime::Result<u32> {
-    schemas().declare(&Schema { name, fields }).map_err(|e| wasmtime::Error::new(HostTrap::from(Violation::BadDeclaration(e.to_string()))))
+    schemas()
+        .declare(&Schema { name, fields })
+        .map_err(|e| wasmtime::Error::new(HostTrap::from(Violation::BadDeclaration(e.to_string()))))
 }
 
 /// The `schema-fields` import.

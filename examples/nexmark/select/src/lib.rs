@@ -106,13 +106,14 @@ impl Operator for Select {
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
         let event: EventType<'_> = record.value()?;
         let Some((kind, keying)) = self.routes.iter().find(|(k, _)| *k == event.kind) else { return Ok(()) };
-        let key = match keying {
-            Keying::None => None,
-            Keying::Constant(bytes) => Some(bytes.clone()),
-            Keying::Field(pointer) => Some(record.value_at(pointer)?.ok_or_else(|| {
-                Error::bad_record(format!("a `{kind}` event has no field at `{pointer}` to key by"))
-            })?),
-        };
+        let key =
+            match keying {
+                Keying::None => None,
+                Keying::Constant(bytes) => Some(bytes.clone()),
+                Keying::Field(pointer) => Some(record.value_at(pointer)?.ok_or_else(|| {
+                    Error::bad_record(format!("a `{kind}` event has no field at `{pointer}` to key by"))
+                })?),
+            };
         ctx.emit_raw(None, key.as_deref(), record.value_bytes(), record.timestamp())
     }
 }
