@@ -28,6 +28,9 @@ pub enum Message {
         side: Option<String>,
         /// The records.
         batch: RecordBatch,
+        /// The sender's watermark advanced to this after these records: a watermark rides on
+        /// the buffer it follows instead of flushing it early and taking a credit of its own.
+        watermark: Option<i64>,
     },
     /// The sender's event time advanced: it will send no record older than this.
     Watermark(i64),
@@ -316,7 +319,7 @@ mod tests {
     fn batch(n: u8) -> Message {
         let mut b = RecordBatch::default();
         b.push(None, &[n], None);
-        Message::Data { side: None, batch: b }
+        Message::Data { side: None, batch: b, watermark: None }
     }
 
     /// Polls until `done` holds. The deadline only turns a hang into a failure; nothing is timed.

@@ -1,7 +1,9 @@
 //! The end of a task's chain that feeds an exchange: extracts keys at a `key_by`, picks the
 //! channel for each record (forward, hash by key group, rebalance), collects records per channel
-//! into buffers ([`BufferBuilder`]) and ships them; in-band events flush first so they never
-//! overtake records.
+//! into buffers ([`BufferBuilder`]) and ships them; barriers and end-of-stream flush first so
+//! they never overtake records. A watermark travels in the message of the buffer it follows
+//! (shipped when the buffer times out, or when the next record for that channel comes, so
+//! nothing overtakes it) instead of in a message and credit of its own.
 
 use std::borrow::Cow;
 
@@ -45,11 +47,40 @@ pub fn extract_key<'a>(key_by: &KeyBy, record: &RecordView<'a>) -> Result<Cow<'a
     }
 }
 
+/// The channels of one exchange with their buffers and the watermarks waiting behind them.
+struct Outlets {
+    senders: Vec<Box<dyn ChannelSender>>,
+    builders: Vec<BufferBuilder>,
+    /// Per channel, the newest watermark behind the records buffered for it.
+    pending_watermarks: Vec<Option<i64>>,
+}
+
+impl Outlets {
+    fn ship(&mut self, channel: usize, batch: RecordBatch) -> Result<(), Disconnected> {
+        let watermark = self.pending_watermarks[channel].take();
+        self.senders[channel].send(Message::Data { side: None, batch, watermark })
+    }
+
+    /// Buffers `record` for `channel`, shipping what is buffered first if a watermark waits
+    /// behind it (a record must not overtake a watermark it followed: downstream judges
+    /// lateness by that order) and the buffer once it is full.
+    fn push(&mut self, channel: usize, record: &RecordView<'_>, now_ms: i64) -> Result<(), Disconnected> {
+        if self.pending_watermarks[channel].is_some()
+            && let Some(before) = self.builders[channel].take()
+        {
+            self.ship(channel, before)?;
+        }
+        match self.builders[channel].push(record, now_ms) {
+            Some(full) => self.ship(channel, full),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Routes one task's output over one exchange.
 pub struct OutputRouter {
     partitioning: Partitioning,
-    senders: Vec<Box<dyn ChannelSender>>,
-    builders: Vec<BufferBuilder>,
+    outlets: Outlets,
     max_parallelism: u32,
     next: usize,
     step: String,
@@ -59,7 +90,7 @@ impl std::fmt::Debug for OutputRouter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OutputRouter")
             .field("partitioning", &self.partitioning)
-            .field("channels", &self.senders.len())
+            .field("channels", &self.outlets.senders.len())
             .finish_non_exhaustive()
     }
 }
@@ -76,11 +107,14 @@ impl OutputRouter {
         step: String,
     ) -> Self {
         let builders = senders.iter().map(|_| BufferBuilder::new(buffer_bytes, buffer_timeout_ms)).collect();
-        Self { partitioning, senders, builders, max_parallelism, next: 0, step }
-    }
-
-    fn ship(&mut self, channel: usize, batch: RecordBatch) -> Result<(), Disconnected> {
-        self.senders[channel].send(Message::Data { side: None, batch })
+        let pending_watermarks = vec![None; senders.len()];
+        Self {
+            partitioning,
+            outlets: Outlets { senders, builders, pending_watermarks },
+            max_parallelism,
+            next: 0,
+            step,
+        }
     }
 
     /// Routes the records of `batch`.
@@ -90,27 +124,23 @@ impl OutputRouter {
         }
         match &self.partitioning {
             Partitioning::Hash(key_by) => {
-                let parallelism = self.senders.len() as u32;
+                let parallelism = self.outlets.senders.len() as u32;
                 for record in batch.iter() {
                     let key = extract_key(key_by, &record)
                         .map_err(|problem| RouteError::Key { step: self.step.clone(), problem })?;
                     let group = key_group_of(&key, self.max_parallelism);
                     let channel = KeyGroupRange::subtask_of(group, self.max_parallelism, parallelism) as usize;
                     let keyed = RecordView { key: Some(&key), value: record.value, timestamp: record.timestamp };
-                    if let Some(full) = self.builders[channel].push(&keyed, now_ms) {
-                        self.senders[channel].send(Message::Data { side: None, batch: full })?;
-                    }
+                    self.outlets.push(channel, &keyed, now_ms)?;
                 }
             }
             Partitioning::Forward | Partitioning::Rebalance => {
                 // Whole batches rotate over the channels: records stay together, and a forward
                 // edge has exactly one channel.
-                let channel = self.next % self.senders.len();
+                let channel = self.next % self.outlets.senders.len();
                 self.next = self.next.wrapping_add(1);
                 for record in batch.iter() {
-                    if let Some(full) = self.builders[channel].push(&record, now_ms) {
-                        self.ship(channel, full)?;
-                    }
+                    self.outlets.push(channel, &record, now_ms)?;
                 }
             }
         }
@@ -122,15 +152,33 @@ impl OutputRouter {
         if batch.is_empty() {
             return Ok(());
         }
-        let channel = self.next % self.senders.len();
+        let channel = self.next % self.outlets.senders.len();
         self.next = self.next.wrapping_add(1);
-        Ok(self.senders[channel].send(Message::Data { side: Some(name.to_string()), batch })?)
+        Ok(self.outlets.senders[channel].send(Message::Data {
+            side: Some(name.to_string()),
+            batch,
+            watermark: None,
+        })?)
+    }
+
+    /// Passes watermark `w` on: behind the records buffered for a channel (it ships with them),
+    /// or at once on a channel with nothing buffered.
+    pub fn watermark(&mut self, w: i64) -> Result<(), RouteError> {
+        let o = &mut self.outlets;
+        for channel in 0..o.senders.len() {
+            if o.builders[channel].deadline_ms().is_some() {
+                o.pending_watermarks[channel] = Some(w);
+            } else {
+                o.senders[channel].send(Message::Watermark(w))?;
+            }
+        }
+        Ok(())
     }
 
     /// Flushes every buffer, then sends `message` on every channel.
     pub fn broadcast(&mut self, message: Message) -> Result<(), RouteError> {
         self.flush_all()?;
-        for sender in &mut self.senders {
+        for sender in &mut self.outlets.senders {
             sender.send(message.clone())?;
         }
         Ok(())
@@ -138,9 +186,10 @@ impl OutputRouter {
 
     /// Ships every buffered record.
     pub fn flush_all(&mut self) -> Result<(), RouteError> {
-        for channel in 0..self.builders.len() {
-            if let Some(batch) = self.builders[channel].take() {
-                self.ship(channel, batch)?;
+        let o = &mut self.outlets;
+        for channel in 0..o.builders.len() {
+            if let Some(batch) = o.builders[channel].take() {
+                o.ship(channel, batch)?;
             }
         }
         Ok(())
@@ -148,9 +197,10 @@ impl OutputRouter {
 
     /// Ships buffers whose oldest record waited the buffer timeout.
     pub fn flush_due(&mut self, now_ms: i64) -> Result<(), RouteError> {
-        for channel in 0..self.builders.len() {
-            if let Some(batch) = self.builders[channel].poll_timeout(now_ms) {
-                self.ship(channel, batch)?;
+        let o = &mut self.outlets;
+        for channel in 0..o.builders.len() {
+            if let Some(batch) = o.builders[channel].poll_timeout(now_ms) {
+                o.ship(channel, batch)?;
             }
         }
         Ok(())
@@ -223,10 +273,13 @@ mod tests {
             batch.push(None, key.as_bytes(), Some(i as i64));
         }
         router.emit(&batch, 0).unwrap();
-        router.broadcast(Message::Watermark(7)).unwrap();
+        router.watermark(7).unwrap();
+        router.broadcast(Message::EndOfStream).unwrap();
         for (subtask, out) in outs.iter().enumerate() {
             let out = out.lock().unwrap();
-            assert_eq!(out.last(), Some(&Message::Watermark(7)), "the watermark comes after the records");
+            assert_eq!(out.last(), Some(&Message::EndOfStream), "end-of-stream comes after the records");
+            let Some(Message::Data { watermark, .. }) = out.iter().rev().nth(1) else { panic!("records last") };
+            assert_eq!(*watermark, Some(7), "the watermark rides on the records it follows");
             let mut got = Vec::new();
             for m in out.iter() {
                 if let Message::Data { batch, .. } = m {
@@ -239,6 +292,74 @@ mod tests {
             let expected: Vec<&str> = OWNERS.iter().filter(|(.., owner)| *owner == subtask).map(|(k, ..)| *k).collect();
             assert_eq!(got, expected, "keys routed to subtask {subtask}, in input order");
         }
+    }
+
+    /// What the subtasks behind a two-channel forward/rebalance router received, as
+    /// `(records, watermark)` per message, `(0, Some(w))` for a watermark of its own.
+    fn received(outs: &[std::sync::Arc<std::sync::Mutex<Vec<Message>>>]) -> Vec<Vec<(usize, Option<i64>)>> {
+        outs.iter()
+            .map(|o| {
+                o.lock()
+                    .unwrap()
+                    .iter()
+                    .map(|m| match m {
+                        Message::Data { batch, watermark, .. } => (batch.len(), *watermark),
+                        Message::Watermark(w) => (0, Some(*w)),
+                        other => panic!("unexpected {other:?}"),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_watermark_waits_in_the_buffer_it_follows_and_goes_alone_only_where_nothing_is_buffered() {
+        let outs: Vec<_> = (0..2).map(|_| std::sync::Arc::new(std::sync::Mutex::new(Vec::new()))).collect();
+        let senders: Vec<Box<dyn ChannelSender>> =
+            outs.iter().map(|o| Box::new(Collect(o.clone())) as Box<dyn ChannelSender>).collect();
+        // 1 MiB buffers, 100 ms buffer timeout; batches rotate over the two channels.
+        let mut router = OutputRouter::new(Partitioning::Rebalance, senders, 128, 1 << 20, 100, "s".into());
+        let mut batch = RecordBatch::default();
+        batch.push(None, b"r", Some(1));
+        router.emit(&batch, 0).unwrap(); // channel 0 buffers one record
+        router.watermark(5).unwrap();
+        router.watermark(6).unwrap();
+        assert_eq!(received(&outs), vec![vec![], vec![(0, Some(5)), (0, Some(6))]], "nothing flushed early");
+        router.flush_due(50).unwrap();
+        assert_eq!(received(&outs)[0], vec![], "the buffer keeps its timeout");
+        router.flush_due(100).unwrap();
+        assert_eq!(received(&outs)[0], vec![(1, Some(6))], "the newest watermark ships with the records");
+        router.watermark(7).unwrap();
+        assert_eq!(received(&outs)[0], vec![(1, Some(6)), (0, Some(7))], "an empty channel gets it at once");
+        // Records after a buffered watermark: the buffer and its watermark ship first.
+        let mut two = RecordBatch::default();
+        two.push(None, b"a", Some(9));
+        router.emit(&two, 200).unwrap(); // channel 1
+        router.emit(&two, 200).unwrap(); // channel 0
+        router.watermark(8).unwrap();
+        router.emit(&two, 200).unwrap(); // channel 1 again: one record before 8, one after
+        router.broadcast(Message::EndOfStream).unwrap();
+        let got = received_with_end(&outs);
+        assert_eq!(got[1][3..], [(1, Some(8)), (1, None), (0, None)], "order kept: record, 8, record, end");
+        assert_eq!(got[0][2..], [(1, Some(8)), (0, None)], "flushed before the end, with its watermark");
+    }
+
+    /// As [`received`], with end-of-stream as `(0, None)`.
+    fn received_with_end(outs: &[std::sync::Arc<std::sync::Mutex<Vec<Message>>>]) -> Vec<Vec<(usize, Option<i64>)>> {
+        outs.iter()
+            .map(|o| {
+                o.lock()
+                    .unwrap()
+                    .iter()
+                    .map(|m| match m {
+                        Message::Data { batch, watermark, .. } => (batch.len(), *watermark),
+                        Message::Watermark(w) => (0, Some(*w)),
+                        Message::EndOfStream => (0, None),
+                        other => panic!("unexpected {other:?}"),
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     #[test]

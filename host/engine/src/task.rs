@@ -115,6 +115,13 @@ impl Tail {
         }
     }
 
+    fn watermark(&mut self, w: i64) -> Result<(), TaskError> {
+        match self {
+            Tail::Exchange(router) => Ok(router.watermark(w)?),
+            Tail::Sink(_) => Ok(()),
+        }
+    }
+
     fn event(&mut self, message: Message) -> Result<(), TaskError> {
         match self {
             Tail::Exchange(router) => Ok(router.broadcast(message)?),
@@ -248,15 +255,20 @@ impl SubtaskRunner {
         let Some((channel, message)) = gate.recv(wait).map_err(RouteError::from)? else { return Ok(false) };
         let now = now_ms();
         match message {
-            Message::Data { side: None, batch } => {
+            Message::Data { side: None, batch, watermark } => {
                 let advanced = tracker.on_record(channel, now);
+                // The tracker learns the watermark now; operators see it after the records.
+                let advanced = match watermark {
+                    Some(w) => tracker.on_watermark(channel, w, now).or(advanced),
+                    None => advanced,
+                };
                 SubtaskMetrics::add(&self.metrics.records_in, batch.len());
                 self.process(0, &batch)?;
                 if let Some(w) = advanced {
                     self.advance_watermark(w)?;
                 }
             }
-            Message::Data { side: Some(name), batch } => {
+            Message::Data { side: Some(name), batch, .. } => {
                 SubtaskMetrics::add(&self.metrics.records_in, batch.len());
                 SubtaskMetrics::add(&self.metrics.records_out, batch.len());
                 self.tail.side(&name, batch)?;
@@ -460,7 +472,7 @@ impl SubtaskRunner {
             self.forward(i, out)?;
         }
         self.metrics.watermark.store(watermark, Ordering::Relaxed);
-        self.tail.event(Message::Watermark(watermark))
+        self.tail.watermark(watermark)
     }
 
     /// End of input: event time jumps to the end (firing every window and timer), each operator
