@@ -306,13 +306,17 @@ struct Updates<'b> {
     windows: Vec<(&'b [u8], Window)>,
     accs: Vec<Vec<u8>>,
     records: Vec<Vec<u32>>,
+    /// Per window, whether it may lack timers (new, or merged): a window already in state
+    /// has both, and registering them again costs a key copy and two tree descents.
+    needs_timers: Vec<bool>,
 }
 
 impl<'b> Updates<'b> {
-    fn push(&mut self, key: &'b [u8], window: Window, acc: Vec<u8>, records: Vec<u32>) {
+    fn push(&mut self, key: &'b [u8], window: Window, acc: Vec<u8>, records: Vec<u32>, needs_timers: bool) {
         self.windows.push((key, window));
         self.accs.push(acc);
         self.records.push(records);
+        self.needs_timers.push(needs_timers);
     }
 
     fn as_updates(&self) -> Vec<AccumulatorUpdate<'_>> {
@@ -489,17 +493,20 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         let accs = self.aggregate.add(batch, &updates.as_updates())?;
         let mut due = Vec::new();
-        for ((key, window), acc) in updates.windows.into_iter().zip(accs) {
+        for (((key, window), acc), needs_timers) in updates.windows.into_iter().zip(accs).zip(updates.needs_timers) {
             let (fire_time, cleanup_time) = (self.fire_time(&window), self.cleanup_time(&window));
             let fires_now = fire_time <= self.watermark;
             self.store.put_acc(key, &window, fires_now, &acc)?;
-            let timers = self.timers()?;
             if fires_now {
                 due.push((fire_time, key.to_vec(), window, acc));
-            } else {
-                timers.fire.insert((fire_time, key.to_vec(), window));
             }
-            timers.cleanup.insert((cleanup_time, key.to_vec(), window));
+            if needs_timers {
+                let timers = self.timers()?;
+                if !fires_now {
+                    timers.fire.insert((fire_time, key.to_vec(), window));
+                }
+                timers.cleanup.insert((cleanup_time, key.to_vec(), window));
+            }
         }
         self.fire(due)
     }
@@ -543,11 +550,11 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         let mut updates = Updates::default();
         for ((key, window), records) in groups {
-            let acc = match self.store.acc(key, &window)? {
-                Some((_, acc)) => acc,
-                None => self.empty_accumulator()?,
+            let (acc, fresh) = match self.store.acc(key, &window)? {
+                Some((_, acc)) => (acc, false),
+                None => (self.empty_accumulator()?, true),
             };
-            updates.push(key, window, acc, records);
+            updates.push(key, window, acc, records, fresh);
         }
         Ok((self.apply(batch, updates)?, next))
     }
@@ -608,7 +615,7 @@ impl<A: AggregateFn> WindowOperator<A> {
                 let acc = self.merge_stored(key, &window, &session.stored)?;
                 // Merged pending sessions interleave; `add` wants arrival order.
                 session.records.sort_unstable();
-                updates.push(key, window, acc, session.records);
+                updates.push(key, window, acc, session.records, true);
             }
             self.store.put_sessions(key, sessions.sessions.sessions())?;
         }

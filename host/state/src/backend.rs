@@ -56,6 +56,19 @@ pub trait StateBackend: Send {
     }
     /// Sets the value under `key`.
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError>;
+    /// Sets the value under `key` if `admit` accepts the length of the value it replaces
+    /// (`None`: the key is new); nothing changes if it refuses. For [`crate::BoundedBackend`]'s
+    /// count; a backend that finds the old value on its way to writing overrides it to look
+    /// the key up once instead of twice.
+    fn put_admitted(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        admit: &mut dyn FnMut(Option<usize>) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        admit(self.value_len(key)?)?;
+        self.put(key, value)
+    }
     /// Removes `key` if present.
     fn delete(&mut self, key: &[u8]) -> Result<(), StateError>;
     /// Visits the entries under `prefix` in key order.

@@ -79,31 +79,36 @@ impl BoundedBackend {
         self.usage
     }
 
-    /// Refuses `next` if it grows a measure past its limit.
-    fn admit(&self, next: StateUsage) -> Result<(), StateError> {
-        let over = |what, limit, now, next| (next > limit && next > now).then_some((what, limit, next));
-        let refused = over("bytes", self.limits.max_bytes, self.usage.bytes, next.bytes)
-            .or_else(|| over("entries", self.limits.max_entries, self.usage.entries, next.entries));
-        match refused {
-            None => Ok(()),
-            Some((what, limit, actual)) => Err(StateError::LimitExceeded(StateLimitExceeded {
-                what,
-                limit,
-                actual,
-                how_to_raise: self.how_to_raise.clone(),
-            })),
-        }
-    }
-
     /// The usage after removing the entry under `key`, if there is one.
     fn without(&self, key: &[u8]) -> Result<StateUsage, StateError> {
-        Ok(match self.inner.value_len(key)? {
-            Some(len) => StateUsage {
-                bytes: self.usage.bytes.saturating_sub(entry_bytes(key, len)),
-                entries: self.usage.entries.saturating_sub(1),
-            },
-            None => self.usage,
-        })
+        Ok(usage_without(self.usage, key, self.inner.value_len(key)?))
+    }
+}
+
+/// `usage` less the entry under `key` whose value is `len` bytes long (if there is one).
+fn usage_without(usage: StateUsage, key: &[u8], len: Option<usize>) -> StateUsage {
+    match len {
+        Some(len) => StateUsage {
+            bytes: usage.bytes.saturating_sub(entry_bytes(key, len)),
+            entries: usage.entries.saturating_sub(1),
+        },
+        None => usage,
+    }
+}
+
+/// Refuses `next` if it grows a measure of `now` past its limit.
+fn admit(now: StateUsage, limits: &StateLimits, how_to_raise: &str, next: StateUsage) -> Result<(), StateError> {
+    let over = |what, limit, now, next| (next > limit && next > now).then_some((what, limit, next));
+    let refused = over("bytes", limits.max_bytes, now.bytes, next.bytes)
+        .or_else(|| over("entries", limits.max_entries, now.entries, next.entries));
+    match refused {
+        None => Ok(()),
+        Some((what, limit, actual)) => Err(StateError::LimitExceeded(StateLimitExceeded {
+            what,
+            limit,
+            actual,
+            how_to_raise: how_to_raise.to_owned(),
+        })),
     }
 }
 
@@ -121,10 +126,13 @@ impl StateBackend for BoundedBackend {
     }
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-        let rest = self.without(key)?;
-        let next = StateUsage { bytes: rest.bytes + entry_bytes(key, value.len()), entries: rest.entries + 1 };
-        self.admit(next)?;
-        self.inner.put(key, value)?;
+        let Self { inner, limits, how_to_raise, usage } = self;
+        let mut next = *usage;
+        inner.put_admitted(key, value, &mut |old| {
+            let rest = usage_without(*usage, key, old);
+            next = StateUsage { bytes: rest.bytes + entry_bytes(key, value.len()), entries: rest.entries + 1 };
+            admit(*usage, limits, how_to_raise, next)
+        })?;
         self.usage = next;
         Ok(())
     }

@@ -58,6 +58,26 @@ impl StateBackend for HeapStateBackend {
         Ok(self.entries.get(key).map(Vec::len))
     }
 
+    fn put_admitted(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        admit: &mut dyn FnMut(Option<usize>) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        match self.entries.get_mut(key) {
+            Some(v) => {
+                admit(Some(v.len()))?;
+                v.clear();
+                v.extend_from_slice(value);
+            }
+            None => {
+                admit(None)?;
+                self.entries.insert(key.to_vec(), value.to_vec());
+            }
+        }
+        Ok(())
+    }
+
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
         match self.entries.get_mut(key) {
             Some(v) => {
