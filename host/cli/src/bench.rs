@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eddy_core::RecordBatch;
-use eddy_engine::{CheckpointSpec, Job, JobOptions, PipelineSpec, Sink, SourceSpec};
+use eddy_engine::{CheckpointSpec, Job, JobOptions, PipelineSpec, Sink, SourceSpec, StateBackendKind};
 use eddy_runtime::Runtime;
 use serde::{Deserialize, Serialize};
 
@@ -63,6 +63,24 @@ pub struct BenchArgs {
     pub cache_dir: PathBuf,
     /// Checkpoint the Eddy side every this many ms (to a temporary directory).
     pub checkpoint_ms: Option<u64>,
+    /// The Eddy side's state backend.
+    pub state_backend: StateBackendKind,
+}
+
+/// The backend `name` (`heap` or `rocksdb`) names.
+pub fn state_backend(name: &str) -> Result<StateBackendKind> {
+    match name {
+        "heap" => Ok(StateBackendKind::Heap),
+        "rocksdb" => Ok(StateBackendKind::Rocksdb),
+        other => bail!("unknown state backend `{other}`: use heap or rocksdb"),
+    }
+}
+
+fn backend_name(kind: StateBackendKind) -> &'static str {
+    match kind {
+        StateBackendKind::Heap => "heap",
+        StateBackendKind::Rocksdb => "rocksdb",
+    }
 }
 
 fn cpu_and_rss() -> (f64, f64) {
@@ -158,6 +176,7 @@ fn bench_spec(args: &BenchArgs) -> Result<PipelineSpec> {
         retained: 1,
     });
     spec.state.dir = Some(std::env::temp_dir().join(format!("eddy-bench-state-{}", std::process::id())));
+    spec.state.backend = args.state_backend;
     Ok(spec)
 }
 
@@ -224,6 +243,7 @@ fn child(args: &BenchArgs, only: &str) -> Result<SideReport> {
     if let Some(ms) = args.checkpoint_ms {
         cmd.args(["--checkpoint-ms", &ms.to_string()]);
     }
+    cmd.args(["--state-backend", backend_name(args.state_backend)]);
     let out = cmd.output().with_context(|| format!("starting the {only} side"))?;
     if !out.status.success() {
         bail!("the {only} side failed: {}", String::from_utf8_lossy(&out.stderr).trim());
@@ -297,10 +317,11 @@ fn summarize(query: &str, pairs: Vec<(SideReport, SideReport)>) -> QuerySummary 
 /// table of medians, and writes every run and the medians to `report`.
 pub fn run_pairs(args: &BenchArgs, queries: &[String], runs: usize, report: &std::path::Path) -> Result<()> {
     eprintln!(
-        "nexmark {}: {} events, parallelism {}{}{}, {} paired run(s) each (native, then eddy, each in its own process)",
+        "nexmark {}: {} events, parallelism {}, {} state{}{}, {} paired run(s) each (native, then eddy, each in its own process)",
         queries.join(" "),
         args.events,
         args.parallelism,
+        backend_name(args.state_backend),
         args.rate.map_or(String::new(), |r| format!(", paced at {r} events/s")),
         args.checkpoint_ms.map_or(String::new(), |ms| format!(", eddy checkpointing every {ms} ms")),
         runs

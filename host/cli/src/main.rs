@@ -94,9 +94,12 @@ enum BenchSuite {
         /// q0, q1, q2, q3, q5, q7, q8 or q11; several separated by commas, or `all`.
         #[arg(long)]
         query: String,
-        /// Checkpoint the Eddy side every this many ms (heap state, temporary directory).
+        /// Checkpoint the Eddy side every this many ms (to a temporary directory).
         #[arg(long)]
         checkpoint_ms: Option<u64>,
+        /// The Eddy side's state backend: `heap` or `rocksdb`.
+        #[arg(long, default_value = "heap")]
+        state_backend: String,
         /// Paired runs per query; the table shows medians.
         #[arg(long, default_value_t = 3)]
         runs: usize,
@@ -132,6 +135,7 @@ fn bench(suite: BenchSuite) -> Result<()> {
         BenchSuite::Nexmark {
             query,
             checkpoint_ms,
+            state_backend,
             runs,
             events,
             parallelism,
@@ -141,7 +145,17 @@ fn bench(suite: BenchSuite) -> Result<()> {
             report,
             only,
         } => {
-            let args = bench::BenchArgs { query, events, parallelism, rate, queries_dir, cache_dir, checkpoint_ms };
+            let state_backend = bench::state_backend(&state_backend)?;
+            let args = bench::BenchArgs {
+                query,
+                events,
+                parallelism,
+                rate,
+                queries_dir,
+                cache_dir,
+                checkpoint_ms,
+                state_backend,
+            };
             nexmark(args, runs, &report, only.as_deref())
         }
     }
