@@ -89,7 +89,9 @@ impl RowDecoder {
     /// How to read struct `fields` from rows of schema `id`; `None` if that schema is unknown.
     fn read_of(&mut self, id: u32, fields: &'static [&'static str], schemas: &dyn Schemas) -> Option<StructRead> {
         let key = fields.as_ptr() as usize;
-        if let Some(m) = self.maps.iter().find(|m| m.schema == id && m.fields == key && m.count == fields.len()) {
+        let hit = |m: &FieldMap| m.schema == id && m.fields == key && m.count == fields.len();
+        // Most calls repeat the last shape or one just before it: look there first.
+        if let Some(m) = self.maps.iter().rev().find(|m| hit(m)) {
             return Some(m.read.clone());
         }
         let schema = schemas.get(id)?;
@@ -326,12 +328,13 @@ impl<'de> Deserializer<'de> for FieldDe<'de, '_> {
             return visitor.visit_unit();
         }
         let i = self.i;
+        // Field `i` exists and is not null: the fixed kinds read their slot directly.
         match self.row.kind(i)? {
             Kind::Unset => visitor.visit_unit(),
-            Kind::Bool => visitor.visit_bool(self.row.bool(i)?),
-            Kind::I64 => visitor.visit_i64(self.row.i64(i)?),
-            Kind::U64 => visitor.visit_u64(self.row.u64(i)?),
-            Kind::F64 => visitor.visit_f64(self.row.f64(i)?),
+            Kind::Bool => visitor.visit_bool(self.row.slot(i)[0] != 0),
+            Kind::I64 => visitor.visit_i64(i64::from_le_bytes(self.row.slot(i))),
+            Kind::U64 => visitor.visit_u64(u64::from_le_bytes(self.row.slot(i))),
+            Kind::F64 => visitor.visit_f64(f64::from_le_bytes(self.row.slot(i))),
             Kind::Str => visitor.visit_borrowed_str(self.row.str(i)?.unwrap_or_default()),
             Kind::Bytes => visitor.visit_borrowed_bytes(self.variable()?),
             Kind::Row => self.into_row()?.deserialize_any(visitor),

@@ -242,7 +242,8 @@ impl<'a> RowRef<'a> {
         Kind::from_byte(self.bytes[self.kinds + i]).ok_or(RowError::BadKind(i))
     }
 
-    fn slot(&self, i: usize) -> [u8; 8] {
+    /// The raw 8 bytes of slot `i` (`i` below the field count: the caller checked it).
+    pub(crate) fn slot(&self, i: usize) -> [u8; 8] {
         let at = self.slots + SLOT * i;
         let s = &self.bytes[at..at + SLOT];
         [s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]
