@@ -289,50 +289,29 @@ impl JsonField<'_> {
     }
 }
 
-impl ser::SerializeSeq for JsonField<'_> {
-    type Ok = ();
-    type Error = RowSerError;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), RowSerError> {
-        self.separate();
-        self.value(value)
-    }
-    fn end(self) -> Result<(), RowSerError> {
-        self.finish("]")
-    }
+/// The four sequence-like serde traits, all written as a JSON array.
+macro_rules! json_array {
+    ($($trait:ident :: $method:ident),*) => {
+        $(impl ser::$trait for JsonField<'_> {
+            type Ok = ();
+            type Error = RowSerError;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), RowSerError> {
+                self.separate();
+                self.value(value)
+            }
+            fn end(self) -> Result<(), RowSerError> {
+                self.finish("]")
+            }
+        })*
+    };
 }
 
-impl ser::SerializeTuple for JsonField<'_> {
-    type Ok = ();
-    type Error = RowSerError;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), RowSerError> {
-        ser::SerializeSeq::serialize_element(self, value)
-    }
-    fn end(self) -> Result<(), RowSerError> {
-        self.finish("]")
-    }
-}
-
-impl ser::SerializeTupleStruct for JsonField<'_> {
-    type Ok = ();
-    type Error = RowSerError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), RowSerError> {
-        ser::SerializeSeq::serialize_element(self, value)
-    }
-    fn end(self) -> Result<(), RowSerError> {
-        self.finish("]")
-    }
-}
-
-impl ser::SerializeTupleVariant for JsonField<'_> {
-    type Ok = ();
-    type Error = RowSerError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), RowSerError> {
-        ser::SerializeSeq::serialize_element(self, value)
-    }
-    fn end(self) -> Result<(), RowSerError> {
-        self.finish("]")
-    }
-}
+json_array!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 impl ser::SerializeMap for JsonField<'_> {
     type Ok = ();

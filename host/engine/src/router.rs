@@ -294,8 +294,8 @@ mod tests {
         }
     }
 
-    /// What the subtasks behind a two-channel forward/rebalance router received, as
-    /// `(records, watermark)` per message, `(0, Some(w))` for a watermark of its own.
+    /// What each subtask behind a router received, per message: `(records, watermark)`, with
+    /// `(0, Some(w))` for a watermark of its own and `(0, None)` for end-of-stream.
     fn received(outs: &[std::sync::Arc<std::sync::Mutex<Vec<Message>>>]) -> Vec<Vec<(usize, Option<i64>)>> {
         outs.iter()
             .map(|o| {
@@ -305,6 +305,7 @@ mod tests {
                     .map(|m| match m {
                         Message::Data { batch, watermark, .. } => (batch.len(), *watermark),
                         Message::Watermark(w) => (0, Some(*w)),
+                        Message::EndOfStream => (0, None),
                         other => panic!("unexpected {other:?}"),
                     })
                     .collect()
@@ -339,27 +340,9 @@ mod tests {
         router.watermark(8).unwrap();
         router.emit(&two, 200).unwrap(); // channel 1 again: one record before 8, one after
         router.broadcast(Message::EndOfStream).unwrap();
-        let got = received_with_end(&outs);
+        let got = received(&outs);
         assert_eq!(got[1][3..], [(1, Some(8)), (1, None), (0, None)], "order kept: record, 8, record, end");
         assert_eq!(got[0][2..], [(1, Some(8)), (0, None)], "flushed before the end, with its watermark");
-    }
-
-    /// As [`received`], with end-of-stream as `(0, None)`.
-    fn received_with_end(outs: &[std::sync::Arc<std::sync::Mutex<Vec<Message>>>]) -> Vec<Vec<(usize, Option<i64>)>> {
-        outs.iter()
-            .map(|o| {
-                o.lock()
-                    .unwrap()
-                    .iter()
-                    .map(|m| match m {
-                        Message::Data { batch, watermark, .. } => (batch.len(), *watermark),
-                        Message::Watermark(w) => (0, Some(*w)),
-                        Message::EndOfStream => (0, None),
-                        other => panic!("unexpected {other:?}"),
-                    })
-                    .collect()
-            })
-            .collect()
     }
 
     #[test]
