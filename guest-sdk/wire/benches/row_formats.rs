@@ -3,14 +3,21 @@
 //! (today's format, borrowed strings). For each: encode, decode every field with borrowed
 //! strings (strings checked UTF-8, nothing allocated), read one field (`price`), and bytes.
 //!
-//! Run: `cargo bench -p eddy-wire --bench row_formats`. Prints medians of 15 samples over
-//! 100 000 bids, in ns per bid; ratios come from the same run.
+//! Also rows through serde as the Rust SDK writes and reads them (`RowEncoder`, `RowDecoder`:
+//! fields found by name through the schema, strings borrowed), decoding every field and only
+//! the price.
+//!
+//! Run: `cargo bench -p eddy-wire --features serde --bench row_formats`. Prints medians of 15
+//! samples over 100 000 bids, in ns per bid; ratios come from the same run.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use eddy_nexmark::{Event, NexmarkConfig, event};
+use eddy_wire::de::RowDecoder;
 use eddy_wire::row::{RowRef, RowWriter};
+use eddy_wire::schema::{Schema, Schemas};
+use eddy_wire::ser::RowEncoder;
 use serde::{Deserialize, Serialize};
 
 const BIDS: usize = 100_000;
@@ -213,6 +220,60 @@ fn main() {
     println!(
         "row decode (all), strings checked one by one: {per_field_ns:.1}; left as unchecked bytes: {as_bytes_ns:.1}"
     );
+    serde_rows(&bids);
+}
+
+/// The one schema of these rows, as the host's registry would answer for it.
+struct OneSchema(std::sync::Arc<Schema>);
+
+impl Schemas for OneSchema {
+    fn get(&self, id: u32) -> Option<std::sync::Arc<Schema>> {
+        (id == self.0.id()).then(|| self.0.clone())
+    }
+}
+
+/// Only the price, read through serde by name.
+#[derive(Deserialize)]
+struct PriceOnly {
+    price: u64,
+}
+
+/// Rows the way the SDK makes and reads them: serde by field name.
+fn serde_rows(bids: &[BidRef<'_>]) {
+    let mut encoder = RowEncoder::new();
+    let mut declared: Option<Schema> = None;
+    let mut declare = |s: &Schema| {
+        declared = Some(s.clone());
+        s.id()
+    };
+    let rows = Encoded::of(bids, |b, buf| encoder.encode(b, buf, &mut declare).expect("a struct"));
+    let schema = OneSchema(std::sync::Arc::new(declared.expect("one schema")));
+    let mut decoder = RowDecoder::new();
+    for (got, want) in rows.each().zip(bids) {
+        assert_eq!(&decoder.decode::<BidRef<'_>>(got, &schema).expect("decodes"), want, "serde row round trip");
+    }
+    let mut scratch = Vec::with_capacity(rows.bytes.len());
+    let mut encoder = RowEncoder::new();
+    let mut declare = |s: &Schema| s.id();
+    let encode_ns = per_bid(|| {
+        scratch.clear();
+        for bid in bids {
+            encoder.encode(black_box(bid), &mut scratch, &mut declare).expect("a struct");
+        }
+        black_box(&scratch);
+    });
+    let decode_ns = per_bid(|| {
+        for bytes in rows.each() {
+            black_box(decoder.decode::<BidRef<'_>>(black_box(bytes), &schema).ok());
+        }
+    });
+    let price_ns = per_bid(|| {
+        for bytes in rows.each() {
+            black_box(decoder.decode::<PriceOnly>(black_box(bytes), &schema).ok().map(|p| p.price));
+        }
+    });
+    let size = rows.bytes.len() as f64 / bids.len() as f64;
+    println!("{:<10} {encode_ns:>10.1} {decode_ns:>14.1} {price_ns:>12.1} {size:>12.1}", "row/serde");
 }
 
 fn read_row_bytes(bytes: &[u8]) -> Option<BidBytes<'_>> {

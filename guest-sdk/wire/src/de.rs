@@ -8,6 +8,7 @@
 //! whose schema is unknown reads positionally. Other targets see a row as a map of its named
 //! fields (`serde_json::Value`, internally tagged enums) and each slot as its kind says.
 
+use alloc::rc::Rc;
 use alloc::string::{String, ToString};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -66,8 +67,10 @@ struct FieldMap {
 
 #[derive(Debug, Clone)]
 enum StructRead {
-    Complete(Arc<[usize]>),
-    Partial(Arc<[(&'static str, usize)]>),
+    // `Rc`, not `Arc`: a decoder serves one thread, and an atomic count per record cost more
+    // than the slots read.
+    Complete(Rc<[usize]>),
+    Partial(Rc<[(&'static str, usize)]>),
 }
 
 impl RowDecoder {
@@ -203,7 +206,7 @@ enum Order {
     /// `0..n`.
     Range(usize),
     /// These.
-    List(Arc<[usize]>),
+    List(Rc<[usize]>),
 }
 
 impl Order {
@@ -250,7 +253,7 @@ enum Names {
     /// Every field of the row, by its schema.
     Schema(Arc<Schema>),
     /// The fields of a struct that the row has (name, slot).
-    Fields(Arc<[(&'static str, usize)]>),
+    Fields(Rc<[(&'static str, usize)]>),
 }
 
 impl Names {
@@ -308,8 +311,9 @@ impl<'de> FieldDe<'de, '_> {
         Ok(self.row.is_null(self.i)?)
     }
 
+    /// The bytes of this (non-null, variable) field.
     fn variable(&self) -> Result<&'de [u8], RowDeError> {
-        self.row.variable(self.i)?.ok_or_else(|| RowError::Null(self.i).into())
+        Ok(self.row.span(self.i)?)
     }
 }
 
@@ -335,7 +339,10 @@ impl<'de> Deserializer<'de> for FieldDe<'de, '_> {
             Kind::I64 => visitor.visit_i64(i64::from_le_bytes(self.row.slot(i))),
             Kind::U64 => visitor.visit_u64(u64::from_le_bytes(self.row.slot(i))),
             Kind::F64 => visitor.visit_f64(f64::from_le_bytes(self.row.slot(i))),
-            Kind::Str => visitor.visit_borrowed_str(self.row.str(i)?.unwrap_or_default()),
+            Kind::Str => {
+                let text = core::str::from_utf8(self.variable()?).map_err(|_| RowError::NotUtf8(i))?;
+                visitor.visit_borrowed_str(text)
+            }
             Kind::Bytes => visitor.visit_borrowed_bytes(self.variable()?),
             Kind::Row => self.into_row()?.deserialize_any(visitor),
             Kind::Json => {

@@ -288,6 +288,16 @@ impl<'a> RowRef<'a> {
         Ok(Some(self.slot(i)))
     }
 
+    /// The bytes slot `i` points at (`i` below the field count, the field a non-null variable
+    /// kind: the caller checked both).
+    pub(crate) fn span(&self, i: usize) -> Result<&'a [u8], RowError> {
+        let s = self.slot(i);
+        let offset = u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize;
+        let len = u32::from_le_bytes([s[4], s[5], s[6], s[7]]) as usize;
+        let end = offset.checked_add(len).ok_or(RowError::BadSpan(i))?;
+        self.bytes.get(offset..end).ok_or(RowError::BadSpan(i))
+    }
+
     /// The bytes of variable field `i` whatever its kind, `None` if null.
     pub fn variable(&self, i: usize) -> Result<Option<&'a [u8]>, RowError> {
         if self.is_null(i)? {
@@ -297,11 +307,7 @@ impl<'a> RowRef<'a> {
         if !kind.is_variable() {
             return Err(RowError::WrongKind { field: i, found: kind, wanted: Kind::Bytes });
         }
-        let s = self.slot(i);
-        let offset = u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize;
-        let len = u32::from_le_bytes([s[4], s[5], s[6], s[7]]) as usize;
-        let end = offset.checked_add(len).ok_or(RowError::BadSpan(i))?;
-        self.bytes.get(offset..end).map(Some).ok_or(RowError::BadSpan(i))
+        self.span(i).map(Some)
     }
 
     fn variable_of(&self, i: usize, wanted: Kind) -> Result<Option<&'a [u8]>, RowError> {
