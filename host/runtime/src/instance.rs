@@ -116,6 +116,9 @@ impl std::fmt::Debug for OperatorInstance {
     }
 }
 
+/// Most batch buffer bytes an instance keeps between calls for reuse.
+const RETAINED_BATCH_BYTES: usize = 4 << 20;
+
 impl OperatorInstance {
     /// Calls `open(config)`; `config` is JSON text (`null` for none).
     pub fn open(&mut self, config: &str) -> Result<(), CallError> {
@@ -127,16 +130,22 @@ impl OperatorInstance {
     /// Processes a batch and returns what the operator emitted.
     pub fn process(&mut self, batch: &RecordBatch) -> Result<Output, CallError> {
         let Self { store, bindings, policy } = self;
-        let wit = match store.data_mut().keyed.batch_for_guest(batch) {
-            Ok(wit) => wit,
-            Err(kind) => {
-                let operator = store.data().sandbox.operator.clone();
-                return Err(CallError { operator, call: "process", kind, guest_message: None });
-            }
-        };
+        // The previous call's buffers, refilled: no allocation per call once they are big enough.
+        let keyed = &mut store.data_mut().keyed;
+        let mut wit = std::mem::replace(&mut keyed.batch, crate::keyed::empty_batch());
+        if let Err(kind) = keyed.batch_for_guest(batch, &mut wit) {
+            store.data_mut().keyed.batch = wit;
+            let operator = store.data().sandbox.operator.clone();
+            return Err(CallError { operator, call: "process", kind, guest_message: None });
+        }
         let result =
             Self::guarded(store, policy, "process", |s| bindings.eddy_dataflow_operator().call_process(s, &wit));
-        store.data_mut().keyed.keys.clear("process");
+        let keyed = &mut store.data_mut().keyed;
+        keyed.keys.clear("process");
+        // A rare huge batch should not pin its memory for the life of the instance.
+        if wit.data.capacity() <= RETAINED_BATCH_BYTES {
+            keyed.batch = wit;
+        }
         result
     }
 

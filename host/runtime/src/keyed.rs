@@ -138,6 +138,13 @@ pub(crate) struct Keyed {
     list_keys: ListKeys,
     pub(crate) output: Output,
     output_bytes: usize,
+    /// The last `process` call's batch, whose buffers the next one reuses.
+    pub(crate) batch: types::Batch,
+}
+
+/// A batch with no buffers yet (nothing allocated).
+pub(crate) fn empty_batch() -> types::Batch {
+    types::Batch { data: Vec::new(), records: Vec::new(), prefetched_states: Vec::new(), prefetched: Vec::new() }
 }
 
 impl Keyed {
@@ -163,6 +170,7 @@ impl Keyed {
             list_keys: ListKeys::default(),
             output: Output::default(),
             output_bytes: 0,
+            batch: empty_batch(),
         }
     }
 
@@ -175,20 +183,26 @@ impl Keyed {
     /// subtask does not own is a routing bug upstream and never reaches the guest), numbers
     /// their key slots and appends the prefetched state values, looked up once per distinct
     /// key, to the batch's buffer.
-    pub(crate) fn batch_for_guest(&mut self, batch: &RecordBatch) -> Result<types::Batch, CallErrorKind> {
+    /// Fills `wit` (the previous call's, so its buffers are reused) with `batch` for the guest.
+    pub(crate) fn batch_for_guest(&mut self, batch: &RecordBatch, wit: &mut types::Batch) -> Result<(), CallErrorKind> {
         self.keys.clear("process");
         let (data, metas) = batch.parts();
         let columns = self.prefetch.len();
-        let mut out = data.to_vec();
-        let mut records = Vec::with_capacity(metas.len() * Row::BYTES);
-        let mut prefetched = Vec::with_capacity(metas.len() * columns * <Option<Span>>::BYTES);
+        let types::Batch { data: out, records, prefetched_states, prefetched } = wit;
+        out.clear();
+        out.extend_from_slice(data);
+        records.clear();
+        records.reserve(metas.len() * Row::BYTES);
+        prefetched.clear();
+        prefetched.reserve(metas.len() * columns * <Option<Span>>::BYTES);
+        prefetched_states.clone_from(&self.prefetch);
         let mut slots = KeySlots::with_capacity(metas.len());
         for (i, (meta, r)) in metas.iter().zip(batch.iter()).enumerate() {
             let index = u32::try_from(i).map_err(|_| CallErrorKind::Internal("batch of over 4G records".into()))?;
             let Some(key) = r.key else {
                 self.keys.push(None);
-                (0..columns).for_each(|_| None::<Span>.write(&mut prefetched));
-                crate::instance::row_of(meta, index).write(&mut records);
+                (0..columns).for_each(|_| None::<Span>.write(prefetched));
+                crate::instance::row_of(meta, index).write(records);
                 continue;
             };
             let hash = key_hash(key);
@@ -207,24 +221,24 @@ impl Keyed {
                     let start = out.len();
                     let found = self
                         .backend
-                        .read_into(self.key_buf.encode(group, key, name, b""), &mut out)
+                        .read_into(self.key_buf.encode(group, key, name, b""), out)
                         .map_err(|e| CallErrorKind::State(e.to_string()))?;
                     let span = match found {
-                        true => Some(Span::tail_of(&out, start).ok_or_else(|| {
+                        true => Some(Span::tail_of(out, start).ok_or_else(|| {
                             CallErrorKind::Internal("batch with prefetched state exceeds 4 GiB".into())
                         })?),
                         false => None,
                     };
-                    span.write(&mut prefetched);
+                    span.write(prefetched);
                 }
             } else {
                 // The same key as an earlier record: its values, without another lookup.
                 let row = slot as usize * columns * <Option<Span>>::BYTES;
                 prefetched.extend_from_within(row..row + columns * <Option<Span>>::BYTES);
             }
-            crate::instance::row_of(meta, slot).write(&mut records);
+            crate::instance::row_of(meta, slot).write(records);
         }
-        Ok(types::Batch { data: out, records, prefetched_states: self.prefetch.clone(), prefetched })
+        Ok(())
     }
 
     pub(crate) fn load_timer_keys(&mut self, fired: &[FiredTimer]) {
