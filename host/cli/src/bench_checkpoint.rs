@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use eddy_engine::OperatorSnapshot;
 use eddy_engine::checkpoint::CheckpointStore;
 use eddy_engine::checkpoint::upload::{TakenSnapshot, Uploader};
-use eddy_state::{HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, StateKey};
+use eddy_state::{HashedKey, HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, StateKey, state_id};
 use serde::Serialize;
 
 /// One row of the table.
@@ -43,9 +43,8 @@ struct Writer {
 impl Writer {
     fn put(&mut self, i: u64) -> Result<()> {
         let user = format!("\"user-{i}\"");
-        let group = eddy_core::key_group_of(user.as_bytes(), 128);
         self.value[..8].copy_from_slice(&self.rng.to_le_bytes());
-        let entry = self.key.encode(group, user.as_bytes(), "total", b"");
+        let entry = self.key.encode(HashedKey::new(user.as_bytes(), 128), state_id("total"), b"");
         self.backend.put(entry, &self.value)?;
         Ok(())
     }

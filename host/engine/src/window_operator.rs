@@ -31,7 +31,8 @@
 //! session that a batch computation keeps whole.
 //!
 //! State (all in the [`StateBackend`], so a snapshot of the backend is a snapshot of the
-//! operator), under the [`StateKey`] layout with the key's key group:
+//! operator), under the [`StateKey`] layout with the key's key group and the [`state_id`] of
+//! these names:
 //! - `window-acc`, namespace = the window (16 bytes, see [`encode_window`]): one flag byte
 //!   (1 = the window has fired) followed by the aggregate's accumulator bytes;
 //! - `window-sessions` (session windows only), empty namespace: the key's open sessions as a
@@ -40,9 +41,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN, key_group_of};
+use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Output};
-use eddy_state::{StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list};
+use eddy_state::{
+    HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list, state_id,
+};
 
 use crate::operator::{OperatorError, OperatorSnapshot, StreamOperator};
 use crate::window::{SessionWindows, Window, WindowKind};
@@ -173,8 +176,12 @@ impl Timers {
 struct WindowStore {
     backend: Box<dyn StateBackend>,
     keys: StateKey,
+    /// The value being written, reused.
+    value: Vec<u8>,
     operator: String,
     max_parallelism: u32,
+    acc_state: eddy_state::StateId,
+    sessions_state: eddy_state::StateId,
 }
 
 impl WindowStore {
@@ -188,15 +195,12 @@ impl WindowStore {
 
     /// The window's fired flag and accumulator, if it has state.
     fn acc(&mut self, key: &[u8], window: &Window) -> Result<Option<(bool, Vec<u8>)>, OperatorError> {
-        let group = key_group_of(key, self.max_parallelism);
-        let entry = self.keys.encode(group, key, ACC_STATE, &encode_window(window));
-        match self.backend.get(entry).map_err(|e| self.error(e))? {
-            None => Ok(None),
-            Some(mut value) => match value.first().copied() {
-                Some(flag @ (NOT_FIRED | FIRED)) => {
-                    value.remove(0);
-                    Ok(Some((flag == FIRED, value)))
-                }
+        let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
+        self.value.clear();
+        match self.backend.read_into(entry, &mut self.value).map_err(|e| self.error(e))? {
+            false => Ok(None),
+            true => match self.value.split_first() {
+                Some((&flag @ (NOT_FIRED | FIRED), acc)) => Ok(Some((flag == FIRED, acc.to_vec()))),
                 _ => Err(self.corrupt(format!(
                     "accumulator of window [{}, {}) has no valid flag byte",
                     window.start, window.end
@@ -206,23 +210,20 @@ impl WindowStore {
     }
 
     fn put_acc(&mut self, key: &[u8], window: &Window, fired: bool, acc: &[u8]) -> Result<(), OperatorError> {
-        let mut value = Vec::with_capacity(1 + acc.len());
-        value.push(if fired { FIRED } else { NOT_FIRED });
-        value.extend_from_slice(acc);
-        let group = key_group_of(key, self.max_parallelism);
-        let entry = self.keys.encode(group, key, ACC_STATE, &encode_window(window));
-        self.backend.put(entry, &value).map_err(|e| self.error(e))
+        self.value.clear();
+        self.value.push(if fired { FIRED } else { NOT_FIRED });
+        self.value.extend_from_slice(acc);
+        let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
+        self.backend.put(entry, &self.value).map_err(|e| self.error(e))
     }
 
     fn delete_acc(&mut self, key: &[u8], window: &Window) -> Result<(), OperatorError> {
-        let group = key_group_of(key, self.max_parallelism);
-        let entry = self.keys.encode(group, key, ACC_STATE, &encode_window(window));
+        let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
         self.backend.delete(entry).map_err(|e| self.error(e))
     }
 
     fn sessions(&mut self, key: &[u8]) -> Result<Vec<Window>, OperatorError> {
-        let group = key_group_of(key, self.max_parallelism);
-        let entry = self.keys.encode(group, key, SESSIONS_STATE, b"");
+        let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
         let Some(list) = self.backend.get(entry).map_err(|e| self.error(e))? else {
             return Ok(Vec::new());
         };
@@ -231,8 +232,7 @@ impl WindowStore {
     }
 
     fn put_sessions(&mut self, key: &[u8], sessions: &[Window]) -> Result<(), OperatorError> {
-        let group = key_group_of(key, self.max_parallelism);
-        let entry = self.keys.encode(group, key, SESSIONS_STATE, b"");
+        let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
         let result = if sessions.is_empty() {
             self.backend.delete(entry)
         } else {
@@ -246,13 +246,14 @@ impl WindowStore {
     fn windows(&self) -> Result<Vec<(Vec<u8>, Window, bool)>, OperatorError> {
         let mut found = Vec::new();
         let mut damage: Option<StateError> = None;
+        let acc_state = self.acc_state;
         self.backend
             .scan_prefix(b"", &mut |entry, value| {
                 if damage.is_some() {
                     return;
                 }
                 let parsed = decode_state_key(entry).and_then(|k| {
-                    if k.state != ACC_STATE {
+                    if k.state != acc_state {
                         return Ok(None);
                     }
                     let window = decode_window(k.namespace)?;
@@ -371,8 +372,11 @@ impl<A: AggregateFn> WindowOperator<A> {
             store: WindowStore {
                 backend: state,
                 keys: StateKey::default(),
+                value: Vec::new(),
                 operator: name.clone(),
                 max_parallelism: config.max_parallelism,
+                acc_state: state_id(ACC_STATE),
+                sessions_state: state_id(SESSIONS_STATE),
             },
             name,
             kind: config.kind,

@@ -11,10 +11,10 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use eddy_core::{HeapTimerService, KeyGroup, RecordBatch, key_group_of};
+use eddy_core::{HeapTimerService, RecordBatch};
 use eddy_guest_artifacts as guests;
 use eddy_runtime::{InstanceAllocation, Runtime, RuntimeConfig, Subtask};
-use eddy_state::{HeapStateBackend, StateBackend, StateKey};
+use eddy_state::{HashedKey, HeapStateBackend, StateBackend, StateKey, state_id};
 
 const KEYS: usize = 10_000;
 const RECORDS: usize = 100_000;
@@ -70,10 +70,9 @@ impl NativeCounter {
         let mut out = RecordBatch::with_capacity(batch.len(), batch.byte_len() * 2);
         for r in batch.iter() {
             let key = r.key.expect("keyed");
-            let group: KeyGroup = key_group_of(key, MAX_PARALLELISM);
             let word: String = serde_json::from_slice(key).expect("key");
             let n: u64 = serde_json::from_slice(r.value).expect("value");
-            let state_key = self.key.encode(group, key, "count", b"").to_vec();
+            let state_key = self.key.encode(HashedKey::new(key, MAX_PARALLELISM), state_id("count"), b"").to_vec();
             let current: u64 = match self.backend.get(&state_key).expect("get") {
                 Some(v) => serde_json::from_slice(&v).expect("state"),
                 None => 0,

@@ -4,10 +4,9 @@
 use std::collections::HashMap;
 
 use eddy_core::{
-    FiredTimer, KeyGroup, KeyGroupRange, MAX_BATCH_BYTES, RecordBatch, RecordMeta, TimeDomain, TimerService,
-    key_group_of_hash, key_hash,
+    FiredTimer, KeyGroup, KeyGroupRange, MAX_BATCH_BYTES, RecordBatch, RecordMeta, TimeDomain, TimerService, key_hash,
 };
-use eddy_state::{ListKeys, StateBackend, StateError, StateKey, list_for_each};
+use eddy_state::{HashedKey, ListKeys, StateBackend, StateError, StateId, StateKey, list_for_each, state_id};
 use eddy_wire::{Packed, Row, Span, Table, ValueWrite};
 use wasmtime_wasi::{WasiCtxView, WasiView};
 
@@ -79,11 +78,12 @@ impl Output {
     }
 }
 
-/// The keys of the current call: handle `i` is record (or timer) `i`.
+/// The keys of the current call: handle `i` is record (or timer) `i`, hashed once.
 #[derive(Debug, Default)]
 pub(crate) struct KeyTable {
     data: Vec<u8>,
-    entries: Vec<Option<(KeyGroup, usize, usize)>>,
+    /// (hash, key group, start, len) per handle.
+    entries: Vec<Option<(u64, KeyGroup, usize, usize)>>,
     /// What the call is, for error messages about a missing key.
     context: &'static str,
 }
@@ -95,18 +95,20 @@ impl KeyTable {
         self.context = context;
     }
 
-    fn push(&mut self, key: Option<(&[u8], KeyGroup)>) {
-        let entry = key.map(|(k, g)| {
+    fn push(&mut self, key: Option<HashedKey<'_>>) {
+        let entry = key.map(|k| {
             let start = self.data.len();
-            self.data.extend_from_slice(k);
-            (g, start, k.len())
+            self.data.extend_from_slice(k.bytes);
+            (k.hash, k.group, start, k.bytes.len())
         });
         self.entries.push(entry);
     }
 
-    fn get(&self, handle: u32) -> ImportResult<(KeyGroup, &[u8])> {
+    fn get(&self, handle: u32) -> ImportResult<HashedKey<'_>> {
         match self.entries.get(handle as usize) {
-            Some(Some((g, start, len))) => Ok((*g, &self.data[*start..*start + *len])),
+            Some(Some((hash, group, start, len))) => {
+                Ok(HashedKey { bytes: &self.data[*start..*start + *len], hash: *hash, group: *group })
+            }
             Some(None) => Err(trap(Violation::NoKey { call: self.context, record: Some(handle) })),
             None if self.entries.is_empty() => Err(trap(Violation::NoKey { call: self.context, record: None })),
             None => Err(trap(Violation::BadKeyHandle { handle, records: self.entries.len() })),
@@ -117,6 +119,8 @@ impl KeyTable {
 #[derive(Debug)]
 struct Declared {
     name: String,
+    /// [`state_id`] of the name: what state keys carry.
+    id: StateId,
     kind: state::StateKind,
 }
 
@@ -205,23 +209,22 @@ impl Keyed {
                 crate::instance::row_of(meta, index).write(records);
                 continue;
             };
-            let hash = key_hash(key);
-            let group = key_group_of_hash(hash, self.max_parallelism);
-            if !self.key_groups.contains(group) {
+            let hashed = HashedKey::with_hash(key, key_hash(key), self.max_parallelism);
+            if !self.key_groups.contains(hashed.group) {
                 return Err(CallErrorKind::Internal(format!(
-                    "record {i} has key group {group}, outside this subtask's range {}..={}",
-                    self.key_groups.start, self.key_groups.end
+                    "record {i} has key group {}, outside this subtask's range {}..={}",
+                    hashed.group, self.key_groups.start, self.key_groups.end
                 )));
             }
-            self.keys.push(Some((key, group)));
-            let slot = slots.slot(key, hash, index);
+            self.keys.push(Some(hashed));
+            let slot = slots.slot(key, hashed.hash, index);
             if slot == index {
                 for &state in &self.prefetch {
-                    let name = &self.states[state as usize].name;
+                    let id = self.states[state as usize].id;
                     let start = out.len();
                     let found = self
                         .backend
-                        .read_into(self.key_buf.encode(group, key, name, b""), out)
+                        .read_into(self.key_buf.encode(hashed, id, b""), out)
                         .map_err(|e| CallErrorKind::State(e.to_string()))?;
                     let span = match found {
                         true => Some(Span::tail_of(out, start).ok_or_else(|| {
@@ -244,7 +247,9 @@ impl Keyed {
     pub(crate) fn load_timer_keys(&mut self, fired: &[FiredTimer]) {
         self.keys.clear("on-timer");
         for t in fired {
-            self.keys.push(Some((&t.key, t.key_group)));
+            let hashed = HashedKey::new(&t.key, self.max_parallelism);
+            debug_assert_eq!(hashed.group, t.key_group, "a timer's key group is its key's");
+            self.keys.push(Some(hashed));
         }
     }
 
@@ -270,10 +275,10 @@ impl Keyed {
                 declared.name, declared.kind, expect
             ))));
         }
-        let (group, key) = keys.get(handle)?;
+        let key = keys.get(handle)?;
         let state_key = match map_key {
-            None => key_buf.encode(group, key, &declared.name, b""),
-            Some(m) => key_buf.encode_map_entry(group, key, &declared.name, b"", m),
+            None => key_buf.encode(key, declared.id, b""),
+            Some(m) => key_buf.encode_map_entry(key, declared.id, b"", m),
         };
         f(backend.as_mut(), state_key, declared.kind).map_err(|e| wasmtime::Error::new(HostTrap::from(e)))
     }
@@ -303,7 +308,14 @@ impl Keyed {
         limit("declared states and side outputs", self.limits.max_declarations, self.by_name.len() + 1)?;
         let id = match declared_kind {
             Some(kind) => {
-                self.states.push(Declared { name, kind });
+                let id = state_id(&name);
+                if let Some(other) = self.states.iter().find(|d| d.id == id) {
+                    return Err(trap(Violation::BadDeclaration(format!(
+                        "states `{name}` and `{}` share the state id {id} (a hash of the name); rename one",
+                        other.name
+                    ))));
+                }
+                self.states.push(Declared { name, id, kind });
                 let id = self.states.len() as u32 - 1;
                 if prefetch && kind == state::StateKind::Value {
                     self.prefetch.push(id);
@@ -462,7 +474,7 @@ fn domain(d: types::TimeDomain) -> TimeDomain {
 impl timers::Host for OperatorHost {
     fn register_timer(&mut self, key: u32, d: types::TimeDomain, timestamp: i64) -> ImportResult<()> {
         let k = &mut self.keyed;
-        let (group, key) = k.keys.get(key)?;
+        let HashedKey { bytes: key, group, .. } = k.keys.get(key)?;
         let (d, limits) = (domain(d), &k.limits);
         let (held, held_by_key) = (k.timers.len(), k.timers.len_of_key(group, key));
         // At a limit, registering a timer that exists already is still allowed (it adds nothing).
@@ -477,7 +489,7 @@ impl timers::Host for OperatorHost {
 
     fn delete_timer(&mut self, key: u32, d: types::TimeDomain, timestamp: i64) -> ImportResult<()> {
         let k = &mut self.keyed;
-        let (group, key) = k.keys.get(key)?;
+        let HashedKey { bytes: key, group, .. } = k.keys.get(key)?;
         k.timers.delete(domain(d), group, key, timestamp);
         Ok(())
     }

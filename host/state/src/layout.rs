@@ -1,14 +1,58 @@
 //! The byte layout of state keys and of lists kept as one value. Part of the snapshot format: change it only
 //! with a snapshot version bump.
 //!
-//! Key: `key group (u16 BE) | key len (u32 BE) | key | name len (u16 BE) | name |
+//! Key: `key group (u16 BE) | state id (u32 BE) | key hash (u32 BE) | key len (u32 BE) | key |
 //! namespace len (u32 BE) | namespace | map key`. Lengths make every part self-delimiting, so
 //! one key's entries of one state (all map keys, say) share a prefix, and big-endian key groups
 //! keep a key-group range contiguous.
+//!
+//! The state is an integer id ([`state_id`] of its declared name), not the name, and the key
+//! hash (computed once per record, the one its key group comes from) comes before the key
+//! bytes: two state keys almost always differ within their first 16 bytes, so an ordered
+//! backend decides a comparison with one integer compare instead of a `memcmp` over a name.
 
-use eddy_core::KeyGroup;
+use eddy_core::{KeyGroup, key_group_of_hash, key_hash};
 
 use crate::StateError;
+
+/// A state's id in state keys: [`state_id`] of its name.
+pub type StateId = u32;
+
+/// The id of the state named `name` (the low 32 bits of its xxh3), the same in every process
+/// and every run, so a snapshot needs no table of names. Whoever declares states checks that
+/// two names of one operator do not share an id.
+pub fn state_id(name: &str) -> StateId {
+    key_hash(name.as_bytes()) as u32
+}
+
+/// A record key with what its state keys need, hashed once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashedKey<'a> {
+    /// The key bytes.
+    pub bytes: &'a [u8],
+    /// [`eddy_core::key_hash`] of the bytes.
+    pub hash: u64,
+    /// The key group the hash falls in.
+    pub group: KeyGroup,
+}
+
+impl<'a> HashedKey<'a> {
+    /// Hashes `bytes` for a job of `max_parallelism` key groups.
+    pub fn new(bytes: &'a [u8], max_parallelism: u32) -> Self {
+        Self::with_hash(bytes, key_hash(bytes), max_parallelism)
+    }
+
+    /// A key whose [`eddy_core::key_hash`] the caller already has.
+    pub fn with_hash(bytes: &'a [u8], hash: u64, max_parallelism: u32) -> Self {
+        Self { bytes, hash, group: key_group_of_hash(hash, max_parallelism) }
+    }
+
+    /// The hash as stored in a state key: its low half (the key group comes from the high
+    /// bits, so the two are independent).
+    fn stored_hash(&self) -> u32 {
+        self.hash as u32
+    }
+}
 
 /// Reusable buffer that builds state keys without allocating per call.
 #[derive(Debug, Default, Clone)]
@@ -18,35 +62,28 @@ pub struct StateKey {
 
 impl StateKey {
     /// The key of a value or list state, or the prefix of all entries of a map state.
-    pub fn encode(&mut self, key_group: KeyGroup, key: &[u8], state: &str, namespace: &[u8]) -> &[u8] {
+    pub fn encode(&mut self, key: HashedKey<'_>, state: StateId, namespace: &[u8]) -> &[u8] {
         self.buf.clear();
-        self.buf.extend_from_slice(&key_group.to_be_bytes());
-        self.buf.extend_from_slice(&(key.len() as u32).to_be_bytes());
-        self.buf.extend_from_slice(key);
-        self.buf.extend_from_slice(&(state.len() as u16).to_be_bytes());
-        self.buf.extend_from_slice(state.as_bytes());
+        self.buf.extend_from_slice(&key.group.to_be_bytes());
+        self.buf.extend_from_slice(&state.to_be_bytes());
+        self.buf.extend_from_slice(&key.stored_hash().to_be_bytes());
+        self.buf.extend_from_slice(&(key.bytes.len() as u32).to_be_bytes());
+        self.buf.extend_from_slice(key.bytes);
         self.buf.extend_from_slice(&(namespace.len() as u32).to_be_bytes());
         self.buf.extend_from_slice(namespace);
         &self.buf
     }
 
     /// The key of one map-state entry.
-    pub fn encode_map_entry(
-        &mut self,
-        key_group: KeyGroup,
-        key: &[u8],
-        state: &str,
-        namespace: &[u8],
-        map_key: &[u8],
-    ) -> &[u8] {
-        self.encode(key_group, key, state, namespace);
+    pub fn encode_map_entry(&mut self, key: HashedKey<'_>, state: StateId, namespace: &[u8], map_key: &[u8]) -> &[u8] {
+        self.encode(key, state, namespace);
         self.buf.extend_from_slice(map_key);
         &self.buf
     }
 
-    /// Length of the prefix written by the last [`encode`](Self::encode), for splitting map keys off.
-    pub fn prefix_len_of(key: &[u8], state: &str, namespace: &[u8]) -> usize {
-        2 + 4 + key.len() + 2 + state.len() + 4 + namespace.len()
+    /// Length of the prefix [`encode`](Self::encode) writes, for splitting map keys off.
+    pub fn prefix_len_of(key: &[u8], namespace: &[u8]) -> usize {
+        2 + 4 + 4 + 4 + key.len() + 4 + namespace.len()
     }
 }
 
@@ -55,10 +92,10 @@ impl StateKey {
 pub struct DecodedStateKey<'a> {
     /// Key group.
     pub key_group: KeyGroup,
+    /// The state.
+    pub state: StateId,
     /// The record key.
     pub key: &'a [u8],
-    /// State name.
-    pub state: &'a str,
     /// Namespace (a window, or empty).
     pub namespace: &'a [u8],
     /// Map key (empty for value and list state).
@@ -87,14 +124,16 @@ fn take_u16(bytes: &mut &[u8]) -> Result<u16, StateError> {
 /// Takes a state key apart; errors name what is wrong with a damaged key.
 pub fn decode_state_key(mut bytes: &[u8]) -> Result<DecodedStateKey<'_>, StateError> {
     let key_group = take_u16(&mut bytes)?;
+    let state = take_u32(&mut bytes)? as StateId;
+    let stored_hash = take_u32(&mut bytes)?;
     let key_len = take_u32(&mut bytes)?;
     let key = take(&mut bytes, key_len)?;
-    let name_len = usize::from(take_u16(&mut bytes)?);
-    let state = std::str::from_utf8(take(&mut bytes, name_len)?)
-        .map_err(|_| StateError::Corrupt("state name is not UTF-8".into()))?;
+    if stored_hash != key_hash(key) as u32 as usize {
+        return Err(StateError::Corrupt(format!("state key of group {key_group}: its key hash does not match its key")));
+    }
     let ns_len = take_u32(&mut bytes)?;
     let namespace = take(&mut bytes, ns_len)?;
-    Ok(DecodedStateKey { key_group, key, state, namespace, map_key: bytes })
+    Ok(DecodedStateKey { key_group, state, key, namespace, map_key: bytes })
 }
 
 /// Encodes items as one value: `count (u32 BE) | (len (u32 BE) | item)*`. The window operator
@@ -137,17 +176,18 @@ mod tests {
     proptest! {
         #[test]
         fn state_keys_round_trip(
-            kg in any::<u16>(),
             key in proptest::collection::vec(any::<u8>(), 0..32),
-            state in "[a-z]{0,12}",
+            state in any::<u32>(),
             ns in proptest::collection::vec(any::<u8>(), 0..8),
             map_key in proptest::collection::vec(any::<u8>(), 0..8),
+            max_parallelism in 1u32..=32768,
         ) {
             let mut enc = StateKey::default();
-            let bytes = enc.encode_map_entry(kg, &key, &state, &ns, &map_key).to_vec();
+            let hashed = HashedKey::new(&key, max_parallelism);
+            let bytes = enc.encode_map_entry(hashed, state, &ns, &map_key).to_vec();
             let d = decode_state_key(&bytes).unwrap();
-            prop_assert_eq!(d, DecodedStateKey { key_group: kg, key: &key, state: &state, namespace: &ns, map_key: &map_key });
-            prop_assert_eq!(StateKey::prefix_len_of(&key, &state, &ns), bytes.len() - map_key.len());
+            prop_assert_eq!(d, DecodedStateKey { key_group: hashed.group, state, key: &key, namespace: &ns, map_key: &map_key });
+            prop_assert_eq!(StateKey::prefix_len_of(&key, &ns), bytes.len() - map_key.len());
         }
 
         #[test]
@@ -162,13 +202,61 @@ mod tests {
         }
     }
 
+    /// Two keys of one key group, as `(key, key group)`, found by search (no constants copied
+    /// from a run).
+    fn two_keys_of_one_group(max_parallelism: u32) -> (Vec<u8>, Vec<u8>, KeyGroup) {
+        let mut seen = std::collections::HashMap::new();
+        for i in 0u32.. {
+            let key = format!("k{i}").into_bytes();
+            let group = HashedKey::new(&key, max_parallelism).group;
+            if let Some(first) = seen.insert(group, key.clone()) {
+                return (first, key, group);
+            }
+        }
+        unreachable!()
+    }
+
     #[test]
-    fn one_key_group_is_contiguous() {
+    fn one_key_group_is_contiguous_and_one_keys_entries_share_a_prefix() {
+        let mp = 8;
+        let (a, b, group) = two_keys_of_one_group(mp);
         let mut enc = StateKey::default();
-        let a = enc.encode(1, b"zzzz", "s", b"").to_vec();
-        let b = enc.encode(2, b"a", "s", b"").to_vec();
-        let c = enc.encode(1, b"a", "zz", b"").to_vec();
-        assert!(c < a && a < b);
+        let mut all = Vec::new();
+        for key in [&a, &b] {
+            for state in [state_id("s"), state_id("t")] {
+                for ns in [&b""[..], b"\x01", b"\xff\xff"] {
+                    all.push(enc.encode(HashedKey::new(key, mp), state, ns).to_vec());
+                }
+            }
+        }
+        let other = (0u32..)
+            .map(|i| format!("o{i}").into_bytes())
+            .find(|k| HashedKey::new(k, mp).group != group)
+            .unwrap();
+        let outsider = enc.encode(HashedKey::new(&other, mp), state_id("s"), b"").to_vec();
+        all.push(outsider.clone());
+        all.sort();
+        // The outsider sorts before or after the whole group, never inside it.
+        let at = all.iter().position(|k| *k == outsider).unwrap();
+        assert!(at == 0 || at == all.len() - 1, "key group {group} is split by another group's key");
+        // Every entry of (key a, state s) starts with the same prefix and nothing else does.
+        let prefix = &enc.encode(HashedKey::new(&a, mp), state_id("s"), b"")[..2 + 4 + 4 + 4 + a.len()];
+        let under: Vec<_> = all.iter().filter(|k| k.starts_with(prefix)).collect();
+        assert_eq!(under.len(), 3);
+    }
+
+    #[test]
+    fn state_ids_are_stable_and_distinct_for_the_engines_names() {
+        assert_eq!(state_id("window-acc"), state_id("window-acc"));
+        assert_ne!(state_id("window-acc"), state_id("window-sessions"));
+    }
+
+    #[test]
+    fn a_key_whose_hash_does_not_match_is_corrupt() {
+        let mut bytes = StateKey::default().encode(HashedKey::new(b"k", 128), 7, b"").to_vec();
+        bytes[6] ^= 1;
+        let err = decode_state_key(&bytes).unwrap_err();
+        assert!(err.to_string().contains("hash"), "{err}");
     }
 
     #[test]

@@ -4,20 +4,21 @@
 //! it in memory, [`RocksDbBackend`] on local disk (state larger than memory, bounded native
 //! memory). Both take checkpoint snapshots ([`StateBackend::snapshot`]): a copy of the entries
 //! for the heap, a native checkpoint (hard-linked SST files) for RocksDB. Every state entry's key
-//! follows one layout ([`StateKey`]): `key group | key | state name | namespace | map key`, so
-//! everything of one key group is one contiguous range and a rescale moves ranges. [`TtlBackend`]
+//! follows one layout ([`StateKey`]): `key group | state id | key hash | key | namespace | map
+//! key`, so everything of one key group is one contiguous range and a rescale moves ranges. [`TtlBackend`]
 //! wraps any backend so state expires a fixed processing time after its last write;
 //! [`BoundedBackend`] keeps one subtask's state within [`StateLimits`] (bytes and entries).
 //! List state is an entry per item under the list's key ([`ListKeys`]), so an append costs the
 //! same at any length.
 //!
 //! ```
-//! use eddy_state::{HeapStateBackend, StateBackend, StateKey};
+//! use eddy_state::{HashedKey, HeapStateBackend, StateBackend, StateKey, state_id};
 //!
 //! let mut backend = HeapStateBackend::default();
 //! let mut key = StateKey::default();
-//! backend.put(key.encode(7, b"\"alice\"", "total", b""), b"42")?;
-//! assert_eq!(backend.get(key.encode(7, b"\"alice\"", "total", b""))?, Some(b"42".to_vec()));
+//! let (alice, total) = (HashedKey::new(b"\"alice\"", 128), state_id("total"));
+//! backend.put(key.encode(alice, total, b""), b"42")?;
+//! assert_eq!(backend.get(key.encode(alice, total, b""))?, Some(b"42".to_vec()));
 //! # Ok::<(), eddy_state::StateError>(())
 //! ```
 
@@ -34,7 +35,7 @@ mod ttl;
 pub use backend::{BackendSnapshot, FrozenEntries, StateBackend, StateError, StateLimitExceeded};
 pub use bounded::{BoundedBackend, StateLimits, StateUsage};
 pub use heap::HeapStateBackend;
-pub use layout::{DecodedStateKey, StateKey, decode_list, decode_state_key, encode_list};
+pub use layout::{DecodedStateKey, HashedKey, StateId, StateKey, decode_list, decode_state_key, encode_list, state_id};
 pub use list::{ListKeys, list_for_each};
 pub use rocks::{RocksDbBackend, RocksDbConfig};
 pub use ttl::{ManualTtlClock, PURGE_STEP_ENTRIES, TtlBackend, TtlClock};

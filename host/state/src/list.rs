@@ -132,7 +132,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::{HeapStateBackend, StateKey, encode_list};
+    use crate::{HashedKey, HeapStateBackend, StateKey, encode_list, state_id};
 
     fn read(backend: &dyn StateBackend, list: &[u8]) -> Vec<Vec<u8>> {
         let mut items = Vec::new();
@@ -156,9 +156,9 @@ mod tests {
         ]
     }
 
-    /// The list key of user key `k` (keys 0..3 land in different key groups).
+    /// The list key of user key `k`.
     fn list_key(k: u8) -> Vec<u8> {
-        StateKey::default().encode(u16::from(k) * 40, &[b'k', k], "list", b"").to_vec()
+        StateKey::default().encode(HashedKey::new(&[b'k', k], 128), state_id("list"), b"").to_vec()
     }
 
     proptest! {
@@ -168,7 +168,7 @@ mod tests {
             let mut backend = HeapStateBackend::default();
             let mut keys = ListKeys::default();
             let mut oracle: HashMap<u8, Vec<Vec<u8>>> = HashMap::new();
-            let neighbour = StateKey::default().encode(0, b"k\0", "lisu", b"").to_vec();
+            let neighbour = StateKey::default().encode(HashedKey::new(b"k\0", 128), state_id("lisu"), b"").to_vec();
             backend.put(&neighbour, b"other state").unwrap();
             for op in ops {
                 match op {
@@ -227,7 +227,8 @@ mod tests {
             })
             .unwrap();
         for (k, items) in oracle.iter().enumerate() {
-            let half = &halves[usize::from(k as u16 * 40 >= 60)];
+            let group = HashedKey::new(&[b'k', k as u8], 128).group;
+            let half = &halves[usize::from(group >= 60)];
             assert_eq!(&read(half, &list_key(k as u8)), items, "list of key {k}");
         }
         assert_eq!(halves[0].approximate_len() + halves[1].approximate_len(), backend.approximate_len());

@@ -11,8 +11,9 @@ use super::store::CheckpointStore;
 use super::{CheckpointError, CheckpointId};
 use crate::connectors::SourcePosition;
 
-/// Version of the metadata and file formats.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the metadata and file formats, state keys included ([`eddy_state::StateKey`]):
+/// 2 since state keys carry state ids and key hashes (issue 11).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// The metadata file of checkpoint `id`.
 pub fn metadata_path(id: CheckpointId) -> String {
@@ -171,7 +172,11 @@ impl CheckpointMetadata {
         if meta.version != FORMAT_VERSION {
             return Err(CheckpointError::Corrupt {
                 file: path,
-                problem: format!("format version {} (this Eddy reads {FORMAT_VERSION})", meta.version),
+                problem: format!(
+                    "format version {} (this Eddy reads only {FORMAT_VERSION}; versions below 2 predate the state-key layout of \
+                     version 2 and cannot be restored: start the job without it)",
+                    meta.version
+                ),
             });
         }
         if meta.id != id {
@@ -309,4 +314,34 @@ pub fn collect_garbage(
     }
     store.prune_empty_dirs();
     Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata(version: u32) -> CheckpointMetadata {
+        CheckpointMetadata {
+            version,
+            job: "j".into(),
+            max_parallelism: Some(128),
+            id: 3,
+            completed_ms: 0,
+            finished: false,
+            subtasks: Vec::new(),
+            stats: CheckpointStats::default(),
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_of_the_old_state_key_layout_is_refused_naming_its_version() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckpointStore::local(dir.path()).expect("store");
+        metadata(1).write(&store).expect("write");
+        let err = CheckpointMetadata::read(&store, 3).expect_err("version 1");
+        let text = err.to_string();
+        assert!(text.contains("format version 1") && text.contains("reads only 2"), "{text}");
+        metadata(FORMAT_VERSION).write(&store).expect("write");
+        assert_eq!(CheckpointMetadata::read(&store, 3).expect("current version"), metadata(FORMAT_VERSION));
+    }
 }

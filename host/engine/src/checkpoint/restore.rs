@@ -234,7 +234,7 @@ impl RestorePoint {
 
 #[cfg(test)]
 mod tests {
-    use eddy_state::{BackendSnapshot, HeapStateBackend, StateKey};
+    use eddy_state::{BackendSnapshot, HashedKey, HeapStateBackend, StateKey, state_id};
 
     use super::*;
     use crate::checkpoint::metadata::{CheckpointStats, FORMAT_VERSION};
@@ -251,8 +251,8 @@ mod tests {
                 let mut entries = Vec::new();
                 let mut layout = StateKey::default();
                 for k in *keys {
-                    let group = eddy_core::key_group_of(k.as_bytes(), MAX_P);
-                    entries.push((layout.encode(group, k.as_bytes(), "s", b"").to_vec(), k.as_bytes().to_vec()));
+                    let key = HashedKey::new(k.as_bytes(), MAX_P);
+                    entries.push((layout.encode(key, state_id("s"), b"").to_vec(), k.as_bytes().to_vec()));
                 }
                 entries.sort();
                 let state = BackendSnapshot::Frozen(Box::new(entries));

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use eddy_core::BoundedOutOfOrderness;
-use eddy_state::HeapStateBackend;
+use eddy_state::{HashedKey, HeapStateBackend, state_id};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -829,7 +829,7 @@ fn the_final_watermark_fires_windows_at_the_end_of_time_without_overflow() {
 fn damaged_state_is_an_error_not_a_panic() {
     let mut backend = HeapStateBackend::default();
     let mut keys = StateKey::default();
-    backend.put(keys.encode(0, b"\"k0\"", ACC_STATE, b"short"), b"\x01{}").expect("put");
+    backend.put(keys.encode(HashedKey::new(b"\"k0\"", 128), state_id(ACC_STATE), b"short"), b"\x01{}").expect("put");
     let mut op = WindowOperator::new(
         "win",
         config(WindowKind::Tumbling { size_ms: 10 }, 0),
