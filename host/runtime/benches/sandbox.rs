@@ -153,6 +153,11 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let samples = if quick { 5 } else { 21 };
     let runtime = Runtime::new(RuntimeConfig::default()).expect("runtime");
+    // `--crossing`: only the crossing section, e.g. under `perf record`.
+    if std::env::args().any(|a| a == "--crossing") {
+        crossing(&runtime, samples);
+        return;
+    }
     let component = runtime.load_file("count", guests::WORDCOUNT_COUNT.as_ref()).expect("load");
 
     println!("word-count counter, {RECORDS} records over {KEYS} keys; {samples} samples, each running the sandbox");

@@ -591,3 +591,47 @@ fn resolve_rows<'a>(
     }
     Ok(rows)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use eddy_core::HeapTimerService;
+    use eddy_state::HeapStateBackend;
+
+    use super::*;
+
+    fn keyed() -> Keyed {
+        Keyed::new(
+            SandboxLimits::default(),
+            Box::new(HeapStateBackend::default()),
+            Box::new(HeapTimerService::default()),
+            KeyGroupRange::all(128),
+            128,
+        )
+    }
+
+    /// Two names whose state ids collide, found by search (about 80 000 names on average).
+    fn colliding_names() -> (String, String) {
+        let mut seen = HashMap::new();
+        for i in 0u64.. {
+            let name = format!("state-{i}");
+            if let Some(first) = seen.insert(state_id(&name), name.clone()) {
+                return (first, name);
+            }
+        }
+        unreachable!()
+    }
+
+    #[test]
+    fn two_state_names_sharing_an_id_are_refused_naming_both() {
+        let (a, b) = colliding_names();
+        let mut k = keyed();
+        let id = k.declare(a.clone(), Some(state::StateKind::Value), false).expect("first");
+        assert_eq!(k.declare(a.clone(), Some(state::StateKind::Value), false).expect("again"), id);
+        let err = k.declare(b.clone(), Some(state::StateKind::Map), false).expect_err("collision").to_string();
+        assert!(err.contains(&a) && err.contains(&b) && err.contains("rename"), "{err}");
+        // Distinct ids are fine.
+        k.declare("other".into(), Some(state::StateKind::Value), false).expect("distinct");
+    }
+}
