@@ -138,6 +138,18 @@ impl RecordBatch {
         Ok(())
     }
 
+    /// A batch whose buffer is `data` as it is, with `records` spanning into it: bytes that
+    /// arrived as one buffer (a guest's output) kept where they are instead of copied record
+    /// by record. Gives `data` back if a span lies outside it or it is over
+    /// [`MAX_BATCH_BYTES`].
+    pub fn adopt(data: Vec<u8>, records: Vec<RecordMeta>) -> Result<Self, Vec<u8>> {
+        let within = |s: Span| (s.offset as usize).checked_add(s.len as usize).is_some_and(|end| end <= data.len());
+        if data.len() > MAX_BATCH_BYTES || !records.iter().all(|m| m.key.is_none_or(within) && within(m.value)) {
+            return Err(data);
+        }
+        Ok(Self { data, records })
+    }
+
     /// Appends a borrowed record.
     pub fn push_view(&mut self, r: &RecordView<'_>) {
         self.push(r.key, r.value, r.timestamp);
@@ -218,6 +230,31 @@ mod tests {
             ]
         );
         assert_eq!(b.byte_len(), 6);
+    }
+
+    #[test]
+    fn an_adopted_buffer_reads_as_pushed_records_and_bad_spans_are_refused() {
+        let data = b"keyvalueXvalue2".to_vec();
+        let span = |offset, len| Span { offset, len };
+        let metas = vec![
+            RecordMeta { key: Some(span(0, 3)), value: span(3, 5), timestamp: Some(7) },
+            RecordMeta { key: None, value: span(9, 6), timestamp: None },
+            RecordMeta { key: Some(span(0, 3)), value: span(3, 5), timestamp: Some(8) },
+        ];
+        let adopted = RecordBatch::adopt(data.clone(), metas).expect("spans within");
+        let mut pushed = RecordBatch::default();
+        pushed.push(Some(b"key"), b"value", Some(7));
+        pushed.push(None, b"value2", None);
+        pushed.push(Some(b"key"), b"value", Some(8));
+        let owned = |b: &RecordBatch| b.iter().map(|r| r.to_owned()).collect::<Vec<_>>();
+        assert_eq!(owned(&adopted), owned(&pushed));
+        for bad in [span(10, 6), span(u32::MAX, 2), span(15, 1)] {
+            let metas = vec![RecordMeta { key: None, value: bad, timestamp: None }];
+            assert_eq!(RecordBatch::adopt(data.clone(), metas).expect_err("outside"), data, "{bad:?}");
+            let metas = vec![RecordMeta { key: Some(bad), value: span(0, 1), timestamp: None }];
+            assert!(RecordBatch::adopt(data.clone(), metas).is_err(), "key {bad:?}");
+        }
+        assert!(RecordBatch::adopt(data.clone(), vec![RecordMeta { key: None, value: span(15, 0), timestamp: None }]).is_ok());
     }
 
     #[test]

@@ -528,6 +528,24 @@ impl output::Host for OperatorHost {
         // Within a batch's span range too, so the copies below cannot be refused.
         let allowed = k.limits.max_output_bytes_per_call.min(MAX_BATCH_BYTES);
         limit("output bytes in one call", allowed, k.output_bytes)?;
+        // The usual case, a call's whole output in one `emit` to the main output, keeps the
+        // lifted buffer as the output batch instead of copying it record by record, unless
+        // most of it is bytes no record refers to.
+        let adoptable = k.output.main.is_empty()
+            && rows.iter().all(|r| r.tag == 0)
+            && records.data.len() <= copied.saturating_mul(2).saturating_add(ADOPT_SLACK_BYTES)
+            && records.data.len() <= MAX_BATCH_BYTES;
+        if adoptable {
+            drop(rows);
+            let metas = table::<Row>(&records.records)?
+                .iter()
+                .map(|r| RecordMeta { key: r.key.map(core_span), value: core_span(r.value), timestamp: r.timestamp })
+                .collect();
+            // Every span was checked above, and the size: a refusal here is a host bug.
+            k.output.main = RecordBatch::adopt(records.data, metas)
+                .map_err(|_| wasmtime::Error::msg("host bug: a checked output buffer was not adoptable"))?;
+            return Ok(());
+        }
         for r in rows {
             let target = match r.tag {
                 0 => &mut k.output.main,
@@ -546,6 +564,13 @@ impl output::Host for OperatorHost {
         }
         Ok(())
     }
+}
+
+/// Bytes an adopted output buffer may hold beyond twice what its records refer to.
+const ADOPT_SLACK_BYTES: usize = 4096;
+
+fn core_span(s: Span) -> eddy_core::Span {
+    eddy_core::Span { offset: s.offset, len: s.len }
 }
 
 /// What the host holds per emitted record beyond its bytes.
