@@ -3,7 +3,9 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::AccumulatorUpdate;
+use eddy_wire::{Packed, Span, Table, Update};
+
+use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::{AccumulatorUpdates, PackedItems};
 use crate::bindings::types::{Batch, OperatorError};
 use crate::operator::{Slot, decode_config, rows};
 use crate::record::Record;
@@ -61,31 +63,41 @@ pub fn create_accumulator<T: Aggregate>(slot: &'static Slot<T>) -> Result<Vec<u8
     with_aggregate(slot, |agg| codec::encode(&agg.create_accumulator()))
 }
 
+/// Appends what `write` writes as the next item of `out`.
+fn push_item(out: &mut PackedItems, write: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Result<()> {
+    let start = out.data.len();
+    write(&mut out.data)?;
+    let span = Span::tail_of(&out.data, start).ok_or_else(|| Error::failed("results of one call exceed 4 GiB"))?;
+    span.write(&mut out.spans);
+    Ok(())
+}
+
 #[doc(hidden)]
 pub fn add<T: Aggregate>(
     slot: &'static Slot<T>,
     batch: Batch,
-    updates: Vec<AccumulatorUpdate>,
-) -> Result<Vec<Vec<u8>>, OperatorError> {
+    updates: AccumulatorUpdates,
+) -> Result<PackedItems, OperatorError> {
     with_aggregate(slot, |agg| {
         let records =
             rows(&batch.records)?.iter().map(|r| Record::from_row(&batch.data, &r)).collect::<Result<Vec<_>>>()?;
-        updates
-            .iter()
-            .map(|update| {
-                let mut acc: T::Accumulator = codec::decode(&update.accumulator)?;
-                for &i in &update.records {
-                    let Some(record) = records.get(i as usize) else {
-                        return Err(Error::failed(format!(
-                            "the host named record {i} of a batch of {}",
-                            records.len()
-                        )));
-                    };
-                    agg.add(&mut acc, record)?;
-                }
-                codec::encode(&acc)
-            })
-            .collect()
+        let table = Table::<Update>::new(&updates.updates).map_err(|e| Error::failed(e.to_string()))?;
+        let mut out = PackedItems {
+            data: Vec::with_capacity(updates.accumulators.len() + 8 * table.len()),
+            spans: Vec::with_capacity(table.len() * Span::BYTES),
+        };
+        for (u, update) in table.iter().enumerate() {
+            let bad = || Error::failed(format!("the host sent update {u} reaching outside its buffers"));
+            let mut acc: T::Accumulator = codec::decode(update.accumulator.slice(&updates.accumulators).ok_or_else(bad)?)?;
+            for &i in update.records(&updates.records).ok_or_else(bad)? {
+                let Some(record) = records.get(i as usize) else {
+                    return Err(Error::failed(format!("the host named record {i} of a batch of {}", records.len())));
+                };
+                agg.add(&mut acc, record)?;
+            }
+            push_item(&mut out, |buf| codec::encode_into(buf, &acc))?;
+        }
+        Ok(out)
     })
 }
 
@@ -95,8 +107,16 @@ pub fn merge<T: Aggregate>(slot: &'static Slot<T>, a: Vec<u8>, b: Vec<u8>) -> Re
 }
 
 #[doc(hidden)]
-pub fn get_results<T: Aggregate>(slot: &'static Slot<T>, accs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, OperatorError> {
-    with_aggregate(slot, |agg| accs.iter().map(|acc| codec::encode_value(&agg.result(codec::decode(acc)?))).collect())
+pub fn get_results<T: Aggregate>(slot: &'static Slot<T>, accs: PackedItems) -> Result<PackedItems, OperatorError> {
+    with_aggregate(slot, |agg| {
+        let accs = eddy_wire::items(&accs.data, &accs.spans).map_err(|e| Error::failed(format!("the host sent {e}")))?;
+        let mut out = PackedItems { data: Vec::new(), spans: Vec::with_capacity(accs.len() * Span::BYTES) };
+        for acc in accs {
+            let result = agg.result(codec::decode(acc)?);
+            push_item(&mut out, |buf| codec::encode_value_into(buf, &result))?;
+        }
+        Ok(out)
+    })
 }
 
 /// Exports a type implementing [`Aggregate`] as this component's aggregate function.
@@ -122,8 +142,8 @@ macro_rules! export_aggregate {
                 }
                 fn add(
                     records: $crate::__private::Batch,
-                    updates: ::std::vec::Vec<$crate::__private::AccumulatorUpdate>,
-                ) -> ::core::result::Result<::std::vec::Vec<::std::vec::Vec<u8>>, $crate::__private::OperatorError> {
+                    updates: $crate::__private::AccumulatorUpdates,
+                ) -> ::core::result::Result<$crate::__private::PackedItems, $crate::__private::OperatorError> {
                     $crate::__private::aggregate::add::<$agg>(&__EDDY_AGGREGATE, records, updates)
                 }
                 fn merge(
@@ -133,8 +153,8 @@ macro_rules! export_aggregate {
                     $crate::__private::aggregate::merge::<$agg>(&__EDDY_AGGREGATE, a, b)
                 }
                 fn get_results(
-                    accumulators: ::std::vec::Vec<::std::vec::Vec<u8>>,
-                ) -> ::core::result::Result<::std::vec::Vec<::std::vec::Vec<u8>>, $crate::__private::OperatorError> {
+                    accumulators: $crate::__private::PackedItems,
+                ) -> ::core::result::Result<$crate::__private::PackedItems, $crate::__private::OperatorError> {
                     $crate::__private::aggregate::get_results::<$agg>(&__EDDY_AGGREGATE, accumulators)
                 }
             }

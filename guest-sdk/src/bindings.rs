@@ -21,9 +21,9 @@ pub mod aggregate_world {
         export_macro_name: "__export_window_aggregate",
         default_bindings_module: "eddy_sdk::__private::aggregate_world",
         with: {
-            "eddy:dataflow/types@0.3.0": crate::bindings::operator_world::eddy::dataflow::types,
-            "eddy:dataflow/log@0.3.0": crate::bindings::operator_world::eddy::dataflow::log,
-            "eddy:dataflow/schemas@0.3.0": crate::bindings::operator_world::eddy::dataflow::schemas,
+            "eddy:dataflow/types@0.4.0": crate::bindings::operator_world::eddy::dataflow::types,
+            "eddy:dataflow/log@0.4.0": crate::bindings::operator_world::eddy::dataflow::log,
+            "eddy:dataflow/schemas@0.4.0": crate::bindings::operator_world::eddy::dataflow::schemas,
         },
     });
 }

@@ -75,7 +75,7 @@ pub mod raw {
 pub mod __private {
     pub use crate::bindings::aggregate_world;
     pub use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::{
-        AccumulatorUpdate, Guest as AggregateGuest,
+        AccumulatorUpdates, Guest as AggregateGuest, PackedItems,
     };
     pub use crate::bindings::operator_world;
     pub use crate::bindings::operator_world::exports::eddy::dataflow::operator::Guest as OperatorGuest;

@@ -29,7 +29,7 @@ fn a_component_of_another_world_is_named_as_such() {
     let err = load_err(&wasm);
     let LoadError::WrongWorld { exports } = &err else { panic!("expected WrongWorld, got {err}") };
     assert!(exports.contains("wasi:cli/run"), "names what it exports instead: {err}");
-    assert!(err.to_string().contains("eddy:dataflow/operator@0.3.0"), "{err}");
+    assert!(err.to_string().contains("eddy:dataflow/operator@0.4.0"), "{err}");
 }
 
 #[test]
@@ -37,7 +37,7 @@ fn missing_exports_are_listed() {
     let wasm = std::fs::read(guests::MISSING_EXPORT).expect("missing-export guest");
     let err = load_err(&wasm);
     let LoadError::MissingExports { interface, missing } = &err else { panic!("expected MissingExports, got {err}") };
-    assert_eq!(interface, "eddy:dataflow/operator@0.3.0");
+    assert_eq!(interface, "eddy:dataflow/operator@0.4.0");
     assert_eq!(missing, "on-timer, close");
 }
 

@@ -138,8 +138,8 @@ fn list_and_map_state_behave_like_their_oracles() {
 /// One update over all of `batch`'s records.
 fn add_all(agg: &mut AggregateInstance, acc: &[u8], batch: &RecordBatch) -> Result<Vec<u8>, CallError> {
     let records: Vec<u32> = (0..batch.len() as u32).collect();
-    let mut accs = agg.add(batch, &[AccumulatorUpdate { accumulator: acc, records: &records }])?;
-    Ok(accs.pop().expect("the runtime checks: one accumulator per update"))
+    let accs = agg.add(batch, &[AccumulatorUpdate { accumulator: acc, records: &records }])?;
+    Ok(accs.get(0).expect("the runtime checks: one accumulator per update").to_vec())
 }
 
 fn purchase_batch(amounts: &[i64]) -> RecordBatch {
@@ -169,10 +169,10 @@ fn purchase_totals_equal_a_batch_sum_however_records_are_grouped_and_merged() {
     assert_eq!(middle.len(), 3, "one accumulator per update");
     let right = add_all(&mut agg, &empty, &purchase_batch(&purchases[150..])).expect("add");
     let mut merged = agg.merge(&right, &left).expect("merge");
-    for part in &middle {
+    for part in middle.iter() {
         merged = agg.merge(&merged, part).expect("merge");
     }
-    let results = agg.results(&[merged, empty.clone()]).expect("results");
+    let results = agg.results(&[&merged[..], &empty].into_iter().collect()).expect("results");
     let results: Vec<serde_json::Value> = results.iter().map(|r| eddy_tests::value_json(r)).collect();
     assert_eq!(
         results,

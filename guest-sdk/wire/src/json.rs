@@ -82,7 +82,7 @@ pub fn pointer_to_json(bytes: &[u8], pointer: &str, schemas: &dyn Schemas) -> Re
                 row = RowRef::new(row.variable(i)?.unwrap_or_default())?;
             }
             Kind::Json if !last && !row.is_null(i)? => {
-                let rest: Vec<String> = tokens.collect();
+                let rest: Vec<_> = tokens.collect();
                 let mut sub = String::new();
                 for t in &rest {
                     sub.push('/');
@@ -103,6 +103,10 @@ pub fn pointer_to_json(bytes: &[u8], pointer: &str, schemas: &dyn Schemas) -> Re
     Ok(None)
 }
 
-fn unescape(token: &str) -> String {
-    token.replace("~1", "/").replace("~0", "~")
+/// A pointer token with its escapes undone; most tokens have none and are not copied.
+fn unescape(token: &str) -> alloc::borrow::Cow<'_, str> {
+    match token.contains('~') {
+        true => token.replace("~1", "/").replace("~0", "~").into(),
+        false => token.into(),
+    }
 }

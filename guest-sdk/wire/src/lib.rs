@@ -244,6 +244,96 @@ impl Packed for ValueWrite {
     }
 }
 
+/// An item of a `packed-items` (`spans`): where one byte string lies in `data`.
+///
+/// Layout, 8 bytes: offset `u32`, length `u32`.
+impl Packed for Span {
+    const BYTES: usize = 8;
+    const WHAT: &'static str = "items";
+
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+    }
+
+    fn read(bytes: &[u8]) -> Self {
+        Span { offset: u32_at(bytes, 0), len: u32_at(bytes, 4) }
+    }
+}
+
+/// Appends `bytes` as the next item of a `packed-items` (`data` and `spans`); `None`, with
+/// nothing appended, if `data` would pass 4 GiB.
+pub fn push_item(data: &mut Vec<u8>, spans: &mut Vec<u8>, bytes: &[u8]) -> Option<()> {
+    let end = data.len().checked_add(bytes.len())?;
+    if end >= ABSENT as usize {
+        return None;
+    }
+    Span { offset: data.len() as u32, len: bytes.len() as u32 }.write(spans);
+    data.extend_from_slice(bytes);
+    Some(())
+}
+
+/// What is wrong with a `packed-items`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ItemsError {
+    /// `spans` is not whole rows.
+    Table(TableError),
+    /// The item at this index reaches outside `data`.
+    Outside(usize),
+}
+
+impl fmt::Display for ItemsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ItemsError::Table(e) => e.fmt(f),
+            ItemsError::Outside(i) => write!(f, "item {i} reaches outside its buffer"),
+        }
+    }
+}
+
+/// The items of a `packed-items`, each checked to lie within `data`.
+pub fn items<'a>(data: &'a [u8], spans: &'a [u8]) -> Result<Vec<&'a [u8]>, ItemsError> {
+    let table = Table::<Span>::new(spans).map_err(ItemsError::Table)?;
+    table.iter().enumerate().map(|(i, s)| s.slice(data).ok_or(ItemsError::Outside(i))).collect()
+}
+
+/// A row of `accumulator-updates.updates`: one accumulator and its run of record indices.
+///
+/// Layout, 16 bytes: accumulator offset `u32`, accumulator length `u32` (into
+/// `accumulators`), first record `u32`, record count `u32` (into `records`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Update {
+    /// The accumulator before the records.
+    pub accumulator: Span,
+    /// Index of the update's first record index in `records`.
+    pub first: u32,
+    /// How many record indices are the update's.
+    pub count: u32,
+}
+
+impl Update {
+    /// The update's record indices within `records`, or `None` when the run reaches outside.
+    pub fn records(self, records: &[u32]) -> Option<&[u32]> {
+        let start = self.first as usize;
+        records.get(start..start.checked_add(self.count as usize)?)
+    }
+}
+
+impl Packed for Update {
+    const BYTES: usize = 16;
+    const WHAT: &'static str = "accumulator updates";
+
+    fn write(&self, out: &mut Vec<u8>) {
+        self.accumulator.write(out);
+        out.extend_from_slice(&self.first.to_le_bytes());
+        out.extend_from_slice(&self.count.to_le_bytes());
+    }
+
+    fn read(bytes: &[u8]) -> Self {
+        Update { accumulator: Span::read(&bytes[..8]), first: u32_at(bytes, 8), count: u32_at(bytes, 12) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -301,11 +391,42 @@ mod tests {
         }
 
         #[test]
+        fn updates_round_trip(updates in proptest::collection::vec((span(), any::<u32>(), any::<u32>()), 0..20)) {
+            let updates: Vec<Update> =
+                updates.into_iter().map(|(accumulator, first, count)| Update { accumulator, first, count }).collect();
+            round_trip(&updates);
+        }
+
+        /// Oracle: the byte strings pushed, in order.
+        #[test]
+        fn pushed_items_read_back(strings in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..9), 0..12)) {
+            let (mut data, mut spans) = (Vec::new(), Vec::new());
+            for s in &strings {
+                push_item(&mut data, &mut spans, s).expect("small");
+            }
+            let read = items(&data, &spans).expect("well formed");
+            prop_assert_eq!(read, strings.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        }
+
+        #[test]
         fn a_partial_row_is_refused(rows in 0usize..4, extra in 1usize..32) {
             let bytes = vec![0u8; rows * Row::BYTES + extra];
             let err = Table::<Row>::new(&bytes).expect_err("partial row");
             prop_assert_eq!(err, TableError { what: "records", len: bytes.len(), row_bytes: 32 });
         }
+    }
+
+    #[test]
+    fn items_outside_their_buffer_or_partial_spans_are_refused() {
+        let mut spans = Vec::new();
+        Span { offset: 0, len: 2 }.write(&mut spans);
+        Span { offset: 4, len: 2 }.write(&mut spans);
+        assert_eq!(items(b"hello", &spans), Err(ItemsError::Outside(1)));
+        assert_eq!(items(b"hello!", &spans), Ok(vec![&b"he"[..], &b"o!"[..]]));
+        assert!(matches!(items(b"hello", &spans[..5]), Err(ItemsError::Table(_))));
+        let update = Update { accumulator: Span::default(), first: 2, count: 2 };
+        assert_eq!(update.records(&[1, 2, 3, 4]), Some(&[3, 4][..]));
+        assert_eq!(update.records(&[1, 2, 3]), None);
     }
 
     #[test]

@@ -42,7 +42,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
-use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Output};
+use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
 use eddy_state::{
     HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list, state_id,
 };
@@ -72,11 +72,11 @@ pub trait AggregateFn: Send {
     fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError>;
     /// Each update's accumulator with its records of `batch` added, one per update, in order.
     /// An update's records share one key and one window and are in arrival order.
-    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, OperatorError>;
+    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Items, OperatorError>;
     /// One accumulator holding what `a` and `b` hold (sessions that merged).
     fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, OperatorError>;
     /// The windows' results, one per accumulator, in order.
-    fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, OperatorError>;
+    fn results(&mut self, accs: &Items) -> Result<Items, OperatorError>;
 }
 
 impl AggregateFn for AggregateInstance {
@@ -84,7 +84,7 @@ impl AggregateFn for AggregateInstance {
         Ok(AggregateInstance::create_accumulator(self)?)
     }
 
-    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Items, OperatorError> {
         Ok(AggregateInstance::add(self, batch, updates)?)
     }
 
@@ -92,7 +92,7 @@ impl AggregateFn for AggregateInstance {
         Ok(AggregateInstance::merge(self, a, b)?)
     }
 
-    fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+    fn results(&mut self, accs: &Items) -> Result<Items, OperatorError> {
         Ok(AggregateInstance::results(self, accs)?)
     }
 }
@@ -195,12 +195,18 @@ impl WindowStore {
 
     /// The window's fired flag and accumulator, if it has state.
     fn acc(&mut self, key: &[u8], window: &Window) -> Result<Option<(bool, Vec<u8>)>, OperatorError> {
+        Ok(self.acc_ref(key, window)?.map(|(fired, acc)| (fired, acc.to_vec())))
+    }
+
+    /// [`Self::acc`], borrowed from a buffer the next read reuses.
+    fn acc_ref(&mut self, key: &[u8], window: &Window) -> Result<Option<(bool, &[u8])>, OperatorError> {
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
         self.value.clear();
-        match self.backend.read_into(entry, &mut self.value).map_err(|e| self.error(e))? {
+        let found = self.backend.read_into(entry, &mut self.value).map_err(|e| self.error(e))?;
+        match found {
             false => Ok(None),
             true => match self.value.split_first() {
-                Some((&flag @ (NOT_FIRED | FIRED), acc)) => Ok(Some((flag == FIRED, acc.to_vec()))),
+                Some((&flag @ (NOT_FIRED | FIRED), acc)) => Ok(Some((flag == FIRED, acc))),
                 _ => Err(self.corrupt(format!(
                     "accumulator of window [{}, {}) has no valid flag byte",
                     window.start, window.end
@@ -301,31 +307,49 @@ struct KeySessions {
     pending: BTreeMap<Window, PendingSession>,
 }
 
-/// The (key, window) groups of one batch, gathered for a single batched `add`.
+/// The (key, window) groups of one batch, gathered for a single batched `add`: their
+/// accumulators and record runs in flat buffers, not a `Vec` each.
 #[derive(Debug, Default)]
 struct Updates<'b> {
     windows: Vec<(&'b [u8], Window)>,
-    accs: Vec<Vec<u8>>,
-    records: Vec<Vec<u32>>,
+    accs: Items,
+    records: Vec<u32>,
+    runs: Vec<std::ops::Range<usize>>,
     /// Per window, whether it may lack timers (new, or merged): a window already in state
     /// has both, and registering them again costs a key copy and two tree descents.
     needs_timers: Vec<bool>,
 }
 
 impl<'b> Updates<'b> {
-    fn push(&mut self, key: &'b [u8], window: Window, acc: Vec<u8>, records: Vec<u32>, needs_timers: bool) {
+    fn push(&mut self, key: &'b [u8], window: Window, acc: &[u8], records: &[u32], needs_timers: bool) {
         self.windows.push((key, window));
         self.accs.push(acc);
-        self.records.push(records);
+        let start = self.records.len();
+        self.records.extend_from_slice(records);
+        self.runs.push(start..self.records.len());
         self.needs_timers.push(needs_timers);
     }
 
     fn as_updates(&self) -> Vec<AccumulatorUpdate<'_>> {
         self.accs
             .iter()
-            .zip(&self.records)
-            .map(|(acc, records)| AccumulatorUpdate { accumulator: acc, records })
+            .zip(&self.runs)
+            .map(|(acc, run)| AccumulatorUpdate { accumulator: acc, records: &self.records[run.clone()] })
             .collect()
+    }
+}
+
+/// Windows due to fire, with their accumulators, for one `results` call.
+#[derive(Debug, Default)]
+struct Due {
+    windows: Vec<(i64, Vec<u8>, Window)>,
+    accs: Items,
+}
+
+impl Due {
+    fn push(&mut self, fire_time: i64, key: Vec<u8>, window: Window, acc: &[u8]) {
+        self.windows.push((fire_time, key, window));
+        self.accs.push(acc);
     }
 }
 
@@ -496,13 +520,20 @@ impl<A: AggregateFn> WindowOperator<A> {
             return Ok(Vec::new());
         }
         let accs = self.aggregate.add(batch, &updates.as_updates())?;
-        let mut due = Vec::new();
-        for (((key, window), acc), needs_timers) in updates.windows.into_iter().zip(accs).zip(updates.needs_timers) {
+        if accs.len() != updates.windows.len() {
+            return Err(self.store.corrupt(format!(
+                "the aggregate returned {} accumulators for {} windows",
+                accs.len(),
+                updates.windows.len()
+            )));
+        }
+        let mut due = Due::default();
+        for ((acc, (key, window)), needs_timers) in accs.iter().zip(updates.windows).zip(updates.needs_timers) {
             let (fire_time, cleanup_time) = (self.fire_time(&window), self.cleanup_time(&window));
             let fires_now = fire_time <= self.watermark;
-            self.store.put_acc(key, &window, fires_now, &acc)?;
+            self.store.put_acc(key, &window, fires_now, acc)?;
             if fires_now {
-                due.push((fire_time, key.to_vec(), window, acc));
+                due.push(fire_time, key.to_vec(), window, acc);
             }
             if needs_timers {
                 let timers = self.timers()?;
@@ -516,13 +547,19 @@ impl<A: AggregateFn> WindowOperator<A> {
     }
 
     /// The results of `due` windows, from one `results` call.
-    fn fire(&mut self, due: Vec<Fired>) -> Result<Vec<Fired>, OperatorError> {
-        if due.is_empty() {
-            return Ok(due);
+    fn fire(&mut self, due: Due) -> Result<Vec<Fired>, OperatorError> {
+        if due.windows.is_empty() {
+            return Ok(Vec::new());
         }
-        let (windows, accs): (Vec<_>, Vec<_>) = due.into_iter().map(|(t, k, w, acc)| ((t, k, w), acc)).unzip();
-        let results = self.aggregate.results(&accs)?;
-        Ok(windows.into_iter().zip(results).map(|((t, k, w), result)| (t, k, w, result)).collect())
+        let results = self.aggregate.results(&due.accs)?;
+        if results.len() != due.windows.len() {
+            return Err(self.store.corrupt(format!(
+                "the aggregate returned {} results for {} windows",
+                results.len(),
+                due.windows.len()
+            )));
+        }
+        Ok(due.windows.into_iter().zip(results.iter()).map(|((t, k, w), result)| (t, k, w, result.to_vec())).collect())
     }
 
     /// Folds the records of `batch` from `from` on into their windows, up to and including
@@ -553,12 +590,12 @@ impl<A: AggregateFn> WindowOperator<A> {
             }
         }
         let mut updates = Updates::default();
+        let empty = self.empty_accumulator()?;
         for ((key, window), records) in groups {
-            let (acc, fresh) = match self.store.acc(key, &window)? {
-                Some((_, acc)) => (acc, false),
-                None => (self.empty_accumulator()?, true),
-            };
-            updates.push(key, window, acc, records, fresh);
+            match self.store.acc_ref(key, &window)? {
+                Some((_, acc)) => updates.push(key, window, acc, &records, false),
+                None => updates.push(key, window, &empty, &records, true),
+            }
         }
         Ok((self.apply(batch, updates)?, next))
     }
@@ -619,7 +656,7 @@ impl<A: AggregateFn> WindowOperator<A> {
                 let acc = self.merge_stored(key, &window, &session.stored)?;
                 // Merged pending sessions interleave; `add` wants arrival order.
                 session.records.sort_unstable();
-                updates.push(key, window, acc, session.records, true);
+                updates.push(key, window, &acc, &session.records, true);
             }
             self.store.put_sessions(key, sessions.sessions.sessions())?;
         }
@@ -724,19 +761,21 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
         let due_fire = Timers::take_due(&mut timers.fire, watermark);
         let due_cleanup = Timers::take_due(&mut timers.cleanup, watermark);
         // Already in (firing time, key) order.
-        let mut due = Vec::with_capacity(due_fire.len());
+        let mut due = Due::default();
         for (time, key, window) in due_fire {
-            let Some((_, acc)) = self.store.acc(&key, &window)? else {
+            let keep = self.cleanup_time(&window) > watermark;
+            let Some((_, acc)) = self.store.acc_ref(&key, &window)? else {
                 return Err(self.store.corrupt(format!(
                     "window [{}, {}) has a pending firing but no accumulator",
                     window.start, window.end
                 )));
             };
-            if self.cleanup_time(&window) > watermark {
+            due.accs.push(acc);
+            if keep && let Some(acc) = due.accs.last() {
                 // Kept for the allowed lateness; the flag stops a restored operator re-firing it.
-                self.store.put_acc(&key, &window, true, &acc)?;
+                self.store.put_acc(&key, &window, true, acc)?;
             }
-            due.push((time, key, window, acc));
+            due.windows.push((time, key, window));
         }
         for (_, key, window, result) in self.fire(due)? {
             self.result_record(&mut out, &key, &window, &result)?;

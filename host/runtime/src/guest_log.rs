@@ -140,7 +140,7 @@ impl GuestLog {
 /// copied only up to `max_log_message_bytes` (a UTF-8 guest's string is validated in place;
 /// a UTF-16 one is transcoded whole by wasmtime first).
 pub(crate) fn add_to_linker<T: HasSandbox + 'static>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
-    linker.instance("eddy:dataflow/log@0.3.0")?.func_wrap(
+    linker.instance("eddy:dataflow/log@0.4.0")?.func_wrap(
         "log",
         |mut store: StoreContextMut<'_, T>, (level, message): (Level, WasmStr)| {
             let log = &mut store.data_mut().sandbox().log;

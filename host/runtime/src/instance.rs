@@ -2,15 +2,16 @@
 
 use eddy_core::{FiredTimer, RecordBatch, RecordMeta, TimerService, key_hash};
 use eddy_state::StateBackend;
-use eddy_wire::{Packed, Row};
+use eddy_wire::{Packed, Row, Update};
 use wasmtime::Store;
 
 use crate::bindings::aggregate_world::WindowAggregate;
-use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::AccumulatorUpdate as WitUpdate;
+use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::{AccumulatorUpdates, PackedItems};
 use crate::bindings::operator_world::KeyedOperator;
 use crate::bindings::types::{Batch, Span, TimeDomain as WitDomain, TimerBatch, TimerRef};
 use crate::call::CallPolicy;
 use crate::error::{CallError, CallErrorKind, Violation};
+use crate::items::Items;
 use crate::keyed::{OperatorHost, Output};
 use crate::sandbox::{HasSandbox, Sandbox};
 use crate::slots::KeySlots;
@@ -291,14 +292,11 @@ impl AggregateInstance {
     }
 
     /// Folds `batch` into many accumulators in one crossing; one new accumulator per update.
-    pub fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, CallError> {
+    pub fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Items, CallError> {
         let Self { store, bindings, policy } = self;
         let wit = to_wit_batch(batch);
-        let updates: Vec<WitUpdate> = updates
-            .iter()
-            .map(|u| WitUpdate { accumulator: u.accumulator.to_vec(), records: u.records.to_vec() })
-            .collect();
-        let accs = policy.call(store, "add", |s| bindings.eddy_dataflow_aggregate().call_add(s, &wit, &updates))?;
+        let packed = pack_updates(updates);
+        let accs = policy.call(store, "add", |s| bindings.eddy_dataflow_aggregate().call_add(s, &wit, &packed))?;
         Self::one_per_input(store, "add", updates.len(), accs)
     }
 
@@ -309,30 +307,46 @@ impl AggregateInstance {
     }
 
     /// The window results for `accs`, one per accumulator, in one crossing.
-    pub fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, CallError> {
+    pub fn results(&mut self, accs: &Items) -> Result<Items, CallError> {
         let Self { store, bindings, policy } = self;
+        let packed = accs.to_wit();
         let results =
-            policy.call(store, "get-results", |s| bindings.eddy_dataflow_aggregate().call_get_results(s, accs))?;
+            policy.call(store, "get-results", |s| bindings.eddy_dataflow_aggregate().call_get_results(s, &packed))?;
         Self::one_per_input(store, "get-results", accs.len(), results)
     }
 
-    /// A batched call's answer, checked to hold exactly one item per input.
+    /// A batched call's answer, checked to be well formed and to hold exactly one item per input.
     fn one_per_input(
         store: &Store<AggregateHost>,
         call: &'static str,
         expected: usize,
-        items: Vec<Vec<u8>>,
-    ) -> Result<Vec<Vec<u8>>, CallError> {
+        items: PackedItems,
+    ) -> Result<Items, CallError> {
+        let error = |kind| CallError { operator: store.data().sandbox.operator.clone(), call, kind, guest_message: None };
+        let items = Items::from_wit(items).map_err(|v| error(CallErrorKind::Violation(v)))?;
         if items.len() == expected {
             return Ok(items);
         }
-        Err(CallError {
-            operator: store.data().sandbox.operator.clone(),
-            call,
-            kind: CallErrorKind::Violation(Violation::ResultCount { expected, actual: items.len() }),
-            guest_message: None,
-        })
+        Err(error(CallErrorKind::Violation(Violation::ResultCount { expected, actual: items.len() })))
     }
+}
+
+/// The WIT shape of `updates`: three buffers however many updates there are.
+fn pack_updates(updates: &[AccumulatorUpdate<'_>]) -> AccumulatorUpdates {
+    let mut packed = AccumulatorUpdates {
+        accumulators: Vec::with_capacity(updates.iter().map(|u| u.accumulator.len()).sum()),
+        updates: Vec::with_capacity(updates.len() * Update::BYTES),
+        records: Vec::with_capacity(updates.iter().map(|u| u.records.len()).sum()),
+    };
+    for u in updates {
+        // Accumulators and record runs of one batch's groups stay far below 4 GiB.
+        let accumulator = eddy_wire::Span { offset: packed.accumulators.len() as u32, len: u.accumulator.len() as u32 };
+        let (first, count) = (packed.records.len() as u32, u.records.len() as u32);
+        packed.accumulators.extend_from_slice(u.accumulator);
+        packed.records.extend_from_slice(u.records);
+        Update { accumulator, first, count }.write(&mut packed.updates);
+    }
+    packed
 }
 
 /// The records of a batch that go into one accumulator (see [`AggregateInstance::add`]).

@@ -8,9 +8,9 @@ use wasmtime::component::types::ComponentItem;
 use crate::LoadError;
 
 /// The export of the keyed-operator world.
-pub const OPERATOR_EXPORT: &str = "eddy:dataflow/operator@0.3.0";
+pub const OPERATOR_EXPORT: &str = "eddy:dataflow/operator@0.4.0";
 /// The export of the window-aggregate world.
-pub const AGGREGATE_EXPORT: &str = "eddy:dataflow/aggregate@0.3.0";
+pub const AGGREGATE_EXPORT: &str = "eddy:dataflow/aggregate@0.4.0";
 
 const OPERATOR_FUNCTIONS: &[&str] = &["open", "process", "on-timer", "close"];
 const AGGREGATE_FUNCTIONS: &[&str] = &["open", "create-accumulator", "add", "merge", "get-results"];

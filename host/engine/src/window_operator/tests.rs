@@ -37,7 +37,7 @@ impl Adds {
         batch: &RecordBatch,
         updates: &[AccumulatorUpdate<'_>],
         add_one: impl Fn(&[u8], &[&[u8]]) -> Result<Vec<u8>, OperatorError>,
-    ) -> Result<Vec<Vec<u8>>, OperatorError> {
+    ) -> Result<Items, OperatorError> {
         self.calls += 1;
         self.groups += updates.len();
         updates
@@ -52,7 +52,8 @@ impl Adds {
                     .collect::<Result<Vec<_>, _>>()?;
                 add_one(u.accumulator, &values)
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()
+            .map(|accs| accs.iter().map(Vec::as_slice).collect())
     }
 }
 
@@ -80,7 +81,7 @@ impl AggregateFn for SumCount {
         Ok(sum_count_bytes(0, 0))
     }
 
-    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Items, OperatorError> {
         self.adds.fold(batch, updates, |acc, values| {
             let (mut count, mut sum) = sum_count(acc)?;
             for value in values {
@@ -96,8 +97,8 @@ impl AggregateFn for SumCount {
         Ok(sum_count_bytes(ca + cb, sa + sb))
     }
 
-    fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, OperatorError> {
-        Ok(accs.to_vec())
+    fn results(&mut self, accs: &Items) -> Result<Items, OperatorError> {
+        Ok(accs.clone())
     }
 }
 
@@ -112,7 +113,7 @@ impl AggregateFn for Concat {
         Ok(b"[]".to_vec())
     }
 
-    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, OperatorError> {
+    fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Items, OperatorError> {
         self.adds.fold(batch, updates, |acc, values| {
             let mut list: Vec<Value> = serde_json::from_slice(acc).map_err(|e| test_error(e.to_string()))?;
             for value in values {
@@ -129,8 +130,8 @@ impl AggregateFn for Concat {
         Ok(Value::from(a).to_string().into_bytes())
     }
 
-    fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, OperatorError> {
-        Ok(accs.to_vec())
+    fn results(&mut self, accs: &Items) -> Result<Items, OperatorError> {
+        Ok(accs.clone())
     }
 }
 
@@ -142,14 +143,14 @@ impl AggregateFn for Fixed {
     fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError> {
         Ok(Vec::new())
     }
-    fn add(&mut self, _: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Vec<Vec<u8>>, OperatorError> {
-        Ok(updates.iter().map(|u| u.accumulator.to_vec()).collect())
+    fn add(&mut self, _: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Items, OperatorError> {
+        Ok(updates.iter().map(|u| u.accumulator).collect())
     }
     fn merge(&mut self, a: &[u8], _: &[u8]) -> Result<Vec<u8>, OperatorError> {
         Ok(a.to_vec())
     }
-    fn results(&mut self, accs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, OperatorError> {
-        Ok(accs.iter().map(|_| self.0.to_vec()).collect())
+    fn results(&mut self, accs: &Items) -> Result<Items, OperatorError> {
+        Ok(accs.iter().map(|_| self.0).collect())
     }
 }
 
