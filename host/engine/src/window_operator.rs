@@ -321,11 +321,18 @@ struct Updates<'b> {
 }
 
 impl<'b> Updates<'b> {
-    fn push(&mut self, key: &'b [u8], window: Window, acc: &[u8], records: &[u32], needs_timers: bool) {
+    fn push(
+        &mut self,
+        key: &'b [u8],
+        window: Window,
+        acc: &[u8],
+        records: impl IntoIterator<Item = u32>,
+        needs_timers: bool,
+    ) {
         self.windows.push((key, window));
         self.accs.push(acc);
         let start = self.records.len();
-        self.records.extend_from_slice(records);
+        self.records.extend(records);
         self.runs.push(start..self.records.len());
         self.needs_timers.push(needs_timers);
     }
@@ -336,6 +343,44 @@ impl<'b> Updates<'b> {
             .zip(&self.runs)
             .map(|(acc, run)| AccumulatorUpdate { accumulator: acc, records: &self.records[run.clone()] })
             .collect()
+    }
+}
+
+/// The (key, window) groups of a batch in first-seen order (the order does not matter: what
+/// fires is sorted), each with its records in arrival order, hashed rather than kept in a
+/// tree and chained through one table rather than a `Vec` per group.
+#[derive(Debug, Default)]
+struct Groups<'b> {
+    index: foldhash::HashMap<(&'b [u8], Window), u32>,
+    /// Per group: its (key, window), its first and its last member.
+    groups: Vec<((&'b [u8], Window), u32, u32)>,
+    /// Per member: the record, and the group's next member ([`Groups::END`]: none).
+    members: Vec<(u32, u32)>,
+}
+
+impl<'b> Groups<'b> {
+    const END: u32 = u32::MAX;
+
+    fn add(&mut self, key: &'b [u8], window: Window, record: u32) {
+        let member = self.members.len() as u32;
+        self.members.push((record, Self::END));
+        match self.index.entry((key, window)) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let group = &mut self.groups[*e.get() as usize];
+                self.members[group.2 as usize].1 = member;
+                group.2 = member;
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.groups.len() as u32);
+                self.groups.push(((key, window), member, member));
+            }
+        }
+    }
+
+    /// The records of the group whose first member is `first`.
+    fn records(&self, first: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(Some(first), |&m| Some(self.members[m as usize].1).filter(|&n| n != Self::END))
+            .map(|m| self.members[m as usize].0)
     }
 }
 
@@ -570,19 +615,19 @@ impl<A: AggregateFn> WindowOperator<A> {
         from: usize,
         out: &mut Output,
     ) -> Result<(Vec<Fired>, usize), OperatorError> {
-        let mut groups: BTreeMap<(&[u8], Window), Vec<u32>> = BTreeMap::new();
+        let mut groups = Groups::default();
         let mut next = batch.len();
         for (i, r) in records_from(batch, from) {
             let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
-            let live: Vec<Window> =
-                self.kind.assign(t).unwrap_or_default().into_iter().filter(|w| !self.past_cleanup(w)).collect();
+            let mut live = self.kind.assign(t).unwrap_or_default();
+            live.retain(|w| !self.past_cleanup(w));
             if live.is_empty() {
                 self.emit_late(out, &r);
                 continue;
             }
             let fires_now = live.iter().any(|w| self.fire_time(w) <= self.watermark);
             for w in live {
-                groups.entry((key, w)).or_default().push(i as u32);
+                groups.add(key, w, i as u32);
             }
             if fires_now {
                 next = i + 1;
@@ -591,10 +636,10 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         let mut updates = Updates::default();
         let empty = self.empty_accumulator()?;
-        for ((key, window), records) in groups {
+        for &((key, window), first, _) in &groups.groups {
             match self.store.acc_ref(key, &window)? {
-                Some((_, acc)) => updates.push(key, window, acc, &records, false),
-                None => updates.push(key, window, &empty, &records, true),
+                Some((_, acc)) => updates.push(key, window, acc, groups.records(first), false),
+                None => updates.push(key, window, &empty, groups.records(first), true),
             }
         }
         Ok((self.apply(batch, updates)?, next))
@@ -656,7 +701,7 @@ impl<A: AggregateFn> WindowOperator<A> {
                 let acc = self.merge_stored(key, &window, &session.stored)?;
                 // Merged pending sessions interleave; `add` wants arrival order.
                 session.records.sort_unstable();
-                updates.push(key, window, &acc, &session.records, true);
+                updates.push(key, window, &acc, session.records.iter().copied(), true);
             }
             self.store.put_sessions(key, sessions.sessions.sessions())?;
         }
