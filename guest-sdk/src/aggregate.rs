@@ -18,7 +18,8 @@ use crate::{Error, Result, codec};
 pub trait Aggregate: Sized + 'static {
     /// The step's `config`, decoded from JSON (`()` for none).
     type Config: DeserializeOwned;
-    /// Intermediate state of one window, stored by the host between calls.
+    /// Intermediate state of one window, stored by the host between calls: a struct as a row
+    /// (Eddy's binary record, so numbers are read in place), anything else as JSON.
     type Accumulator: Serialize + DeserializeOwned;
     /// What the window emits.
     type Output: Serialize;
@@ -60,7 +61,7 @@ pub fn open<T: Aggregate>(slot: &'static Slot<T>, config: String) -> Result<(), 
 
 #[doc(hidden)]
 pub fn create_accumulator<T: Aggregate>(slot: &'static Slot<T>) -> Result<Vec<u8>, OperatorError> {
-    with_aggregate(slot, |agg| codec::encode(&agg.create_accumulator()))
+    with_aggregate(slot, |agg| codec::encode_value(&agg.create_accumulator()))
 }
 
 /// Appends what `write` writes as the next item of `out`.
@@ -88,14 +89,14 @@ pub fn add<T: Aggregate>(
         };
         for (u, update) in table.iter().enumerate() {
             let bad = || Error::failed(format!("the host sent update {u} reaching outside its buffers"));
-            let mut acc: T::Accumulator = codec::decode(update.accumulator.slice(&updates.accumulators).ok_or_else(bad)?)?;
+            let mut acc: T::Accumulator = codec::decode_value(update.accumulator.slice(&updates.accumulators).ok_or_else(bad)?)?;
             for &i in update.records(&updates.records).ok_or_else(bad)? {
                 let Some(record) = records.get(i as usize) else {
                     return Err(Error::failed(format!("the host named record {i} of a batch of {}", records.len())));
                 };
                 agg.add(&mut acc, record)?;
             }
-            push_item(&mut out, |buf| codec::encode_into(buf, &acc))?;
+            push_item(&mut out, |buf| codec::encode_value_into(buf, &acc))?;
         }
         Ok(out)
     })
@@ -103,7 +104,7 @@ pub fn add<T: Aggregate>(
 
 #[doc(hidden)]
 pub fn merge<T: Aggregate>(slot: &'static Slot<T>, a: Vec<u8>, b: Vec<u8>) -> Result<Vec<u8>, OperatorError> {
-    with_aggregate(slot, |agg| codec::encode(&agg.merge(codec::decode(&a)?, codec::decode(&b)?)))
+    with_aggregate(slot, |agg| codec::encode_value(&agg.merge(codec::decode_value(&a)?, codec::decode_value(&b)?)))
 }
 
 #[doc(hidden)]
@@ -112,7 +113,7 @@ pub fn get_results<T: Aggregate>(slot: &'static Slot<T>, accs: PackedItems) -> R
         let accs = eddy_wire::items(&accs.data, &accs.spans).map_err(|e| Error::failed(format!("the host sent {e}")))?;
         let mut out = PackedItems { data: Vec::new(), spans: Vec::with_capacity(accs.len() * Span::BYTES) };
         for acc in accs {
-            let result = agg.result(codec::decode(acc)?);
+            let result = agg.result(codec::decode_value(acc)?);
             push_item(&mut out, |buf| codec::encode_value_into(buf, &result))?;
         }
         Ok(out)
