@@ -89,7 +89,8 @@ pub fn add<T: Aggregate>(
         };
         for (u, update) in table.iter().enumerate() {
             let bad = || Error::failed(format!("the host sent update {u} reaching outside its buffers"));
-            let mut acc: T::Accumulator = codec::decode_value(update.accumulator.slice(&updates.accumulators).ok_or_else(bad)?)?;
+            let mut acc: T::Accumulator =
+                codec::decode_value(update.accumulator.slice(&updates.accumulators).ok_or_else(bad)?)?;
             for &i in update.records(&updates.records).ok_or_else(bad)? {
                 let Some(record) = records.get(i as usize) else {
                     return Err(Error::failed(format!("the host named record {i} of a batch of {}", records.len())));
@@ -110,7 +111,8 @@ pub fn merge<T: Aggregate>(slot: &'static Slot<T>, a: Vec<u8>, b: Vec<u8>) -> Re
 #[doc(hidden)]
 pub fn get_results<T: Aggregate>(slot: &'static Slot<T>, accs: PackedItems) -> Result<PackedItems, OperatorError> {
     with_aggregate(slot, |agg| {
-        let accs = eddy_wire::items(&accs.data, &accs.spans).map_err(|e| Error::failed(format!("the host sent {e}")))?;
+        let accs =
+            eddy_wire::items(&accs.data, &accs.spans).map_err(|e| Error::failed(format!("the host sent {e}")))?;
         let mut out = PackedItems { data: Vec::new(), spans: Vec::with_capacity(accs.len() * Span::BYTES) };
         for acc in accs {
             let result = agg.result(codec::decode_value(acc)?);

@@ -254,7 +254,10 @@ mod tests {
             let metas = vec![RecordMeta { key: Some(bad), value: span(0, 1), timestamp: None }];
             assert!(RecordBatch::adopt(data.clone(), metas).is_err(), "key {bad:?}");
         }
-        assert!(RecordBatch::adopt(data.clone(), vec![RecordMeta { key: None, value: span(15, 0), timestamp: None }]).is_ok());
+        assert!(
+            RecordBatch::adopt(data.clone(), vec![RecordMeta { key: None, value: span(15, 0), timestamp: None }])
+                .is_ok()
+        );
     }
 
     #[test]

@@ -43,9 +43,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
-use eddy_state::{
-    HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list, state_id,
-};
+use eddy_state::{HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list, state_id};
 
 use crate::operator::{OperatorError, OperatorSnapshot, StreamOperator};
 use crate::window::{SessionWindows, Window, WindowKind};
@@ -566,11 +564,7 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         let accs = self.aggregate.add(batch, &updates.as_updates())?;
         if accs.len() != updates.windows.len() {
-            return Err(self.store.corrupt(format!(
-                "the aggregate returned {} accumulators for {} windows",
-                accs.len(),
-                updates.windows.len()
-            )));
+            return Err(self.miscounted("accumulators", accs.len(), updates.windows.len()));
         }
         let mut due = Due::default();
         for ((acc, (key, window)), needs_timers) in accs.iter().zip(updates.windows).zip(updates.needs_timers) {
@@ -591,6 +585,15 @@ impl<A: AggregateFn> WindowOperator<A> {
         self.fire(due)
     }
 
+    /// An aggregate that answered a batched call with another number of items than asked (the
+    /// Wasm runtime refuses that itself; this guards every other [`AggregateFn`]).
+    fn miscounted(&self, what: &str, got: usize, asked: usize) -> OperatorError {
+        OperatorError::BadRecord {
+            operator: self.name.clone(),
+            problem: format!("the aggregate returned {got} {what} for {asked} windows"),
+        }
+    }
+
     /// The results of `due` windows, from one `results` call.
     fn fire(&mut self, due: Due) -> Result<Vec<Fired>, OperatorError> {
         if due.windows.is_empty() {
@@ -598,11 +601,7 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         let results = self.aggregate.results(&due.accs)?;
         if results.len() != due.windows.len() {
-            return Err(self.store.corrupt(format!(
-                "the aggregate returned {} results for {} windows",
-                results.len(),
-                due.windows.len()
-            )));
+            return Err(self.miscounted("results", results.len(), due.windows.len()));
         }
         Ok(due.windows.into_iter().zip(results.iter()).map(|((t, k, w), result)| (t, k, w, result.to_vec())).collect())
     }

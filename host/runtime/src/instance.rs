@@ -322,7 +322,8 @@ impl AggregateInstance {
         expected: usize,
         items: PackedItems,
     ) -> Result<Items, CallError> {
-        let error = |kind| CallError { operator: store.data().sandbox.operator.clone(), call, kind, guest_message: None };
+        let error =
+            |kind| CallError { operator: store.data().sandbox.operator.clone(), call, kind, guest_message: None };
         let items = Items::from_wit(items).map_err(|v| error(CallErrorKind::Violation(v)))?;
         if items.len() == expected {
             return Ok(items);

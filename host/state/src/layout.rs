@@ -129,7 +129,9 @@ pub fn decode_state_key(mut bytes: &[u8]) -> Result<DecodedStateKey<'_>, StateEr
     let key_len = take_u32(&mut bytes)?;
     let key = take(&mut bytes, key_len)?;
     if stored_hash != key_hash(key) as u32 as usize {
-        return Err(StateError::Corrupt(format!("state key of group {key_group}: its key hash does not match its key")));
+        return Err(StateError::Corrupt(format!(
+            "state key of group {key_group}: its key hash does not match its key"
+        )));
     }
     let ns_len = take_u32(&mut bytes)?;
     let namespace = take(&mut bytes, ns_len)?;
@@ -229,10 +231,8 @@ mod tests {
                 }
             }
         }
-        let other = (0u32..)
-            .map(|i| format!("o{i}").into_bytes())
-            .find(|k| HashedKey::new(k, mp).group != group)
-            .unwrap();
+        let other =
+            (0u32..).map(|i| format!("o{i}").into_bytes()).find(|k| HashedKey::new(k, mp).group != group).unwrap();
         let outsider = enc.encode(HashedKey::new(&other, mp), state_id("s"), b"").to_vec();
         all.push(outsider.clone());
         all.sort();

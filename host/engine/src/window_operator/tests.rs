@@ -826,6 +826,32 @@ fn the_final_watermark_fires_windows_at_the_end_of_time_without_overflow() {
     }
 }
 
+/// Answers every `add` with one accumulator too few.
+#[derive(Debug)]
+struct OneShort;
+
+impl AggregateFn for OneShort {
+    fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError> {
+        Ok(Vec::new())
+    }
+    fn add(&mut self, _: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Items, OperatorError> {
+        Ok(updates.iter().skip(1).map(|u| u.accumulator).collect())
+    }
+    fn merge(&mut self, a: &[u8], _: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        Ok(a.to_vec())
+    }
+    fn results(&mut self, accs: &Items) -> Result<Items, OperatorError> {
+        Ok(accs.clone())
+    }
+}
+
+#[test]
+fn an_aggregate_answering_too_few_accumulators_fails_the_step_naming_it() {
+    let mut op = operator(WindowKind::Tumbling { size_ms: 10 }, 0, OneShort);
+    let err = op.process(&batch(&[Ev { key: 1, ts: 1, v: 1 }, Ev { key: 2, ts: 2, v: 1 }])).expect_err("one short");
+    assert!(err.to_string().contains("returned 1 accumulators for 2 windows"), "{err}");
+}
+
 #[test]
 fn damaged_state_is_an_error_not_a_panic() {
     let mut backend = HeapStateBackend::default();
