@@ -173,7 +173,7 @@ fn purchase_totals_equal_a_batch_sum_however_records_are_grouped_and_merged() {
         merged = agg.merge(&merged, part).expect("merge");
     }
     let results = agg.results(&[&merged[..], &empty].into_iter().collect()).expect("results");
-    let results: Vec<serde_json::Value> = results.iter().map(|r| eddy_tests::value_json(r)).collect();
+    let results: Vec<serde_json::Value> = results.iter().map(eddy_tests::value_json).collect();
     assert_eq!(
         results,
         vec![

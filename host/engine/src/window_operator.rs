@@ -350,10 +350,18 @@ impl<'b> Updates<'b> {
 #[derive(Debug, Default)]
 struct Groups<'b> {
     index: foldhash::HashMap<(&'b [u8], Window), u32>,
-    /// Per group: its (key, window), its first and its last member.
-    groups: Vec<((&'b [u8], Window), u32, u32)>,
+    groups: Vec<Group<'b>>,
     /// Per member: the record, and the group's next member ([`Groups::END`]: none).
     members: Vec<(u32, u32)>,
+}
+
+/// One (key, window) of a batch and the ends of its chain of members.
+#[derive(Debug)]
+struct Group<'b> {
+    key: &'b [u8],
+    window: Window,
+    first: u32,
+    last: u32,
 }
 
 impl<'b> Groups<'b> {
@@ -365,12 +373,12 @@ impl<'b> Groups<'b> {
         match self.index.entry((key, window)) {
             std::collections::hash_map::Entry::Occupied(e) => {
                 let group = &mut self.groups[*e.get() as usize];
-                self.members[group.2 as usize].1 = member;
-                group.2 = member;
+                self.members[group.last as usize].1 = member;
+                group.last = member;
             }
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(self.groups.len() as u32);
-                self.groups.push(((key, window), member, member));
+                self.groups.push(Group { key, window, first: member, last: member });
             }
         }
     }
@@ -635,7 +643,7 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         let mut updates = Updates::default();
         let empty = self.empty_accumulator()?;
-        for &((key, window), first, _) in &groups.groups {
+        for &Group { key, window, first, .. } in &groups.groups {
             match self.store.acc_ref(key, &window)? {
                 Some((_, acc)) => updates.push(key, window, acc, groups.records(first), false),
                 None => updates.push(key, window, &empty, groups.records(first), true),
