@@ -5,12 +5,13 @@
 //! read back, rows by field name with strings borrowed. Keys and state stay JSON: they are
 //! small, hashed and compared as bytes, and must mean the same to every language's SDK.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use eddy_wire::de::RowDecoder;
-use eddy_wire::row::is_row;
+use eddy_wire::row::{Kind, RowRef, is_row};
 use eddy_wire::schema::{Schema, Schemas};
 use eddy_wire::ser::{RowEncoder, RowSerError};
 use serde::{Deserialize, Serialize};
@@ -87,6 +88,26 @@ pub fn decode_value<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
     })
 }
 
+/// The top-level string field `field` of record value `bytes`: borrowed from a row in place
+/// (nothing else is decoded), parsed out of JSON otherwise; `None` if the value has no such
+/// field or it is not a string.
+pub fn str_field<'a>(bytes: &'a [u8], field: &str) -> Result<Option<Cow<'a, str>>> {
+    if !is_row(bytes) {
+        let value: serde_json::Value = decode(bytes)?;
+        return Ok(value.get(field).and_then(|f| f.as_str()).map(|s| Cow::Owned(s.to_owned())));
+    }
+    let bad = |e| Error::bad_record(format!("reading a row: {e}"));
+    let row = RowRef::new(bytes).map_err(bad)?;
+    let schema = ROWS.with_borrow(|rows| rows.schemas.get(row.schema()));
+    let Some(i) = schema.filter(|s| s.fields.len() == row.len()).and_then(|s| s.index_of(field)) else {
+        return Ok(None);
+    };
+    match row.kind(i).map_err(bad)? {
+        Kind::Str => Ok(row.str(i).map_err(bad)?.map(Cow::Borrowed)),
+        _ => Ok(None),
+    }
+}
+
 /// The JSON text of the part of record value `bytes` that JSON pointer `pointer` (such as
 /// `/bidder`) names, `None` if there is no such part: read in place from a row, parsed from
 /// JSON.
@@ -155,5 +176,18 @@ mod tests {
         assert_eq!(pointer_json(&row, "/channel").expect("row"), Some(br#""web""#.to_vec()));
         assert_eq!(pointer_json(br#"{"a":{"b":[1,2]}}"#, "/a/b/1").expect("json"), Some(b"2".to_vec()));
         assert_eq!(pointer_json(&row, "/nope").expect("row"), None);
+    }
+
+    #[test]
+    fn a_string_field_is_borrowed_from_a_row_and_parsed_from_json() {
+        let row = encode_value(&Bid { auction: 3, channel: "web" }).expect("row");
+        assert!(matches!(str_field(&row, "channel").expect("row"), Some(Cow::Borrowed("web"))));
+        // Not a string, or no such field.
+        assert_eq!(str_field(&row, "auction").expect("row"), None);
+        assert_eq!(str_field(&row, "price").expect("row"), None);
+        let json = br#"{"type":"bid","n":1}"#;
+        assert_eq!(str_field(json, "type").expect("json").as_deref(), Some("bid"));
+        assert_eq!(str_field(json, "n").expect("json"), None);
+        assert!(str_field(b"{not json", "type").is_err());
     }
 }

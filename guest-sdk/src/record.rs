@@ -53,6 +53,13 @@ impl<'a> Record<'a> {
         codec::decode_value(self.value)
     }
 
+    /// The top-level string field `field` of the value, `None` if there is none or it is not
+    /// a string: borrowed from a row in place, without decoding the rest (a filter on a
+    /// record's kind), parsed from JSON.
+    pub fn value_str(&self, field: &str) -> Result<Option<std::borrow::Cow<'a, str>>> {
+        codec::str_field(self.value, field)
+    }
+
     /// The JSON text of the part of the value a JSON pointer (such as `/bidder`) names, `None`
     /// if there is none; a row is read in place, without decoding the rest.
     pub fn value_at(&self, pointer: &str) -> Result<Option<Vec<u8>>> {

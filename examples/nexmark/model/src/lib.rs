@@ -12,8 +12,6 @@
 //! still declared: a record missing one is not a Nexmark event, and decoding says which field
 //! is missing. Unknown fields are ignored.
 
-use std::borrow::Cow;
-
 use serde::{Deserialize, Serialize};
 
 /// A person registering to buy or sell.
@@ -93,14 +91,6 @@ pub enum Event {
     Bid(Bid),
 }
 
-/// Only the `"type"` field of an event: cheap to decode when the rest is not needed.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct EventType<'a> {
-    /// `person`, `auction` or `bid`.
-    #[serde(rename = "type", borrow)]
-    pub kind: Cow<'a, str>,
-}
-
 /// What a host window step emits per key and window: `{"start", "end", "result"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WindowResult<R> {
@@ -126,8 +116,6 @@ mod tests {
         let bid = r#"{"type":"bid","auction":7,"bidder":8,"price":9,"channel":"c","url":"u","date_time":5,"extra":""}"#;
         let Event::Bid(b) = serde_json::from_str(bid).unwrap() else { panic!("a bid") };
         assert_eq!((b.auction, b.bidder, b.price, b.date_time), (7, 8, 9, 5));
-        let kind: EventType<'_> = serde_json::from_str(bid).unwrap();
-        assert_eq!(kind.kind, "bid");
         let person = r#"{"type":"person","id":1,"name":"n","email_address":"e","credit_card":"c","city":"x","state":"OR","date_time":3,"extra":"","more":1}"#;
         assert!(matches!(serde_json::from_str(person).unwrap(), Event::Person(Person { id: 1, .. })));
         let missing = r#"{"type":"bid","auction":7}"#;

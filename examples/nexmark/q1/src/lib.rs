@@ -10,8 +10,7 @@
 //! step right after the source: it reads every event, drops persons and auctions, and emits
 //! `{"auction", "bidder", "price", "date_time"}` per bid, unkeyed, with the bid's event time.
 
-use eddy_sdk::{Context, OpenContext, Operator, Record, Result};
-use nexmark_model::EventType;
+use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result};
 use serde::{Deserialize, Serialize};
 
 /// One output row.
@@ -54,8 +53,8 @@ impl Operator for CurrencyConversion {
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        let kind: EventType<'_> = record.value()?;
-        if kind.kind != "bid" {
+        let kind = record.value_str("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        if kind != "bid" {
             return Ok(());
         }
         let bid: BidPrice = record.value()?;

@@ -9,8 +9,7 @@
 //! persons, auctions and other bids and emits `{"auction", "price"}` per selected bid,
 //! unkeyed, with the bid's event time.
 
-use eddy_sdk::{Context, OpenContext, Operator, Record, Result};
-use nexmark_model::EventType;
+use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result};
 use serde::{Deserialize, Serialize};
 
 /// Auctions whose id is a multiple of this are selected.
@@ -44,8 +43,8 @@ impl Operator for Selection {
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        let kind: EventType<'_> = record.value()?;
-        if kind.kind != "bid" {
+        let kind = record.value_str("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        if kind != "bid" {
             return Ok(());
         }
         let bid: BidAuction = record.value()?;

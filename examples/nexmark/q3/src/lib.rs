@@ -27,8 +27,7 @@
 //! are unique in Nexmark; should one arrive twice, the later person replaces the earlier one
 //! for auctions still to come.
 
-use eddy_sdk::{Context, ListState, OpenContext, Operator, Record, Result, ValueState};
-use nexmark_model::EventType;
+use eddy_sdk::{Context, Error, ListState, OpenContext, Operator, Record, Result, ValueState};
 use serde::{Deserialize, Serialize};
 
 /// The auction category the query looks for.
@@ -87,8 +86,8 @@ impl Operator for LocalItemSuggestion {
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        let event: EventType<'_> = record.value()?;
-        match &*event.kind {
+        let kind = record.value_str("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        match &*kind {
             "person" => {
                 let p: PersonPlace = record.value()?;
                 let seller = Seller { name: p.name, city: p.city, state: p.state };

@@ -27,7 +27,7 @@
 //! and the person's id as key.
 
 use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result, SideOutput, TimeDomain, Timer, ValueState};
-use nexmark_model::{EventType, tumble_start};
+use nexmark_model::tumble_start;
 use serde::{Deserialize, Serialize};
 
 /// The tumbling window.
@@ -78,8 +78,8 @@ impl Operator for MonitorNewUsers {
         if fire_at <= ctx.current_watermark() {
             return ctx.emit_raw(Some(self.late), record.key_bytes(), record.value_bytes(), Some(t));
         }
-        let event: EventType<'_> = record.value()?;
-        let person_name = match &*event.kind {
+        let kind = record.value_str("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        let person_name = match &*kind {
             "person" => Some(record.value::<PersonName>()?.name),
             "auction" => None,
             _ => return Ok(()),

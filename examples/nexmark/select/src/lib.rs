@@ -31,7 +31,6 @@
 use std::collections::BTreeMap;
 
 use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result};
-use nexmark_model::EventType;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -104,8 +103,9 @@ impl Operator for Select {
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        let event: EventType<'_> = record.value()?;
-        let Some((kind, keying)) = self.routes.iter().find(|(k, _)| *k == event.kind) else { return Ok(()) };
+        // Only `type` decides, so only `type` is read (in place, from a row).
+        let event_type = record.value_str("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        let Some((kind, keying)) = self.routes.iter().find(|(k, _)| *k == event_type) else { return Ok(()) };
         let key =
             match keying {
                 Keying::None => None,
