@@ -343,7 +343,7 @@ impl CheckpointThread {
         };
         meta.stats.full_bytes = meta.files().map(|f| f.bytes).sum();
         meta.write(&self.store)?;
-        if let Some(state) = meta.subtasks.iter().find_map(|s| s.sink.as_ref()) {
+        for state in meta.subtasks.iter().filter_map(|s| s.sink.as_ref()) {
             (self.commit_sink)(state).map_err(|e| CheckpointError::Storage {
                 what: "committing the sink's final files".into(),
                 problem: e.to_string(),

@@ -10,6 +10,11 @@
 //! checkpoint after `n` (possible only when a newer checkpoint was damaged and the job fell
 //! back to `n`): the records of all of them come again from the sources' rewound positions.
 //! Committing is idempotent, so a crash at any point is safe.
+//!
+//! The sink runs at the parallelism of its input: each subtask writes its own files (names
+//! carry the run and the subtask) and records its own pending ones. Recovery is once per run,
+//! before any subtask opens: it commits what every subtask's state in the checkpoint lists, so
+//! a restore at another parallelism loses no file.
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -33,7 +38,8 @@ pub struct FilesSinkState {
 #[derive(Debug)]
 pub struct FilesSink {
     dir: PathBuf,
-    /// Distinguishes this attempt's file names from earlier attempts' (which may be committed).
+    /// Distinguishes this run's and subtask's file names from every other writer's, earlier
+    /// runs included (whose files may be committed).
     attempt: String,
     seq: u64,
     current: Option<(String, BufWriter<File>)>,
@@ -57,13 +63,15 @@ fn committed_by(name: &str) -> Option<u64> {
 }
 
 impl FilesSink {
-    /// Opens the sink on `dir` after restoring checkpoint `restored` (commits what it lists,
-    /// deletes every other in-progress file and every file committed by a later checkpoint).
-    /// `checkpointing`: whether checkpoints will commit its files.
-    pub fn open(dir: &Path, restored: Option<(u64, &FilesSinkState)>, checkpointing: bool) -> std::io::Result<Self> {
+    /// Prepares `dir` for a run that restored checkpoint `restored` (with the state of every
+    /// sink subtask it holds): commits what they list, deletes every other in-progress file
+    /// and every file committed by a later checkpoint. Once per run, before any subtask opens.
+    pub fn recover(dir: &Path, restored: Option<(u64, &[FilesSinkState])>) -> std::io::Result<()> {
         std::fs::create_dir_all(dir.join(IN_PROGRESS))?;
-        if let Some((checkpoint, state)) = restored {
-            Self::commit(dir, &state.pending)?;
+        if let Some((checkpoint, states)) = restored {
+            for state in states {
+                Self::commit(dir, &state.pending)?;
+            }
             for entry in std::fs::read_dir(dir)?.filter_map(Result::ok) {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if committed_by(&name).is_some_and(|c| c > checkpoint) {
@@ -74,11 +82,21 @@ impl FilesSink {
         for entry in std::fs::read_dir(dir.join(IN_PROGRESS))? {
             std::fs::remove_file(entry?.path())?;
         }
-        let attempt =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()).to_string();
+        Ok(())
+    }
+
+    /// A name for this run's files, distinct from every earlier run's.
+    pub fn run_name() -> String {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()).to_string()
+    }
+
+    /// Subtask `subtask`'s sink on a recovered `dir`, its files named after `run`
+    /// ([`Self::run_name`]). `checkpointing`: whether checkpoints will commit its files.
+    pub fn open(dir: &Path, run: &str, subtask: u32, checkpointing: bool) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir.join(IN_PROGRESS))?;
         Ok(Self {
             dir: dir.to_path_buf(),
-            attempt,
+            attempt: format!("{run}-s{subtask}"),
             seq: 0,
             current: None,
             state: FilesSinkState::default(),
@@ -201,7 +219,8 @@ mod tests {
     #[test]
     fn files_become_visible_only_when_their_checkpoint_completes() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut sink = FilesSink::open(dir.path(), None, true).expect("open");
+        FilesSink::recover(dir.path(), None).expect("recover");
+        let mut sink = FilesSink::open(dir.path(), "r1", 0, true).expect("open");
         sink.write(None, &batch(&["a", "b"])).expect("write");
         let state1 = sink.pre_commit(1).expect("pre-commit");
         sink.write(None, &batch(&["c"])).expect("write");
@@ -214,7 +233,8 @@ mod tests {
         // Crash: checkpoint 2 completed (its metadata is written) but the sink never heard.
         drop(sink);
         let restored: FilesSinkState = serde_json::from_value(state2.expect("state")).expect("state");
-        let mut again = FilesSink::open(dir.path(), Some((2, &restored)), true).expect("reopen");
+        FilesSink::recover(dir.path(), Some((2, std::slice::from_ref(&restored)))).expect("recover");
+        let mut again = FilesSink::open(dir.path(), "r2", 0, true).expect("reopen");
         assert_eq!(committed(dir.path()), ["a", "b", "c"], "2's file committed on restore, `d` aborted");
         assert_eq!(std::fs::read_dir(dir.path().join(IN_PROGRESS)).expect("dir").count(), 0, "leftovers removed");
         again.write(None, &batch(&["d"])).expect("write");
@@ -223,17 +243,39 @@ mod tests {
         assert_eq!(committed(dir.path()), ["a", "b", "c", "d"]);
         // Restoring checkpoint 2 again commits nothing twice and rolls back 3's file (as when
         // checkpoint 3 turned out damaged): `d` will come again from the sources.
-        FilesSink::open(dir.path(), Some((2, &restored)), true).expect("idempotent");
+        FilesSink::recover(dir.path(), Some((2, std::slice::from_ref(&restored)))).expect("idempotent");
         assert_eq!(committed(dir.path()), ["a", "b", "c"]);
         let state1: FilesSinkState = serde_json::from_value(state1.expect("state")).expect("state");
-        FilesSink::open(dir.path(), Some((1, &state1)), true).expect("back to 1");
+        FilesSink::recover(dir.path(), Some((1, &[state1]))).expect("back to 1");
         assert_eq!(committed(dir.path()), ["a", "b"]);
+    }
+
+    /// Two subtasks write side by side; a restore (at any parallelism) commits what both
+    /// pre-committed, and neither's files overwrite the other's.
+    #[test]
+    fn every_subtasks_pending_files_are_committed_on_recovery() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        FilesSink::recover(dir.path(), None).expect("recover");
+        let run = FilesSink::run_name();
+        let mut sinks: Vec<FilesSink> =
+            (0..2).map(|i| FilesSink::open(dir.path(), &run, i, true).expect("open")).collect();
+        sinks[0].write(None, &batch(&["a"])).expect("write");
+        sinks[1].write(None, &batch(&["b"])).expect("write");
+        let states: Vec<FilesSinkState> = sinks
+            .iter_mut()
+            .map(|s| serde_json::from_value(s.pre_commit(1).expect("pre-commit").expect("state")).expect("state"))
+            .collect();
+        sinks[1].write(None, &batch(&["c"])).expect("write");
+        drop(sinks);
+        FilesSink::recover(dir.path(), Some((1, &states))).expect("recover");
+        assert_eq!(committed(dir.path()), ["a", "b"], "both subtasks' files, not `c`");
     }
 
     #[test]
     fn without_checkpoints_everything_is_committed_at_the_end() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut sink = FilesSink::open(dir.path(), None, false).expect("open");
+        FilesSink::recover(dir.path(), None).expect("recover");
+        let mut sink = FilesSink::open(dir.path(), "r", 0, false).expect("open");
         sink.write(None, &batch(&["x"])).expect("write");
         sink.write(Some("late"), &batch(&["y"])).expect("write");
         sink.finish().expect("finish");

@@ -263,11 +263,26 @@ impl std::fmt::Debug for Job {
     }
 }
 
-fn open_spec_sink(
+/// Readies the spec's sink for a run that restored `restored` (its id and every sink
+/// subtask's transaction state), once, before any subtask opens its sink.
+fn recover_spec_sink(
     spec: &SinkSpec,
-    restored: Option<(CheckpointId, Option<&serde_json::Value>)>,
-    checkpointing: bool,
-) -> Result<Box<dyn Sink>, RunError> {
+    restored: Option<(CheckpointId, Vec<&serde_json::Value>)>,
+) -> Result<(), RunError> {
+    let SinkSpec::Files { dir } = spec else { return Ok(()) };
+    let sink_error = |error| RunError::Sink { path: dir.display().to_string(), error };
+    let restored = match restored {
+        Some((id, states)) => {
+            Some((id, states.into_iter().map(files_sink_state).collect::<Result<Vec<_>, _>>().map_err(sink_error)?))
+        }
+        None => None,
+    };
+    FilesSink::recover(dir, restored.as_ref().map(|(id, states)| (*id, &states[..]))).map_err(sink_error)
+}
+
+/// Subtask `subtask`'s sink of the spec (the run's sink was recovered already); `run` names
+/// this run's files.
+fn open_spec_sink(spec: &SinkSpec, run: &str, subtask: u32, checkpointing: bool) -> Result<Box<dyn Sink>, RunError> {
     Ok(match spec {
         SinkSpec::Print => Box::new(PrintSink(std::io::stdout())),
         SinkSpec::Blackhole => Box::new(Blackhole),
@@ -276,17 +291,10 @@ fn open_spec_sink(
                 .map_err(|source| RunError::Sink { path: path.display().to_string(), error: source })?;
             Box::new(JsonLinesSink(BufWriter::new(file)))
         }
-        SinkSpec::Files { dir } => {
-            let sink_error = |error| RunError::Sink { path: dir.display().to_string(), error };
-            let restored = match restored {
-                Some((id, state)) => {
-                    Some((id, state.map(files_sink_state).transpose().map_err(sink_error)?.unwrap_or_default()))
-                }
-                None => None,
-            };
-            let restored = restored.as_ref().map(|(id, state)| (*id, state));
-            Box::new(FilesSink::open(dir, restored, checkpointing).map_err(sink_error)?)
-        }
+        SinkSpec::Files { dir } => Box::new(
+            FilesSink::open(dir, run, subtask, checkpointing)
+                .map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?,
+        ),
         SinkSpec::Upsert { dir } => {
             Box::new(UpsertSink::open(dir).map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?)
         }
@@ -424,7 +432,9 @@ impl StepContext<'_> {
 impl Job {
     /// Plans `spec`, loads its components and starts every subtask.
     pub fn start(spec: &PipelineSpec, runtime: &Runtime, mut options: JobOptions) -> Result<Job, RunError> {
-        let plan = PhysicalPlan::new(spec);
+        // A sink given in the options is one instance: the plan runs it at parallelism 1.
+        let sink_given = options.sink.is_some();
+        let plan = if sink_given { PhysicalPlan::with_sink_at_one(spec) } else { PhysicalPlan::new(spec) };
         let components = spec.steps.iter().map(|s| load_step(runtime, s)).collect::<Result<Vec<_>, _>>()?;
         let sink_task = plan.tasks.iter().position(|t| t.has_sink()).unwrap_or(plan.tasks.len() - 1);
         let source_tasks = plan.tasks.iter().filter(|t| t.source().is_some()).map(|t| t.id).collect();
@@ -476,10 +486,12 @@ impl Job {
         let steps =
             StepContext { spec, components: &components, ttl_clock: &ttl_clock, restore, state_dir: &state_dir };
         let checkpointing = spec.checkpoints.is_some();
-        let mut sink = Some(match options.sink.take() {
-            Some(sink) => sink,
-            None => open_spec_sink(&spec.sink, restore.map(|p| (p.id(), p.sink_state())), checkpointing)?,
-        });
+        // The spec's sink is opened per subtask, after one recovery of its output.
+        let mut given_sink = options.sink.take();
+        if !sink_given {
+            recover_spec_sink(&spec.sink, restore.map(|p| (p.id(), p.sink_states())))?;
+        }
+        let run_name = FilesSink::run_name();
         let signals = Arc::new(Signals::default());
         if let Some(point) = restore {
             // Sources continue from the restored positions, so barriers continue after its id.
@@ -560,10 +572,11 @@ impl Job {
                             next_step,
                         ))
                     }
-                    None => match sink.take() {
+                    None if sink_given => match given_sink.take() {
                         Some(sink) => Tail::Sink(sink),
-                        None => return Err(internal(task.id, index, "the sink runs at parallelism 1")),
+                        None => return Err(internal(task.id, index, "a given sink runs at parallelism 1")),
                     },
+                    None => Tail::Sink(open_spec_sink(&spec.sink, &run_name, index, checkpointing)?),
                 };
                 runners.push((
                     task.id,

@@ -4,7 +4,10 @@
 //! channel) when the edge between them is forward: no `key_by` and equal parallelism, and the
 //! downstream node has that single input. Every other edge is an exchange: `hash` at a
 //! `key_by` (records go to the subtask owning their key group), `rebalance` where parallelism
-//! changes without a key. The sink runs at parallelism 1 so one file or terminal gets it all.
+//! changes without a key. The sink runs at the parallelism of the last step (or source), so it
+//! chains into that task, where it can ([`SinkSpec::follows_input_parallelism`]: the files
+//! and blackhole sinks), and at parallelism 1 where one writer must get it all (a terminal, one
+//! file, one upsert table, or a sink handed to the job as one instance).
 
 use std::fmt;
 
@@ -115,6 +118,16 @@ pub struct PhysicalPlan {
 impl PhysicalPlan {
     /// Plans `spec` (already validated).
     pub fn new(spec: &PipelineSpec) -> Self {
+        Self::plan(spec, spec.sink.follows_input_parallelism())
+    }
+
+    /// Plans `spec` with its sink at parallelism 1 whatever its kind (a job given one sink
+    /// instance).
+    pub fn with_sink_at_one(spec: &PipelineSpec) -> Self {
+        Self::plan(spec, false)
+    }
+
+    fn plan(spec: &PipelineSpec, parallel_sink: bool) -> Self {
         let mut labels: Vec<(Node, String)> = Vec::new();
         for (i, s) in spec.sources.iter().enumerate() {
             labels.push((Node::Source(i), format!("source:{}", s.name())));
@@ -147,7 +160,11 @@ impl PhysicalPlan {
         for node in downstream_nodes {
             let (parallelism, key_by) = match node {
                 Node::Step(i) => (spec.step_parallelism(i), spec.steps[i].key_by.clone()),
-                _ => (1, None),
+                // Several upstream tasks (sources straight into the sink) gather into one.
+                _ => match upstream[..] {
+                    [single] if parallel_sink => (tasks[single].parallelism, None),
+                    _ => (1, None),
+                },
             };
             let partitioning = |up: u32| match &key_by {
                 Some(k) => Partitioning::Hash(k.clone()),
@@ -244,6 +261,31 @@ mod tests {
     }
 
     const ONE_FILE: &str = "[{type: file, name: in, path: x}]";
+
+    /// A keyed count at parallelism 2 into `sink`.
+    fn counted_into(sink: &str) -> PipelineSpec {
+        let yaml = format!(
+            "name: t\nsources: {ONE_FILE}\nsteps:\n  - {{name: count, wasm: b, key_by: key, parallelism: 2}}\nsink: {sink}\n"
+        );
+        PipelineSpec::from_yaml(&yaml).unwrap()
+    }
+
+    #[test]
+    fn a_files_or_blackhole_sink_runs_at_its_inputs_parallelism_and_the_others_gather() {
+        for sink in ["{type: files, dir: out}", "{type: blackhole}"] {
+            let p = PhysicalPlan::new(&counted_into(sink));
+            assert_eq!(p.tasks.len(), 2, "{sink}");
+            assert!(p.tasks[1].has_sink() && p.tasks[1].parallelism == 2, "{sink}: chained into count");
+            // Handed one sink instance, the job gathers into it.
+            let p = PhysicalPlan::with_sink_at_one(&counted_into(sink));
+            assert_eq!((p.tasks.len(), p.tasks[2].parallelism), (3, 1), "{sink}");
+        }
+        for sink in ["{type: print}", "{type: file, path: out.jsonl}", "{type: upsert, dir: table}"] {
+            let p = PhysicalPlan::new(&counted_into(sink));
+            assert_eq!((p.tasks.len(), p.tasks[2].parallelism), (3, 1), "{sink}");
+            assert_eq!(p.edges[1].partitioning, Partitioning::Rebalance, "{sink}");
+        }
+    }
 
     #[test]
     fn forward_edges_chain_and_key_by_exchanges() {

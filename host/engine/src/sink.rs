@@ -1,5 +1,6 @@
-//! Sinks: where a job's records end up. One sink subtask owns the sink; side outputs arrive
-//! with their name so a single file or terminal shows everything the job produced.
+//! Sinks: where a job's records end up. Side outputs arrive with their name so a file or
+//! terminal shows everything the job produced. The print, file and upsert sinks have one
+//! subtask; the files and blackhole sinks one per subtask of their input (see `plan`).
 
 use std::io::Write;
 

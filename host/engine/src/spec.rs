@@ -673,6 +673,17 @@ pub enum SinkSpec {
     },
 }
 
+impl SinkSpec {
+    /// Whether the sink runs at the parallelism of its input (each subtask writes its own
+    /// part), rather than at 1: a terminal, one file or one upsert table takes one writer.
+    pub fn follows_input_parallelism(&self) -> bool {
+        match self {
+            SinkSpec::Files { .. } | SinkSpec::Blackhole => true,
+            SinkSpec::Print | SinkSpec::File { .. } | SinkSpec::Upsert { .. } => false,
+        }
+    }
+}
+
 /// Why a spec was rejected.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {

@@ -144,9 +144,9 @@ impl RestorePoint {
         Ok(old.iter().find(|s| s.subtask == reader).and_then(|s| s.source.as_ref().map(|(_, p)| p.clone())))
     }
 
-    /// The sink's transaction state in the checkpoint.
-    pub fn sink_state(&self) -> Option<&serde_json::Value> {
-        self.meta.subtasks.iter().find_map(|s| s.sink.as_ref())
+    /// The transaction state of every sink subtask in the checkpoint.
+    pub fn sink_states(&self) -> Vec<&serde_json::Value> {
+        self.meta.subtasks.iter().filter_map(|s| s.sink.as_ref()).collect()
     }
 
     /// Puts step `step`'s entries of `share` into `target` (as stored) and hands its timers

@@ -59,7 +59,7 @@ pub(super) fn recover(
     if let Some(point) = &found.point
         && point.metadata().finished
     {
-        if let Some(state) = point.sink_state() {
+        for state in point.sink_states() {
             sink_committer(&spec.sink)(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
         }
         return Err(RunError::AlreadyFinished { job: spec.name.clone(), id: point.id(), dir: checkpoints.location() });
