@@ -2,8 +2,9 @@
 //! produces exactly the rows of the native Rust baseline over the same generated events.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
-use eddy_engine::{Job, JobOptions, PipelineSpec, SourceSpec};
+use eddy_engine::{Job, JobOptions, PipelineSpec, SinkFactory, SinkSpec, SourceSpec};
 use eddy_tests::{MemorySink, runtime};
 use serde_json::Value;
 
@@ -25,7 +26,13 @@ fn sorted(mut rows: Vec<Value>) -> Vec<Value> {
 }
 
 fn check(query: &str, native: fn(Vec<eddy_nexmark::Event>) -> Vec<Value>) {
-    let spec = query_spec(query);
+    check_with(query, native, false);
+}
+
+/// [`check`], with `per_subtask`: the spec's sink a blackhole (which runs at its input's
+/// parallelism) replaced by one memory sink per subtask, all of which must be made.
+fn check_with(query: &str, native: fn(Vec<eddy_nexmark::Event>) -> Vec<Value>, per_subtask: bool) {
+    let mut spec = query_spec(query);
     let SourceSpec::Nexmark(source) = &spec.sources[0] else { unreachable!() };
     let events: Vec<eddy_nexmark::Event> = eddy_nexmark::events(&source.config()).collect();
     assert_eq!(events.len() as u64, EVENTS);
@@ -34,16 +41,31 @@ fn check(query: &str, native: fn(Vec<eddy_nexmark::Event>) -> Vec<Value>) {
 
     let sink = MemorySink::default();
     let received = sink.received.clone();
-    let summary = Job::start(&spec, runtime(), JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() })
-        .expect("starts")
-        .wait()
-        .unwrap_or_else(|e| panic!("{query} runs: {e}"));
+    let made = Arc::new(Mutex::new(Vec::new()));
+    let options = if per_subtask {
+        spec.sink = SinkSpec::Blackhole;
+        let (received, made) = (received.clone(), made.clone());
+        let sinks: SinkFactory = Box::new(move |subtask| {
+            made.lock().expect("lock").push(subtask);
+            Box::new(MemorySink { received: received.clone(), ..MemorySink::default() })
+        });
+        JobOptions { sink_per_subtask: Some(sinks), ..JobOptions::default() }
+    } else {
+        JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() }
+    };
+    let summary =
+        Job::start(&spec, runtime(), options).expect("starts").wait().unwrap_or_else(|e| panic!("{query} runs: {e}"));
     assert!(summary.finished);
     let out = received.lock().expect("lock").clone();
     assert!(out.iter().all(|(side, _)| side.is_none()), "{query}: nothing late or on a side output");
     let got = sorted(out.iter().map(|(_, r)| eddy_tests::value_json(&r.value)).collect());
     assert_eq!(got.len(), expected.len(), "{query}: row count");
     assert!(got == expected, "{query}: rows differ from the native baseline");
+    if per_subtask {
+        let mut made = made.lock().expect("lock").clone();
+        made.sort_unstable();
+        assert_eq!(made, (0..spec.parallelism).collect::<Vec<_>>(), "{query}: one sink per subtask of the last step");
+    }
 }
 
 #[test]
@@ -69,6 +91,12 @@ fn q3_local_item_suggestion() {
 #[test]
 fn q5_hot_items() {
     check("q5", eddy_nexmark::native::q5);
+}
+
+#[test]
+fn q5_into_a_sink_per_subtask_at_parallelism_2() {
+    assert_eq!(query_spec("q5").parallelism, 2, "the example runs at parallelism 2");
+    check_with("q5", eddy_nexmark::native::q5, true);
 }
 
 #[test]

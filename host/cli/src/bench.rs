@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eddy_core::RecordBatch;
-use eddy_engine::{CheckpointSpec, Job, JobOptions, PipelineSpec, Sink, SourceSpec, StateBackendKind};
+use eddy_engine::{
+    CheckpointSpec, Job, JobOptions, PipelineSpec, Sink, SinkFactory, SinkSpec, SourceSpec, StateBackendKind,
+};
 use eddy_runtime::Runtime;
 use serde::{Deserialize, Serialize};
 
@@ -177,6 +179,7 @@ fn bench_spec(args: &BenchArgs) -> Result<PipelineSpec> {
     });
     spec.state.dir = Some(std::env::temp_dir().join(format!("eddy-bench-state-{}", std::process::id())));
     spec.state.backend = args.state_backend;
+    spec.sink = SinkSpec::Blackhole;
     Ok(spec)
 }
 
@@ -189,10 +192,13 @@ pub fn run_eddy(args: &BenchArgs) -> Result<SideReport> {
     // After the runtime exists: a paced run's event time starts now, so start-up is not latency.
     let spec = bench_spec(args)?;
     let rows = Arc::new(Mutex::new((0u64, Vec::new())));
-    let sink = MeasuringSink { rows: rows.clone(), paced: args.rate.is_some() };
+    let (shared, paced) = (rows.clone(), args.rate.is_some());
+    // One measuring sink per subtask of the last step (the spec's sink is a blackhole, which
+    // runs at its input's parallelism), so no single sink thread funnels the output.
+    let sinks: SinkFactory = Box::new(move |_| Box::new(MeasuringSink { rows: shared.clone(), paced }));
     let (cpu_before, _) = cpu_and_rss();
     let started = Instant::now();
-    let options = JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() };
+    let options = JobOptions { sink_per_subtask: Some(sinks), ..JobOptions::default() };
     let summary = Job::run(&spec, &runtime, options, Duration::from_secs(3600), |_, _| {});
     // The temporary checkpoint and state directories of this side.
     for dir in spec.checkpoints.iter().filter_map(|c| c.dir.as_ref()).chain(spec.state.dir.as_ref()) {

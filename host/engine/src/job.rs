@@ -159,6 +159,9 @@ pub enum RunError {
     },
 }
 
+/// Makes the sink of one sink subtask from its index (see [`JobOptions::sink_per_subtask`]).
+pub type SinkFactory = Box<dyn FnMut(u32) -> Box<dyn Sink> + Send>;
+
 /// Knobs of the local execution (defaults suit a laptop and CI).
 pub struct JobOptions {
     /// Channel capacity (credits) and sender queue.
@@ -167,8 +170,13 @@ pub struct JobOptions {
     pub buffer_bytes: usize,
     /// Period of processing-time timers, idleness checks and buffer timeouts.
     pub tick: Duration,
-    /// Overrides the spec's sink (tests, embedding applications).
+    /// Overrides the spec's sink with this one instance, at parallelism 1 whatever the spec's
+    /// sink kind (tests, embedding applications).
     pub sink: Option<Box<dyn Sink>>,
+    /// Overrides the spec's sink with one sink per sink subtask, made by this function from the
+    /// subtask's index; the spec's sink kind decides how many there are
+    /// ([`crate::SinkSpec::follows_input_parallelism`]). `sink` wins if both are set.
+    pub sink_per_subtask: Option<SinkFactory>,
     /// Restore from this checkpoint or savepoint directory's newest valid checkpoint instead
     /// of the spec's checkpoint directory (resuming from a savepoint).
     pub restore_from: Option<PathBuf>,
@@ -189,6 +197,7 @@ impl Default for JobOptions {
             buffer_bytes: 32 * 1024,
             tick: Duration::from_millis(10),
             sink: None,
+            sink_per_subtask: None,
             restore_from: None,
             stop_with_savepoint: None,
             fault_hook: None,
@@ -488,7 +497,8 @@ impl Job {
         let checkpointing = spec.checkpoints.is_some();
         // The spec's sink is opened per subtask, after one recovery of its output.
         let mut given_sink = options.sink.take();
-        if !sink_given {
+        let mut sink_factory = options.sink_per_subtask.take();
+        if !sink_given && sink_factory.is_none() {
             recover_spec_sink(&spec.sink, restore.map(|p| (p.id(), p.sink_states())))?;
         }
         let run_name = FilesSink::run_name();
@@ -576,7 +586,10 @@ impl Job {
                         Some(sink) => Tail::Sink(sink),
                         None => return Err(internal(task.id, index, "a given sink runs at parallelism 1")),
                     },
-                    None => Tail::Sink(open_spec_sink(&spec.sink, &run_name, index, checkpointing)?),
+                    None => Tail::Sink(match &mut sink_factory {
+                        Some(make) => make(index),
+                        None => open_spec_sink(&spec.sink, &run_name, index, checkpointing)?,
+                    }),
                 };
                 runners.push((
                     task.id,
