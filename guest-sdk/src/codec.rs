@@ -34,18 +34,33 @@ pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
     Ok(serde_json::from_slice(bytes)?)
 }
 
-/// The host's schemas as this instance has seen them (asked once per id).
+/// The host's schemas as this instance has seen them (asked once per id), with the last one
+/// looked up in front: a batch's records mostly share their schema, and hashing the id per
+/// record showed in profiles.
 #[derive(Default)]
-struct HostSchemas(RefCell<HashMap<u32, Option<Arc<Schema>>>>);
+struct HostSchemas {
+    known: RefCell<HashMap<u32, Option<Arc<Schema>>>>,
+    last: RefCell<Option<(u32, Option<Arc<Schema>>)>>,
+}
 
 impl Schemas for HostSchemas {
     fn get(&self, id: u32) -> Option<Arc<Schema>> {
-        if let Some(known) = self.0.borrow().get(&id) {
-            return known.clone();
+        if let Some((last, schema)) = &*self.last.borrow()
+            && *last == id
+        {
+            return schema.clone();
         }
-        let found = host::fields(id).map(|(name, fields)| Arc::new(Schema { name, fields }));
-        self.0.borrow_mut().insert(id, found.clone());
-        found
+        let known = self.known.borrow().get(&id).cloned();
+        let schema = match known {
+            Some(schema) => schema,
+            None => {
+                let found = host::fields(id).map(|(name, fields)| Arc::new(Schema { name, fields }));
+                self.known.borrow_mut().insert(id, found.clone());
+                found
+            }
+        };
+        *self.last.borrow_mut() = Some((id, schema.clone()));
+        schema
     }
 }
 
