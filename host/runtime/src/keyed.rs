@@ -536,11 +536,8 @@ impl output::Host for OperatorHost {
             && records.data.len() <= copied.saturating_mul(2).saturating_add(ADOPT_SLACK_BYTES)
             && records.data.len() <= MAX_BATCH_BYTES;
         if adoptable {
+            let metas = rows.iter().map(|r| r.meta).collect();
             drop(rows);
-            let metas = table::<Row>(&records.records)?
-                .iter()
-                .map(|r| RecordMeta { key: r.key.map(core_span), value: core_span(r.value), timestamp: r.timestamp })
-                .collect();
             // Every span was checked above, and the size: a refusal here is a host bug.
             k.output.main = RecordBatch::adopt(records.data, metas)
                 .map_err(|_| wasmtime::Error::msg("host bug: a checked output buffer was not adoptable"))?;
@@ -582,6 +579,8 @@ struct Emitted<'a> {
     key: Option<&'a [u8]>,
     value: &'a [u8],
     timestamp: Option<i64>,
+    /// Where key and value lie in the buffer (checked), for keeping the buffer as it is.
+    meta: RecordMeta,
 }
 
 impl Emitted<'_> {
@@ -612,7 +611,8 @@ fn resolve_rows<'a>(
         if r.tag as usize > side_outputs {
             return Err(undeclared_output(r.tag));
         }
-        rows.push(Emitted { tag: r.tag, key, value, timestamp: r.timestamp });
+        let meta = RecordMeta { key: r.key.map(core_span), value: core_span(r.value), timestamp: r.timestamp };
+        rows.push(Emitted { tag: r.tag, key, value, timestamp: r.timestamp, meta });
     }
     Ok(rows)
 }

@@ -53,10 +53,6 @@ impl PartialOrd for StoredKey {
     }
 }
 
-fn key(bytes: &[u8]) -> StoredKey {
-    StoredKey::new(bytes)
-}
-
 type Entries = OrdMap<StoredKey, Vec<u8>>;
 
 /// A [`StateBackend`] in an ordered map, so prefix scans are range scans.
@@ -67,7 +63,9 @@ pub struct HeapStateBackend {
 
 impl HeapStateBackend {
     fn from<'a>(&'a self, from: &[u8]) -> impl Iterator<Item = (&'a [u8], &'a Vec<u8>)> + 'a {
-        self.entries.range((Bound::Included(key(from)), Bound::Unbounded)).map(|(k, v)| (k.bytes.as_slice(), v))
+        self.entries
+            .range((Bound::Included(StoredKey::new(from)), Bound::Unbounded))
+            .map(|(k, v)| (k.bytes.as_slice(), v))
     }
 
     fn range<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a [u8], &'a Vec<u8>)> + 'a {
@@ -93,11 +91,11 @@ impl FrozenEntries for FrozenMap {
 
 impl StateBackend for HeapStateBackend {
     fn get(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-        Ok(self.entries.get(&key(bytes)).cloned())
+        Ok(self.entries.get(&StoredKey::new(bytes)).cloned())
     }
 
     fn read_into(&self, bytes: &[u8], out: &mut Vec<u8>) -> Result<bool, StateError> {
-        let value = self.entries.get(&key(bytes));
+        let value = self.entries.get(&StoredKey::new(bytes));
         if let Some(v) = value {
             out.extend_from_slice(v);
         }
@@ -105,7 +103,7 @@ impl StateBackend for HeapStateBackend {
     }
 
     fn value_len(&self, bytes: &[u8]) -> Result<Option<usize>, StateError> {
-        Ok(self.entries.get(&key(bytes)).map(Vec::len))
+        Ok(self.entries.get(&StoredKey::new(bytes)).map(Vec::len))
     }
 
     fn put_admitted(
@@ -114,7 +112,7 @@ impl StateBackend for HeapStateBackend {
         value: &[u8],
         admit: &mut dyn FnMut(Option<usize>) -> Result<(), StateError>,
     ) -> Result<(), StateError> {
-        match self.entries.get_mut(&key(bytes)) {
+        match self.entries.get_mut(&StoredKey::new(bytes)) {
             Some(v) => {
                 admit(Some(v.len()))?;
                 v.clear();
@@ -122,7 +120,7 @@ impl StateBackend for HeapStateBackend {
             }
             None => {
                 admit(None)?;
-                self.entries.insert(key(bytes), value.to_vec());
+                self.entries.insert(StoredKey::new(bytes), value.to_vec());
             }
         }
         Ok(())
@@ -133,7 +131,7 @@ impl StateBackend for HeapStateBackend {
     }
 
     fn delete(&mut self, bytes: &[u8]) -> Result<(), StateError> {
-        self.entries.remove(&key(bytes));
+        self.entries.remove(&StoredKey::new(bytes));
         Ok(())
     }
 
@@ -156,7 +154,7 @@ impl StateBackend for HeapStateBackend {
     fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
         let doomed: Vec<Vec<u8>> = self.range(prefix).map(|(k, _)| k.to_vec()).collect();
         for k in doomed {
-            self.entries.remove(&key(&k));
+            self.entries.remove(&StoredKey::new(&k));
         }
         Ok(())
     }
@@ -212,8 +210,8 @@ mod tests {
             shared in proptest::collection::vec(any::<u8>(), 0..24),
         ) {
             let (a, b) = ([&shared[..], &a].concat(), [&shared[..], &b].concat());
-            prop_assert_eq!(key(&a).cmp(&key(&b)), a.cmp(&b));
-            prop_assert_eq!(key(&a) == key(&b), a == b);
+            prop_assert_eq!(StoredKey::new(&a).cmp(&StoredKey::new(&b)), a.cmp(&b));
+            prop_assert_eq!(StoredKey::new(&a) == StoredKey::new(&b), a == b);
         }
 
         /// The backend behaves like a plain map (the oracle), and scans are ordered prefixes.
