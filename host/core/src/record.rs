@@ -170,6 +170,11 @@ impl RecordBatch {
         self.data.len()
     }
 
+    /// Bytes allocated for the buffer and the record table (what keeping the batch costs).
+    pub fn allocated_bytes(&self) -> usize {
+        self.data.capacity() + self.records.capacity() * std::mem::size_of::<RecordMeta>()
+    }
+
     /// Removes every record, keeping the allocations.
     pub fn clear(&mut self) {
         self.data.clear();

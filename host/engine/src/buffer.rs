@@ -47,6 +47,15 @@ impl BufferBuilder {
         (!self.batch.is_empty()).then(|| std::mem::take(&mut self.batch))
     }
 
+    /// Gives the builder an emptied buffer to fill next, if it holds nothing yet: a recycled
+    /// buffer keeps its allocation, so filling it allocates nothing.
+    pub fn refill(&mut self, mut buffer: RecordBatch) {
+        if self.batch.is_empty() && buffer.allocated_bytes() > self.batch.allocated_bytes() {
+            buffer.clear();
+            self.batch = buffer;
+        }
+    }
+
     /// When the buffered batch must be flushed at the latest, if anything is buffered.
     pub fn deadline_ms(&self) -> Option<i64> {
         self.oldest_ms.map(|t| t.saturating_add(self.buffer_timeout_ms))
@@ -80,6 +89,21 @@ mod tests {
         assert_eq!(b.poll_timeout(110).map(|x| x.len()), Some(2));
         assert_eq!(b.deadline_ms(), None);
         assert!(b.poll_timeout(10_000).is_none(), "nothing buffered, nothing flushed");
+    }
+
+    #[test]
+    fn a_refilled_builder_fills_the_given_buffer_and_never_drops_records() {
+        let mut b = BufferBuilder::new(1 << 20, 1_000);
+        let mut spare = RecordBatch::with_capacity(16, 1024);
+        spare.push(None, b"stale", None);
+        b.refill(spare);
+        assert!(b.take().is_none(), "a refill is emptied first");
+        b.refill(RecordBatch::with_capacity(16, 1024));
+        assert!(b.push(&rec(b"a"), 0).is_none());
+        b.refill(RecordBatch::with_capacity(64, 4096));
+        let held = b.take().expect("a refill never replaces buffered records");
+        assert_eq!(held.iter().map(|r| r.value.to_vec()).collect::<Vec<_>>(), [b"a".to_vec()]);
+        assert!(held.allocated_bytes() >= 1024, "the refilled allocation was used");
     }
 
     #[test]

@@ -9,6 +9,12 @@
 //! [`crate::credit`]: the receiver owns `capacity` buffers per channel and grants one credit
 //! per free buffer; a sender ships only against credit and blocks (backpressure) once its small
 //! queue is full. In-band events take credit like buffers, so they can never overtake records.
+//!
+//! A credit is a buffer: a `Data` message's credit stays with the receiving task until it
+//! hands the batch back ([`InputGate::recycle`]) or asks for the next message, so the buffers
+//! a task is still reading count against its channel. The recycled batch, emptied, goes back to
+//! the channel's sender with the credit ([`ChannelSender::spare`]), and the sender's buffer
+//! builder fills it again: after the first few batches a channel allocates nothing.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,6 +55,10 @@ pub struct Disconnected;
 pub trait ChannelSender: Send {
     /// Sends `message`, waiting while the channel has no credit (backpressure).
     fn send(&mut self, message: Message) -> Result<(), Disconnected>;
+    /// An empty buffer the receiver handed back, to fill instead of allocating one.
+    fn spare(&mut self) -> Option<RecordBatch> {
+        None
+    }
 }
 
 /// Receiving end of all input channels of one subtask.
@@ -61,6 +71,12 @@ pub trait InputGate: Send {
     /// Holds `channel` back (or lets it go again). A held channel returns no credit, so its
     /// sender stops once its credit runs out: barrier alignment without unbounded buffering.
     fn set_blocked(&mut self, channel: usize, blocked: bool);
+    /// Hands back the buffer of the `Data` message last received from `channel` once the task
+    /// is done with it: its credit returns, and the sender fills the buffer again instead of
+    /// allocating one. A batch not handed back returns its credit at the next `recv`.
+    fn recycle(&mut self, channel: usize, batch: RecordBatch) {
+        let _ = (channel, batch);
+    }
 }
 
 /// Sizing of local channels.
@@ -90,8 +106,14 @@ struct LocalChannel {
     receiver: CreditReceiver,
     sender: CreditSender<Message>,
     wire: VecDeque<Message>,
+    /// Emptied buffers on their way back to the sender, at most `capacity` of them.
+    spares: Vec<RecordBatch>,
     waits: SendWaits,
 }
+
+/// A buffer grown past this (one huge record) is freed rather than kept for reuse, so the pool
+/// holds at most `capacity` ordinary buffers per channel.
+const MAX_SPARE_BYTES: usize = 1 << 20;
 
 /// How a channel's sender waited for credit: what tests synchronise on instead of time, and
 /// what metrics can report as backpressure.
@@ -107,6 +129,22 @@ pub struct SendWaits {
 }
 
 impl LocalChannel {
+    /// The receiving task is done with one buffer: its credit (and the emptied buffer, if the
+    /// task handed it back) return to the sender.
+    fn consumed(&mut self, buffer: Option<RecordBatch>) -> bool {
+        if let Some(mut buffer) = buffer
+            && self.spares.len() < self.receiver.capacity() as usize
+            && buffer.allocated_bytes() <= MAX_SPARE_BYTES
+        {
+            buffer.clear();
+            self.spares.push(buffer);
+        }
+        let Some(credit) = self.receiver.on_consumed() else { return false };
+        self.sender.on_credit(credit);
+        self.pump();
+        true
+    }
+
     /// Moves queued messages onto the wire as far as credit allows.
     fn pump(&mut self) {
         while let Some(m) = self.sender.poll_send() {
@@ -181,7 +219,13 @@ pub fn local_gate(
                 let receiver = CreditReceiver::new(config.capacity, 1);
                 let mut sender = CreditSender::new(config.max_queued);
                 sender.on_credit(receiver.initial_credit());
-                LocalChannel { receiver, sender, wire: VecDeque::new(), waits: SendWaits::default() }
+                LocalChannel {
+                    receiver,
+                    sender,
+                    wire: VecDeque::new(),
+                    spares: Vec::new(),
+                    waits: SendWaits::default(),
+                }
             })
             .collect(),
         next: 0,
@@ -196,9 +240,9 @@ pub fn local_gate(
         .into_iter()
         .take(channels)
         .enumerate()
-        .map(|(channel, blocked_ns)| LocalSender { shared: shared.clone(), channel, blocked_ns })
+        .map(|(channel, blocked_ns)| LocalSender { shared: shared.clone(), channel, blocked_ns, spare: None })
         .collect();
-    (shared.clone(), LocalInputGate { shared, channels, blocked: vec![false; channels] }, senders)
+    (shared.clone(), LocalInputGate { shared, channels, blocked: vec![false; channels], lent: None }, senders)
 }
 
 /// In-process sending end.
@@ -206,6 +250,8 @@ pub struct LocalSender {
     shared: Arc<LocalGateShared>,
     channel: usize,
     blocked_ns: Arc<AtomicU64>,
+    /// A recycled buffer picked up while holding the lock for a send.
+    spare: Option<RecordBatch>,
 }
 
 impl std::fmt::Debug for LocalSender {
@@ -228,6 +274,9 @@ impl ChannelSender for LocalSender {
             match channel.sender.enqueue(message) {
                 Ok(()) => {
                     channel.pump();
+                    if self.spare.is_none() {
+                        self.spare = channel.spares.pop();
+                    }
                     break;
                 }
                 Err(back) => {
@@ -250,6 +299,10 @@ impl ChannelSender for LocalSender {
         shared.readable.notify_one();
         Ok(())
     }
+
+    fn spare(&mut self) -> Option<RecordBatch> {
+        self.spare.take()
+    }
 }
 
 /// In-process receiving end.
@@ -257,6 +310,8 @@ pub struct LocalInputGate {
     shared: Arc<LocalGateShared>,
     channels: usize,
     blocked: Vec<bool>,
+    /// The channel of the `Data` message the task holds, whose credit has not come back yet.
+    lent: Option<usize>,
 }
 
 impl std::fmt::Debug for LocalInputGate {
@@ -268,6 +323,17 @@ impl std::fmt::Debug for LocalInputGate {
 impl InputGate for LocalInputGate {
     fn channels(&self) -> usize {
         self.channels
+    }
+
+    fn recycle(&mut self, channel: usize, batch: RecordBatch) {
+        if self.lent != Some(channel) {
+            return;
+        }
+        self.lent = None;
+        let shared = &*self.shared;
+        if shared.lock().channels[channel].consumed(Some(batch)) {
+            shared.writable[channel].notify_one();
+        }
     }
 
     fn set_blocked(&mut self, channel: usize, blocked: bool) {
@@ -282,6 +348,12 @@ impl InputGate for LocalInputGate {
         let shared = &*self.shared;
         let deadline = Instant::now() + timeout;
         let mut state = shared.lock();
+        // Asking for more means the task is done with what it held.
+        if let Some(c) = self.lent.take()
+            && state.channels[c].consumed(None)
+        {
+            shared.writable[c].notify_one();
+        }
         loop {
             if shared.closed.load(Ordering::SeqCst) {
                 return Err(Disconnected);
@@ -295,10 +367,10 @@ impl InputGate for LocalInputGate {
                 state.next = (c + 1) % n;
                 let channel = &mut state.channels[c];
                 let Some(message) = channel.wire.pop_front() else { continue };
-                // The message is moved out, so its buffer is free again: grant the credit back.
-                if let Some(credit) = channel.receiver.on_consumed() {
-                    channel.sender.on_credit(credit);
-                    channel.pump();
+                if matches!(message, Message::Data { .. }) {
+                    // Records are read after `recv` returns: the buffer stays the task's.
+                    self.lent = Some(c);
+                } else if channel.consumed(None) {
                     shared.writable[c].notify_one();
                 }
                 return Ok(Some((c, message)));
@@ -361,7 +433,10 @@ mod tests {
             });
             assert!(shared.in_flight(0) <= config.max_in_flight(), "in flight {}", shared.in_flight(0));
             match gate.recv(Duration::from_secs(5)).unwrap() {
-                Some((0, Message::Data { batch, .. })) => got.push(batch.get(0).unwrap().value[0]),
+                Some((0, Message::Data { batch, .. })) => {
+                    got.push(batch.get(0).unwrap().value[0]);
+                    gate.recycle(0, batch);
+                }
                 Some((0, Message::EndOfStream)) => break,
                 other => panic!("unexpected {other:?}"),
             }
@@ -443,7 +518,10 @@ mod tests {
         // Each message taken from channel 0 frees one of its buffers: its sender moves on and
         // blocks again; channel 1's sender must sleep through all of it.
         for taken in 1..=5 {
-            assert!(matches!(gate.recv(Duration::from_secs(5)).unwrap(), Some((0, _))));
+            let Some((0, Message::Data { batch, .. })) = gate.recv(Duration::from_secs(5)).unwrap() else {
+                panic!("expected data from channel 0")
+            };
+            gate.recycle(0, batch);
             wait_blocked(&shared, 0, taken + 1);
         }
         assert_eq!(shared.send_waits(1), SendWaits { waiting: 1, blocked_sends: 1, wakeups: 0 });
@@ -452,6 +530,35 @@ mod tests {
         for producer in producers {
             assert_eq!(producer.join().unwrap(), Err(Disconnected));
         }
+    }
+
+    #[test]
+    fn a_buffer_is_credit_held_until_handed_back_and_then_refilled_by_its_sender() {
+        let config = ChannelConfig { capacity: 1, max_queued: 1 };
+        let (shared, mut gate, mut senders) = local_gate(1, config, vec![Arc::default()]);
+        let mut tx = senders.pop().unwrap();
+        let mut big = RecordBatch::with_capacity(64, 4096);
+        big.push(None, b"first", None);
+        tx.send(Message::Data { side: None, batch: big, watermark: None }).unwrap();
+        tx.send(batch(1)).unwrap();
+        assert_eq!(tx.spare(), None, "nothing recycled yet");
+        let Some((0, Message::Data { batch: first, .. })) = gate.recv(Duration::ZERO).unwrap() else { panic!() };
+        // The task still reads `first`: its credit is out, so the queued message stays queued.
+        assert_eq!(shared.in_flight(0), 1);
+        let allocated = first.allocated_bytes();
+        gate.recycle(0, first);
+        assert_eq!(shared.in_flight(0), 1, "the credit came back and moved the queued message onto the wire");
+        tx.send(batch(2)).unwrap();
+        let spare = tx.spare().expect("the recycled buffer came back with the credit");
+        assert!(spare.is_empty());
+        assert_eq!(spare.allocated_bytes(), allocated, "the same allocation, not a new one");
+        // A batch the task keeps (a side output passed on) returns its credit at the next recv.
+        let Some((0, Message::Data { batch: kept, .. })) = gate.recv(Duration::ZERO).unwrap() else { panic!() };
+        assert_eq!(kept.get(0).unwrap().value, [1]);
+        let Some((0, Message::Data { batch: next, .. })) = gate.recv(Duration::ZERO).unwrap() else { panic!() };
+        assert_eq!(next.get(0).unwrap().value, [2]);
+        gate.recycle(0, kept);
+        assert_eq!(tx.spare(), None, "a batch recycled out of turn is dropped, not credited twice");
     }
 
     #[test]

@@ -75,6 +75,11 @@ impl CreditReceiver {
         }
     }
 
+    /// Buffers the receiver owns for the channel.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
     /// Buffers currently held by the receiving task.
     pub fn in_use(&self) -> u32 {
         self.in_use

@@ -58,7 +58,12 @@ struct Outlets {
 impl Outlets {
     fn ship(&mut self, channel: usize, batch: RecordBatch) -> Result<(), Disconnected> {
         let watermark = self.pending_watermarks[channel].take();
-        self.senders[channel].send(Message::Data { side: None, batch, watermark })
+        let sender = &mut self.senders[channel];
+        sender.send(Message::Data { side: None, batch, watermark })?;
+        if let Some(spare) = sender.spare() {
+            self.builders[channel].refill(spare);
+        }
+        Ok(())
     }
 
     /// Buffers `record` for `channel`, shipping what is buffered first if a watermark waits

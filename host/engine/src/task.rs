@@ -264,6 +264,9 @@ impl SubtaskRunner {
                 };
                 SubtaskMetrics::add(&self.metrics.records_in, batch.len());
                 self.process(0, &batch)?;
+                if let Head::Input { gate, .. } = &mut self.head {
+                    gate.recycle(channel, batch);
+                }
                 if let Some(w) = advanced {
                     self.advance_watermark(w)?;
                 }
