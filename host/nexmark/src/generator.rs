@@ -14,6 +14,7 @@
 //! yet generated, so every join partner exists earlier in index order.
 
 use std::fmt::{self, Write};
+use std::hint::select_unpredictable;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -160,6 +161,7 @@ pub enum EventKind {
 }
 
 /// The kind of event `index` is.
+#[inline]
 pub fn kind(index: u64) -> EventKind {
     match index % TOTAL_PROPORTION {
         offset if offset < PERSON_PROPORTION => EventKind::Person,
@@ -170,6 +172,7 @@ pub fn kind(index: u64) -> EventKind {
 
 /// Number of persons among the events `0..index`; a person at `index` has id
 /// `FIRST_PERSON_ID + persons_before(index)`.
+#[inline]
 pub fn persons_before(index: u64) -> u64 {
     let (epoch, offset) = (index / TOTAL_PROPORTION, index % TOTAL_PROPORTION);
     epoch * PERSON_PROPORTION + offset.min(PERSON_PROPORTION)
@@ -177,6 +180,7 @@ pub fn persons_before(index: u64) -> u64 {
 
 /// Number of auctions among the events `0..index`; an auction at `index` has id
 /// `FIRST_AUCTION_ID + auctions_before(index)`.
+#[inline]
 pub fn auctions_before(index: u64) -> u64 {
     let (epoch, offset) = (index / TOTAL_PROPORTION, index % TOTAL_PROPORTION);
     epoch * AUCTION_PROPORTION + offset.saturating_sub(PERSON_PROPORTION).min(AUCTION_PROPORTION)
@@ -185,6 +189,7 @@ pub fn auctions_before(index: u64) -> u64 {
 /// The event time of event `index`:
 /// `first_event_time_ms + index * inter_event_us / 1000 - disorder(index)`, with the disorder
 /// drawn uniformly from `0..=max_disorder_ms`, saturating at the ends of `i64`.
+#[inline]
 pub fn event_time(config: &NexmarkConfig, index: u64) -> i64 {
     let draws = Draws { seed: config.seed, index };
     let disorder = match config.max_disorder_ms {
@@ -232,6 +237,10 @@ pub struct Scratch {
 
 /// Event `index` as [`event`] makes it, borrowing its text from `scratch` and from the
 /// generator's static text: no allocation once `scratch` has seen a few events.
+// Inlined into the caller, which usually writes the event right away (`write_row`): returned
+// through memory, the fields were read back before their stores had landed (a failed store
+// forward, the hottest instruction of the profile); inlined, they stay in registers.
+#[inline(always)]
 pub fn event_ref<'s>(config: &NexmarkConfig, index: u64, scratch: &'s mut Scratch) -> EventRef<'s> {
     let draws = Draws { seed: config.seed, index };
     let date_time = event_time(config, index);
@@ -244,21 +253,28 @@ pub fn event_ref<'s>(config: &NexmarkConfig, index: u64, scratch: &'s mut Scratc
 
 fn person<'s>(config: &NexmarkConfig, draws: Draws, date_time: i64, scratch: &'s mut Scratch) -> PersonRef<'s> {
     let Scratch { name, email, card, extra: padding, .. } = scratch;
-    // Writing to a String cannot fail.
+    // Appended piece by piece rather than with `write!`: formatting machinery cost more than
+    // the rest of a person.
     name.clear();
-    let _ = write!(
-        name,
-        "{} {}",
-        FIRST_NAMES[draws.below(Salt::FirstName, FIRST_NAMES.len() as u64) as usize],
-        LAST_NAMES[draws.below(Salt::LastName, LAST_NAMES.len() as u64) as usize]
-    );
+    name.push_str(FIRST_NAMES[draws.below(Salt::FirstName, FIRST_NAMES.len() as u64) as usize]);
+    name.push(' ');
+    name.push_str(LAST_NAMES[draws.below(Salt::LastName, LAST_NAMES.len() as u64) as usize]);
     email.clear();
-    let _ = write!(email, "{}@{}.com", words(draws.hash(Salt::EmailUser), 7), words(draws.hash(Salt::EmailHost), 5));
+    email.push_str(words(draws.hash(Salt::EmailUser), 7));
+    email.push('@');
+    email.push_str(words(draws.hash(Salt::EmailHost), 5));
+    email.push_str(".com");
     // Four groups of four digits from one hash: 10^16 is far below 2^64, so the bias is tiny.
     let digits = draws.hash(Salt::CreditCard) % 10_000_000_000_000_000;
-    let group = |g: u32| digits / 10_000u64.pow(g) % 10_000;
     card.clear();
-    let _ = write!(card, "{:04} {:04} {:04} {:04}", group(3), group(2), group(1), group(0));
+    for group in [digits / 1_000_000_000_000, digits / 100_000_000, digits / 10_000, digits] {
+        if !card.is_empty() {
+            card.push(' ');
+        }
+        let group = (group % 10_000) as usize;
+        card.push_str(&DIGIT_PAIRS[2 * (group / 100)..][..2]);
+        card.push_str(&DIGIT_PAIRS[2 * (group % 100)..][..2]);
+    }
     let city = US_CITIES[draws.below(Salt::City, US_CITIES.len() as u64) as usize];
     let state = US_STATES[draws.below(Salt::State, US_STATES.len() as u64) as usize];
     let size = 16 + name.len() + email.len() + card.len() + city.len() + state.len();
@@ -278,20 +294,15 @@ fn person<'s>(config: &NexmarkConfig, draws: Draws, date_time: i64, scratch: &'s
 fn auction<'s>(config: &NexmarkConfig, draws: Draws, date_time: i64, padding: &'s mut String) -> AuctionRef<'s> {
     // Event 0 is a person, so an auction always has one before it.
     let last_person = persons_before(draws.index).saturating_sub(1);
-    let seller = if draws.hot(Salt::HotSeller, config.hot_seller_ratio) {
-        last_person / HOT_GROUP * HOT_GROUP
-    } else {
-        active_person(config, draws, Salt::Seller, last_person)
-    };
+    let seller = select_unpredictable(
+        draws.hot(Salt::HotSeller, config.hot_seller_ratio),
+        last_person / HOT_GROUP * HOT_GROUP,
+        active_person(config, draws, Salt::Seller, last_person),
+    );
     let item_name = words(draws.hash(Salt::ItemName), 20);
     let description = words(draws.hash(Salt::Description), 100);
     let initial_bid = price(draws.hash(Salt::InitialBid));
-    // About as long as it takes to create `num_in_flight_auctions` more auctions, so that
-    // roughly that many are open at any time.
-    let horizon_events = u128::from(config.num_in_flight_auctions.max(1)) * u128::from(TOTAL_PROPORTION)
-        / u128::from(AUCTION_PROPORTION);
-    let horizon_ms = horizon_events.saturating_mul(u128::from(config.inter_event_us)) / 1000;
-    let length = 1 + draws.below(Salt::Expires, u64::try_from(horizon_ms * 2).unwrap_or(u64::MAX - 1).max(1));
+    let length = 1 + draws.below(Salt::Expires, auction_lengths(config));
     let size = 56 + item_name.len() + description.len();
     let extra = extra(draws, size, config.avg_auction_bytes, padding);
     AuctionRef {
@@ -308,30 +319,33 @@ fn auction<'s>(config: &NexmarkConfig, draws: Draws, date_time: i64, padding: &'
     }
 }
 
+#[inline(always)]
 fn bid<'s>(config: &NexmarkConfig, draws: Draws, date_time: i64, scratch: &'s mut Scratch) -> BidRef<'s> {
+    let Scratch { extra: padding, channels, .. } = scratch;
+    // The channel first: its text is often a cache miss, which the draws below then overlap.
+    // Hot or not is a coin toss, so each choice here computes both sides and selects one
+    // instead of branching (a mispredicted branch costs more than the draw it would skip).
+    let hash = draws.hash(Salt::Channel);
+    let hot = draws.hot(Salt::HotChannel, HOT_CHANNEL_RATIO);
+    let channel =
+        select_unpredictable(hot, COLD_CHANNELS + below(hash, HOT_CHANNELS.len() as u64), below(hash, COLD_CHANNELS));
+    let (channel, url) = channels.get(config.seed, channel);
     // Events 1..=3 are auctions, so a bid always has three before it.
     let last_auction = auctions_before(draws.index).saturating_sub(1);
-    let auction = if draws.hot(Salt::HotAuction, config.hot_auction_ratio) {
-        last_auction / HOT_GROUP * HOT_GROUP
-    } else {
-        let oldest = (last_auction + 1).saturating_sub(config.num_in_flight_auctions.max(1));
-        oldest + draws.below(Salt::Auction, last_auction - oldest + 1)
-    };
+    let oldest = (last_auction + 1).saturating_sub(config.num_in_flight_auctions.max(1));
+    let auction = select_unpredictable(
+        draws.hot(Salt::HotAuction, config.hot_auction_ratio),
+        last_auction / HOT_GROUP * HOT_GROUP,
+        oldest + draws.below(Salt::Auction, last_auction - oldest + 1),
+    );
     let last_person = persons_before(draws.index).saturating_sub(1);
-    let bidder = if draws.hot(Salt::HotBidder, config.hot_bidder_ratio) {
+    let bidder = select_unpredictable(
+        draws.hot(Salt::HotBidder, config.hot_bidder_ratio),
         // The second of the group, so that the hot bidder is not the hot seller (unless the
         // group has only one person yet).
-        (last_person / HOT_GROUP * HOT_GROUP + 1).min(last_person)
-    } else {
-        active_person(config, draws, Salt::Bidder, last_person)
-    };
-    let Scratch { extra: padding, channels, .. } = scratch;
-    let (channel, url) = if draws.hot(Salt::HotChannel, HOT_CHANNEL_RATIO) {
-        let hot = draws.below(Salt::Channel, HOT_CHANNELS.len() as u64);
-        channels.get(config.seed, COLD_CHANNELS + hot)
-    } else {
-        channels.get(config.seed, draws.below(Salt::Channel, COLD_CHANNELS))
-    };
+        (last_person / HOT_GROUP * HOT_GROUP + 1).min(last_person),
+        active_person(config, draws, Salt::Bidder, last_person),
+    );
     let size = 32 + channel.len() + url.len();
     let extra = extra(draws, size, config.avg_bid_bytes, padding);
     BidRef {
@@ -345,36 +359,91 @@ fn bid<'s>(config: &NexmarkConfig, draws: Draws, date_time: i64, scratch: &'s mu
     }
 }
 
+/// How many auction lengths (in ms) there are: twice the time it takes to create
+/// `num_in_flight_auctions` more auctions, so that roughly that many are open at any time.
+#[inline(always)]
+fn auction_lengths(config: &NexmarkConfig) -> u64 {
+    // In 64 bits when nothing overflows (the same value then): 128-bit divisions are calls
+    // into the runtime library, two per auction.
+    let fast = (config.num_in_flight_auctions.max(1).checked_mul(TOTAL_PROPORTION))
+        .and_then(|events| (events / AUCTION_PROPORTION).checked_mul(config.inter_event_us))
+        .and_then(|us| (us / 1000).checked_mul(2));
+    match fast {
+        Some(lengths) => lengths.max(1),
+        None => auction_lengths_wide(config),
+    }
+}
+
+#[cold]
+fn auction_lengths_wide(config: &NexmarkConfig) -> u64 {
+    let horizon_events = u128::from(config.num_in_flight_auctions.max(1)) * u128::from(TOTAL_PROPORTION)
+        / u128::from(AUCTION_PROPORTION);
+    let horizon_ms = horizon_events.saturating_mul(u128::from(config.inter_event_us)) / 1000;
+    u64::try_from(horizon_ms * 2).unwrap_or(u64::MAX - 1).max(1)
+}
+
 /// Each channel's name and URL, made when the channel is first drawn (a function of the seed
 /// and the channel only). Channels `0..COLD_CHANNELS` are `channel-<n>`, the rest hot.
+///
+/// Channel `c` has the bytes `c * CHANNEL_SLOT..` of `slots`: the name's length, the URL's,
+/// the name, the URL (a zero name length: not made yet). A bid on one of the 10 000 cold
+/// channels used to miss the cache three times, on a 48-byte entry and on the name's and the
+/// URL's own allocations; now it reads one or two adjacent cache lines.
 #[derive(Debug, Default)]
 struct Channels {
     seed: u64,
-    known: Vec<Option<(String, String)>>,
+    /// A `String`, so that names and URLs are borrowed as `&str` without UTF-8 validation; the
+    /// lengths are ASCII control characters (below `CHANNEL_SLOT`).
+    slots: String,
 }
 
+/// Bytes per channel in [`Channels`]: a name is at most `channel-9999`, a URL at most 24 + 3 *
+/// 6 + 16 + 16 bytes (`&channel_id=9999`).
+const CHANNEL_SLOT: usize = 96;
+
 impl Channels {
+    #[inline(always)]
     fn get(&mut self, seed: u64, channel: u64) -> (&str, &str) {
-        if self.seed != seed || self.known.is_empty() {
+        let start = channel as usize * CHANNEL_SLOT;
+        if self.seed != seed || self.slots.is_empty() {
             self.seed = seed;
-            self.known = vec![None; (COLD_CHANNELS as usize) + HOT_CHANNELS.len()];
+            self.slots = "\0".repeat((COLD_CHANNELS as usize + HOT_CHANNELS.len()) * CHANNEL_SLOT);
         }
-        let (name, url) = self.known[channel as usize].get_or_insert_with(|| {
-            if channel >= COLD_CHANNELS {
-                (HOT_CHANNELS[(channel - COLD_CHANNELS) as usize].to_string(), channel_url(seed, channel, 64))
-            } else {
-                let mut url = channel_url(seed, channel, 80);
-                // Writing to a String cannot fail.
-                let _ = write!(url, "&channel_id={channel}");
-                (format!("channel-{channel}"), url)
-            }
-        });
-        (name, url)
+        if self.slots.as_bytes()[start] == 0 {
+            self.make(seed, channel, start);
+        }
+        let lengths = &self.slots.as_bytes()[start..start + 2];
+        let url = start + 2 + usize::from(lengths[0]);
+        let end = url + usize::from(lengths[1]);
+        (&self.slots[start + 2..url], &self.slots[url..end])
+    }
+
+    #[cold]
+    fn make(&mut self, seed: u64, channel: u64, start: usize) {
+        let mut slot = String::with_capacity(CHANNEL_SLOT);
+        // Writing to a String cannot fail.
+        if channel >= COLD_CHANNELS {
+            slot.push_str(HOT_CHANNELS[(channel - COLD_CHANNELS) as usize]);
+        } else {
+            let _ = write!(slot, "channel-{channel}");
+        }
+        let name = slot.len();
+        push_channel_url(&mut slot, seed, channel);
+        if channel < COLD_CHANNELS {
+            let _ = write!(slot, "&channel_id={channel}");
+        }
+        let url = slot.len() - name;
+        assert!(slot.len() + 2 <= CHANNEL_SLOT, "channel {channel}: {slot} does not fit its slot");
+        let lengths = [name, url].map(|len| char::from(len as u8));
+        slot.insert(0, lengths[1]);
+        slot.insert(0, lengths[0]);
+        self.slots.replace_range(start..start + slot.len(), &slot);
     }
 }
 
 /// A person (base 0) among the `num_active_people` most recent ones up to `last_person`:
 /// limiting to active people keeps the bids and auctions per person steady in long runs.
+#[inline(always)]
 fn active_person(config: &NexmarkConfig, draws: Draws, salt: Salt, last_person: u64) -> u64 {
     let people = last_person + 1;
     let active = people.min(config.num_active_people.max(1));
@@ -383,30 +452,75 @@ fn active_person(config: &NexmarkConfig, draws: Draws, salt: Salt, last_person: 
 
 /// A price in cents, log-spread from $1 to $1M: a decade drawn uniformly, then a uniform
 /// value inside it (integer arithmetic only, so identical on every platform).
+#[inline(always)]
 fn price(hash: u64) -> u64 {
-    let low = 100 * 10u64.pow(below(hash, 6) as u32);
+    const LOW: [u64; 6] = [100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000];
+    // The remainder by the decade's width without a division: a 64-bit `div` (and the power
+    // of ten before it) were a fifth of the generator's time, and a bid has a price.
+    const WIDTH: [Divisor; 6] = {
+        let mut width = [Divisor::new(1); 6];
+        let mut d = 0;
+        while d < 6 {
+            width[d] = Divisor::new(9 * LOW[d]);
+            d += 1;
+        }
+        width
+    };
     // The decade comes from the high bits, the value inside it from the low bits.
-    low + hash % (9 * low)
+    let decade = below(hash, 6) as usize;
+    LOW[decade] + WIDTH[decade].rem(hash)
 }
 
 /// Text of 3 to `max - 1` characters (letters and spaces), trimmed, like Nexmark's strings.
+#[inline(always)]
 fn words(hash: u64, max: u64) -> &'static str {
     let len = 3 + below(hash, max.saturating_sub(3).max(1)) as usize;
-    let start = (hash % (TEXT.len() - len + 1) as u64) as usize;
-    TEXT[start..start + len].trim()
+    let start = text_start(hash, len);
+    // The text's only whitespace is ASCII spaces: the same as `trim`, without its call.
+    TEXT[start..start + len].trim_ascii()
+}
+
+/// Where a text of `len` bytes (at most `TEXT_LEN`) drawn from `hash` starts in [`TEXT`]:
+/// `hash % (TEXT_LEN - len + 1)`, by a table of [`Divisor`]s for the lengths in use (under
+/// 128): a 64-bit division takes tens of cycles, and an auction has two texts.
+#[inline(always)]
+fn text_start(hash: u64, len: usize) -> usize {
+    const SHORT: usize = 128;
+    const DIVISORS: [Divisor; SHORT] = {
+        let mut divisors = [Divisor::new(1); SHORT];
+        let mut len = 0;
+        while len < SHORT {
+            divisors[len] = Divisor::new((TEXT_LEN - len + 1) as u64);
+            len += 1;
+        }
+        divisors
+    };
+    match DIVISORS.get(len) {
+        Some(divisor) => divisor.rem(hash) as usize,
+        None => (hash % (TEXT_LEN - len + 1) as u64) as usize,
+    }
 }
 
 /// Padding so that events of this kind are `avg` bytes on average: `avg - size` ± 20 %. A
 /// slice of the text, or for a padding that wraps around the text, written over `out`.
+#[inline(always)]
 fn extra(draws: Draws, size: usize, avg: u64, out: &mut String) -> &str {
     let want = avg.saturating_sub(size as u64);
     let delta = (want + 2) / 5;
     let hash = draws.hash(Salt::Extra);
     let len = (want - delta + below(hash, 2 * delta + 1)) as usize;
-    let mut start = (hash % TEXT.len() as u64) as usize;
-    if let Some(slice) = TEXT.get(start..start + len) {
-        return slice;
+    // A power of two: a mask (this was a 64-bit division per event while `TEXT` was a
+    // static, whose length the compiler does not know).
+    let start = (hash % TEXT_LEN as u64) as usize;
+    match TEXT.get(start..start + len) {
+        Some(slice) => slice,
+        None => wrapped_text(start, len, out),
     }
+}
+
+/// `len` bytes of the text from `start` on, going round it as often as needed.
+#[cold]
+fn wrapped_text(mut start: usize, len: usize, out: &mut String) -> &str {
     out.clear();
     while out.len() < len {
         let take = (len - out.len()).min(TEXT.len() - start);
@@ -416,22 +530,62 @@ fn extra(draws: Draws, size: usize, avg: u64, out: &mut String) -> &str {
     out
 }
 
-/// The page of a channel: `https://www.nexmark.com/<a>/<b>/<c>/item.htm?query=1`, a function of
-/// `(seed, channel)` only, so a channel keeps its URL. Built in one buffer: it is made for
-/// every bid, and separate strings per part cost a third of the generator's time.
-fn channel_url(seed: u64, channel: u64, capacity: usize) -> String {
+/// Appends the page of a channel: `https://www.nexmark.com/<a>/<b>/<c>/item.htm?query=1`, a
+/// function of `(seed, channel)` only, so a channel keeps its URL.
+fn push_channel_url(url: &mut String, seed: u64, channel: u64) {
     let draws = Draws { seed, index: channel };
-    let mut url = String::with_capacity(capacity);
     url.push_str("https://www.nexmark.com/");
     for salt in [Salt::UrlA, Salt::UrlB, Salt::UrlC] {
         let hash = draws.hash(salt);
         let len = 3 + below(hash, 3) as usize;
-        let start = (hash % (TEXT.len() - len + 1) as u64) as usize;
+        let start = text_start(hash, len);
         url.extend(TEXT[start..start + len].chars().map(|c| if c == ' ' { '_' } else { c }));
         url.push('/');
     }
     url.push_str("item.htm?query=1");
-    url
+}
+
+/// `00`, `01`, .. `99`: two digits at a time without formatting.
+const DIGIT_PAIRS: &str = match std::str::from_utf8(&DIGIT_PAIR_BYTES) {
+    Ok(pairs) => pairs,
+    Err(_) => panic!("digits are ASCII"),
+};
+
+const DIGIT_PAIR_BYTES: [u8; 200] = {
+    let mut pairs = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        pairs[2 * i] = b'0' + (i / 10) as u8;
+        pairs[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    pairs
+};
+
+/// A divisor with its reciprocal, for `a % d` by multiplications (Lemire, Kaser and Kurz,
+/// "Faster remainder by direct computation", 2019): with a 128-bit reciprocal
+/// `ceil(2^128 / d)` the result is exact for every 64-bit `a` and every `d >= 2`.
+#[derive(Debug, Clone, Copy)]
+struct Divisor {
+    reciprocal: u128,
+    d: u64,
+}
+
+impl Divisor {
+    /// `d >= 2` (for `d == 1`, `rem` gives 0 as well, by wrapping to a zero reciprocal).
+    const fn new(d: u64) -> Divisor {
+        Divisor { reciprocal: (u128::MAX / d as u128).wrapping_add(1), d }
+    }
+
+    /// `a % d`.
+    #[inline(always)]
+    fn rem(self, a: u64) -> u64 {
+        // The fraction `a / d` in 128 bits, times `d`: the integer part is the remainder.
+        let fraction = self.reciprocal.wrapping_mul(u128::from(a));
+        let d = u128::from(self.d);
+        let high = (fraction >> 64) * d + ((fraction as u64 as u128 * d) >> 64);
+        (high >> 64) as u64
+    }
 }
 
 fn clamp_i64(value: i128) -> i64 {
@@ -440,6 +594,7 @@ fn clamp_i64(value: i128) -> i64 {
 
 /// Maps a uniform 64-bit hash to `0..n` (`n >= 1`) by multiply-high: no division, bias at most
 /// `n / 2^64`, and it uses the high bits, leaving the low bits for a second choice.
+#[inline(always)]
 fn below(hash: u64, n: u64) -> u64 {
     ((u128::from(hash) * u128::from(n)) >> 64) as u64
 }
@@ -486,6 +641,7 @@ struct Draws {
 impl Draws {
     /// xxh3 of `(index, salt)` seeded with `seed`: a fixed algorithm, so events are the same
     /// across builds and machines.
+    #[inline(always)]
     fn hash(self, salt: Salt) -> u64 {
         let mut input = [0u8; 16];
         input[..8].copy_from_slice(&self.index.to_le_bytes());
@@ -494,11 +650,13 @@ impl Draws {
     }
 
     /// Uniform in `0..n`; `n == 0` is treated as 1.
+    #[inline(always)]
     fn below(self, salt: Salt, n: u64) -> u64 {
         below(self.hash(salt), n.max(1))
     }
 
     /// True with probability `1 - 1/ratio` (never for ratio 0 or 1).
+    #[inline(always)]
     fn hot(self, salt: Salt, ratio: u64) -> bool {
         self.below(salt, ratio) > 0
     }
@@ -506,7 +664,8 @@ impl Draws {
 
 /// Random letters with one space in 13 (as in Nexmark's strings), made at compile time.
 /// Strings are slices of it: generating per character would dominate the generator's cost.
-static TEXT: &str = match std::str::from_utf8(&TEXT_BYTES) {
+/// A constant rather than a static so that its address and length are known when compiling.
+const TEXT: &str = match std::str::from_utf8(&TEXT_BYTES) {
     Ok(text) => text,
     Err(_) => panic!("the text is ASCII"),
 };
@@ -852,8 +1011,9 @@ mod tests {
 
     /// The events are fixed: a Java port of this generator fed Flink, and published figures
     /// compare checksums, so a faster generator must make the same bytes. The expected values
-    /// were printed by this test run on the generator of commit b20fac3 (before it was made
-    /// faster), i.e. they are that code's output, not derived from the current code.
+    /// were printed by this checksum run on the generator of commit b20fac3 (before it was made
+    /// faster; `extreme` and `early` were added later, computed with that same code checked
+    /// out), i.e. they are that code's output, not derived from the current code.
     #[test]
     fn rows_are_those_of_the_reference_generator() {
         let wide = NexmarkConfig {
@@ -870,16 +1030,64 @@ mod tests {
             avg_bid_bytes: 300,
             ..config(0)
         };
-        let cases = [
-            ("default", NexmarkConfig::default(), 0..400_000, 0x7ff1_3fb3_fcb5_a137),
-            ("seed 42", config(42), 0..400_000, 0x38b6_1175_33b0_26c6),
-            ("default, far", NexmarkConfig::default(), 1_000_000_000_000..1_000_000_050_000, 0x1bcd_6a55_534e_9945),
-            ("wide", wide, 0..100_000, 0x3b97_321e_5003_ba50),
+        // Every slow path: 128-bit times and lengths, huge ratios and counts, both ends of the
+        // index space.
+        let extreme = NexmarkConfig {
+            seed: u64::MAX,
+            first_event_time_ms: i64::MAX - 1_000_000,
+            inter_event_us: u64::MAX / 3,
+            max_disorder_ms: i64::MAX,
+            num_in_flight_auctions: u64::MAX / 7,
+            num_active_people: u64::MAX,
+            num_categories: u64::MAX,
+            hot_auction_ratio: u64::MAX,
+            hot_bidder_ratio: 3,
+            hot_seller_ratio: 1_000_000,
+            avg_person_bytes: 20_000,
+            avg_auction_bytes: 0,
+            avg_bid_bytes: 9_000,
+            ..config(0)
+        };
+        let early = NexmarkConfig {
+            first_event_time_ms: i64::MIN,
+            inter_event_us: 1_000_000_007,
+            max_disorder_ms: 1,
+            ..config(0)
+        };
+        type Indices = Box<dyn Iterator<Item = u64>>;
+        let cases: [(&str, NexmarkConfig, Indices, u64); 6] = [
+            ("default", NexmarkConfig::default(), Box::new(0..400_000), 0x7ff1_3fb3_fcb5_a137),
+            ("seed 42", config(42), Box::new(0..400_000), 0x38b6_1175_33b0_26c6),
+            (
+                "default, far",
+                NexmarkConfig::default(),
+                Box::new(1_000_000_000_000..1_000_000_050_000),
+                0x1bcd_6a55_534e_9945,
+            ),
+            ("wide", wide, Box::new(0..100_000), 0x3b97_321e_5003_ba50),
+            ("extreme", extreme, Box::new((0..2_000).chain(u64::MAX - 2_000..=u64::MAX)), 0xfdbd_0257_0ca4_c698),
+            ("early", early, Box::new(0..20_000), 0xbecd_9f1f_89fb_ff91),
         ];
         for (name, config, indices, expected) in cases {
             let sum = rows_checksum(&config, indices);
             assert_eq!(sum, expected, "{name}: rows checksum {sum:#018x}");
         }
+    }
+
+    #[test]
+    fn divisors_give_the_remainder() {
+        let mut values = vec![0, 1, u64::MAX, u64::MAX - 1, 1 << 63, (1 << 63) - 1];
+        values.extend((0..20_000u64).map(|i| xxh3_64_with_seed(&i.to_le_bytes(), 99)));
+        let mut divisors = vec![2, 3, 7, 900, 9_000, 90_000_000, 8_193, 8_190, 1 << 40, u64::MAX, u64::MAX - 1];
+        divisors.extend((3..=TEXT_LEN as u64).step_by(97));
+        for d in divisors {
+            let divisor = Divisor::new(d);
+            let edges = [d - 1, d, d.wrapping_add(1), d.wrapping_mul(d), u64::MAX / d * d, u64::MAX / d * d - 1];
+            for &a in values.iter().chain(&edges) {
+                assert_eq!(divisor.rem(a), a % d, "{a} % {d}");
+            }
+        }
+        assert_eq!(Divisor::new(1).rem(12345), 0);
     }
 
     #[test]
