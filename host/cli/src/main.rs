@@ -7,6 +7,7 @@ use std::time::Duration;
 
 mod bench;
 mod bench_checkpoint;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -61,6 +62,19 @@ enum Command {
     Bench {
         #[command(subcommand)]
         suite: BenchSuite,
+    },
+    /// Run the hosted service: REST API, tenants, artifacts and jobs on an embedded worker.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// Where the service keeps everything (created at the first start, with the admin
+        /// token in `admin.token`).
+        #[arg(long, default_value = ".eddy/service")]
+        data_dir: PathBuf,
+        /// Slots of the embedded worker.
+        #[arg(long, default_value_t = 4)]
+        slots: u32,
     },
     /// Validate a component and print what it is.
     Inspect {
@@ -414,6 +428,7 @@ fn main() {
         Command::Plan { pipeline } => plan(pipeline),
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
+        Command::Serve { listen, data_dir, slots } => serve::serve(&listen, data_dir, slots),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

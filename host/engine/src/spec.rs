@@ -175,6 +175,18 @@ fn default_region() -> String {
 }
 
 impl CheckpointSpec {
+    /// Checkpoints to the local directory `dir` every `interval_ms`, the rest as a spec's defaults.
+    pub fn in_dir(dir: PathBuf, interval_ms: u64) -> Self {
+        Self {
+            dir: Some(dir),
+            s3: None,
+            interval_ms,
+            timeout_ms: default_checkpoint_timeout_ms(),
+            min_pause_ms: 0,
+            retained: default_retained(),
+        }
+    }
+
     /// Opens the checkpoint store this spec names.
     pub fn open_store(&self) -> Result<crate::checkpoint::CheckpointStore, crate::checkpoint::CheckpointError> {
         use crate::checkpoint::{CheckpointError, CheckpointStore};

@@ -1,0 +1,293 @@
+//! `/v1/artifacts`: uploaded operator components, stored once by sha256 and compiled once.
+//!
+//! An upload streams into a temporary file under the size limit (a `Content-Length` over the
+//! limit is refused before a byte is read, and a body that passes it is cut off there), hashed
+//! on the way. The component is then validated and compiled through the runtime's cache, and
+//! only then moved to `artifacts/sha256-<hex>.wasm`; a failed or interrupted upload leaves
+//! nothing behind. Each tenant sees its own artifacts: the same bytes from two tenants are one
+//! file but two records.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::model::{Artifact, JobRecord, World, now_ms};
+use crate::problem::{ApiError, ApiResult, Problem};
+use crate::secret::hex;
+use crate::store::Table;
+
+/// `POST /v1/artifacts` query: an optional name and version to refer to the artifact by.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct UploadQuery {
+    /// 1–64 characters of `a-z`, `0-9`, `-`, `_` and `.`; needs `version`.
+    pub name: Option<String>,
+    /// 1–64 characters of `A-Z`, `a-z`, `0-9`, `-`, `_`, `.` and `+`; needs `name`.
+    pub version: Option<String>,
+}
+
+/// An artifact with the jobs that use it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ArtifactDetail {
+    /// The artifact.
+    #[serde(flatten)]
+    pub artifact: Artifact,
+    /// The export its world requires.
+    pub exports: Vec<String>,
+    /// Ids of this tenant's jobs whose steps run it.
+    pub used_by: Vec<String>,
+}
+
+fn checked(what: &str, value: &str, extra: &[u8]) -> Result<(), ApiError> {
+    let ok = (1..=64).contains(&value.len())
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b) || extra.contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        let more = String::from_utf8_lossy(extra);
+        Err(ApiError::unprocessable(format!("{what} `{value}`: use 1-64 characters of letters, digits, - _ .{more}"))
+            .at(what))
+    }
+}
+
+/// The `name@version` label of an upload, if it names one.
+fn label(query: &UploadQuery) -> Result<Option<String>, ApiError> {
+    match (&query.name, &query.version) {
+        (None, None) => Ok(None),
+        (Some(name), Some(version)) => {
+            checked("name", name, b"")?;
+            if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                return Err(ApiError::unprocessable(format!("name `{name}`: use lowercase")).at("name"));
+            }
+            checked("version", version, b"+")?;
+            Ok(Some(format!("{name}@{version}")))
+        }
+        (Some(_), None) => Err(ApiError::unprocessable("`name` needs a `version` too").at("version")),
+        (None, Some(_)) => Err(ApiError::unprocessable("`version` needs a `name` too").at("name")),
+    }
+}
+
+fn key(tenant: &str, digest: &str) -> String {
+    format!("{tenant}/{digest}")
+}
+
+/// Where the bytes of `digest` (`sha256:<hex>`) live.
+pub fn wasm_path(state: &AppState, digest: &str) -> PathBuf {
+    state.data_dir.join("artifacts").join(format!("{}.wasm", digest.replace(':', "-")))
+}
+
+/// The digest a step's `wasm:` names for `tenant`: `sha256:<hex>` or `name@version`.
+pub fn resolve(state: &AppState, tenant: &str, reference: &str) -> Result<Option<Artifact>, ApiError> {
+    let digest = if reference.starts_with("sha256:") {
+        reference.to_string()
+    } else {
+        match state.store.get::<String>(Table::ArtifactNames, &key(tenant, reference))? {
+            Some(digest) => digest,
+            None => return Ok(None),
+        }
+    };
+    Ok(state.store.get(Table::Artifacts, &key(tenant, &digest))?)
+}
+
+/// Streams the body into a temporary file, hashing it: (file, size, `sha256:<hex>`).
+async fn receive(state: &AppState, headers: &HeaderMap, body: Body) -> ApiResult<(tempfile::TempPath, u64, String)> {
+    let limit = state.config.max_artifact_bytes;
+    let too_large = || {
+        ApiError::too_large(format!(
+            "an artifact may have at most {limit} bytes; build it in release mode and strip it"
+        ))
+    };
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let incoming = state.data_dir.join("artifacts").join(".incoming");
+    let path =
+        tempfile::Builder::new().prefix("upload-").tempfile_in(&incoming).map_err(ApiError::internal)?.into_temp_path();
+    let mut file = tokio::fs::File::create(&path).await.map_err(ApiError::internal)?;
+    let (mut size, mut hasher) = (0u64, Sha256::new());
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the upload broke off: {e}")))?;
+        size += chunk.len() as u64;
+        if size > limit {
+            return Err(too_large());
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.map_err(ApiError::internal)?;
+    }
+    file.sync_all().await.map_err(ApiError::internal)?;
+    if size == 0 {
+        return Err(ApiError::unprocessable("the body is empty: send the .wasm bytes").at("body"));
+    }
+    Ok((path, size, format!("sha256:{}", hex(&hasher.finalize()))))
+}
+
+/// Validates and compiles the upload (on a blocking thread: compiling takes a while).
+async fn inspect(state: &Arc<AppState>, path: &std::path::Path, digest: &str) -> ApiResult<World> {
+    let (state, path, digest) = (state.clone(), path.to_owned(), digest.to_owned());
+    let world = tokio::task::spawn_blocking(move || {
+        let bytes = std::fs::read(&path).map_err(ApiError::internal)?;
+        let component = state.runtime.load(&digest, &bytes).map_err(|e| match e {
+            eddy_runtime::LoadError::TooLarge { .. } => ApiError::too_large(e.to_string()),
+            e => ApiError::unprocessable(e.to_string()).at("body"),
+        })?;
+        Ok::<_, ApiError>(component.world())
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    Ok(match world {
+        eddy_runtime::World::KeyedOperator => World::KeyedOperator,
+        eddy_runtime::World::WindowAggregate => World::WindowAggregate,
+    })
+}
+
+/// Uploads a component (the raw `.wasm` bytes as the body).
+#[utoipa::path(post, path = "/v1/artifacts", tag = "artifacts", params(UploadQuery),
+    request_body(content = Vec<u8>, content_type = "application/wasm"),
+    responses((status = 201, description = "New for this tenant", body = Artifact),
+        (status = 200, description = "Already uploaded: the same artifact", body = Artifact),
+        (status = 401, body = Problem), (status = 409, body = Problem), (status = 413, body = Problem),
+        (status = 422, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn upload(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Query(query): Query<UploadQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<Artifact>)> {
+    let tenant = caller.tenant()?.to_string();
+    let label = label(&query)?;
+    let (temp, size, digest) = receive(&state, &headers, body).await?;
+    let world = inspect(&state, &temp, &digest).await?;
+    let dest = wasm_path(&state, &digest);
+    if dest.exists() {
+        drop(temp);
+    } else {
+        temp.persist(&dest).map_err(ApiError::internal)?;
+    }
+    let (artifact, created) = state.store.write(|txn| -> ApiResult<(Artifact, bool)> {
+        let existing: Option<Artifact> = txn.get(Table::Artifacts, &key(&tenant, &digest))?;
+        let created = existing.is_none();
+        let mut artifact = existing.unwrap_or_else(|| Artifact {
+            digest: digest.clone(),
+            tenant: tenant.clone(),
+            size,
+            world,
+            names: Vec::new(),
+            created_ms: now_ms(),
+        });
+        if let Some(label) = &label {
+            match txn.get::<String>(Table::ArtifactNames, &key(&tenant, label))? {
+                Some(other) if other != digest => {
+                    return Err(ApiError::conflict(format!(
+                        "`{label}` already names {other}; upload these bytes under a new version"
+                    ))
+                    .at("version"));
+                }
+                Some(_) => {}
+                None => {
+                    txn.put(Table::ArtifactNames, &key(&tenant, label), &digest)?;
+                    artifact.names.push(label.clone());
+                }
+            }
+        }
+        txn.put(Table::Artifacts, &key(&tenant, &digest), &artifact)?;
+        Ok((artifact, created))
+    })?;
+    tracing::info!(tenant = %tenant, digest = %digest, size, created, "artifact uploaded");
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(artifact)))
+}
+
+/// Lists the caller's artifacts.
+#[utoipa::path(get, path = "/v1/artifacts", tag = "artifacts",
+    responses((status = 200, body = Vec<Artifact>), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResult<Json<Vec<Artifact>>> {
+    let tenant = caller.tenant()?;
+    Ok(Json(state.store.list(Table::Artifacts, &format!("{tenant}/"))?))
+}
+
+fn jobs_using(state: &AppState, tenant: &str, digest: &str) -> Result<Vec<JobRecord>, ApiError> {
+    let jobs: Vec<JobRecord> = state.store.list(Table::Jobs, "")?;
+    Ok(jobs.into_iter().filter(|j| j.tenant == tenant && j.artifacts.iter().any(|a| a == digest)).collect())
+}
+
+/// Shows one artifact, by digest or `name@version`.
+#[utoipa::path(get, path = "/v1/artifacts/{reference}", tag = "artifacts",
+    params(("reference" = String, Path, description = "`sha256:<hex>` or `name@version`")),
+    responses((status = 200, body = ArtifactDetail), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn show(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(reference): Path<String>,
+) -> ApiResult<Json<ArtifactDetail>> {
+    let tenant = caller.tenant()?;
+    let artifact = resolve(&state, tenant, &reference)?.ok_or_else(|| ApiError::not_found("artifact", &reference))?;
+    let used_by = jobs_using(&state, tenant, &artifact.digest)?.into_iter().map(|j| j.id).collect();
+    let exports = vec![
+        match artifact.world {
+            World::KeyedOperator => eddy_runtime::OPERATOR_EXPORT,
+            World::WindowAggregate => eddy_runtime::AGGREGATE_EXPORT,
+        }
+        .to_string(),
+    ];
+    Ok(Json(ArtifactDetail { artifact, exports, used_by }))
+}
+
+/// Deletes one of the caller's artifacts, unless a job that may still run uses it.
+#[utoipa::path(delete, path = "/v1/artifacts/{reference}", tag = "artifacts",
+    params(("reference" = String, Path, description = "`sha256:<hex>` or `name@version`")),
+    responses((status = 204), (status = 401, body = Problem), (status = 404, body = Problem), (status = 409, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(reference): Path<String>,
+) -> ApiResult<StatusCode> {
+    let tenant = caller.tenant()?.to_string();
+    let artifact = resolve(&state, &tenant, &reference)?.ok_or_else(|| ApiError::not_found("artifact", &reference))?;
+    let digest = artifact.digest.clone();
+    let last_user = state.store.write(|txn| -> ApiResult<bool> {
+        let live: Vec<String> = txn
+            .list_keyed::<JobRecord>(Table::Jobs, "")?
+            .into_iter()
+            .filter(|(_, j)| j.tenant == tenant && !j.status.is_terminal() && j.artifacts.contains(&digest))
+            .map(|(id, _)| id)
+            .collect();
+        if !live.is_empty() {
+            return Err(ApiError::conflict(format!(
+                "{digest} is used by job(s) {}: cancel or stop them first",
+                live.join(", ")
+            )));
+        }
+        txn.delete(Table::Artifacts, &key(&tenant, &digest))?;
+        for label in &artifact.names {
+            txn.delete(Table::ArtifactNames, &key(&tenant, label))?;
+        }
+        let others = txn.list_keyed::<Artifact>(Table::Artifacts, "")?;
+        Ok(!others.iter().any(|(_, a)| a.digest == digest))
+    })?;
+    if last_user {
+        // The store no longer names the file, so a crash here only leaves an orphan file.
+        if let Err(e) = std::fs::remove_file(wasm_path(&state, &digest)) {
+            tracing::warn!(digest = %digest, error = %e, "could not remove an unused artifact file");
+        }
+    }
+    tracing::info!(tenant = %tenant, digest = %digest, "artifact deleted");
+    Ok(StatusCode::NO_CONTENT)
+}

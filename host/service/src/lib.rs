@@ -1,0 +1,256 @@
+//! Eddy as a hosted, multi-tenant service: `eddy serve` keeps tenants, their tokens, uploaded
+//! operator components and jobs in an embedded store under one data directory, runs the jobs
+//! on an embedded worker, and answers a versioned REST API (`/v1`, JSON, errors as
+//! `application/problem+json`, the OpenAPI document at `/v1/openapi.json`).
+//!
+//! ```text
+//! DIR/eddy.redb          tenants, token hashes, artifacts, jobs (redb: ACID, synced commits)
+//! DIR/admin.token        the admin token, written once at the first start (mode 0600)
+//! DIR/artifacts/         uploaded components by digest, and the runtime's compiled cache
+//! DIR/tenants/<id>/      each tenant's files, jobs, output, checkpoints and state
+//! ```
+//!
+//! # Example
+//!
+//! A server on an ephemeral port, asked for its OpenAPI document:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use eddy_service::{Service, ServiceConfig};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let (service, admin_token) = Service::open(ServiceConfig::new(dir.path().to_path_buf()))?;
+//! assert!(admin_token.is_some(), "a new data directory gets an admin token");
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let addr = listener.local_addr()?;
+//! tokio::spawn(service.serve(listener, std::future::pending()));
+//! let mut stream = tokio::net::TcpStream::connect(addr).await?;
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! stream.write_all(b"GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
+//! let mut answer = String::new();
+//! stream.read_to_string(&mut answer).await?;
+//! assert!(answer.starts_with("HTTP/1.1 200"));
+//! assert!(answer.contains("/v1/jobs"));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+use eddy_runtime::{Runtime, RuntimeConfig};
+use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub mod artifacts;
+pub mod auth;
+pub mod jobs;
+pub mod model;
+pub mod placement;
+pub mod problem;
+pub mod secret;
+pub mod store;
+pub mod supervisor;
+pub mod tenants;
+
+use model::Principal;
+use store::Store;
+use supervisor::Supervisor;
+
+/// How the service runs.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Where everything lives.
+    pub data_dir: PathBuf,
+    /// Slots of the embedded worker (a slot runs one subtask of each task of a job).
+    pub slots: u32,
+    /// Largest artifact accepted.
+    pub max_artifact_bytes: u64,
+}
+
+impl ServiceConfig {
+    /// Defaults: 4 slots, artifacts up to 64 MiB (a Python guest is ~18 MB).
+    pub fn new(data_dir: PathBuf) -> Self {
+        Self { data_dir, slots: 4, max_artifact_bytes: 64 << 20 }
+    }
+}
+
+/// What every request handler shares.
+pub struct AppState {
+    /// The configuration.
+    pub config: ServiceConfig,
+    /// The data directory (absolute).
+    pub data_dir: PathBuf,
+    /// The records.
+    pub store: Store,
+    /// Compiles and instantiates components (compiled artifacts cached by digest).
+    pub runtime: Runtime,
+    /// The running jobs.
+    pub supervisor: Supervisor,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").field("data_dir", &self.data_dir).finish_non_exhaustive()
+    }
+}
+
+/// The service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The data directory is not usable.
+    #[error("data directory {dir}: {error}")]
+    DataDir {
+        /// The directory.
+        dir: String,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The store did not open.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// The runtime did not start.
+    #[error("runtime: {0}")]
+    Runtime(String),
+    /// Something else failed.
+    #[error("{0}")]
+    Other(String),
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Eddy", description = "Stream processing with sandboxed WebAssembly operators, as a service."),
+    modifiers(&BearerAuth),
+    components(schemas(problem::Problem))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The routes and the OpenAPI document, built from the same handler list, so no route can be
+/// missing from the document.
+pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(tenants::create_tenant, tenants::list_tenants))
+        .routes(routes!(tenants::issue_token))
+        .routes(routes!(tenants::revoke_token))
+        .routes(routes!(artifacts::upload, artifacts::list))
+        .routes(routes!(artifacts::show, artifacts::delete))
+        .routes(routes!(jobs::submit, jobs::list))
+        .routes(routes!(jobs::show, jobs::cancel))
+        .routes(routes!(jobs::output))
+        .split_for_parts()
+}
+
+/// A running service.
+#[derive(Debug, Clone)]
+pub struct Service {
+    state: Arc<AppState>,
+}
+
+fn create_dir(dir: &std::path::Path) -> Result<(), StartError> {
+    std::fs::create_dir_all(dir).map_err(|error| StartError::DataDir { dir: dir.display().to_string(), error })
+}
+
+/// Writes the admin token once, readable by the owner only.
+fn write_admin_token(path: &std::path::Path, token: &str) -> Result<(), StartError> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let io = |error| StartError::DataDir { dir: path.display().to_string(), error };
+    let mut file = options.open(path).map_err(io)?;
+    file.write_all(format!("{token}\n").as_bytes()).map_err(io)?;
+    file.sync_all().map_err(io)
+}
+
+impl Service {
+    /// Opens the data directory (creating it and the admin token at the first start) and
+    /// resumes the jobs that were running. Returns the admin token when it was just created.
+    pub fn open(config: ServiceConfig) -> Result<(Self, Option<String>), StartError> {
+        create_dir(&config.data_dir)?;
+        let data_dir = std::fs::canonicalize(&config.data_dir)
+            .map_err(|error| StartError::DataDir { dir: config.data_dir.display().to_string(), error })?;
+        create_dir(&data_dir.join("artifacts").join(".incoming"))?;
+        // Uploads cut off by a crash.
+        if let Ok(entries) = std::fs::read_dir(data_dir.join("artifacts").join(".incoming")) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        let store = Store::open(&data_dir.join("eddy.redb"))?;
+        let runtime = Runtime::new(RuntimeConfig {
+            cache_dir: Some(data_dir.join("artifacts").join("compiled")),
+            host_key_path: Some(data_dir.join("host.key")),
+            max_component_bytes: usize::try_from(config.max_artifact_bytes).unwrap_or(usize::MAX),
+            ..RuntimeConfig::default()
+        })
+        .map_err(|e| StartError::Runtime(e.to_string()))?;
+        let supervisor = Supervisor::new(config.slots);
+        let state = Arc::new(AppState { config, data_dir: data_dir.clone(), store, runtime, supervisor });
+        let admin_path = data_dir.join("admin.token");
+        let admin_token = if admin_path.exists() {
+            None
+        } else {
+            let token = state
+                .store
+                .write(|txn| tenants::issue(txn, Principal::Admin))
+                .map_err(|e| StartError::Other(e.detail))?
+                .1;
+            write_admin_token(&admin_path, &token)?;
+            Some(token)
+        };
+        let resumed = state.supervisor.resume_all(&state).map_err(|e| StartError::Other(e.detail))?;
+        if resumed > 0 {
+            tracing::info!(jobs = resumed, "resumed the jobs that were running");
+        }
+        Ok((Self { state }, admin_token))
+    }
+
+    /// The shared state (for tests and embedding).
+    pub fn state(&self) -> &Arc<AppState> {
+        &self.state
+    }
+
+    /// The HTTP application.
+    pub fn router(&self) -> Router {
+        let (routes, doc) = api();
+        let doc = Arc::new(doc);
+        routes
+            .route("/v1/openapi.json", get(move || async move { axum::Json(doc.as_ref().clone()) }))
+            .with_state(self.state.clone())
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then stops the jobs (they resume at the
+    /// next start).
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let app = self.router();
+        let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+        let state = self.state.clone();
+        let _ = tokio::task::spawn_blocking(move || state.supervisor.shutdown()).await;
+        result
+    }
+}

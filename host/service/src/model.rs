@@ -1,0 +1,148 @@
+//! The records the service keeps and the JSON its API answers with.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A tenant: the owner of artifacts, jobs and their output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Tenant {
+    /// `t_` and 16 hex digits.
+    pub id: String,
+    /// Unique among tenants.
+    pub name: String,
+    /// When the admin created it (ms since the epoch).
+    pub created_ms: i64,
+}
+
+/// Who a token speaks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Principal {
+    /// The operator of the service: manages tenants, sees no tenant's resources.
+    Admin,
+    /// One tenant.
+    Tenant {
+        /// Its id.
+        tenant: String,
+    },
+}
+
+/// A stored token (only its hash is the key; the token itself is never stored).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Token {
+    /// A short public id, to list and revoke it by.
+    pub id: String,
+    /// Who it speaks for.
+    pub principal: Principal,
+    /// When it was issued.
+    pub created_ms: i64,
+    /// When it was revoked, if it was.
+    pub revoked_ms: Option<i64>,
+}
+
+/// Which Eddy world a component implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum World {
+    /// `keyed-operator`.
+    KeyedOperator,
+    /// `window-aggregate`.
+    WindowAggregate,
+}
+
+/// An uploaded component, as one tenant sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Artifact {
+    /// `sha256:` and the hex digest of the bytes.
+    pub digest: String,
+    /// The owning tenant.
+    #[serde(skip_serializing)]
+    #[serde(default)]
+    pub tenant: String,
+    /// Size of the `.wasm`.
+    pub size: u64,
+    /// The world it implements.
+    pub world: World,
+    /// The names `name@version` given to it at upload.
+    pub names: Vec<String>,
+    /// When it was first uploaded.
+    pub created_ms: i64,
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// Accepted, about to start (or to resume after a server restart).
+    Created,
+    /// Its tasks run.
+    Running,
+    /// A task failed; it restarts from its newest checkpoint after a delay.
+    Restarting,
+    /// Every source ended and the output is committed.
+    Finished,
+    /// It failed beyond its restart strategy.
+    Failed,
+    /// A client cancelled it.
+    Canceled,
+}
+
+impl JobStatus {
+    /// Whether the job will not run again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobStatus::Finished | JobStatus::Failed | JobStatus::Canceled)
+    }
+}
+
+/// One failure of a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Failure {
+    /// When it happened.
+    pub at_ms: i64,
+    /// What failed, as the engine put it (naming the task and operator).
+    pub message: String,
+}
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// `j_` and 16 hex digits.
+    pub id: String,
+    /// The owning tenant.
+    pub tenant: String,
+    /// The pipeline's name.
+    pub name: String,
+    /// The pipeline as submitted (YAML or JSON).
+    pub spec: String,
+    /// The digests of the artifacts its steps run, in step order.
+    pub artifacts: Vec<String>,
+    /// Slots it holds while it runs.
+    pub slots: u32,
+    /// Where it is.
+    pub status: JobStatus,
+    /// The newest failures, oldest first (at most [`MAX_FAILURES`]).
+    pub failures: Vec<Failure>,
+    /// Restarts after failures so far.
+    pub restarts: u32,
+    /// Submitted at.
+    pub created_ms: i64,
+    /// Last status change.
+    pub updated_ms: i64,
+}
+
+/// Failures kept per job.
+pub const MAX_FAILURES: usize = 10;
+
+impl JobRecord {
+    /// Records a failure, keeping the newest [`MAX_FAILURES`].
+    pub fn push_failure(&mut self, message: String) {
+        self.failures.push(Failure { at_ms: now_ms(), message });
+        let excess = self.failures.len().saturating_sub(MAX_FAILURES);
+        self.failures.drain(..excess);
+    }
+}

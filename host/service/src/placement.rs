@@ -1,0 +1,123 @@
+//! Where a tenant's job reads and writes: a submitted spec is rewritten so that every path in
+//! it lies inside the tenant's own area under the data directory, and its steps run uploaded
+//! artifacts, never files of the server's host.
+//!
+//! ```text
+//! DIR/tenants/<tenant>/files/                 file sources read here (relative paths only)
+//! DIR/tenants/<tenant>/jobs/<job>/output/     the sink (print and files become files here)
+//! DIR/tenants/<tenant>/jobs/<job>/checkpoints the job's checkpoints (always on, so a
+//!                                             restarted server resumes the job)
+//! DIR/tenants/<tenant>/jobs/<job>/state/      RocksDB and checkpoint staging
+//! ```
+
+use std::path::{Component, Path, PathBuf};
+
+use eddy_engine::{CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec};
+
+use crate::AppState;
+use crate::artifacts::{resolve, wasm_path};
+use crate::problem::ApiError;
+
+/// How often a job whose spec sets no `checkpoints` is checkpointed.
+pub const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 5_000;
+
+/// A job's directory.
+pub fn job_dir(state: &AppState, tenant: &str, job: &str) -> PathBuf {
+    state.data_dir.join("tenants").join(tenant).join("jobs").join(job)
+}
+
+/// Where the job's sink writes.
+pub fn output_dir(state: &AppState, tenant: &str, job: &str) -> PathBuf {
+    job_dir(state, tenant, job).join("output")
+}
+
+/// A relative path with no `..`, `/` or prefix: one that cannot leave the directory it is
+/// joined to.
+fn confined(field: &str, path: &Path) -> Result<(), ApiError> {
+    let escapes = path.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if escapes || path.as_os_str().is_empty() {
+        return Err(ApiError::unprocessable(format!(
+            "`{}`: give a path relative to your files area, without `..`",
+            path.display()
+        ))
+        .at(field));
+    }
+    Ok(())
+}
+
+/// Parses a submitted spec (YAML, or JSON, which YAML reads too).
+pub fn parse(text: &str) -> Result<PipelineSpec, ApiError> {
+    PipelineSpec::from_yaml(text).map_err(|e| {
+        let field = match &e {
+            eddy_engine::SpecError::Invalid { field, .. } => Some(field.clone()),
+            _ => None,
+        };
+        let error = ApiError::unprocessable(e.to_string());
+        match field {
+            Some(f) => error.at(f),
+            None => error,
+        }
+    })
+}
+
+/// The spec as the job runs it, and the digests of its steps' artifacts in step order.
+pub fn place(state: &AppState, tenant: &str, job: &str, text: &str) -> Result<(PipelineSpec, Vec<String>), ApiError> {
+    let mut spec = parse(text)?;
+    let mut digests = Vec::with_capacity(spec.steps.len());
+    for (i, step) in spec.steps.iter_mut().enumerate() {
+        let field = format!("steps[{i}].wasm");
+        let reference = step.wasm.to_str().unwrap_or_default().to_string();
+        let artifact = resolve(state, tenant, &reference)?.ok_or_else(|| {
+            ApiError::unprocessable(format!(
+                "`{reference}` is not one of your artifacts: upload it (POST /v1/artifacts) and name it here by \
+                 `sha256:<hex>` or `name@version`"
+            ))
+            .at(field)
+        })?;
+        step.wasm = wasm_path(state, &artifact.digest);
+        digests.push(artifact.digest);
+    }
+    let files = state.data_dir.join("tenants").join(tenant).join("files");
+    for (i, source) in spec.sources.iter_mut().enumerate() {
+        if let SourceSpec::File { path, .. } = source {
+            confined(&format!("sources[{i}].path"), path)?;
+            *path = files.join(&*path);
+        }
+    }
+    let dir = job_dir(state, tenant, job);
+    let output = dir.join("output");
+    spec.sink = match &spec.sink {
+        SinkSpec::Print | SinkSpec::Files { .. } => SinkSpec::Files { dir: output },
+        SinkSpec::File { .. } => SinkSpec::File { path: output.join("output.jsonl") },
+        SinkSpec::Upsert { .. } => SinkSpec::Upsert { dir: output.join("table") },
+        SinkSpec::Blackhole => SinkSpec::Blackhole,
+    };
+    spec.state.dir = Some(dir.join("state"));
+    let checkpoints = match spec.checkpoints.take() {
+        Some(c) if c.s3.is_some() => {
+            return Err(ApiError::unprocessable(
+                "the service keeps each job's checkpoints itself: drop `checkpoints.s3` (and `dir`)",
+            )
+            .at("checkpoints.s3"));
+        }
+        Some(c) => c,
+        None => CheckpointSpec::in_dir(PathBuf::new(), DEFAULT_CHECKPOINT_INTERVAL_MS),
+    };
+    spec.checkpoints = Some(CheckpointSpec { dir: Some(dir.join("checkpoints")), ..checkpoints });
+    Ok((spec, digests))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_that_could_leave_the_area_are_refused() {
+        for bad in ["../x", "/etc/passwd", "a/../../b", ""] {
+            assert!(confined("sources[0].path", Path::new(bad)).is_err(), "{bad}");
+        }
+        for good in ["in.txt", "a/b.jsonl", "./c"] {
+            assert!(confined("sources[0].path", Path::new(good)).is_ok(), "{good}");
+        }
+    }
+}

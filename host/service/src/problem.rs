@@ -1,0 +1,132 @@
+//! Errors as RFC 9457 problem details (`application/problem+json`): the status, a title, and
+//! a detail naming the field or limit at fault and what to do instead.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::secret::NoRandomness;
+use crate::store::StoreError;
+
+/// The body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Problem {
+    /// Always `about:blank`: the status says the kind.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The status's reason phrase.
+    pub title: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// What was wrong and what to do.
+    pub detail: String,
+    /// The request field at fault, when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// An error answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// See [`Problem::detail`].
+    pub detail: String,
+    /// See [`Problem::field`].
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    /// An error with `status` and `detail`.
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+        Self { status, detail: detail.into(), field: None }
+    }
+
+    /// Names the request field at fault.
+    pub fn at(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    /// 400: the request is malformed.
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, detail)
+    }
+
+    /// 401: no valid token.
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, detail)
+    }
+
+    /// 403: a valid token that may not do this.
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, detail)
+    }
+
+    /// 404: no such resource for this caller (another tenant's looks the same).
+    pub fn not_found(what: &str, id: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, format!("no {what} `{id}`"))
+    }
+
+    /// 409: the resource's state forbids it.
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, detail)
+    }
+
+    /// 413: over a size limit.
+    pub fn too_large(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, detail)
+    }
+
+    /// 415: a body in a format the route does not take.
+    pub fn unsupported_media(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, detail)
+    }
+
+    /// 422: well-formed, but not something the service can run.
+    pub fn unprocessable(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, detail)
+    }
+
+    /// 500: the server failed; the detail is logged, not shown.
+    pub fn internal(error: impl std::fmt::Display) -> Self {
+        tracing::error!(%error, "request failed inside the server");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "the server failed; its log has the cause")
+    }
+
+    /// The body.
+    pub fn problem(&self) -> Problem {
+        Problem {
+            kind: "about:blank",
+            title: self.status.canonical_reason().unwrap_or("Error").to_string(),
+            status: self.status.as_u16(),
+            detail: self.detail.clone(),
+            field: self.field.clone(),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        Self::internal(e)
+    }
+}
+
+impl From<NoRandomness> for ApiError {
+    fn from(e: NoRandomness) -> Self {
+        Self::internal(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
+        let mut response = (self.status, body).into_response();
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        response
+    }
+}
+
+/// What a handler answers.
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,153 @@
+//! `/v1/tenants`: the admin creates tenants and issues and revokes their tokens.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::model::{Principal, Tenant, Token, now_ms};
+use crate::problem::{ApiError, ApiResult, Problem};
+use crate::secret::{new_id, new_token, token_hash};
+use crate::store::{Table, Txn};
+
+/// `POST /v1/tenants`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewTenant {
+    /// 1–64 characters of `a-z`, `0-9`, `-` and `_`, unique.
+    pub name: String,
+}
+
+/// A token, shown once when issued.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct IssuedToken {
+    /// The tenant it speaks for.
+    pub tenant: String,
+    /// Its public id, to revoke it by.
+    pub token_id: String,
+    /// The bearer token itself: store it now, it is never shown again.
+    pub token: String,
+}
+
+/// A new tenant with its first token.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CreatedTenant {
+    /// Its id.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// Its first token's public id.
+    pub token_id: String,
+    /// Its first token: store it now, it is never shown again.
+    pub token: String,
+}
+
+fn check_name(name: &str) -> Result<(), ApiError> {
+    let ok = (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::unprocessable(format!("tenant name `{name}`: use 1-64 characters of a-z, 0-9, - and _"))
+            .at("name"))
+    }
+}
+
+/// Stores a new token for `principal`; returns (token id, token).
+pub(crate) fn issue(txn: &mut Txn<'_>, principal: Principal) -> Result<(String, String), ApiError> {
+    let token = new_token()?;
+    let id = new_id("k_")?;
+    txn.put(
+        Table::Tokens,
+        &token_hash(&token),
+        &Token { id: id.clone(), principal, created_ms: now_ms(), revoked_ms: None },
+    )?;
+    Ok((id, token))
+}
+
+/// Creates a tenant and its first token (admin only).
+#[utoipa::path(post, path = "/v1/tenants", tag = "tenants", request_body = NewTenant,
+    responses((status = 201, body = CreatedTenant), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 409, body = Problem), (status = 422, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn create_tenant(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Json(new): Json<NewTenant>,
+) -> ApiResult<(StatusCode, Json<CreatedTenant>)> {
+    caller.admin()?;
+    check_name(&new.name)?;
+    let created = state.store.write(|txn| -> ApiResult<CreatedTenant> {
+        // Few tenants, so uniqueness is a scan inside the same transaction.
+        let taken = txn.list_keyed::<Tenant>(Table::Tenants, "")?.iter().any(|(_, t)| t.name == new.name);
+        if taken {
+            return Err(ApiError::conflict(format!("a tenant named `{}` exists", new.name)).at("name"));
+        }
+        let tenant = Tenant { id: new_id("t_")?, name: new.name.clone(), created_ms: now_ms() };
+        txn.put(Table::Tenants, &tenant.id, &tenant)?;
+        let (token_id, token) = issue(txn, Principal::Tenant { tenant: tenant.id.clone() })?;
+        Ok(CreatedTenant { id: tenant.id, name: tenant.name, token_id, token })
+    })?;
+    tracing::info!(tenant = %created.id, name = %created.name, "tenant created");
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Lists the tenants (admin only).
+#[utoipa::path(get, path = "/v1/tenants", tag = "tenants",
+    responses((status = 200, body = Vec<Tenant>), (status = 401, body = Problem), (status = 403, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn list_tenants(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResult<Json<Vec<Tenant>>> {
+    caller.admin()?;
+    Ok(Json(state.store.list(Table::Tenants, "")?))
+}
+
+/// Issues another token for a tenant (admin only).
+#[utoipa::path(post, path = "/v1/tenants/{id}/tokens", tag = "tenants",
+    params(("id" = String, Path, description = "The tenant's id")),
+    responses((status = 201, body = IssuedToken), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn issue_token(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<IssuedToken>)> {
+    caller.admin()?;
+    let issued = state.store.write(|txn| -> ApiResult<IssuedToken> {
+        txn.get::<Tenant>(Table::Tenants, &id)?.ok_or_else(|| ApiError::not_found("tenant", &id))?;
+        let (token_id, token) = issue(txn, Principal::Tenant { tenant: id.clone() })?;
+        Ok(IssuedToken { tenant: id.clone(), token_id, token })
+    })?;
+    tracing::info!(tenant = %id, token = %issued.token_id, "token issued");
+    Ok((StatusCode::CREATED, Json(issued)))
+}
+
+/// Revokes one of a tenant's tokens (admin only): requests with it answer 401 from now on.
+#[utoipa::path(delete, path = "/v1/tenants/{id}/tokens/{token_id}", tag = "tenants",
+    params(("id" = String, Path, description = "The tenant's id"), ("token_id" = String, Path, description = "The token's public id")),
+    responses((status = 204), (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn revoke_token(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path((id, token_id)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    caller.admin()?;
+    state.store.write(|txn| -> ApiResult<()> {
+        let tokens = txn.list_keyed::<Token>(Table::Tokens, "")?;
+        let owned = Principal::Tenant { tenant: id.clone() };
+        let (hash, mut token) = tokens
+            .into_iter()
+            .find(|(_, t)| t.id == token_id && t.principal == owned)
+            .ok_or_else(|| ApiError::not_found("token", &token_id))?;
+        token.revoked_ms.get_or_insert_with(now_ms);
+        Ok(txn.put(Table::Tokens, &hash, &token)?)
+    })?;
+    tracing::info!(tenant = %id, token = %token_id, "token revoked");
+    Ok(StatusCode::NO_CONTENT)
+}
