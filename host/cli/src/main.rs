@@ -75,6 +75,9 @@ enum Command {
         /// Slots of the embedded worker.
         #[arg(long, default_value_t = 4)]
         slots: u32,
+        /// Largest artifact accepted, in bytes.
+        #[arg(long, default_value_t = 64 << 20)]
+        max_artifact_bytes: u64,
     },
     /// Validate a component and print what it is.
     Inspect {
@@ -428,7 +431,9 @@ fn main() {
         Command::Plan { pipeline } => plan(pipeline),
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
-        Command::Serve { listen, data_dir, slots } => serve::serve(&listen, data_dir, slots),
+        Command::Serve { listen, data_dir, slots, max_artifact_bytes } => {
+            serve::serve(&listen, data_dir, slots, max_artifact_bytes)
+        }
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -727,9 +727,15 @@ fn invalid(field: impl Into<String>, problem: impl Into<String>) -> SpecError {
 impl PipelineSpec {
     /// Parses and validates YAML text.
     pub fn from_yaml(text: &str) -> Result<Self, SpecError> {
-        let spec: PipelineSpec = serde_norway::from_str(text).map_err(|e| SpecError::Parse(e.to_string()))?;
+        let spec = Self::parse(text)?;
         spec.validate()?;
         Ok(spec)
+    }
+
+    /// Parses YAML (or JSON) text without checking how the fields fit together, for a caller
+    /// that fills in fields (the service places paths) before [`PipelineSpec::validate`].
+    pub fn parse(text: &str) -> Result<Self, SpecError> {
+        serde_norway::from_str(text).map_err(|e| SpecError::Parse(e.to_string()))
     }
 
     /// Reads a spec file; relative paths in it are resolved against its directory.
@@ -770,7 +776,8 @@ impl PipelineSpec {
         self.steps.get(i).and_then(|s| s.parallelism).unwrap_or(self.parallelism)
     }
 
-    fn validate(&self) -> Result<(), SpecError> {
+    /// Checks that the fields fit together; every error names the field.
+    pub fn validate(&self) -> Result<(), SpecError> {
         if self.name.trim().is_empty() {
             return Err(invalid("name", "must not be empty"));
         }

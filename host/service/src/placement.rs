@@ -45,9 +45,9 @@ fn confined(field: &str, path: &Path) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Parses a submitted spec (YAML, or JSON, which YAML reads too).
-pub fn parse(text: &str) -> Result<PipelineSpec, ApiError> {
-    PipelineSpec::from_yaml(text).map_err(|e| {
+/// A spec error as a 422 naming the field.
+fn refused(e: eddy_engine::SpecError) -> ApiError {
+    {
         let field = match &e {
             eddy_engine::SpecError::Invalid { field, .. } => Some(field.clone()),
             _ => None,
@@ -57,12 +57,13 @@ pub fn parse(text: &str) -> Result<PipelineSpec, ApiError> {
             Some(f) => error.at(f),
             None => error,
         }
-    })
+    }
 }
 
 /// The spec as the job runs it, and the digests of its steps' artifacts in step order.
 pub fn place(state: &AppState, tenant: &str, job: &str, text: &str) -> Result<(PipelineSpec, Vec<String>), ApiError> {
-    let mut spec = parse(text)?;
+    // JSON is YAML too, so one parser reads both.
+    let mut spec = PipelineSpec::parse(text).map_err(refused)?;
     let mut digests = Vec::with_capacity(spec.steps.len());
     for (i, step) in spec.steps.iter_mut().enumerate() {
         let field = format!("steps[{i}].wasm");
@@ -104,6 +105,7 @@ pub fn place(state: &AppState, tenant: &str, job: &str, text: &str) -> Result<(P
         None => CheckpointSpec::in_dir(PathBuf::new(), DEFAULT_CHECKPOINT_INTERVAL_MS),
     };
     spec.checkpoints = Some(CheckpointSpec { dir: Some(dir.join("checkpoints")), ..checkpoints });
+    spec.validate().map_err(refused)?;
     Ok((spec, digests))
 }
 
