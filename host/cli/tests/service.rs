@@ -1,5 +1,8 @@
 //! `eddy serve` as a user meets it: a real server process, real HTTP requests from this one.
 
+// Helpers outside `#[test]` functions fail the test they serve when they panic.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
