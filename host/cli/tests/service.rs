@@ -272,9 +272,8 @@ fn bad_uploads_and_specs_are_refused_naming_the_problem() {
     assert_eq!(expect(label.unwrap(), 422)["field"], "name");
 
     // Over the limit: refused from the declared length, before the body is read ...
-    let declared = raw_upload(&server, &token, &format!("Content-Length: {}\r\n", 50u64 << 20), |s| {
-        s.write_all(&[0u8; 4096])
-    });
+    let declared =
+        raw_upload(&server, &token, &format!("Content-Length: {}\r\n", 50u64 << 20), |s| s.write_all(&[0u8; 4096]));
     assert!(declared.starts_with("HTTP/1.1 413"), "{declared}");
     assert!(declared.contains("at most 300000 bytes"), "{declared}");
     // ... and without one, cut off once past the limit (the rest is never read).
