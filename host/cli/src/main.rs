@@ -7,6 +7,7 @@ use std::time::Duration;
 
 mod bench;
 mod bench_checkpoint;
+mod client;
 mod serve;
 
 use anyhow::Result;
@@ -18,6 +19,12 @@ use eddy_runtime::{Runtime, RuntimeConfig};
 #[derive(Parser)]
 #[command(name = "eddy", version, about = "Eddy: stream processing with sandboxed WebAssembly operators")]
 struct Cli {
+    /// The `eddy serve` the client commands talk to (default: the one `eddy login` saved).
+    #[arg(long, global = true, env = "EDDY_SERVER")]
+    server: Option<String>,
+    /// The bearer token for `--server` (default: the one `eddy login` saved).
+    #[arg(long, global = true, env = "EDDY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -79,6 +86,53 @@ enum Command {
         #[arg(long, default_value_t = 64 << 20)]
         max_artifact_bytes: u64,
     },
+    /// Save `--server` and `--token` for the client commands (checks them first).
+    Login,
+    /// Upload an operator component to the server.
+    Upload {
+        /// The `.wasm` file.
+        wasm: PathBuf,
+        /// A name to refer to it by (`name@version` in pipelines).
+        #[arg(long, requires = "version")]
+        name: Option<String>,
+        /// The version under that name.
+        #[arg(long, requires = "name")]
+        version: Option<String>,
+    },
+    /// Submit a pipeline to the server: the local `.wasm` and input files it names are
+    /// uploaded first.
+    Submit {
+        /// The pipeline spec (YAML).
+        pipeline: PathBuf,
+        /// Follow the job until it ends.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// List your jobs on the server.
+    Jobs,
+    /// Show one job on the server: status, tasks, checkpoints, failures.
+    Job {
+        /// The job's id.
+        id: String,
+        /// Refresh every second until the job ends.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Cancel a job on the server.
+    Cancel {
+        /// The job's id.
+        id: String,
+    },
+    /// Print a job's committed output (JSON lines).
+    Output {
+        /// The job's id.
+        id: String,
+    },
+    /// Manage tenants (admin token).
+    Tenants {
+        #[command(subcommand)]
+        action: TenantAction,
+    },
     /// Validate a component and print what it is.
     Inspect {
         /// The `.wasm` file.
@@ -86,6 +140,29 @@ enum Command {
         /// Where compiled operators are cached.
         #[arg(long, default_value = ".eddy/artifacts")]
         cache_dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum TenantAction {
+    /// Create a tenant; prints its first token.
+    Create {
+        /// Its name.
+        name: String,
+    },
+    /// List the tenants.
+    List,
+    /// Issue another token for a tenant.
+    Token {
+        /// The tenant's id.
+        tenant: String,
+    },
+    /// Revoke a tenant's token.
+    Revoke {
+        /// The tenant's id.
+        tenant: String,
+        /// The token's public id.
+        token_id: String,
     },
 }
 
@@ -417,12 +494,27 @@ fn inspect(wasm: PathBuf, cache_dir: PathBuf) -> Result<()> {
     Ok(())
 }
 
+fn tenants(login: client::Login, action: TenantAction) -> Result<()> {
+    use client::TenantCmd;
+    client::tenants_cmd(
+        login,
+        match action {
+            TenantAction::Create { name } => TenantCmd::Create(name),
+            TenantAction::List => TenantCmd::List,
+            TenantAction::Token { tenant } => TenantCmd::Token(tenant),
+            TenantAction::Revoke { tenant, token_id } => TenantCmd::Revoke(tenant, token_id),
+        },
+    )
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("EDDY_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    let login = || client::Login::resolve(cli.server.clone(), cli.token.clone());
+    let result = match cli.command {
         Command::Run { pipeline, cache_dir, from_savepoint, stop_with_savepoint } => {
             run(pipeline, cache_dir, from_savepoint, stop_with_savepoint)
         }
@@ -434,6 +526,14 @@ fn main() {
         Command::Serve { listen, data_dir, slots, max_artifact_bytes } => {
             serve::serve(&listen, data_dir, slots, max_artifact_bytes)
         }
+        Command::Login => client::login(cli.server.clone(), cli.token.clone()),
+        Command::Upload { wasm, name, version } => login().and_then(|l| client::upload_cmd(l, &wasm, name, version)),
+        Command::Submit { pipeline, watch } => login().and_then(|l| client::submit_cmd(l, &pipeline, watch)),
+        Command::Jobs => login().and_then(client::jobs_cmd),
+        Command::Job { id, watch } => login().and_then(|l| client::job_cmd(l, &id, watch)),
+        Command::Cancel { id } => login().and_then(|l| client::cancel_cmd(l, &id)),
+        Command::Output { id } => login().and_then(|l| client::output_cmd(l, &id)),
+        Command::Tenants { action } => login().and_then(|l| tenants(l, action)),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

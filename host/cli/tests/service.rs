@@ -308,6 +308,10 @@ fn bad_uploads_and_specs_are_refused_naming_the_problem() {
         .body(WORDCOUNT)
         .send();
     assert_eq!(expect(json_type.unwrap(), 415)["field"], "Content-Type");
+    for name in ["..%2Fadmin.token", ".hidden", "a%2Fb"] {
+        let put = client().put(server.url(&format!("/v1/files/{name}"))).bearer_auth(&token).body("x").send();
+        assert_eq!(expect(put.unwrap(), 422)["field"], "name", "{name}");
+    }
     let other_version = upload(&server, &token, eddy_guest_artifacts::WORDCOUNT_COUNT, Some(("split", "1")));
     assert_eq!(expect(other_version, 409)["field"], "version");
 }
@@ -386,27 +390,99 @@ fn the_openapi_document_lists_every_route_and_every_route_answers() {
         }
     }
     routes.sort();
-    let expected = [
+    let mut expected = [
         "DELETE /v1/artifacts/{reference}",
         "DELETE /v1/jobs/{id}",
         "DELETE /v1/tenants/{id}/tokens/{token_id}",
         "GET /v1/artifacts",
+        "GET /v1/files",
         "GET /v1/artifacts/{reference}",
         "GET /v1/jobs",
         "GET /v1/jobs/{id}",
         "GET /v1/jobs/{id}/output",
         "GET /v1/tenants",
+        "GET /v1/whoami",
         "POST /v1/artifacts",
         "POST /v1/jobs",
         "POST /v1/tenants",
         "POST /v1/tenants/{id}/tokens",
+        "PUT /v1/files/{name}",
     ];
+    expected.sort();
     assert_eq!(routes, expected);
     // Each documented route is served: without a token it answers 401, not 404 or 405.
     for route in &routes {
         let (method, path) = route.split_once(' ').unwrap();
-        let url = server.url(&path.replace("{id}", "x").replace("{reference}", "x").replace("{token_id}", "x"));
+        let url = server.url(
+            &path.replace("{id}", "x").replace("{reference}", "x").replace("{token_id}", "x").replace("{name}", "x"),
+        );
         let response = client().request(method.parse().unwrap(), url).send().unwrap();
         assert_eq!(response.status(), 401, "{route}");
     }
+}
+
+/// Runs the `eddy` client with `args` against `server`, with its login file in `config`.
+fn eddy(config: &Path, args: &[&str]) -> std::process::Output {
+    let output = Command::new(env!("CARGO_BIN_EXE_eddy")).args(args).env("EDDY_CONFIG", config).output().unwrap();
+    assert!(
+        output.status.success(),
+        "eddy {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn stdout(output: &std::process::Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap().trim().to_string()
+}
+
+#[test]
+fn the_cli_logs_in_submits_the_word_count_with_its_files_and_reads_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let config = dir.path().join("login.json");
+    let admin = server.admin();
+    let created = eddy(&config, &["tenants", "create", "acme", "--server", &server.base, "--token", &admin]);
+    let token = stdout(&created);
+    assert!(token.starts_with("eddy_"), "{token}");
+    let login = eddy(&config, &["login", "--server", &server.base, "--token", &token]);
+    assert!(String::from_utf8_lossy(&login.stderr).contains("as tenant acme"));
+
+    // The repository's own word count: its `.wasm` paths and input file are local, so
+    // `submit` uploads them first.
+    let pipeline = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wordcount/pipeline.yaml");
+    let submitted = eddy(&config, &["submit", pipeline.to_str().unwrap(), "--watch"]);
+    let log = String::from_utf8_lossy(&submitted.stderr);
+    assert!(log.contains("uploaded") && log.contains("input.txt"), "{log}");
+    let id = stdout(&submitted).lines().next().unwrap().to_string();
+    assert!(stdout(&submitted).contains("status finished"), "{}", stdout(&submitted));
+
+    // The oracle: words are maximal alphanumeric runs, lower-cased; a running count per word
+    // emits 1..=n for a word seen n times.
+    let input = std::fs::read_to_string(pipeline.with_file_name("input.txt")).unwrap();
+    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    for word in input.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()) {
+        *seen.entry(word.to_lowercase()).or_default() += 1;
+    }
+    let mut expected: Vec<(String, u64)> =
+        seen.iter().flat_map(|(w, n)| (1..=*n).map(move |k| (w.clone(), k))).collect();
+    expected.sort();
+    let mut got: Vec<(String, u64)> = stdout(&eddy(&config, &["output", &id]))
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|v| (v["key"].as_str().unwrap().to_string(), v["value"].as_u64().unwrap()))
+        .collect();
+    got.sort();
+    assert_eq!(got, expected);
+    let jobs = stdout(&eddy(&config, &["jobs"]));
+    assert!(jobs.contains(&id) && jobs.contains("finished"), "{jobs}");
+    // A bad token is refused with the server's own words.
+    let refused = Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args(["jobs", "--server", &server.base, "--token", "eddy_wrong"])
+        .env("EDDY_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("401 Unauthorized: unknown token"));
 }

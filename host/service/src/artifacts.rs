@@ -1,7 +1,6 @@
 //! `/v1/artifacts`: uploaded operator components, stored once by sha256 and compiled once.
 //!
-//! An upload streams into a temporary file under the size limit (a `Content-Length` over the
-//! limit is refused before a byte is read, and a body that passes it is cut off there), hashed
+//! An upload streams into a temporary file under the size limit ([`crate::upload`]), hashed
 //! on the way. The component is then validated and compiled through the runtime's cache, and
 //! only then moved to `artifacts/sha256-<hex>.wasm`; a failed or interrupted upload leaves
 //! nothing behind. Each tenant sees its own artifacts: the same bytes from two tenants are one
@@ -13,19 +12,16 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use futures_util::StreamExt;
+use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::AppState;
 use crate::auth::Caller;
 use crate::model::{Artifact, JobRecord, World, now_ms};
 use crate::problem::{ApiError, ApiResult, Problem};
-use crate::secret::hex;
 use crate::store::Table;
+use crate::upload::{Received, receive};
 
 /// `POST /v1/artifacts` query: an optional name and version to refer to the artifact by.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -100,41 +96,6 @@ pub fn resolve(state: &AppState, tenant: &str, reference: &str) -> Result<Option
     Ok(state.store.get(Table::Artifacts, &key(tenant, &digest))?)
 }
 
-/// Streams the body into a temporary file, hashing it: (file, size, `sha256:<hex>`).
-async fn receive(state: &AppState, headers: &HeaderMap, body: Body) -> ApiResult<(tempfile::TempPath, u64, String)> {
-    let limit = state.config.max_artifact_bytes;
-    let too_large = || {
-        ApiError::too_large(format!(
-            "an artifact may have at most {limit} bytes; build it in release mode and strip it"
-        ))
-    };
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(too_large());
-    }
-    let incoming = state.data_dir.join("artifacts").join(".incoming");
-    let path =
-        tempfile::Builder::new().prefix("upload-").tempfile_in(&incoming).map_err(ApiError::internal)?.into_temp_path();
-    let mut file = tokio::fs::File::create(&path).await.map_err(ApiError::internal)?;
-    let (mut size, mut hasher) = (0u64, Sha256::new());
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the upload broke off: {e}")))?;
-        size += chunk.len() as u64;
-        if size > limit {
-            return Err(too_large());
-        }
-        hasher.update(&chunk);
-        file.write_all(&chunk).await.map_err(ApiError::internal)?;
-    }
-    file.sync_all().await.map_err(ApiError::internal)?;
-    if size == 0 {
-        return Err(ApiError::unprocessable("the body is empty: send the .wasm bytes").at("body"));
-    }
-    Ok((path, size, format!("sha256:{}", hex(&hasher.finalize()))))
-}
-
 /// Validates and compiles the upload (on a blocking thread: compiling takes a while).
 async fn inspect(state: &Arc<AppState>, path: &std::path::Path, digest: &str) -> ApiResult<World> {
     let (state, path, digest) = (state.clone(), path.to_owned(), digest.to_owned());
@@ -171,7 +132,13 @@ pub async fn upload(
 ) -> ApiResult<(StatusCode, Json<Artifact>)> {
     let tenant = caller.tenant()?.to_string();
     let label = label(&query)?;
-    let (temp, size, digest) = receive(&state, &headers, body).await?;
+    let incoming = state.data_dir.join("artifacts").join(".incoming");
+    let advice = "build it in release mode and strip it";
+    let Received { file: temp, size, digest } =
+        receive(&incoming, &headers, body, state.config.max_artifact_bytes, advice).await?;
+    if size == 0 {
+        return Err(ApiError::unprocessable("the body is empty: send the .wasm bytes").at("body"));
+    }
     let world = inspect(&state, &temp, &digest).await?;
     let dest = wasm_path(&state, &digest);
     if dest.exists() {

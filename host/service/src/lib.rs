@@ -7,7 +7,7 @@
 //! DIR/eddy.redb          tenants, token hashes, artifacts, jobs (redb: ACID, synced commits)
 //! DIR/admin.token        the admin token, written once at the first start (mode 0600)
 //! DIR/artifacts/         uploaded components by digest, and the runtime's compiled cache
-//! DIR/tenants/<id>/      each tenant's files, jobs, output, checkpoints and state
+//! DIR/tenants/<id>/      each tenant's files (`/v1/files`), jobs, output, checkpoints and state
 //! ```
 //!
 //! # Example
@@ -50,6 +50,7 @@ use utoipa_axum::routes;
 
 pub mod artifacts;
 pub mod auth;
+pub mod files;
 pub mod jobs;
 pub mod model;
 pub mod placement;
@@ -58,6 +59,7 @@ pub mod secret;
 pub mod store;
 pub mod supervisor;
 pub mod tenants;
+pub mod upload;
 
 use model::Principal;
 use store::Store;
@@ -72,12 +74,14 @@ pub struct ServiceConfig {
     pub slots: u32,
     /// Largest artifact accepted.
     pub max_artifact_bytes: u64,
+    /// Largest data file accepted.
+    pub max_file_bytes: u64,
 }
 
 impl ServiceConfig {
-    /// Defaults: 4 slots, artifacts up to 64 MiB (a Python guest is ~18 MB).
+    /// Defaults: 4 slots, artifacts up to 64 MiB (a Python guest is ~18 MB), files up to 1 GiB.
     pub fn new(data_dir: PathBuf) -> Self {
-        Self { data_dir, slots: 4, max_artifact_bytes: 64 << 20 }
+        Self { data_dir, slots: 4, max_artifact_bytes: 64 << 20, max_file_bytes: 1 << 30 }
     }
 }
 
@@ -147,6 +151,7 @@ impl utoipa::Modify for BearerAuth {
 /// missing from the document.
 pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(tenants::whoami))
         .routes(routes!(tenants::create_tenant, tenants::list_tenants))
         .routes(routes!(tenants::issue_token))
         .routes(routes!(tenants::revoke_token))
@@ -155,6 +160,8 @@ pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(jobs::submit, jobs::list))
         .routes(routes!(jobs::show, jobs::cancel))
         .routes(routes!(jobs::output))
+        .routes(routes!(files::list))
+        .routes(routes!(files::put))
         .split_for_parts()
 }
 

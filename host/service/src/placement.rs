@@ -26,6 +26,11 @@ pub fn job_dir(state: &AppState, tenant: &str, job: &str) -> PathBuf {
     state.data_dir.join("tenants").join(tenant).join("jobs").join(job)
 }
 
+/// The tenant's files area, which file sources read.
+pub fn files_dir(state: &AppState, tenant: &str) -> PathBuf {
+    state.data_dir.join("tenants").join(tenant).join("files")
+}
+
 /// Where the job's sink writes.
 pub fn output_dir(state: &AppState, tenant: &str, job: &str) -> PathBuf {
     job_dir(state, tenant, job).join("output")
@@ -33,7 +38,7 @@ pub fn output_dir(state: &AppState, tenant: &str, job: &str) -> PathBuf {
 
 /// A relative path with no `..`, `/` or prefix: one that cannot leave the directory it is
 /// joined to.
-fn confined(field: &str, path: &Path) -> Result<(), ApiError> {
+pub fn confined(field: &str, path: &Path) -> Result<(), ApiError> {
     let escapes = path.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
     if escapes || path.as_os_str().is_empty() {
         return Err(ApiError::unprocessable(format!(
@@ -78,7 +83,7 @@ pub fn place(state: &AppState, tenant: &str, job: &str, text: &str) -> Result<(P
         step.wasm = wasm_path(state, &artifact.digest);
         digests.push(artifact.digest);
     }
-    let files = state.data_dir.join("tenants").join(tenant).join("files");
+    let files = files_dir(state, tenant);
     for (i, source) in spec.sources.iter_mut().enumerate() {
         if let SourceSpec::File { path, .. } = source {
             confined(&format!("sources[{i}].path"), path)?;

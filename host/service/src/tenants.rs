@@ -151,3 +151,32 @@ pub async fn revoke_token(
     tracing::info!(tenant = %id, token = %token_id, "token revoked");
     Ok(StatusCode::NO_CONTENT)
 }
+
+/// Who the token speaks for.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WhoAmI {
+    /// `admin` or `tenant`.
+    pub kind: String,
+    /// The tenant's id (tenants only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The tenant's name (tenants only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The token's public id.
+    pub token_id: String,
+}
+
+/// Who the caller is (what `eddy login` checks).
+#[utoipa::path(get, path = "/v1/whoami", tag = "tenants",
+    responses((status = 200, body = WhoAmI), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn whoami(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResult<Json<WhoAmI>> {
+    Ok(Json(match &caller.principal {
+        Principal::Admin => WhoAmI { kind: "admin".into(), tenant: None, name: None, token_id: caller.token_id },
+        Principal::Tenant { tenant } => {
+            let name = state.store.get::<Tenant>(Table::Tenants, tenant)?.map(|t| t.name);
+            WhoAmI { kind: "tenant".into(), tenant: Some(tenant.clone()), name, token_id: caller.token_id.clone() }
+        }
+    }))
+}
