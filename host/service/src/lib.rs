@@ -59,6 +59,7 @@ pub mod secret;
 pub mod store;
 pub mod supervisor;
 pub mod tenants;
+pub mod ui;
 pub mod upload;
 
 use model::Principal;
@@ -244,6 +245,7 @@ impl Service {
         let doc = Arc::new(doc);
         routes
             .route("/v1/openapi.json", get(move || async move { axum::Json(doc.as_ref().clone()) }))
+            .merge(ui::routes())
             .with_state(self.state.clone())
     }
 
