@@ -69,6 +69,17 @@ impl Server {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
     }
+
+    /// SIGTERM, then waits for the server to exit by itself.
+    fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the server did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for Server {
@@ -334,6 +345,114 @@ fn raw_upload(
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// A running count over `events` generated events paced at 1 500/s, exactly-once files sink.
+fn counts_job(events: u64) -> String {
+    format!(
+        "name: counts\nsources:\n  - {{type: generator, name: g, seed: 7, events: {events}, keys: 30, key_field: user, \
+         key_prefix: u-, value_field: v, min_value: 1, max_value: 9, start_ms: 0, interval_ms: 5, rate_per_sec: 1500}}\n\
+         steps:\n  - {{name: count, wasm: count@1, key_by: /user}}\ncheckpoints: {{interval_ms: 200}}\n\
+         sink: {{type: files, dir: out}}\n"
+    )
+}
+
+/// Exactly once: each user's running counts are 1..=n once each, the n summing to `events`.
+fn assert_counted_once(server: &Server, token: &str, id: &str, events: u64) {
+    let mut per_user: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for v in output_lines(server, token, id) {
+        per_user.entry(v["key"].as_str().unwrap().to_string()).or_default().push(v["value"].as_u64().unwrap());
+    }
+    let mut total = 0;
+    for (user, mut counts) in per_user {
+        counts.sort_unstable();
+        let n = counts.len() as u64;
+        assert_eq!(counts, (1..=n).collect::<Vec<_>>(), "user {user}: lost or duplicated counts");
+        total += n;
+    }
+    assert_eq!(total, events);
+}
+
+fn post(server: &Server, token: &str, path: &str, body: Value) -> Response {
+    client().post(server.url(path)).bearer_auth(token).json(&body).send().unwrap()
+}
+
+#[test]
+fn savepoints_stops_rescales_and_upgrades_keep_state_and_output_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let (_, token) = tenant(&server, "acme");
+    let first = expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+    let events = 9_000;
+    let id = expect(submit(&server, &token, &counts_job(events)), 201)["id"].as_str().unwrap().to_string();
+    let checkpointed = |j: &Value| j["live"]["checkpoints"].as_array().is_some_and(|c| !c.is_empty());
+    wait_job(&server, &token, &id, "checkpointed", checkpointed);
+
+    let taken = expect(post(&server, &token, &format!("/v1/jobs/{id}/savepoints"), json!({})), 201);
+    assert_eq!(taken["reason"], "requested");
+    assert_eq!(job(&server, &token, &id)["status"], "running", "a savepoint does not stop the job");
+
+    let refused = expect(post(&server, &token, &format!("/v1/jobs/{id}/rescale"), json!({"parallelism": 0})), 422);
+    assert_eq!(refused["field"], "parallelism");
+    expect(post(&server, &token, &format!("/v1/jobs/{id}/rescale"), json!({"parallelism": 2})), 200);
+    let rescaled = wait_job(&server, &token, &id, "running at parallelism 2", |j| {
+        j["live"]["tasks"].as_array().is_some_and(|t| t.iter().any(|t| t["parallelism"] == 2))
+    });
+    assert_eq!(rescaled["generation"], 1);
+    assert_eq!(rescaled["slots"], 2);
+
+    // The same component under a new name: the step restarts from a savepoint on it.
+    expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "2"))), 200);
+    let bad = expect(
+        post(&server, &token, &format!("/v1/jobs/{id}/upgrade"), json!({"step": "cnt", "wasm": "count@2"})),
+        422,
+    );
+    assert_eq!(bad["field"], "step");
+    let up = expect(
+        post(&server, &token, &format!("/v1/jobs/{id}/upgrade"), json!({"step": "count", "wasm": "count@2"})),
+        200,
+    );
+    assert_eq!(up["reason"], "upgrade");
+    let done = wait_job(&server, &token, &id, "finished", |j| j["status"] == "finished" || j["status"] == "failed");
+    assert_eq!(done["status"], "finished", "{done}");
+    assert_eq!(done["generation"], 2);
+    let reasons: Vec<&str> =
+        done["savepoints"].as_array().unwrap().iter().map(|s| s["reason"].as_str().unwrap()).collect();
+    assert_eq!(reasons, ["requested", "rescale", "upgrade"]);
+    assert_counted_once(&server, &token, &id, events);
+    assert_eq!(first["digest"], done["artifacts"][0]);
+
+    // Stop: a savepoint, then status `stopped`; nothing more can be asked of it.
+    let second = expect(submit(&server, &token, &counts_job(100_000)), 201)["id"].as_str().unwrap().to_string();
+    wait_job(&server, &token, &second, "checkpointed", checkpointed);
+    let stopped = expect(post(&server, &token, &format!("/v1/jobs/{second}/stop"), json!({})), 200);
+    assert_eq!(stopped["reason"], "stop");
+    assert_eq!(job(&server, &token, &second)["status"], "stopped");
+    let again = expect(post(&server, &token, &format!("/v1/jobs/{second}/savepoints"), json!({})), 409);
+    assert!(again["detail"].as_str().unwrap().contains("stopped"), "{again}");
+}
+
+#[test]
+fn sigterm_takes_savepoints_and_the_next_start_resumes_from_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    let (_, token) = tenant(&server, "acme");
+    expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+    let events = 6_000;
+    let id = expect(submit(&server, &token, &counts_job(events)), 201)["id"].as_str().unwrap().to_string();
+    wait_job(&server, &token, &id, "checkpointed", |j| {
+        j["live"]["checkpoints"].as_array().is_some_and(|c| !c.is_empty())
+    });
+    server.terminate();
+
+    let server = Server::start(&data, &[]);
+    let resumed = wait_job(&server, &token, &id, "resumed", |j| j["live"]["restored_from"].is_u64());
+    assert_eq!(resumed["savepoints"][0]["reason"], "shutdown", "{resumed}");
+    assert_eq!(resumed["live"]["restored_from"], resumed["savepoints"][0]["id"], "resumed from the savepoint");
+    let done = wait_job(&server, &token, &id, "finished", |j| j["status"] == "finished" || j["status"] == "failed");
+    assert_eq!(done["status"], "finished", "{done}");
+    assert_counted_once(&server, &token, &id, events);
+}
+
 #[test]
 fn a_server_killed_with_sigkill_resumes_its_jobs_from_their_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
@@ -342,12 +461,7 @@ fn a_server_killed_with_sigkill_resumes_its_jobs_from_their_checkpoints() {
     let (_, token) = tenant(&server, "acme");
     expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
     let events = 6_000u64;
-    let yaml = format!(
-        "name: counts\nsources:\n  - {{type: generator, name: g, seed: 7, events: {events}, keys: 30, key_field: user, \
-         key_prefix: u-, value_field: v, min_value: 1, max_value: 9, start_ms: 0, interval_ms: 5, rate_per_sec: 1500}}\n\
-         steps:\n  - {{name: count, wasm: count@1, key_by: /user}}\ncheckpoints: {{interval_ms: 200}}\n\
-         sink: {{type: files, dir: out}}\n"
-    );
+    let yaml = counts_job(events);
     let id = expect(submit(&server, &token, &yaml), 201)["id"].as_str().unwrap().to_string();
     wait_job(&server, &token, &id, "checkpointed", |j| {
         j["live"]["checkpoints"].as_array().is_some_and(|c| !c.is_empty())
@@ -361,20 +475,8 @@ fn a_server_killed_with_sigkill_resumes_its_jobs_from_their_checkpoints() {
     let done = wait_job(&server, &token, &id, "finished", |j| j["status"] == "finished" || j["status"] == "failed");
     assert_eq!(done["status"], "finished", "{done}");
 
-    // Exactly once across the kill: each user's running counts 1..=n once each, n summing to
-    // the events generated.
-    let mut per_user: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for v in output_lines(&server, &token, &id) {
-        per_user.entry(v["key"].as_str().unwrap().to_string()).or_default().push(v["value"].as_u64().unwrap());
-    }
-    let mut total = 0;
-    for (user, mut counts) in per_user {
-        counts.sort_unstable();
-        let n = counts.len() as u64;
-        assert_eq!(counts, (1..=n).collect::<Vec<_>>(), "user {user}: lost or duplicated counts");
-        total += n;
-    }
-    assert_eq!(total, events);
+    // Exactly once across the kill.
+    assert_counted_once(&server, &token, &id, events);
 }
 
 #[test]
@@ -404,6 +506,10 @@ fn the_openapi_document_lists_every_route_and_every_route_answers() {
         "GET /v1/whoami",
         "POST /v1/artifacts",
         "POST /v1/jobs",
+        "POST /v1/jobs/{id}/rescale",
+        "POST /v1/jobs/{id}/savepoints",
+        "POST /v1/jobs/{id}/stop",
+        "POST /v1/jobs/{id}/upgrade",
         "POST /v1/tenants",
         "POST /v1/tenants/{id}/tokens",
         "PUT /v1/files/{name}",

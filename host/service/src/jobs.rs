@@ -12,13 +12,14 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::AppState;
+use crate::artifacts::resolve;
 use crate::auth::Caller;
-use crate::model::{Failure, JobRecord, JobStatus, now_ms};
+use crate::model::{Failure, JobRecord, JobStatus, Overrides, Savepoint, now_ms};
 use crate::placement::{output_dir, place};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::secret::new_id;
 use crate::store::Table;
-use crate::supervisor::{LiveView, slots_of};
+use crate::supervisor::{Control, LiveView, slots_of};
 
 /// Largest pipeline spec accepted.
 pub const MAX_SPEC_BYTES: usize = 1 << 20;
@@ -53,6 +54,12 @@ pub struct JobView {
     pub created_ms: i64,
     /// Last change of status.
     pub updated_ms: i64,
+    /// Every step's parallelism since a rescale.
+    pub parallelism: Option<u32>,
+    /// Restarts from a savepoint so far (rescales, upgrades, server shutdowns).
+    pub generation: u32,
+    /// Savepoints taken, oldest first.
+    pub savepoints: Vec<Savepoint>,
     /// Metrics and checkpoints of the running attempt (absent when it does not run).
     pub live: Option<LiveView>,
 }
@@ -109,21 +116,28 @@ pub async fn submit(
     let tenant = caller.tenant()?.to_string();
     let text = spec_text(&headers, &body)?;
     let id = new_id("j_")?;
-    let (spec, artifacts) = place(&state, &tenant, &id, &text)?;
-    let slots = slots_of(&spec);
-    let record = JobRecord {
+    let mut record = JobRecord {
         id: id.clone(),
         tenant: tenant.clone(),
-        name: spec.name.clone(),
+        name: String::new(),
         spec: text,
-        artifacts,
-        slots,
+        artifacts: Vec::new(),
+        slots: 0,
         status: JobStatus::Created,
         failures: Vec::new(),
         restarts: 0,
         created_ms: now_ms(),
         updated_ms: now_ms(),
+        overrides: Overrides::default(),
+        generation: 0,
+        restore_from: None,
+        savepoints: Vec::new(),
     };
+    let (spec, artifacts) = place(&state, &record)?;
+    let slots = slots_of(&spec);
+    record.name = spec.name.clone();
+    record.artifacts = artifacts;
+    record.slots = slots;
     state.supervisor.admit(&state, record)?;
     tracing::info!(tenant = %tenant, job = %id, name = %spec.name, slots, "job submitted");
     Ok((StatusCode::CREATED, Json(Submitted { id, slots })))
@@ -168,6 +182,9 @@ pub async fn show(
         failures: job.failures,
         created_ms: job.created_ms,
         updated_ms: job.updated_ms,
+        parallelism: job.overrides.parallelism,
+        generation: job.generation,
+        savepoints: job.savepoints,
         live,
     }))
 }
@@ -225,4 +242,127 @@ fn committed_files(dir: &std::path::Path) -> ApiResult<Vec<std::path::PathBuf>> 
     }
     files.sort();
     Ok(files)
+}
+
+/// Sends `control` to the running job `id` of the caller's and waits for its savepoint.
+async fn control(state: &AppState, tenant: &str, id: &str, control: Control) -> ApiResult<Savepoint> {
+    let job = owned(state, tenant, id)?;
+    let live = state
+        .supervisor
+        .live(id)
+        .filter(|_| !job.status.is_terminal())
+        .ok_or_else(|| ApiError::conflict(format!("job {id} is {}, not running", status_name(job.status))))?;
+    let what = format!("{control:?}");
+    let answer = live.request(control);
+    let savepoint =
+        answer.await.map_err(|_| ApiError::conflict(format!("job {id} ended before the {what} was done")))??;
+    tracing::info!(tenant = %tenant, job = %id, savepoint = savepoint.id, "{what} done");
+    Ok(savepoint)
+}
+
+fn status_name(status: JobStatus) -> String {
+    serde_json::to_value(status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// Takes a savepoint; the job keeps running.
+#[utoipa::path(post, path = "/v1/jobs/{id}/savepoints", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses((status = 201, body = Savepoint), (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn savepoint(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<Savepoint>)> {
+    let savepoint = control(&state, caller.tenant()?, &id, Control::Savepoint).await?;
+    Ok((StatusCode::CREATED, Json(savepoint)))
+}
+
+/// Stops the job with a savepoint (status `stopped`).
+#[utoipa::path(post, path = "/v1/jobs/{id}/stop", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses((status = 200, body = Savepoint), (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn stop(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Savepoint>> {
+    Ok(Json(control(&state, caller.tenant()?, &id, Control::Stop).await?))
+}
+
+/// `POST /v1/jobs/{id}/rescale`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rescale {
+    /// The new parallelism of every step (1 to the pipeline's `max_parallelism`).
+    pub parallelism: u32,
+}
+
+/// Restarts the job from a savepoint with every step at a new parallelism (state follows its
+/// key groups).
+#[utoipa::path(post, path = "/v1/jobs/{id}/rescale", tag = "jobs", request_body = Rescale,
+    params(("id" = String, Path, description = "The job's id")),
+    responses((status = 200, body = Savepoint), (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem), (status = 422, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn rescale(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Json(body): Json<Rescale>,
+) -> ApiResult<Json<Savepoint>> {
+    let tenant = caller.tenant()?;
+    let mut job = owned(&state, tenant, &id)?;
+    job.overrides.parallelism = Some(body.parallelism);
+    let (spec, _) = place(&state, &job)?;
+    if body.parallelism == 0 || body.parallelism > spec.max_parallelism {
+        return Err(ApiError::unprocessable(format!(
+            "parallelism {} is outside 1..={} (the pipeline's max_parallelism)",
+            body.parallelism, spec.max_parallelism
+        ))
+        .at("parallelism"));
+    }
+    state.supervisor.reserve(&id, slots_of(&spec))?;
+    Ok(Json(control(&state, tenant, &id, Control::Rescale(body.parallelism)).await?))
+}
+
+/// `POST /v1/jobs/{id}/upgrade`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Upgrade {
+    /// The step to give a new artifact.
+    pub step: String,
+    /// The artifact: `sha256:<hex>` or `name@version`.
+    pub wasm: String,
+}
+
+/// Restarts the job from a savepoint with one step running another artifact; the step keeps
+/// its state (state belongs to step names).
+#[utoipa::path(post, path = "/v1/jobs/{id}/upgrade", tag = "jobs", request_body = Upgrade,
+    params(("id" = String, Path, description = "The job's id")),
+    responses((status = 200, body = Savepoint), (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem), (status = 422, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn upgrade(
+    State(state): State<Arc<AppState>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Json(body): Json<Upgrade>,
+) -> ApiResult<Json<Savepoint>> {
+    let tenant = caller.tenant()?;
+    let job = owned(&state, tenant, &id)?;
+    let (spec, _) = place(&state, &job)?;
+    if !spec.steps.iter().any(|s| s.name == body.step) {
+        let steps: Vec<&str> = spec.steps.iter().map(|s| s.name.as_str()).collect();
+        return Err(
+            ApiError::unprocessable(format!("no step `{}`; the steps are {}", body.step, steps.join(", "))).at("step")
+        );
+    }
+    let artifact = resolve(&state, tenant, &body.wasm)?
+        .ok_or_else(|| ApiError::unprocessable(format!("`{}` is not one of your artifacts", body.wasm)).at("wasm"))?;
+    let change = Control::Upgrade { step: body.step, digest: artifact.digest };
+    Ok(Json(control(&state, tenant, &id, change).await?))
 }

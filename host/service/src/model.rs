@@ -90,12 +90,14 @@ pub enum JobStatus {
     Failed,
     /// A client cancelled it.
     Canceled,
+    /// A client stopped it with a savepoint (its newest savepoint holds its state).
+    Stopped,
 }
 
 impl JobStatus {
     /// Whether the job will not run again.
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobStatus::Finished | JobStatus::Failed | JobStatus::Canceled)
+        matches!(self, JobStatus::Finished | JobStatus::Failed | JobStatus::Canceled | JobStatus::Stopped)
     }
 }
 
@@ -106,6 +108,28 @@ pub struct Failure {
     pub at_ms: i64,
     /// What failed, as the engine put it (naming the task and operator).
     pub message: String,
+}
+
+/// A savepoint a job took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Savepoint {
+    /// The checkpoint id it copies.
+    pub id: u64,
+    /// Its directory, relative to the job's directory.
+    pub path: String,
+    /// When it was taken.
+    pub at_ms: i64,
+    /// Why: `requested`, `stop`, `rescale`, `upgrade` or `shutdown`.
+    pub reason: String,
+}
+
+/// What rescales and upgrades changed in the submitted spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Overrides {
+    /// Every step's parallelism, after a rescale.
+    pub parallelism: Option<u32>,
+    /// Step name → the artifact digest it runs instead, after upgrades.
+    pub artifacts: std::collections::BTreeMap<String, String>,
 }
 
 /// A job as stored.
@@ -133,6 +157,19 @@ pub struct JobRecord {
     pub created_ms: i64,
     /// Last status change.
     pub updated_ms: i64,
+    /// Changes to the spec since it was submitted.
+    #[serde(default)]
+    pub overrides: Overrides,
+    /// Bumped at each restart from a savepoint: each generation checkpoints into its own
+    /// directory, so the newest checkpoint is always of the current plan.
+    #[serde(default)]
+    pub generation: u32,
+    /// The savepoint the current generation starts from until it has a checkpoint of its own.
+    #[serde(default)]
+    pub restore_from: Option<String>,
+    /// Savepoints taken, oldest first.
+    #[serde(default)]
+    pub savepoints: Vec<Savepoint>,
 }
 
 /// Failures kept per job.

@@ -5,8 +5,11 @@
 //! ```text
 //! DIR/tenants/<tenant>/files/                 file sources read here (relative paths only)
 //! DIR/tenants/<tenant>/jobs/<job>/output/     the sink (print and files become files here)
-//! DIR/tenants/<tenant>/jobs/<job>/checkpoints the job's checkpoints (always on, so a
-//!                                             restarted server resumes the job)
+//! DIR/tenants/<tenant>/jobs/<job>/checkpoints/<generation>/
+//!                                             the job's checkpoints (always on, so a
+//!                                             restarted server resumes the job); a new
+//!                                             generation starts at each restart from a savepoint
+//! DIR/tenants/<tenant>/jobs/<job>/savepoints/<n>/ its savepoints
 //! DIR/tenants/<tenant>/jobs/<job>/state/      RocksDB and checkpoint staging
 //! ```
 
@@ -16,6 +19,7 @@ use eddy_engine::{CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec};
 
 use crate::AppState;
 use crate::artifacts::{resolve, wasm_path};
+use crate::model::JobRecord;
 use crate::problem::ApiError;
 
 /// How often a job whose spec sets no `checkpoints` is checkpointed.
@@ -65,14 +69,26 @@ fn refused(e: eddy_engine::SpecError) -> ApiError {
     }
 }
 
-/// The spec as the job runs it, and the digests of its steps' artifacts in step order.
-pub fn place(state: &AppState, tenant: &str, job: &str, text: &str) -> Result<(PipelineSpec, Vec<String>), ApiError> {
+/// The spec as the job runs it, and the digests of its steps' artifacts in step order: the
+/// submitted text with the record's overrides, its paths in the tenant's area and its
+/// checkpoints in the directory of the record's generation.
+pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<String>), ApiError> {
+    let (tenant, job) = (record.tenant.as_str(), record.id.as_str());
     // JSON is YAML too, so one parser reads both.
-    let mut spec = PipelineSpec::parse(text).map_err(refused)?;
+    let mut spec = PipelineSpec::parse(&record.spec).map_err(refused)?;
+    if let Some(p) = record.overrides.parallelism {
+        spec.parallelism = p;
+        for step in &mut spec.steps {
+            step.parallelism = Some(p);
+        }
+    }
     let mut digests = Vec::with_capacity(spec.steps.len());
     for (i, step) in spec.steps.iter_mut().enumerate() {
         let field = format!("steps[{i}].wasm");
-        let reference = step.wasm.to_str().unwrap_or_default().to_string();
+        let reference = match record.overrides.artifacts.get(&step.name) {
+            Some(digest) => digest.clone(),
+            None => step.wasm.to_str().unwrap_or_default().to_string(),
+        };
         let artifact = resolve(state, tenant, &reference)?.ok_or_else(|| {
             ApiError::unprocessable(format!(
                 "`{reference}` is not one of your artifacts: upload it (POST /v1/artifacts) and name it here by \
@@ -109,7 +125,8 @@ pub fn place(state: &AppState, tenant: &str, job: &str, text: &str) -> Result<(P
         Some(c) => c,
         None => CheckpointSpec::in_dir(PathBuf::new(), DEFAULT_CHECKPOINT_INTERVAL_MS),
     };
-    spec.checkpoints = Some(CheckpointSpec { dir: Some(dir.join("checkpoints")), ..checkpoints });
+    let generation = dir.join("checkpoints").join(record.generation.to_string());
+    spec.checkpoints = Some(CheckpointSpec { dir: Some(generation), ..checkpoints });
     spec.validate().map_err(refused)?;
     Ok((spec, digests))
 }

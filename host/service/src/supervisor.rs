@@ -8,7 +8,7 @@
 //! from its newest checkpoint, because every service job checkpoints.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -19,8 +19,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::AppState;
-use crate::model::{JobRecord, JobStatus, now_ms};
-use crate::placement::place;
+use crate::model::{JobRecord, JobStatus, Savepoint, now_ms};
+use crate::placement::{job_dir, place};
 use crate::problem::ApiError;
 use crate::store::Table;
 
@@ -132,12 +132,20 @@ impl LiveView {
 /// A job the supervisor runs.
 #[derive(Debug)]
 pub struct Live {
-    slots: u32,
+    slots: AtomicU32,
     cancel: AtomicBool,
     view: Mutex<Option<LiveView>>,
+    requests: Mutex<std::collections::VecDeque<Request>>,
 }
 
 impl Live {
+    /// Queues a control request for the job's thread, which answers on `reply`.
+    pub fn request(&self, control: Control) -> tokio::sync::oneshot::Receiver<Result<Savepoint, ApiError>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        lock(&self.requests).push_back(Request { control, reply });
+        answer
+    }
+
     /// The newest live view, if an attempt runs.
     pub fn view(&self) -> Option<LiveView> {
         lock(&self.view).clone()
@@ -175,7 +183,7 @@ impl Supervisor {
 
     /// Slots held by running jobs.
     pub fn used_slots(&self) -> u32 {
-        lock(&self.live).values().map(|l| l.slots).sum()
+        lock(&self.live).values().map(|l| l.slots.load(Ordering::SeqCst)).sum()
     }
 
     /// The live handle of a running job.
@@ -187,7 +195,7 @@ impl Supervisor {
     /// cannot both take the last slot.
     pub fn admit(&self, state: &Arc<AppState>, record: JobRecord) -> Result<(), ApiError> {
         let mut live = lock(&self.live);
-        let used: u32 = live.values().map(|l| l.slots).sum();
+        let used: u32 = live.values().map(|l| l.slots.load(Ordering::SeqCst)).sum();
         let free = self.slots.saturating_sub(used);
         if record.slots > free {
             return Err(ApiError::conflict(format!(
@@ -198,6 +206,23 @@ impl Supervisor {
         }
         state.store.write(|txn| txn.put(Table::Jobs, &record.id, &record))?;
         self.spawn(state, &mut live, record);
+        Ok(())
+    }
+
+    /// Reserves the slots a running job needs at a new parallelism, or refuses with 409.
+    pub fn reserve(&self, job: &str, slots: u32) -> Result<(), ApiError> {
+        let live = lock(&self.live);
+        let Some(own) = live.get(job) else { return Err(ApiError::conflict(format!("job {job} is not running"))) };
+        let used: u32 = live.values().map(|l| l.slots.load(Ordering::SeqCst)).sum();
+        let free = self.slots.saturating_sub(used) + own.slots.load(Ordering::SeqCst);
+        if slots > free {
+            return Err(ApiError::conflict(format!(
+                "at that parallelism the job needs {slots} slot(s) and {free} of {} are free to it",
+                self.slots
+            ))
+            .at("parallelism"));
+        }
+        own.slots.store(slots, Ordering::SeqCst);
         Ok(())
     }
 
@@ -215,14 +240,18 @@ impl Supervisor {
     }
 
     fn spawn(&self, state: &Arc<AppState>, live: &mut HashMap<String, Arc<Live>>, record: JobRecord) {
-        let handle = Arc::new(Live { slots: record.slots, cancel: AtomicBool::new(false), view: Mutex::new(None) });
+        let handle = Arc::new(Live {
+            slots: AtomicU32::new(record.slots),
+            cancel: AtomicBool::new(false),
+            view: Mutex::new(None),
+            requests: Mutex::default(),
+        });
         live.insert(record.id.clone(), handle.clone());
         let state = state.clone();
         let name = format!("job-{}", record.id);
         let thread = std::thread::Builder::new().name(name).spawn(move || {
-            let id = record.id.clone();
-            supervise(&state, record, &handle);
-            lock(&state.supervisor.live).remove(&id);
+            supervise(&state, &record.id, &handle);
+            lock(&state.supervisor.live).remove(&record.id);
         });
         match thread {
             Ok(t) => lock(&self.threads).push(t),
@@ -264,17 +293,88 @@ fn update(state: &AppState, id: &str, change: impl FnOnce(&mut JobRecord)) {
     }
 }
 
+/// What a client asks of a running job.
+#[derive(Debug)]
+pub enum Control {
+    /// Take a savepoint and keep running.
+    Savepoint,
+    /// Take a savepoint and stop.
+    Stop,
+    /// Take a savepoint and restart with every step at this parallelism.
+    Rescale(u32),
+    /// Take a savepoint and restart with this step running this artifact digest.
+    Upgrade {
+        /// The step's name.
+        step: String,
+        /// The artifact's digest.
+        digest: String,
+    },
+}
+
+impl Control {
+    fn reason(&self) -> &'static str {
+        match self {
+            Control::Savepoint => "requested",
+            Control::Stop => "stop",
+            Control::Rescale(_) => "rescale",
+            Control::Upgrade { .. } => "upgrade",
+        }
+    }
+}
+
+/// A control request and where its answer goes.
+#[derive(Debug)]
+pub struct Request {
+    /// What to do.
+    pub control: Control,
+    /// The savepoint taken, or why not.
+    pub reply: tokio::sync::oneshot::Sender<Result<Savepoint, ApiError>>,
+}
+
 /// How one attempt ended.
 enum Outcome {
     Finished,
     Canceled,
-    ServerStopping,
     Failed(String),
+    /// Stopped with a savepoint, to stay stopped (`None`) or restart with a change.
+    Savepointed(Option<Control>),
 }
 
-/// Runs one attempt until it ends, publishing its live view.
-fn attempt(state: &AppState, spec: &PipelineSpec, live: &Live) -> Outcome {
-    let job = match Job::start(spec, &state.runtime, JobOptions::default()) {
+/// How long a savepoint may take before the request fails.
+const SAVEPOINT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Takes a savepoint of `job` into a new directory of the job's and records it.
+fn take_savepoint(state: &AppState, record: &JobRecord, job: &Job, reason: &str) -> Result<Savepoint, ApiError> {
+    let at_ms = now_ms();
+    let path = format!("savepoints/{at_ms}-{reason}");
+    let dir = job_dir(state, &record.tenant, &record.id).join(&path);
+    let id = job.savepoint(&dir, SAVEPOINT_TIMEOUT).map_err(|e| ApiError::conflict(format!("no savepoint: {e}")))?;
+    let savepoint = Savepoint { id, path, at_ms, reason: reason.to_string() };
+    update(state, &record.id, |r| r.savepoints.push(savepoint.clone()));
+    tracing::info!(savepoint = id, reason, "savepoint taken");
+    Ok(savepoint)
+}
+
+/// Ends `job` after a savepoint; the savepoint becomes where the next generation starts.
+fn stop_with_savepoint(state: &AppState, record: &JobRecord, job: Job, reason: &str) -> Result<Savepoint, ApiError> {
+    let taken = take_savepoint(state, record, &job, reason);
+    job.cancel();
+    let _ = job.wait();
+    let savepoint = taken?;
+    update(state, &record.id, |r| {
+        r.generation += 1;
+        r.restore_from = Some(savepoint.path.clone());
+    });
+    Ok(savepoint)
+}
+
+/// Runs one attempt until it ends, publishing its live view and serving control requests.
+fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, live: &Live) -> Outcome {
+    let mut options = JobOptions::default();
+    if let Some(from) = restore_point(state, record, spec) {
+        options.restore_from = Some(from);
+    }
+    let job = match Job::start(spec, &state.runtime, options) {
         Ok(job) => job,
         Err(e) => return Outcome::Failed(e.to_string()),
     };
@@ -282,11 +382,29 @@ fn attempt(state: &AppState, spec: &PipelineSpec, live: &Live) -> Outcome {
     let mut last = Instant::now();
     while !job.is_done() {
         std::thread::sleep(Duration::from_millis(20));
-        if live.cancel.load(Ordering::SeqCst) || state.supervisor.stopping.load(Ordering::SeqCst) {
+        if live.cancel.load(Ordering::SeqCst) {
             job.cancel();
             let _ = job.wait();
-            *lock(&live.view) = None;
-            return if live.cancel.load(Ordering::SeqCst) { Outcome::Canceled } else { Outcome::ServerStopping };
+            return Outcome::Canceled;
+        }
+        if state.supervisor.stopping.load(Ordering::SeqCst) {
+            // Resumed from this savepoint at the next start; from the newest checkpoint if it fails.
+            if let Err(e) = stop_with_savepoint(state, record, job, "shutdown") {
+                tracing::warn!(error = %e.detail, "no savepoint at shutdown; the job resumes from its newest checkpoint");
+            }
+            return Outcome::Savepointed(None);
+        }
+        let request = lock(&live.requests).pop_front();
+        if let Some(Request { control, reply }) = request {
+            if matches!(control, Control::Savepoint) {
+                let _ = reply.send(take_savepoint(state, record, &job, control.reason()));
+                continue;
+            }
+            let result = stop_with_savepoint(state, record, job, control.reason());
+            let ok = result.is_ok();
+            let _ = reply.send(result);
+            // A failed savepoint leaves the job stopped by the cancel; it resumes from its checkpoint.
+            return if ok { Outcome::Savepointed(Some(control)) } else { Outcome::Failed("savepoint failed".into()) };
         }
         if last.elapsed() >= REFRESH {
             last = Instant::now();
@@ -302,39 +420,81 @@ fn attempt(state: &AppState, spec: &PipelineSpec, live: &Live) -> Outcome {
     }
 }
 
-/// The job's life on this server: attempts and restarts until it ends or the server stops.
-fn supervise(state: &AppState, record: JobRecord, live: &Live) {
-    let span = tracing::info_span!("job", tenant = %record.tenant, job = %record.id, name = %record.name);
-    let _entered = span.enter();
-    let spec = match place(state, &record.tenant, &record.id, &record.spec) {
-        Ok((spec, _)) => spec,
-        Err(e) => {
-            tracing::warn!(error = %e.detail, "the job's spec no longer places");
-            update(state, &record.id, |r| {
-                r.push_failure(e.detail.clone());
-                r.status = JobStatus::Failed;
-            });
-            return;
+/// The savepoint to start from: the generation's own newest checkpoint wins once it has one.
+fn restore_point(state: &AppState, record: &JobRecord, spec: &PipelineSpec) -> Option<std::path::PathBuf> {
+    let savepoint = record.restore_from.as_ref()?;
+    let has_checkpoint = spec
+        .checkpoints
+        .as_ref()
+        .and_then(|c| c.open_store().ok())
+        .and_then(|store| eddy_engine::checkpoint::metadata::completed_ids(&store).ok())
+        .is_some_and(|ids| !ids.is_empty());
+    (!has_checkpoint).then(|| job_dir(state, &record.tenant, &record.id).join(savepoint))
+}
+
+/// Applies a change that restarts the job, to its record.
+fn apply(state: &AppState, id: &str, control: &Control) {
+    update(state, id, |r| match control {
+        Control::Rescale(p) => r.overrides.parallelism = Some(*p),
+        Control::Upgrade { step, digest } => {
+            r.overrides.artifacts.insert(step.clone(), digest.clone());
         }
-    };
-    let mut restarts = record.restarts;
+        Control::Savepoint | Control::Stop => {}
+    });
+    update(state, id, |r| {
+        if let Ok((spec, digests)) = place(state, r) {
+            r.slots = slots_of(&spec);
+            r.artifacts = digests;
+        }
+    });
+}
+
+/// The job's life on this server: attempts and restarts until it ends or the server stops.
+fn supervise(state: &AppState, id: &str, live: &Live) {
     loop {
-        update(state, &record.id, |r| r.status = JobStatus::Running);
-        tracing::info!("job running");
-        match attempt(state, &spec, live) {
+        let record = match state.store.get::<JobRecord>(Table::Jobs, id) {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(e) => return tracing::error!(job = %id, error = %e, "cannot read the job"),
+        };
+        let span = tracing::info_span!("job", tenant = %record.tenant, job = %record.id, name = %record.name);
+        let _entered = span.enter();
+        let spec = match place(state, &record) {
+            Ok((spec, _)) => spec,
+            Err(e) => {
+                tracing::warn!(error = %e.detail, "the job's spec no longer places");
+                return update(state, id, |r| {
+                    r.push_failure(e.detail.clone());
+                    r.status = JobStatus::Failed;
+                });
+            }
+        };
+        update(state, id, |r| r.status = JobStatus::Running);
+        tracing::info!(generation = record.generation, "job running");
+        let outcome = attempt(state, &record, &spec, live);
+        *lock(&live.view) = None;
+        match outcome {
             Outcome::Finished => {
                 tracing::info!("job finished");
-                return update(state, &record.id, |r| r.status = JobStatus::Finished);
+                return update(state, id, |r| r.status = JobStatus::Finished);
             }
             Outcome::Canceled => {
                 tracing::info!("job canceled");
-                return update(state, &record.id, |r| r.status = JobStatus::Canceled);
+                return update(state, id, |r| r.status = JobStatus::Canceled);
             }
-            Outcome::ServerStopping => return,
+            Outcome::Savepointed(None) if state.supervisor.stopping.load(Ordering::SeqCst) => return,
+            Outcome::Savepointed(None) | Outcome::Savepointed(Some(Control::Stop)) => {
+                tracing::info!("job stopped with a savepoint");
+                return update(state, id, |r| r.status = JobStatus::Stopped);
+            }
+            Outcome::Savepointed(Some(change)) => {
+                tracing::info!(change = ?change, "job restarts from its savepoint with a change");
+                apply(state, id, &change);
+            }
             Outcome::Failed(message) => {
                 tracing::warn!(error = %message, "job failed");
-                let delay = spec.restart.delay_before(restarts + 1);
-                update(state, &record.id, |r| {
+                let delay = spec.restart.delay_before(record.restarts + 1);
+                update(state, id, |r| {
                     r.push_failure(message.clone());
                     r.status = if delay.is_some() { JobStatus::Restarting } else { JobStatus::Failed };
                     if delay.is_some() {
@@ -342,18 +502,26 @@ fn supervise(state: &AppState, record: JobRecord, live: &Live) {
                     }
                 });
                 let Some(delay) = delay else { return };
-                restarts += 1;
-                let until = Instant::now() + delay;
-                while Instant::now() < until {
-                    if live.cancel.load(Ordering::SeqCst) {
-                        return update(state, &record.id, |r| r.status = JobStatus::Canceled);
-                    }
-                    if state.supervisor.stopping.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
+                if !wait_or_stop(state, id, live, delay) {
+                    return;
                 }
             }
         }
     }
+}
+
+/// Waits out a restart delay; false if the job was cancelled or the server stops meanwhile.
+fn wait_or_stop(state: &AppState, id: &str, live: &Live, delay: Duration) -> bool {
+    let until = Instant::now() + delay;
+    while Instant::now() < until {
+        if live.cancel.load(Ordering::SeqCst) {
+            update(state, id, |r| r.status = JobStatus::Canceled);
+            return false;
+        }
+        if state.supervisor.stopping.load(Ordering::SeqCst) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
 }
