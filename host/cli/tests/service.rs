@@ -504,6 +504,7 @@ fn the_openapi_document_lists_every_route_and_every_route_answers() {
         "GET /v1/jobs/{id}/output",
         "GET /v1/tenants",
         "GET /v1/whoami",
+        "GET /metrics",
         "POST /v1/artifacts",
         "POST /v1/jobs",
         "POST /v1/jobs/{id}/rescale",
@@ -591,4 +592,49 @@ fn the_cli_logs_in_submits_the_word_count_with_its_files_and_reads_the_output() 
         .unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("401 Unauthorized: unknown token"));
+}
+
+/// The value of the first sample of `metric` whose labels contain `label`.
+fn sample(text: &str, metric: &str, label: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn metrics_show_each_tenant_its_own_jobs_and_the_admin_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let (a_id, a) = tenant(&server, "a");
+    let (b_id, b) = tenant(&server, "b");
+    let mut jobs = Vec::new();
+    for token in [&a, &b] {
+        expect(upload(&server, token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+        let id = expect(submit(&server, token, &counts_job(1_000_000)), 201)["id"].as_str().unwrap().to_string();
+        wait_job(&server, token, &id, "checkpointed", |j| {
+            j["live"]["checkpoints"].as_array().is_some_and(|c| !c.is_empty())
+        });
+        jobs.push(id);
+    }
+    let scrape = |token: &str| {
+        let r = client().get(server.url("/metrics")).bearer_auth(token).send().unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
+        r.text().unwrap()
+    };
+    let a_label = format!("tenant=\"{a_id}\"");
+    let first = scrape(&a);
+    assert!(first.contains(&a_label) && !first.contains(&b_id), "a tenant sees only its own series:\n{first}");
+    let before = sample(&first, "eddy_task_records_in_total", &a_label).expect("a records-in sample");
+    assert!(sample(&first, "eddy_job_last_checkpoint_size_bytes", &a_label).is_some_and(|b| b > 0.0), "{first}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sample(&scrape(&a), "eddy_task_records_in_total", &a_label).unwrap_or(0.0) <= before {
+        assert!(Instant::now() < deadline, "records in never rose");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let all = scrape(&server.admin());
+    assert!(all.contains(&a_label) && all.contains(&format!("tenant=\"{b_id}\"")), "{all}");
+    for (token, id) in [&a, &b].into_iter().zip(&jobs) {
+        expect(client().delete(server.url(&format!("/v1/jobs/{id}"))).bearer_auth(token).send().unwrap(), 202);
+    }
 }

@@ -52,6 +52,7 @@ pub mod artifacts;
 pub mod auth;
 pub mod files;
 pub mod jobs;
+pub mod metrics;
 pub mod model;
 pub mod placement;
 pub mod problem;
@@ -165,6 +166,7 @@ pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(jobs::stop))
         .routes(routes!(jobs::rescale))
         .routes(routes!(jobs::upgrade))
+        .routes(routes!(metrics::metrics))
         .routes(routes!(files::list))
         .routes(routes!(files::put))
         .split_for_parts()

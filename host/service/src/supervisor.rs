@@ -336,9 +336,13 @@ enum Outcome {
     Finished,
     Canceled,
     Failed(String),
-    /// Stopped with a savepoint, to stay stopped (`None`) or restart with a change.
-    Savepointed(Option<Control>),
+    /// Stopped with a savepoint, to stay stopped (`None`, or `Stop`) or restart with a change;
+    /// the client's answer waits until the record says so.
+    Savepointed(Option<(Control, Reply, Savepoint)>),
 }
+
+/// Where a control request's answer goes.
+type Reply = tokio::sync::oneshot::Sender<Result<Savepoint, ApiError>>;
 
 /// How long a savepoint may take before the request fails.
 const SAVEPOINT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -400,11 +404,15 @@ fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, live: &Liv
                 let _ = reply.send(take_savepoint(state, record, &job, control.reason()));
                 continue;
             }
-            let result = stop_with_savepoint(state, record, job, control.reason());
-            let ok = result.is_ok();
-            let _ = reply.send(result);
-            // A failed savepoint leaves the job stopped by the cancel; it resumes from its checkpoint.
-            return if ok { Outcome::Savepointed(Some(control)) } else { Outcome::Failed("savepoint failed".into()) };
+            return match stop_with_savepoint(state, record, job, control.reason()) {
+                Ok(savepoint) => Outcome::Savepointed(Some((control, reply, savepoint))),
+                Err(e) => {
+                    // The cancel stopped the job anyway: it restarts from its newest checkpoint.
+                    let message = format!("{} failed: {}", control.reason(), e.detail);
+                    let _ = reply.send(Err(e));
+                    Outcome::Failed(message)
+                }
+            };
         }
         if last.elapsed() >= REFRESH {
             last = Instant::now();
@@ -482,14 +490,17 @@ fn supervise(state: &AppState, id: &str, live: &Live) {
                 tracing::info!("job canceled");
                 return update(state, id, |r| r.status = JobStatus::Canceled);
             }
-            Outcome::Savepointed(None) if state.supervisor.stopping.load(Ordering::SeqCst) => return,
-            Outcome::Savepointed(None) | Outcome::Savepointed(Some(Control::Stop)) => {
+            Outcome::Savepointed(None) => return,
+            Outcome::Savepointed(Some((Control::Stop, reply, savepoint))) => {
                 tracing::info!("job stopped with a savepoint");
-                return update(state, id, |r| r.status = JobStatus::Stopped);
+                update(state, id, |r| r.status = JobStatus::Stopped);
+                let _ = reply.send(Ok(savepoint));
+                return;
             }
-            Outcome::Savepointed(Some(change)) => {
+            Outcome::Savepointed(Some((change, reply, savepoint))) => {
                 tracing::info!(change = ?change, "job restarts from its savepoint with a change");
                 apply(state, id, &change);
+                let _ = reply.send(Ok(savepoint));
             }
             Outcome::Failed(message) => {
                 tracing::warn!(error = %message, "job failed");
