@@ -2,13 +2,16 @@
 # Installs what building and testing Eddy needs on a fresh machine (Rust toolchain present):
 # the wasm32-wasip2 target, componentize-py (for the Python example operator), and Debian's
 # RocksDB and libclang (the RocksDB state backend links the system library: see
-# .cargo/config.toml), and moto (a local S3-compatible service the checkpoint tests start).
+# .cargo/config.toml), moto (a local S3-compatible service the checkpoint tests start), and
+# for the web UI's browser test Debian's Chromium, Node and playwright-core (in
+# tests/ui/node_modules, git-ignored).
 # Idempotent: fast when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 COMPONENTIZE_PY_VERSION=0.25.1
 MOTO_VERSION=5.2.1
+PLAYWRIGHT_CORE_VERSION=1.65.1 # as pinned in tests/ui/package.json
 
 # rust-toolchain.toml pins the toolchain and lists the target; this makes sure it is present.
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
@@ -35,4 +38,30 @@ if ! command -v moto_server >/dev/null 2>&1; then
   echo "setup: installing moto (S3-compatible test service)"
   python3 -m pip install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION"
   hash -r
+fi
+
+# The web UI's browser test (host/cli/tests/ui.rs) drives Debian's Chromium through
+# playwright-core: only the core, because Playwright's own browser download cannot work here.
+if ! dpkg -s chromium >/dev/null 2>&1; then
+  echo "setup: installing chromium (web UI browser test)"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium >/dev/null
+fi
+
+# A node that came with its own npm (not Debian's) must not be replaced, so check commands.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "setup: installing nodejs and npm (web UI browser test driver)"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q nodejs npm >/dev/null
+  hash -r
+fi
+
+if [ "$(node -p 'require("./tests/ui/node_modules/playwright-core/package.json").version' 2>/dev/null)" != "$PLAYWRIGHT_CORE_VERSION" ]; then
+  echo "setup: installing playwright-core $PLAYWRIGHT_CORE_VERSION into tests/ui/node_modules"
+  # No lock file: the one package is pinned exactly and has no dependencies.
+  (cd tests/ui && npm install --no-package-lock --no-audit --no-fund --silent)
 fi

@@ -1,0 +1,426 @@
+//! The web UI in a real browser: a real `eddy serve` process with a running job, and headless
+//! Chromium signing in, watching the job's graph and checkpoints, and cancelling it.
+//!
+//! Chromium is driven over the DevTools protocol by `tests/ui/driver.mjs` (Node and
+//! playwright-core); this file keeps the scenario and every assertion. `deploy/setup.sh`
+//! installs Chromium and the driver's package. Screenshots go to `target/ui-artifacts/`.
+
+// Helpers outside `#[test]` functions fail the test they serve when they panic.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::{Client, Response};
+use serde_json::{Value, json};
+
+/// How long the UI may take to show something. Only turns a hang into a failure: every wait
+/// returns as soon as its condition holds.
+const UI_DEADLINE: Duration = Duration::from_secs(60);
+
+/// An unbounded generator (no `events:`), paced, checkpointing often: it runs until cancelled.
+const COUNTS: &str = "name: counts
+sources:
+  - {type: generator, name: g, seed: 7, keys: 30, key_field: user, key_prefix: u-, value_field: v, min_value: 1, max_value: 9, start_ms: 0, interval_ms: 5, rate_per_sec: 2000}
+steps:
+  - {name: count, wasm: count@1, key_by: /user}
+checkpoints: {interval_ms: 500}
+sink: {type: files, dir: out}
+";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// `target/ui-artifacts/`, next to the profile directory that holds the `eddy` binary (so it
+/// follows `CARGO_TARGET_DIR`).
+fn artifacts_dir() -> PathBuf {
+    let exe = Path::new(env!("CARGO_BIN_EXE_eddy"));
+    let target = exe.parent().and_then(Path::parent).unwrap();
+    let dir = target.join("ui-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Says where a file was written even when libtest captures the output of passing tests.
+fn announce(message: &str) {
+    let _ = writeln!(std::io::stderr(), "{message}");
+}
+
+/// A server process on a free port over `dir`, killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    dir: PathBuf,
+}
+
+impl Server {
+    fn start(dir: &Path) -> Server {
+        // A port the OS just handed out and released: free unless raced, which the retry covers.
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
+                .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+                .arg(dir)
+                .env("EDDY_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(std::fs::File::create(dir.with_extension("log")).unwrap()))
+                .spawn()
+                .expect("start eddy serve");
+            let mut server = Server { child, base: format!("http://127.0.0.1:{port}"), dir: dir.to_owned() };
+            if server.wait_ready() {
+                return server;
+            }
+            let _ = server.child.kill();
+            let _ = server.child.wait();
+        }
+        panic!("eddy serve did not start; see {}", dir.with_extension("log").display());
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            if reqwest::blocking::get(self.url("/v1/openapi.json")).is_ok_and(|r| r.status() == 200) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn admin(&self) -> String {
+        std::fs::read_to_string(self.dir.join("admin.token")).unwrap().trim().to_string()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> Client {
+    Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+}
+
+/// The JSON of a response with the expected status; the body in the panic message otherwise.
+fn expect(response: Response, status: u16) -> Value {
+    let got = response.status().as_u16();
+    let text = response.text().unwrap();
+    assert_eq!(got, status, "body: {text}");
+    if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap() }
+}
+
+/// A tenant named `name` with a running-count artifact and the unbounded job; returns (token,
+/// job id).
+fn tenant_with_a_running_job(server: &Server, name: &str) -> (String, String) {
+    let created = client().post(server.url("/v1/tenants")).bearer_auth(server.admin()).json(&json!({"name": name}));
+    let token = expect(created.send().unwrap(), 201)["token"].as_str().unwrap().to_string();
+    let wasm = std::fs::read(eddy_guest_artifacts::RUNNING_COUNT).unwrap();
+    let upload = client().post(server.url("/v1/artifacts?name=count&version=1")).bearer_auth(&token).body(wasm);
+    expect(upload.send().unwrap(), 201);
+    let submit = client()
+        .post(server.url("/v1/jobs"))
+        .bearer_auth(&token)
+        .header("content-type", "application/yaml")
+        .body(COUNTS);
+    let id = expect(submit.send().unwrap(), 201)["id"].as_str().unwrap().to_string();
+    (token, id)
+}
+
+fn job(server: &Server, token: &str, id: &str) -> Value {
+    expect(client().get(server.url(&format!("/v1/jobs/{id}"))).bearer_auth(token).send().unwrap(), 200)
+}
+
+/// Polls the API until the job shows live tasks; returns their labels.
+fn live_labels(server: &Server, token: &str, id: &str) -> Vec<String> {
+    let deadline = Instant::now() + UI_DEADLINE;
+    loop {
+        let j = job(server, token, id);
+        if let Some(tasks) = j["live"]["tasks"].as_array().filter(|t| !t.is_empty()) {
+            return tasks.iter().map(|t| t["label"].as_str().unwrap().to_string()).collect();
+        }
+        assert!(Instant::now() < deadline, "the job never showed live tasks: {j}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The selector of the elements marked `data-testid="id"`.
+fn tid(id: &str) -> String {
+    format!("[data-testid=\"{id}\"]")
+}
+
+/// What the browser test needs on this machine, or a panic saying how to get it: a missing
+/// browser must fail the test, never skip it.
+struct Prerequisites {
+    chromium: PathBuf,
+    driver: PathBuf,
+}
+
+fn prerequisites() -> Prerequisites {
+    let chromium = std::env::var_os("EDDY_CHROMIUM").map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
+    let driver_dir = repo_root().join("tests/ui");
+    let mut missing = Vec::new();
+    if !chromium.is_file() {
+        missing.push(format!("Chromium at {} (or set EDDY_CHROMIUM)", chromium.display()));
+    }
+    if !Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        missing.push("Node.js (`node` on PATH)".to_string());
+    }
+    if !driver_dir.join("node_modules/playwright-core/package.json").is_file() {
+        missing.push(format!("the npm package playwright-core in {}/node_modules", driver_dir.display()));
+    }
+    assert!(missing.is_empty(), "the browser test needs {}: run deploy/setup.sh", missing.join(", "));
+    Prerequisites { chromium, driver: driver_dir.join("driver.mjs") }
+}
+
+/// Headless Chromium behind `tests/ui/driver.mjs`, one JSON command and answer per line.
+struct Browser {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    log: PathBuf,
+    artifacts: PathBuf,
+}
+
+impl Browser {
+    fn launch(artifacts: &Path) -> Browser {
+        let needs = prerequisites();
+        let log = artifacts.join("driver.log");
+        let mut child = Command::new("node")
+            .arg(&needs.driver)
+            .arg(&needs.chromium)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .expect("start node tests/ui/driver.mjs");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Browser { child, stdin, stdout, log, artifacts: artifacts.to_owned() }
+    }
+
+    /// Sends one command and returns its value; a failed command fails the test.
+    fn call(&mut self, command: Value) -> Value {
+        let stdin = self.stdin.as_mut().unwrap();
+        let sent = writeln!(stdin, "{command}").and_then(|()| stdin.flush());
+        let mut line = String::new();
+        let read = sent.and_then(|()| self.stdout.read_line(&mut line));
+        if read.is_err() || line.is_empty() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            panic!("the browser driver stopped at {command}; its log ({}):\n{log}", self.log.display());
+        }
+        let answer: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(answer["ok"], true, "browser command {command} failed: {}", answer["error"]);
+        answer["value"].clone()
+    }
+
+    fn goto(&mut self, url: &str) {
+        self.call(json!({"op": "goto", "url": url}));
+    }
+
+    fn fill(&mut self, sel: &str, text: &str) {
+        self.call(json!({"op": "fill", "sel": sel, "text": text}));
+    }
+
+    fn click(&mut self, sel: &str) {
+        self.call(json!({"op": "click", "sel": sel}));
+    }
+
+    fn count(&mut self, sel: &str) -> usize {
+        self.call(json!({"op": "count", "sel": sel})).as_u64().unwrap() as usize
+    }
+
+    /// The text of the `nth` match, if it is there and visible.
+    fn text(&mut self, sel: &str, nth: usize) -> Option<String> {
+        self.call(json!({"op": "text", "sel": sel, "nth": nth})).as_str().map(str::to_string)
+    }
+
+    /// A metric's raw number (the UI keeps it in `data-value` next to the formatted text).
+    fn number(&mut self, sel: &str, nth: usize) -> Option<f64> {
+        let value = self.call(json!({"op": "attr", "sel": sel, "nth": nth, "name": "data-value"}));
+        value.as_str().and_then(|v| v.parse().ok())
+    }
+
+    fn screenshot(&mut self, name: &str) -> PathBuf {
+        let path = self.artifacts.join(name);
+        self.call(json!({"op": "screenshot", "path": path}));
+        path
+    }
+
+    /// Polls `read` until it gives a value. At the deadline the page is saved as a screenshot
+    /// and the test fails naming `what` and the last reading.
+    fn wait_for<T>(&mut self, what: &str, mut read: impl FnMut(&mut Browser) -> Result<T, String>) -> T {
+        let deadline = Instant::now() + UI_DEADLINE;
+        loop {
+            let last = match read(self) {
+                Ok(value) => return value,
+                Err(last) => last,
+            };
+            if Instant::now() >= deadline {
+                let shot = self.screenshot("failure.png");
+                panic!("the UI never showed {what} (last: {last}); screenshot: {}", shot.display());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the element's text satisfies `ok`; returns it.
+    fn wait_text(&mut self, what: &str, sel: &str, ok: impl Fn(&str) -> bool) -> String {
+        self.wait_for(what, |b| match b.text(sel, 0) {
+            Some(text) if ok(&text) => Ok(text),
+            other => Err(format!("{other:?}")),
+        })
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // Closing stdin ends the driver, which closes Chromium; a kill covers a driver that hangs.
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The API serves the UI's files with the right types.
+fn check_assets(server: &Server) {
+    for (path, media) in [
+        ("/", "text/html"),
+        ("/ui/app.js", "text/javascript"),
+        ("/ui/style.css", "text/css"),
+        ("/ui/favicon.svg", "image/svg+xml"),
+    ] {
+        let r = client().get(server.url(path)).send().unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let content_type = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(content_type.starts_with(media), "{path} is served as {content_type}");
+    }
+}
+
+/// A wrong token shows the API's own detail on the sign-in form.
+fn wrong_token_shows_the_detail(browser: &mut Browser, server: &Server) {
+    let answer = client().get(server.url("/v1/whoami")).bearer_auth("not-a-token").send().unwrap();
+    let detail = expect(answer, 401)["detail"].as_str().unwrap().to_string();
+    browser.fill(&tid("token-input"), "not-a-token");
+    browser.click(&tid("signin-button"));
+    browser.wait_text("the API's error detail for a wrong token", &tid("signin-error"), |t| t.contains(&detail));
+    assert_eq!(browser.text(&tid("session"), 0), None, "a wrong token does not sign in");
+    browser.screenshot("signin-error.png");
+}
+
+/// The job page shows one box per task, in plan order, with an arrow between consecutive ones.
+fn graph_matches_the_plan(browser: &mut Browser, labels: &[String]) {
+    let n = labels.len();
+    browser.wait_for("one box per task", |b| {
+        let boxes = b.count(&tid("task"));
+        if boxes == n { Ok(()) } else { Err(format!("{boxes} boxes for {n} tasks")) }
+    });
+    assert_eq!(browser.count(&tid("exchange")), n - 1, "an arrow between consecutive tasks");
+    for (i, label) in labels.iter().enumerate() {
+        let shown = browser.text(&tid("task-label"), i).unwrap();
+        for step in label.split(" -> ") {
+            assert!(shown.contains(step), "task {i} shows {shown:?}, not its step {step}");
+        }
+    }
+}
+
+/// The last task receives the counted records over an exchange: its counter rises between two
+/// readings and its rate reads above zero.
+fn records_flow(browser: &mut Browser, task: usize) {
+    let first =
+        browser.wait_for("records arriving at the last task", |b| match b.number(&tid("task-records-in"), task) {
+            Some(n) if n > 0.0 => Ok(n),
+            other => Err(format!("{other:?}")),
+        });
+    browser.wait_for("the records counter rising with a positive rate", |b| {
+        let later = b.number(&tid("task-records-in"), task);
+        let rate = b.number(&tid("task-in-rate"), task);
+        match (later, rate) {
+            (Some(later), Some(rate)) if later > first && rate > 0.0 => Ok(()),
+            other => Err(format!("records in {first} then {other:?}")),
+        }
+    });
+    let rate = browser.text(&tid("task-in-rate"), task).unwrap();
+    assert!(rate.ends_with("/s"), "the rate reads as records per second: {rate}");
+    let backpressure = browser.text(&tid("task-backpressure"), task).unwrap();
+    assert!(backpressure.ends_with('%'), "backpressure reads as a percentage: {backpressure}");
+    assert!(browser.text(&tid("task-watermark"), task).is_some(), "the watermark is shown");
+}
+
+#[test]
+fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    check_assets(&server);
+    let (token, id) = tenant_with_a_running_job(&server, "acme");
+    let labels = live_labels(&server, &token, &id);
+    let artifacts = artifacts_dir();
+    let mut browser = Browser::launch(&artifacts);
+
+    browser.goto(&server.url("/"));
+    browser.wait_text("the sign-in form", &tid("signin"), |_| true);
+    wrong_token_shows_the_detail(&mut browser, &server);
+
+    browser.fill(&tid("token-input"), &token);
+    browser.click(&tid("signin-button"));
+    browser.wait_text("who is signed in", &tid("whoami"), |t| t.contains("acme"));
+
+    let row = format!("{}[data-job-id=\"{id}\"]", tid("job-row"));
+    browser.wait_text("the job running in the list", &format!("{row} {}", tid("job-row-status")), |t| t == "running");
+    browser.screenshot("jobs.png");
+    browser.click(&format!("{row} {}", tid("job-link")));
+    browser.wait_text("the job's page", &tid("job-name"), |t| t == "counts");
+    browser.wait_text("the job's status", &tid("job-status"), |t| t == "running");
+
+    graph_matches_the_plan(&mut browser, &labels);
+    records_flow(&mut browser, labels.len() - 1);
+    browser.wait_for("a completed checkpoint", |b| match b.count(&tid("checkpoint-row")) {
+        0 => Err("no rows".to_string()),
+        _ => Ok(()),
+    });
+    assert!(browser.text(&tid("checkpoint-chart"), 0).is_some(), "the checkpoint chart is shown");
+    let shot = browser.screenshot("job.png");
+    announce(&format!("ui test: screenshot of the job page at {} (more in that directory)", shot.display()));
+
+    browser.click(&format!("{} [data-nav=\"artifacts\"]", tid("nav")));
+    let names = browser.wait_text("the uploaded artifact", &tid("artifact-names"), |t| t.contains("count@1"));
+    assert_eq!(browser.count(&tid("artifact-row")), 1, "one artifact: {names}");
+    let digest = browser.text(&tid("artifact-digest"), 0).unwrap();
+    assert!(digest.starts_with("sha256:") && digest.ends_with('…'), "the digest is shortened: {digest}");
+    assert_eq!(browser.text(&tid("artifact-world"), 0).as_deref(), Some("keyed-operator"));
+    browser.screenshot("artifacts.png");
+
+    browser.goto(&server.url(&format!("/#/jobs/{id}")));
+    browser.wait_text("the job's page again", &tid("job-status"), |t| t == "running");
+    browser.click(&tid("cancel-job"));
+    browser.wait_text("the cancel button asking to confirm", &tid("cancel-job"), |t| t.contains("again"));
+    browser.click(&tid("cancel-job"));
+    browser.wait_text("the job canceled", &tid("job-status"), |t| t == "canceled");
+    assert_eq!(job(&server, &token, &id)["status"], "canceled");
+
+    browser.click(&tid("sign-out"));
+    browser.wait_text("the sign-in form after signing out", &tid("signin"), |_| true);
+    browser.goto(&server.url("/"));
+    browser.wait_text("the sign-in form after a reload (the token is forgotten)", &tid("signin"), |_| true);
+
+    let errors = browser.call(json!({"op": "errors"}));
+    assert_eq!(errors, json!([]), "the page raised errors");
+}

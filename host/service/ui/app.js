@@ -1,0 +1,574 @@
+// The Eddy web UI: a thin client of the /v1 REST API. No framework and no build step, so the
+// server can embed these files as they are and nothing is fetched from elsewhere.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'eddy.token';
+  const POLL_MS = 1000;
+  const ARTIFACTS_POLL_MS = 5000;
+  const CANCEL_CONFIRM_MS = 4000;
+  const CHECKPOINT_ROWS = 25;
+  const CHART_BARS = 60;
+  // Watermarks at or after this are wall-clock times worth showing as dates; smaller ones are
+  // event times of a generator that started near 0.
+  const YEAR_2000_MS = 946684800000;
+  const TERMINAL = new Set(['finished', 'failed', 'canceled']);
+
+  const byTestId = (id, root = document) => root.querySelector(`[data-testid="${id}"]`);
+
+  /** Builds an element. Text goes in through textContent only: job names and failure
+   *  messages come from users, so nothing is ever parsed as HTML. */
+  function el(tag, props = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props)) {
+      if (value === undefined || value === null) continue;
+      if (key === 'testid') node.dataset.testid = value;
+      else if (key === 'text') node.textContent = value;
+      else if (key === 'class') node.className = value;
+      else if (key.startsWith('data-')) node.setAttribute(key, value);
+      else node[key] = value;
+    }
+    node.append(...children.filter((c) => c !== null && c !== undefined));
+    return node;
+  }
+
+  // ---- Formatting -------------------------------------------------------------------------
+
+  const plain = new Intl.NumberFormat('en', { maximumFractionDigits: 0 });
+  const compact = new Intl.NumberFormat('en', { notation: 'compact', maximumFractionDigits: 1 });
+  const fmtCount = (n) => (n >= 100000 ? compact.format(n) : plain.format(n));
+  const fmtRate = (n) => `${fmtCount(n)}/s`;
+  const fmtMs = (ms) => (ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(1)} ms`);
+
+  function fmtBytes(bytes) {
+    const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    let value = bytes;
+    let unit = 0;
+    while (value >= 1024 && unit < units.length - 1) {
+      value /= 1024;
+      unit += 1;
+    }
+    return unit === 0 ? `${value} B` : `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
+  }
+
+  function fmtUptime(ms) {
+    const s = Math.floor(ms / 1000);
+    const h = Math.floor(s / 3600);
+    const m = Math.floor((s % 3600) / 60);
+    if (h > 0) return `${h} h ${m} min`;
+    if (m > 0) return `${m} min ${s % 60} s`;
+    return `${s} s`;
+  }
+
+  function fmtAgo(ms) {
+    const s = Math.round((Date.now() - ms) / 1000);
+    if (s < 5) return 'just now';
+    if (s < 60) return `${s} s ago`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+    return new Date(ms).toLocaleString();
+  }
+
+  function fmtWatermark(wm) {
+    if (wm === null || wm === undefined) return '—';
+    if (wm >= YEAR_2000_MS) return `${new Date(wm).toISOString().slice(0, 19).replace('T', ' ')}Z`;
+    return `${(wm / 1000).toFixed(1)} s`;
+  }
+
+  const shortDigest = (digest) => {
+    const [algo, hex = ''] = digest.split(':');
+    return hex.length > 12 ? `${algo}:${hex.slice(0, 12)}…` : digest;
+  };
+
+  // ---- The API ----------------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, detail, field) {
+      super(field ? `${detail} (${field})` : detail);
+      this.status = status;
+      this.field = field;
+    }
+  }
+
+  /** The API's problem details when it sent them; a proxy's or a crash's page is reported by
+   *  its status alone. */
+  async function problemOf(response) {
+    let detail = `${response.status} ${response.statusText || 'error'}`.trim();
+    let field;
+    try {
+      const body = await response.json();
+      if (body && typeof body.detail === 'string') {
+        detail = body.detail;
+        field = typeof body.field === 'string' ? body.field : undefined;
+      }
+    } catch {
+      // Not JSON: the status line says enough.
+    }
+    return new ApiError(response.status, detail, field);
+  }
+
+  async function api(path, { method = 'GET', token = sessionStorage.getItem(TOKEN_KEY) } = {}) {
+    const headers = { Accept: 'application/json' };
+    if (token) headers.Authorization = `Bearer ${token}`;
+    let response;
+    try {
+      response = await fetch(path, { method, headers, cache: 'no-store' });
+    } catch (e) {
+      throw new ApiError(0, `cannot reach the server (${e.message})`);
+    }
+    if (!response.ok) throw await problemOf(response);
+    const type = response.headers.get('content-type') || '';
+    return type.includes('json') ? response.json() : null;
+  }
+
+  // ---- Banner, session --------------------------------------------------------------------
+
+  const banner = byTestId('error');
+
+  function showBanner(message) {
+    banner.textContent = message;
+    banner.hidden = false;
+  }
+
+  function clearBanner() {
+    banner.hidden = true;
+    banner.textContent = '';
+  }
+
+  function showSession(who) {
+    const name = who.kind === 'admin' ? 'admin' : who.name || who.tenant;
+    byTestId('whoami').textContent = `${name} · ${who.kind}`;
+    byTestId('session').hidden = false;
+    byTestId('nav').hidden = false;
+  }
+
+  /** Forgets the token and shows the sign-in form, with why when the API said why. */
+  function signOut(reason) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    byTestId('session').hidden = true;
+    byTestId('nav').hidden = true;
+    stopView();
+    clearBanner();
+    showSignIn(reason);
+  }
+
+  /** A 401 means the token is no good any more: back to the sign-in form. */
+  function reportError(error) {
+    if (error instanceof ApiError && error.status === 401) signOut(error.message);
+    else showBanner(error.message);
+  }
+
+  // ---- Views ------------------------------------------------------------------------------
+
+  let current = null;
+
+  function stopView() {
+    if (current) current.stop();
+    current = null;
+  }
+
+  function showOnly(name) {
+    byTestId('signin').hidden = name !== 'signin';
+    for (const section of document.querySelectorAll('[data-view]')) {
+      section.hidden = section.dataset.view !== name;
+    }
+    for (const link of document.querySelectorAll('[data-nav]')) {
+      link.classList.toggle('active', link.dataset.nav === name || (name === 'job' && link.dataset.nav === 'jobs'));
+    }
+  }
+
+  /** Calls `load` and then `render` every `ms` until stopped; never two requests at once, so a
+   *  slow server is not piled on. */
+  function poll(load, render, ms) {
+    let stopped = false;
+    let timer = 0;
+    const tick = async () => {
+      if (!document.hidden) {
+        try {
+          const data = await load();
+          if (stopped) return;
+          clearBanner();
+          render(data);
+        } catch (error) {
+          if (stopped) return;
+          reportError(error);
+          if (!sessionStorage.getItem(TOKEN_KEY)) return;
+        }
+      }
+      if (!stopped) timer = setTimeout(tick, ms);
+    };
+    tick();
+    return {
+      stop() {
+        stopped = true;
+        clearTimeout(timer);
+      },
+    };
+  }
+
+  function route() {
+    stopView();
+    if (!sessionStorage.getItem(TOKEN_KEY)) {
+      showSignIn();
+      return;
+    }
+    const hash = location.hash || '#/jobs';
+    const job = hash.match(/^#\/jobs\/([^/]+)$/);
+    if (job) current = jobView(decodeURIComponent(job[1]));
+    else if (hash === '#/artifacts') current = artifactsView();
+    else current = jobsView();
+  }
+
+  // ---- Sign in ----------------------------------------------------------------------------
+
+  function showSignIn(reason) {
+    showOnly('signin');
+    const error = byTestId('signin-error');
+    error.textContent = reason || '';
+    error.hidden = !reason;
+    byTestId('token-input').focus();
+  }
+
+  async function signIn(event) {
+    event.preventDefault();
+    const input = byTestId('token-input');
+    const button = byTestId('signin-button');
+    const error = byTestId('signin-error');
+    const token = input.value.trim();
+    if (!token) return;
+    button.disabled = true;
+    error.hidden = true;
+    try {
+      const who = await api('/v1/whoami', { token });
+      sessionStorage.setItem(TOKEN_KEY, token);
+      input.value = '';
+      showSession(who);
+      route();
+    } catch (e) {
+      error.textContent = e.message;
+      error.hidden = false;
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  // ---- Jobs list --------------------------------------------------------------------------
+
+  function statusBadge(status, testid) {
+    return el('span', { class: `badge ${status}`, testid, text: status });
+  }
+
+  function jobRow(job) {
+    const href = `#/jobs/${encodeURIComponent(job.id)}`;
+    const row = el(
+      'tr',
+      { class: 'clickable', testid: 'job-row', 'data-job-id': job.id },
+      el('td', {}, el('a', { href, testid: 'job-link', text: job.name })),
+      el('td', {}, statusBadge(job.status, 'job-row-status')),
+      el('td', { class: 'mono', text: job.id }),
+      el('td', { title: new Date(job.created_ms).toLocaleString(), text: fmtAgo(job.created_ms) }),
+    );
+    row.addEventListener('click', (event) => {
+      if (event.target.closest('a')) return;
+      location.hash = href;
+    });
+    return row;
+  }
+
+  function jobsView() {
+    showOnly('jobs');
+    const table = byTestId('jobs-table');
+    return poll(
+      () => api('/v1/jobs'),
+      (jobs) => {
+        table.tBodies[0].replaceChildren(...jobs.map(jobRow));
+        table.hidden = jobs.length === 0;
+        byTestId('jobs-empty').hidden = jobs.length > 0;
+      },
+      POLL_MS,
+    );
+  }
+
+  // ---- One job ----------------------------------------------------------------------------
+
+  function fact(label, value, testid) {
+    return el('div', {}, el('dt', { text: label }), el('dd', { testid, text: value }));
+  }
+
+  function renderFacts(job) {
+    const live = job.live;
+    const facts = [
+      fact('Id', job.id, 'job-id'),
+      fact('Submitted', new Date(job.created_ms).toLocaleString()),
+      fact('Slots', String(job.slots)),
+      fact('Restarts', String(job.restarts), 'job-restarts'),
+    ];
+    if (live) {
+      facts.push(
+        fact('Up', fmtUptime(live.elapsed_ms), 'job-uptime'),
+        fact('Read', plain.format(live.source_records), 'job-source-records'),
+        fact('Written', plain.format(live.sink_records), 'job-sink-records'),
+      );
+      if (live.restored_from !== null && live.restored_from !== undefined) {
+        facts.push(fact('Restored from', `checkpoint ${live.restored_from}`, 'job-restored-from'));
+      }
+    }
+    byTestId('job-facts').replaceChildren(...facts);
+  }
+
+  /** A chain's label names its steps joined by ` -> `, e.g. `source:g -> split`. */
+  function stepChip(step) {
+    const kind = ['source', 'sink', 'window'].find((k) => step.startsWith(`${k}:`));
+    return el('span', { class: kind ? `step ${kind}` : 'step', text: step });
+  }
+
+  function metric(label, testid) {
+    return [el('dt', { text: label }), el('dd', { testid, text: '—' })];
+  }
+
+  function taskBox(task, index) {
+    return el(
+      'div',
+      { class: 'task', testid: 'task', 'data-task-index': String(index), title: task.label },
+      el(
+        'div',
+        { class: 'task-head' },
+        el('span', { class: 'task-title', testid: 'task-title', text: `Task ${index + 1}` }),
+        el('span', { class: 'task-par', testid: 'task-parallelism', text: `×${task.parallelism}` }),
+      ),
+      el('div', { class: 'steps', testid: 'task-label' }, ...task.label.split(' -> ').map(stepChip)),
+      el(
+        'dl',
+        { class: 'metrics' },
+        ...metric('In', 'task-in-rate'),
+        ...metric('Out', 'task-out-rate'),
+        ...metric('Records in', 'task-records-in'),
+        ...metric('Records out', 'task-records-out'),
+        ...metric('Watermark', 'task-watermark'),
+        ...metric('Backpressure', 'task-backpressure'),
+        ...metric('Late', 'task-late'),
+      ),
+      el('div', { class: 'bp', title: 'Backpressure' }, el('div', { class: 'bp-fill' })),
+    );
+  }
+
+  /** Sets a metric's text and keeps its raw number in data-value, for tools and tests. */
+  function setMetric(box, testid, value, text) {
+    const node = byTestId(testid, box);
+    node.dataset.value = value === null || value === undefined ? '' : String(value);
+    node.textContent = text;
+  }
+
+  function updateTaskBox(box, task) {
+    setMetric(box, 'task-in-rate', task.records_in_per_sec, fmtRate(task.records_in_per_sec));
+    setMetric(box, 'task-out-rate', task.records_out_per_sec, fmtRate(task.records_out_per_sec));
+    setMetric(box, 'task-records-in', task.records_in, plain.format(task.records_in));
+    setMetric(box, 'task-records-out', task.records_out, plain.format(task.records_out));
+    setMetric(box, 'task-watermark', task.watermark, fmtWatermark(task.watermark));
+    const pct = Math.round(task.backpressure * 100);
+    setMetric(box, 'task-backpressure', task.backpressure, `${pct}%`);
+    setMetric(box, 'task-late', task.late_records, plain.format(task.late_records));
+    const fill = box.querySelector('.bp-fill');
+    fill.style.width = `${pct}%`;
+    fill.classList.toggle('mid', task.backpressure > 0.25 && task.backpressure <= 0.6);
+    fill.classList.toggle('high', task.backpressure > 0.6);
+  }
+
+  /** Rebuilds the boxes only when the plan changed, so a refresh does not flicker. */
+  function renderGraph(tasks) {
+    const graph = byTestId('job-graph');
+    byTestId('graph-idle').hidden = tasks.length > 0;
+    const shape = tasks.map((t) => `${t.label}×${t.parallelism}`).join('|');
+    if (graph.dataset.shape !== shape) {
+      const nodes = [];
+      tasks.forEach((task, i) => {
+        if (i > 0) nodes.push(el('div', { class: 'exchange', testid: 'exchange', title: 'exchange' }));
+        nodes.push(taskBox(task, i));
+      });
+      graph.replaceChildren(...nodes);
+      graph.dataset.shape = shape;
+    }
+    const boxes = graph.querySelectorAll('[data-testid="task"]');
+    tasks.forEach((task, i) => updateTaskBox(boxes[i], task));
+  }
+
+  function checkpointRow(c) {
+    return el(
+      'tr',
+      { testid: 'checkpoint-row', 'data-checkpoint-id': String(c.id) },
+      el('td', { class: 'mono', text: String(c.id) }),
+      el('td', { class: 'num', text: fmtMs(c.duration_ms) }),
+      el('td', { class: 'num', text: fmtMs(c.alignment_ms) }),
+      el('td', { class: 'num', text: fmtBytes(c.full_bytes) }),
+      el('td', { class: 'num', text: fmtBytes(c.incremental_bytes) }),
+    );
+  }
+
+  function renderChart(checkpoints) {
+    const svg = byTestId('checkpoint-chart');
+    const ns = 'http://www.w3.org/2000/svg';
+    const recent = checkpoints.slice(-CHART_BARS);
+    const longest = Math.max(...recent.map((c) => c.duration_ms), 1e-3);
+    const slot = 300 / CHART_BARS;
+    const bars = recent.map((c, i) => {
+      const height = Math.max(1, (c.duration_ms / longest) * 56);
+      const bar = document.createElementNS(ns, 'rect');
+      bar.setAttribute('x', String((CHART_BARS - recent.length + i) * slot + 0.5));
+      bar.setAttribute('y', String(58 - height));
+      bar.setAttribute('width', String(slot - 1));
+      bar.setAttribute('height', String(height));
+      const title = document.createElementNS(ns, 'title');
+      title.textContent = `checkpoint ${c.id}: ${fmtMs(c.duration_ms)}, ${fmtBytes(c.incremental_bytes)} written`;
+      bar.append(title);
+      return bar;
+    });
+    svg.replaceChildren(...bars);
+    // An SVG element has no `hidden` property, only the attribute.
+    svg.toggleAttribute('hidden', recent.length === 0);
+  }
+
+  function renderCheckpoints(checkpoints) {
+    const table = byTestId('checkpoints');
+    const newest = checkpoints.slice(-CHECKPOINT_ROWS).reverse();
+    table.tBodies[0].replaceChildren(...newest.map(checkpointRow));
+    table.hidden = checkpoints.length === 0;
+    byTestId('checkpoints-empty').hidden = checkpoints.length > 0;
+    renderChart(checkpoints);
+  }
+
+  function renderFailures(failures) {
+    const items = [...failures].reverse().map((f) =>
+      el(
+        'li',
+        { testid: 'failure' },
+        el('time', { dateTime: new Date(f.at_ms).toISOString(), text: new Date(f.at_ms).toLocaleString() }),
+        el('div', { class: 'message', testid: 'failure-message', text: f.message }),
+      ),
+    );
+    byTestId('failures').replaceChildren(...items);
+    byTestId('failures-empty').hidden = failures.length > 0;
+  }
+
+  /** Cancelling cannot be undone, so the first click only arms the button for a moment. */
+  function armCancel(id) {
+    const button = byTestId('cancel-job');
+    let disarm = 0;
+    const reset = () => {
+      button.classList.remove('confirming');
+      button.textContent = 'Cancel job';
+    };
+    button.onclick = async () => {
+      if (!button.classList.contains('confirming')) {
+        button.classList.add('confirming');
+        button.textContent = 'Click again to cancel';
+        disarm = setTimeout(reset, CANCEL_CONFIRM_MS);
+        return;
+      }
+      clearTimeout(disarm);
+      button.disabled = true;
+      button.textContent = 'Canceling…';
+      try {
+        await api(`/v1/jobs/${encodeURIComponent(id)}`, { method: 'DELETE' });
+      } catch (error) {
+        reportError(error);
+        reset();
+        button.disabled = false;
+      }
+    };
+    reset();
+    return () => clearTimeout(disarm);
+  }
+
+  function renderJob(job) {
+    byTestId('job-name').textContent = job.name;
+    const status = byTestId('job-status');
+    status.textContent = job.status;
+    status.className = `badge ${job.status}`;
+    const cancel = byTestId('cancel-job');
+    if (TERMINAL.has(job.status)) {
+      cancel.disabled = true;
+      cancel.textContent = job.status === 'canceled' ? 'Canceled' : 'Cancel job';
+    }
+    renderFacts(job);
+    renderGraph(job.live ? job.live.tasks : []);
+    renderCheckpoints(job.live ? job.live.checkpoints : []);
+    renderFailures(job.failures);
+  }
+
+  function clearJob() {
+    byTestId('job-name').textContent = '';
+    byTestId('job-status').textContent = '';
+    byTestId('job-facts').replaceChildren();
+    const graph = byTestId('job-graph');
+    graph.replaceChildren();
+    delete graph.dataset.shape;
+    renderCheckpoints([]);
+    renderFailures([]);
+    byTestId('cancel-job').disabled = false;
+  }
+
+  function jobView(id) {
+    clearJob();
+    showOnly('job');
+    const disarm = armCancel(id);
+    const polling = poll(() => api(`/v1/jobs/${encodeURIComponent(id)}`), renderJob, POLL_MS);
+    return {
+      stop() {
+        polling.stop();
+        disarm();
+      },
+    };
+  }
+
+  // ---- Artifacts --------------------------------------------------------------------------
+
+  function artifactRow(a) {
+    return el(
+      'tr',
+      { testid: 'artifact-row', 'data-digest': a.digest },
+      el('td', { class: 'mono', testid: 'artifact-digest', title: a.digest, text: shortDigest(a.digest) }),
+      el('td', { testid: 'artifact-names', text: a.names.length ? a.names.join(', ') : '—' }),
+      el('td', { testid: 'artifact-world', text: a.world }),
+      el('td', { class: 'num', testid: 'artifact-size', text: fmtBytes(a.size) }),
+      el('td', { title: new Date(a.created_ms).toLocaleString(), text: fmtAgo(a.created_ms) }),
+    );
+  }
+
+  function artifactsView() {
+    showOnly('artifacts');
+    const table = byTestId('artifacts-table');
+    return poll(
+      () => api('/v1/artifacts'),
+      (artifacts) => {
+        const newest = [...artifacts].sort((a, b) => b.created_ms - a.created_ms);
+        table.tBodies[0].replaceChildren(...newest.map(artifactRow));
+        table.hidden = artifacts.length === 0;
+        byTestId('artifacts-empty').hidden = artifacts.length > 0;
+      },
+      ARTIFACTS_POLL_MS,
+    );
+  }
+
+  // ---- Start ------------------------------------------------------------------------------
+
+  async function start() {
+    byTestId('signin-form').addEventListener('submit', signIn);
+    byTestId('sign-out').addEventListener('click', () => signOut());
+    window.addEventListener('hashchange', route);
+    if (!sessionStorage.getItem(TOKEN_KEY)) {
+      route();
+      return;
+    }
+    try {
+      showSession(await api('/v1/whoami'));
+      route();
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) signOut(error.message);
+      else {
+        route();
+        showBanner(error.message);
+      }
+    }
+  }
+
+  start();
+})();
