@@ -311,7 +311,7 @@ fn bad_uploads_and_specs_are_refused_naming_the_problem() {
     expect(upload(&server, &token, eddy_guest_artifacts::WORDCOUNT_COUNT, Some(("count", "1"))), 201);
     spec_error(&WORDCOUNT.replace("path: input.txt", "path: ../../admin.token"), 422, "sources[0].path");
     spec_error(&WORDCOUNT.replace("path: input.txt", "path: /etc/passwd"), 422, "sources[0].path");
-    spec_error(&WORDCOUNT.replace("parallelism: 2}", "parallelism: 9}"), 409, "parallelism");
+    spec_error(&WORDCOUNT.replace("parallelism: 2}", "parallelism: 5}"), 409, "parallelism");
     let json_type = client()
         .post(server.url("/v1/jobs"))
         .bearer_auth(&token)
@@ -504,6 +504,8 @@ fn the_openapi_document_lists_every_route_and_every_route_answers() {
         "GET /v1/jobs/{id}/output",
         "GET /v1/tenants",
         "GET /v1/whoami",
+        "GET /v1/quotas",
+        "PUT /v1/tenants/{id}/quotas",
         "GET /metrics",
         "POST /v1/artifacts",
         "POST /v1/jobs",
@@ -637,4 +639,54 @@ fn metrics_show_each_tenant_its_own_jobs_and_the_admin_all() {
     for (token, id) in [&a, &b].into_iter().zip(&jobs) {
         expect(client().delete(server.url(&format!("/v1/jobs/{id}"))).bearer_auth(token).send().unwrap(), 202);
     }
+}
+
+#[test]
+fn quotas_refuse_what_would_pass_them_naming_the_quota_and_nothing_else_breaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let (id, token) = tenant(&server, "acme");
+    let count_size = std::fs::metadata(eddy_guest_artifacts::RUNNING_COUNT).unwrap().len();
+    let set = |quotas: Value| {
+        let r = client().put(server.url(&format!("/v1/tenants/{id}/quotas"))).bearer_auth(server.admin()).json(&quotas);
+        expect(r.send().unwrap(), 200)
+    };
+    let refused = |response: Response, quota: &str| {
+        let problem = expect(response, 403);
+        assert_eq!(problem["field"], format!("quotas.{quota}"), "{problem}");
+        assert!(problem["detail"].as_str().unwrap().contains("exceeded"), "{problem}");
+    };
+    expect(
+        client()
+            .put(server.url(&format!("/v1/tenants/{id}/quotas")))
+            .bearer_auth(&token)
+            .json(&json!({}))
+            .send()
+            .unwrap(),
+        403,
+    );
+    set(json!({"jobs": 1, "slots": 1, "artifact_bytes": count_size + 10}));
+
+    expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+    refused(upload(&server, &token, eddy_guest_artifacts::WORDCOUNT_SPLIT, None), "artifact_bytes");
+    expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, None), 200);
+
+    let first = expect(submit(&server, &token, &counts_job(1_000_000)), 201)["id"].as_str().unwrap().to_string();
+    refused(submit(&server, &token, &counts_job(10)), "jobs");
+    set(json!({"jobs": 2, "slots": 1}));
+    refused(submit(&server, &token, &counts_job(10)), "slots");
+    refused(post(&server, &token, &format!("/v1/jobs/{first}/rescale"), json!({"parallelism": 2})), "slots");
+    set(json!({"jobs": 2, "slots": 2, "state_bytes": 1 << 20}));
+    refused(submit(&server, &token, &counts_job(10)), "state_bytes");
+
+    let report = expect(client().get(server.url("/v1/quotas")).bearer_auth(&token).send().unwrap(), 200);
+    assert_eq!(report["usage"]["jobs"], 1, "{report}");
+    assert_eq!(report["usage"]["slots"], 1, "{report}");
+    assert_eq!(report["usage"]["artifact_bytes"], count_size, "{report}");
+    assert_eq!(report["quotas"]["state_bytes"], 1 << 20);
+    // The refusals touched nothing: the first job still runs and counts.
+    let running =
+        wait_job(&server, &token, &first, "counting", |j| j["live"]["sink_records"].as_u64().is_some_and(|n| n > 0));
+    assert_eq!(running["status"], "running");
+    expect(client().delete(server.url(&format!("/v1/jobs/{first}"))).bearer_auth(&token).send().unwrap(), 202);
 }

@@ -139,6 +139,7 @@ pub async fn upload(
     if size == 0 {
         return Err(ApiError::unprocessable("the body is empty: send the .wasm bytes").at("body"));
     }
+
     let world = inspect(&state, &temp, &digest).await?;
     let dest = wasm_path(&state, &digest);
     if dest.exists() {
@@ -146,9 +147,13 @@ pub async fn upload(
     } else {
         temp.persist(&dest).map_err(ApiError::internal)?;
     }
+    let admission = state.supervisor.admission();
     let (artifact, created) = state.store.write(|txn| -> ApiResult<(Artifact, bool)> {
         let existing: Option<Artifact> = txn.get(Table::Artifacts, &key(&tenant, &digest))?;
         let created = existing.is_none();
+        if created {
+            crate::quotas::admit_artifact(&state, &tenant, size)?;
+        }
         let mut artifact = existing.unwrap_or_else(|| Artifact {
             digest: digest.clone(),
             tenant: tenant.clone(),
@@ -175,6 +180,7 @@ pub async fn upload(
         txn.put(Table::Artifacts, &key(&tenant, &digest), &artifact)?;
         Ok((artifact, created))
     })?;
+    drop(admission);
     tracing::info!(tenant = %tenant, digest = %digest, size, created, "artifact uploaded");
     Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(artifact)))
 }

@@ -17,6 +17,7 @@ use crate::auth::Caller;
 use crate::model::{Failure, JobRecord, JobStatus, Overrides, Savepoint, now_ms};
 use crate::placement::{output_dir, place};
 use crate::problem::{ApiError, ApiResult, Problem};
+use crate::quotas;
 use crate::secret::new_id;
 use crate::store::Table;
 use crate::supervisor::{Control, LiveView, slots_of};
@@ -123,6 +124,7 @@ pub async fn submit(
         spec: text,
         artifacts: Vec::new(),
         slots: 0,
+        state_bytes: 0,
         status: JobStatus::Created,
         failures: Vec::new(),
         restarts: 0,
@@ -138,7 +140,12 @@ pub async fn submit(
     record.name = spec.name.clone();
     record.artifacts = artifacts;
     record.slots = slots;
-    state.supervisor.admit(&state, record)?;
+    record.state_bytes = quotas::state_bytes_of(&spec);
+    {
+        let _admission = state.supervisor.admission();
+        quotas::admit_job(&state, &tenant, slots, record.state_bytes)?;
+        state.supervisor.admit(&state, record)?;
+    }
     tracing::info!(tenant = %tenant, job = %id, name = %spec.name, slots, "job submitted");
     Ok((StatusCode::CREATED, Json(Submitted { id, slots })))
 }
@@ -325,7 +332,11 @@ pub async fn rescale(
         ))
         .at("parallelism"));
     }
-    state.supervisor.reserve(&id, slots_of(&spec))?;
+    {
+        let _admission = state.supervisor.admission();
+        quotas::admit_rescale(&state, tenant, job.slots, slots_of(&spec))?;
+        state.supervisor.reserve(&id, slots_of(&spec))?;
+    }
     Ok(Json(control(&state, tenant, &id, Control::Rescale(body.parallelism)).await?))
 }
 

@@ -56,6 +56,7 @@ pub mod metrics;
 pub mod model;
 pub mod placement;
 pub mod problem;
+pub mod quotas;
 pub mod secret;
 pub mod store;
 pub mod supervisor;
@@ -78,12 +79,20 @@ pub struct ServiceConfig {
     pub max_artifact_bytes: u64,
     /// Largest data file accepted.
     pub max_file_bytes: u64,
+    /// Quotas of tenants the admin set none for.
+    pub default_quotas: quotas::Quotas,
 }
 
 impl ServiceConfig {
     /// Defaults: 4 slots, artifacts up to 64 MiB (a Python guest is ~18 MB), files up to 1 GiB.
     pub fn new(data_dir: PathBuf) -> Self {
-        Self { data_dir, slots: 4, max_artifact_bytes: 64 << 20, max_file_bytes: 1 << 30 }
+        Self {
+            data_dir,
+            slots: 4,
+            max_artifact_bytes: 64 << 20,
+            max_file_bytes: 1 << 30,
+            default_quotas: quotas::Quotas::default(),
+        }
     }
 }
 
@@ -157,6 +166,8 @@ pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(tenants::create_tenant, tenants::list_tenants))
         .routes(routes!(tenants::issue_token))
         .routes(routes!(tenants::revoke_token))
+        .routes(routes!(quotas::set))
+        .routes(routes!(quotas::show))
         .routes(routes!(artifacts::upload, artifacts::list))
         .routes(routes!(artifacts::show, artifacts::delete))
         .routes(routes!(jobs::submit, jobs::list))

@@ -17,6 +17,9 @@ pub struct Tenant {
     pub name: String,
     /// When the admin created it (ms since the epoch).
     pub created_ms: i64,
+    /// Its quotas, when the admin set them (else the server's defaults).
+    #[serde(default)]
+    pub quotas: Option<crate::quotas::Quotas>,
 }
 
 /// Who a token speaks for.
@@ -147,6 +150,9 @@ pub struct JobRecord {
     pub artifacts: Vec<String>,
     /// Slots it holds while it runs.
     pub slots: u32,
+    /// The state it may hold at most (see [`crate::quotas::Quotas::state_bytes`]).
+    #[serde(default)]
+    pub state_bytes: u64,
     /// Where it is.
     pub status: JobStatus,
     /// The newest failures, oldest first (at most [`MAX_FAILURES`]).

@@ -24,6 +24,9 @@ use crate::placement::{job_dir, place};
 use crate::problem::ApiError;
 use crate::store::Table;
 
+/// Completed checkpoints a live view lists.
+const MAX_CHECKPOINTS_SHOWN: usize = 100;
+
 /// How often a running job's live view is refreshed.
 const REFRESH: Duration = Duration::from_millis(250);
 
@@ -76,7 +79,7 @@ pub struct LiveView {
     pub sink_records: u64,
     /// Per task, in plan order.
     pub tasks: Vec<TaskView>,
-    /// Completed checkpoints of this attempt, oldest first.
+    /// The newest completed checkpoints of this attempt (at most 100), oldest first.
     pub checkpoints: Vec<CheckpointView>,
     /// The checkpoint this attempt resumed from.
     pub restored_from: Option<u64>,
@@ -107,8 +110,9 @@ impl LiveView {
                 }
             })
             .collect();
-        let checkpoints = job
-            .completed_checkpoints()
+        let completed = job.completed_checkpoints();
+        // The newest few: a long-running job completes thousands, and the view is polled.
+        let checkpoints = completed[completed.len().saturating_sub(MAX_CHECKPOINTS_SHOWN)..]
             .iter()
             .map(|c| CheckpointView {
                 id: c.id,
@@ -163,6 +167,7 @@ pub struct Supervisor {
     live: Mutex<HashMap<String, Arc<Live>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     stopping: AtomicBool,
+    admission: Mutex<()>,
 }
 
 /// Slots a job holds: one subtask of every task shares a slot (as in Flink), so the widest task.
@@ -173,7 +178,19 @@ pub fn slots_of(spec: &PipelineSpec) -> u32 {
 impl Supervisor {
     /// A supervisor with `slots` slots.
     pub fn new(slots: u32) -> Self {
-        Self { slots, live: Mutex::default(), threads: Mutex::default(), stopping: AtomicBool::new(false) }
+        Self {
+            slots,
+            live: Mutex::default(),
+            threads: Mutex::default(),
+            stopping: AtomicBool::new(false),
+            admission: Mutex::default(),
+        }
+    }
+
+    /// Held while a request checks a tenant's quotas and takes what it checked, so two
+    /// requests cannot both take the last of a quota.
+    pub fn admission(&self) -> MutexGuard<'_, ()> {
+        lock(&self.admission)
     }
 
     /// Total slots.
@@ -452,6 +469,7 @@ fn apply(state: &AppState, id: &str, control: &Control) {
     update(state, id, |r| {
         if let Ok((spec, digests)) = place(state, r) {
             r.slots = slots_of(&spec);
+            r.state_bytes = crate::quotas::state_bytes_of(&spec);
             r.artifacts = digests;
         }
     });

@@ -88,7 +88,7 @@ pub async fn create_tenant(
         if taken {
             return Err(ApiError::conflict(format!("a tenant named `{}` exists", new.name)).at("name"));
         }
-        let tenant = Tenant { id: new_id("t_")?, name: new.name.clone(), created_ms: now_ms() };
+        let tenant = Tenant { id: new_id("t_")?, name: new.name.clone(), created_ms: now_ms(), quotas: None };
         txn.put(Table::Tenants, &tenant.id, &tenant)?;
         let (token_id, token) = issue(txn, Principal::Tenant { tenant: tenant.id.clone() })?;
         Ok(CreatedTenant { id: tenant.id, name: tenant.name, token_id, token })
