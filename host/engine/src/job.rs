@@ -188,6 +188,9 @@ pub struct JobOptions {
     /// Tests: consulted before every read and write of the checkpoint store (slow, failing and
     /// unreadable stores).
     pub store_faults: Option<StoreFaults>,
+    /// Charges every guest call to this CPU share (a tenant's), throttling the job's operators
+    /// to it.
+    pub cpu_share: Option<Arc<eddy_runtime::CpuShare>>,
 }
 
 impl Default for JobOptions {
@@ -202,6 +205,7 @@ impl Default for JobOptions {
             stop_with_savepoint: None,
             fault_hook: None,
             store_faults: None,
+            cpu_share: None,
         }
     }
 }
@@ -444,7 +448,17 @@ impl Job {
         // A sink given in the options is one instance: the plan runs it at parallelism 1.
         let sink_given = options.sink.is_some();
         let plan = if sink_given { PhysicalPlan::with_sink_at_one(spec) } else { PhysicalPlan::new(spec) };
-        let components = spec.steps.iter().map(|s| load_step(runtime, s)).collect::<Result<Vec<_>, _>>()?;
+        let components = spec
+            .steps
+            .iter()
+            .map(|s| {
+                let component = load_step(runtime, s)?;
+                Ok(match &options.cpu_share {
+                    Some(share) => component.with_cpu_share(share.clone()),
+                    None => component,
+                })
+            })
+            .collect::<Result<Vec<_>, RunError>>()?;
         let sink_task = plan.tasks.iter().position(|t| t.has_sink()).unwrap_or(plan.tasks.len() - 1);
         let source_tasks = plan.tasks.iter().filter(|t| t.source().is_some()).map(|t| t.id).collect();
         let labels = (0..plan.tasks.len()).map(|t| plan.task_label(t)).collect();

@@ -1,10 +1,13 @@
 //! One guarded crossing into a guest: deadline, fuel, per-call bookkeeping, and the mapping of
 //! whatever went wrong onto a [`CallError`]. Shared by both worlds.
 
+use std::sync::Arc;
+
 use wasmtime::{Store, Trap};
 
 use crate::bindings::types::{ErrorKind, OperatorError};
 use crate::config::SandboxLimits;
+use crate::cpu::CpuShare;
 use crate::error::{CallError, CallErrorKind, GuestErrorKind, HostTrap, Violation};
 use crate::sandbox::HasSandbox;
 
@@ -14,13 +17,15 @@ pub(crate) struct CallPolicy {
     pub(crate) limits: SandboxLimits,
     pub(crate) deadline_ticks: u64,
     pub(crate) poisoned: bool,
+    /// The group's CPU share each call is charged to, if the instance has one.
+    pub(crate) cpu: Option<Arc<CpuShare>>,
 }
 
 impl CallPolicy {
-    pub(crate) fn new(limits: SandboxLimits, epoch_tick_ms: u64) -> Self {
+    pub(crate) fn new(limits: SandboxLimits, epoch_tick_ms: u64, cpu: Option<Arc<CpuShare>>) -> Self {
         // One extra tick: the deadline counts ticks from an arbitrary point inside the current one.
         let deadline_ticks = limits.call_timeout_ms.div_ceil(epoch_tick_ms.max(1)) + 1;
-        Self { limits, deadline_ticks, poisoned: false }
+        Self { limits, deadline_ticks, poisoned: false, cpu }
     }
 
     /// Arms the store for a call that is about to start.
@@ -49,10 +54,16 @@ impl CallPolicy {
         if self.poisoned {
             return Err(fail(store, CallErrorKind::Poisoned, None));
         }
+        // Waiting for the share happens before the deadline is armed, so it never counts
+        // against the call's timeout.
+        let cpu_started = self.cpu.as_ref().map(|c| c.before_call());
         if let Err(e) = self.arm(store) {
             return Err(fail(store, CallErrorKind::Internal(format!("{e:#}")), None));
         }
         let result = f(store);
+        if let (Some(cpu), Some(started)) = (&self.cpu, cpu_started) {
+            cpu.after_call(started);
+        }
         store.data_mut().sandbox().end_call();
         match result {
             Ok(Ok(r)) => Ok(r),

@@ -53,6 +53,7 @@ mod bindings;
 mod cache;
 mod call;
 mod config;
+mod cpu;
 mod error;
 mod guest_log;
 mod instance;
@@ -66,6 +67,7 @@ mod validate;
 
 pub use cache::{CacheOutcome, digest_of};
 pub use config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants, default_host_key_path};
+pub use cpu::{Bucket, CpuShare};
 pub use eddy_wire::TableError;
 pub use error::{CallError, CallErrorKind, Fault, GuestErrorKind, LoadError, RuntimeError, Violation};
 pub use guest_log::LogStats;

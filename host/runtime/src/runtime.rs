@@ -18,6 +18,7 @@ use crate::bindings::{output, schemas, state, timers, types};
 use crate::cache::{ArtifactCache, CacheOutcome, digest_of};
 use crate::call::{CallPolicy, classify};
 use crate::config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants};
+use crate::cpu::CpuShare;
 use crate::error::{LoadError, RuntimeError};
 use crate::guest_log;
 use crate::instance::{AggregateHost, AggregateInstance, OperatorInstance};
@@ -211,6 +212,7 @@ impl Runtime {
             epoch_tick_ms: self.config.epoch_tick_ms,
             limits: self.config.limits.clone(),
             grants: WasiGrants::default(),
+            cpu: None,
         })
     }
 }
@@ -236,6 +238,7 @@ pub struct Component {
     epoch_tick_ms: u64,
     limits: SandboxLimits,
     grants: WasiGrants,
+    cpu: Option<Arc<CpuShare>>,
 }
 
 impl std::fmt::Debug for Component {
@@ -281,16 +284,27 @@ impl Component {
         self
     }
 
+    /// Charges the calls of instances created from now on to `share` (a tenant's, say), which
+    /// makes them wait whenever the group used more than its share of the CPU.
+    pub fn with_cpu_share(mut self, share: Arc<CpuShare>) -> Self {
+        self.cpu = Some(share);
+        self
+    }
+
     /// Grants WASI access to instances created from now on.
     pub fn with_grants(mut self, grants: WasiGrants) -> Self {
         self.grants = grants;
         self
     }
 
+    fn policy(&self) -> CallPolicy {
+        CallPolicy::new(self.limits.clone(), self.epoch_tick_ms, self.cpu.clone())
+    }
+
     fn new_store<T>(&self, data: T) -> Store<T> {
         let mut store = Store::new(&self.engine, data);
         // Start functions run during instantiation: they need a deadline too.
-        store.set_epoch_deadline(CallPolicy::new(self.limits.clone(), self.epoch_tick_ms).deadline_ticks);
+        store.set_epoch_deadline(self.policy().deadline_ticks);
         if let Some(fuel) = self.limits.fuel_per_call {
             let _ = store.set_fuel(fuel);
         }
@@ -322,7 +336,7 @@ impl Component {
         let mut store = self.new_store(host);
         store.limiter(|h| &mut h.sandbox.memory);
         let bindings = pre.instantiate(&mut store).map_err(|e| self.instantiate_err(&e))?;
-        Ok(OperatorInstance { store, bindings, policy: CallPolicy::new(self.limits.clone(), self.epoch_tick_ms) })
+        Ok(OperatorInstance { store, bindings, policy: self.policy() })
     }
 
     /// A window-aggregate instance.
@@ -337,6 +351,6 @@ impl Component {
         let mut store = self.new_store(host);
         store.limiter(|h| &mut h.sandbox.memory);
         let bindings = pre.instantiate(&mut store).map_err(|e| self.instantiate_err(&e))?;
-        Ok(AggregateInstance { store, bindings, policy: CallPolicy::new(self.limits.clone(), self.epoch_tick_ms) })
+        Ok(AggregateInstance { store, bindings, policy: self.policy() })
     }
 }

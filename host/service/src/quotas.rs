@@ -31,11 +31,24 @@ pub struct Quotas {
     pub state_bytes: u64,
     /// Bytes of its running jobs' newest checkpoints: no new job starts while they exceed this.
     pub checkpoint_bytes: u64,
+    /// Its share of the CPU, in thousandths of a core, over all its operators: calls wait
+    /// when they used more (see `eddy_runtime::CpuShare`). Applies to jobs started after a
+    /// change.
+    pub cpu_millicores: u32,
 }
 
 impl Default for Quotas {
     fn default() -> Self {
-        Self { jobs: 8, slots: 8, artifact_bytes: 1 << 30, state_bytes: 64 << 30, checkpoint_bytes: 64 << 30 }
+        // All cores: a tenant is throttled only once the admin sets a share.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            jobs: 8,
+            slots: 8,
+            artifact_bytes: 1 << 30,
+            state_bytes: 64 << 30,
+            checkpoint_bytes: 64 << 30,
+            cpu_millicores: u32::try_from(cores * 1000).unwrap_or(u32::MAX),
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use eddy_core::WATERMARK_MIN;
 use eddy_engine::{Job, JobOptions, MetricsSnapshot, PhysicalPlan, PipelineSpec};
+use eddy_runtime::CpuShare;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -23,6 +24,9 @@ use crate::model::{JobRecord, JobStatus, Savepoint, now_ms};
 use crate::placement::{job_dir, place};
 use crate::problem::ApiError;
 use crate::store::Table;
+
+/// CPU time a tenant may save up and spend at once beyond its share.
+const CPU_BURST: Duration = Duration::from_millis(500);
 
 /// Completed checkpoints a live view lists.
 const MAX_CHECKPOINTS_SHOWN: usize = 100;
@@ -168,6 +172,8 @@ pub struct Supervisor {
     threads: Mutex<Vec<JoinHandle<()>>>,
     stopping: AtomicBool,
     admission: Mutex<()>,
+    /// Each tenant's CPU share, with the quota it was made for.
+    shares: Mutex<HashMap<String, (u32, Arc<CpuShare>)>>,
 }
 
 /// Slots a job holds: one subtask of every task shares a slot (as in Flink), so the widest task.
@@ -184,6 +190,7 @@ impl Supervisor {
             threads: Mutex::default(),
             stopping: AtomicBool::new(false),
             admission: Mutex::default(),
+            shares: Mutex::default(),
         }
     }
 
@@ -191,6 +198,19 @@ impl Supervisor {
     /// requests cannot both take the last of a quota.
     pub fn admission(&self) -> MutexGuard<'_, ()> {
         lock(&self.admission)
+    }
+
+    /// The tenant's CPU share at `millicores` (a new one when the quota changed).
+    pub fn cpu_share(&self, tenant: &str, millicores: u32) -> Arc<CpuShare> {
+        let mut shares = lock(&self.shares);
+        match shares.get(tenant) {
+            Some((m, share)) if *m == millicores => share.clone(),
+            _ => {
+                let share = Arc::new(CpuShare::new(f64::from(millicores) / 1000.0, CPU_BURST));
+                shares.insert(tenant.to_string(), (millicores, share.clone()));
+                share
+            }
+        }
     }
 
     /// Total slots.
@@ -392,6 +412,10 @@ fn stop_with_savepoint(state: &AppState, record: &JobRecord, job: Job, reason: &
 /// Runs one attempt until it ends, publishing its live view and serving control requests.
 fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, live: &Live) -> Outcome {
     let mut options = JobOptions::default();
+    match crate::quotas::of(state, &record.tenant) {
+        Ok(q) => options.cpu_share = Some(state.supervisor.cpu_share(&record.tenant, q.cpu_millicores)),
+        Err(e) => return Outcome::Failed(format!("cannot read the tenant's quotas: {}", e.detail)),
+    }
     if let Some(from) = restore_point(state, record, spec) {
         options.restore_from = Some(from);
     }

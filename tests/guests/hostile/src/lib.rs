@@ -22,6 +22,8 @@
 //! - `log-flood`: logs one 1 MiB line, then `count` (default 1 000 000) short lines, at error
 //!   level;
 //! - `raw-state`: reads value state for the record through the raw import (no SDK checks).
+//! - `burn` (legal but greedy): spins `count` (default 10 000 000) rounds of arithmetic per
+//!   record, then emits it: CPU-bound work that stays within each call's timeout.
 
 use std::hint::black_box;
 
@@ -85,6 +87,13 @@ impl Operator for Hostile {
             "loop" => loop {
                 black_box(record);
             },
+            "burn" => {
+                let mut x = 0u64;
+                for i in 0..self.count.unwrap_or(10_000_000) {
+                    x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+                }
+                ctx.emit_raw(None, record.key_bytes(), &x.to_le_bytes(), record.timestamp())?;
+            }
             "allocate" => {
                 let mut hoard = Vec::new();
                 loop {
