@@ -445,6 +445,9 @@ impl StepContext<'_> {
 impl Job {
     /// Plans `spec`, loads its components and starts every subtask.
     pub fn start(spec: &PipelineSpec, runtime: &Runtime, mut options: JobOptions) -> Result<Job, RunError> {
+        // The caller's span (the service's job, with its tenant) goes with every thread, so
+        // each log line, guest logs included, names the job and the task.
+        let job_span = tracing::Span::current();
         // A sink given in the options is one instance: the plan runs it at parallelism 1.
         let sink_given = options.sink.is_some();
         let plan = if sink_given { PhysicalPlan::with_sink_at_one(spec) } else { PhysicalPlan::new(spec) };
@@ -661,7 +664,9 @@ impl Job {
                     faults: options.fault_hook.clone(),
                 };
                 let thread_control = control.clone();
+                let span = tracing::info_span!(parent: &job_span, "checkpoints");
                 let spawned = std::thread::Builder::new().name("eddy-checkpoints".into()).spawn(move || {
+                    let _span = span.entered();
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| thread.run()))
                         .unwrap_or_else(|panic| {
                             Err(CheckpointError::Storage {
@@ -683,7 +688,9 @@ impl Job {
         for (task, index, runner) in runners {
             let thread_control = control.clone();
             let name = format!("eddy-t{task}-{index}");
+            let span = tracing::info_span!(parent: &job_span, "task", task = %plan.task_label(task), subtask = index);
             let spawned = std::thread::Builder::new().name(name).spawn(move || {
+                let _span = span.entered();
                 // A panic must fail the job like an error does: a subtask that vanished without
                 // cancelling would leave its neighbours blocked on its channels for good.
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.run()))
