@@ -191,6 +191,9 @@ pub struct JobOptions {
     /// Charges every guest call to this CPU share (a tenant's), throttling the job's operators
     /// to it.
     pub cpu_share: Option<Arc<eddy_runtime::CpuShare>>,
+    /// Sandbox limits for every operator instance instead of the runtime's defaults (a
+    /// tenant's memory quota per instance, say).
+    pub sandbox_limits: Option<eddy_runtime::SandboxLimits>,
 }
 
 impl Default for JobOptions {
@@ -206,6 +209,7 @@ impl Default for JobOptions {
             fault_hook: None,
             store_faults: None,
             cpu_share: None,
+            sandbox_limits: None,
         }
     }
 }
@@ -455,11 +459,14 @@ impl Job {
             .steps
             .iter()
             .map(|s| {
-                let component = load_step(runtime, s)?;
-                Ok(match &options.cpu_share {
-                    Some(share) => component.with_cpu_share(share.clone()),
-                    None => component,
-                })
+                let mut component = load_step(runtime, s)?;
+                if let Some(share) = &options.cpu_share {
+                    component = component.with_cpu_share(share.clone());
+                }
+                if let Some(limits) = &options.sandbox_limits {
+                    component = component.with_limits(limits.clone());
+                }
+                Ok(component)
             })
             .collect::<Result<Vec<_>, RunError>>()?;
         let sink_task = plan.tasks.iter().position(|t| t.has_sink()).unwrap_or(plan.tasks.len() - 1);

@@ -125,6 +125,7 @@ pub async fn submit(
         artifacts: Vec::new(),
         slots: 0,
         state_bytes: 0,
+        memory_bytes: 0,
         status: JobStatus::Created,
         failures: Vec::new(),
         restarts: 0,
@@ -141,9 +142,10 @@ pub async fn submit(
     record.artifacts = artifacts;
     record.slots = slots;
     record.state_bytes = quotas::state_bytes_of(&spec);
+    record.memory_bytes = quotas::memory_of(&state, &tenant, &spec)?;
     {
         let _admission = state.supervisor.admission();
-        quotas::admit_job(&state, &tenant, slots, record.state_bytes)?;
+        quotas::admit_job(&state, &tenant, slots, record.state_bytes, record.memory_bytes)?;
         state.supervisor.admit(&state, record)?;
     }
     tracing::info!(tenant = %tenant, job = %id, name = %spec.name, slots, "job submitted");
@@ -334,7 +336,7 @@ pub async fn rescale(
     }
     {
         let _admission = state.supervisor.admission();
-        quotas::admit_rescale(&state, tenant, job.slots, slots_of(&spec))?;
+        quotas::admit_rescale(&state, &job, &spec)?;
         state.supervisor.reserve(&id, slots_of(&spec))?;
     }
     Ok(Json(control(&state, tenant, &id, Control::Rescale(body.parallelism)).await?))

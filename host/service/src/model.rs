@@ -153,6 +153,9 @@ pub struct JobRecord {
     /// The state it may hold at most (see [`crate::quotas::Quotas::state_bytes`]).
     #[serde(default)]
     pub state_bytes: u64,
+    /// The linear memory its operator instances may grow to together.
+    #[serde(default)]
+    pub memory_bytes: u64,
     /// Where it is.
     pub status: JobStatus,
     /// The newest failures, oldest first (at most [`MAX_FAILURES`]).

@@ -35,6 +35,11 @@ pub struct Quotas {
     /// when they used more (see `eddy_runtime::CpuShare`). Applies to jobs started after a
     /// change.
     pub cpu_millicores: u32,
+    /// Linear memory one operator instance may grow to (it traps beyond).
+    pub instance_memory_bytes: u64,
+    /// Linear memory all its running instances may grow to together: each instance counts at
+    /// `instance_memory_bytes`, one per step and subtask.
+    pub memory_bytes: u64,
 }
 
 impl Default for Quotas {
@@ -48,6 +53,8 @@ impl Default for Quotas {
             state_bytes: 64 << 30,
             checkpoint_bytes: 64 << 30,
             cpu_millicores: u32::try_from(cores * 1000).unwrap_or(u32::MAX),
+            instance_memory_bytes: 256 << 20,
+            memory_bytes: 8 << 30,
         }
     }
 }
@@ -65,6 +72,8 @@ pub struct Usage {
     pub state_bytes: u64,
     /// See [`Quotas::checkpoint_bytes`].
     pub checkpoint_bytes: u64,
+    /// See [`Quotas::memory_bytes`].
+    pub memory_bytes: u64,
 }
 
 /// A tenant's quotas beside its usage.
@@ -85,6 +94,11 @@ pub fn state_bytes_of(spec: &PipelineSpec) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
+/// Operator instances a job runs: one per step and subtask.
+pub fn instances_of(spec: &PipelineSpec) -> u64 {
+    (0..spec.steps.len()).map(|i| u64::from(spec.step_parallelism(i))).sum()
+}
+
 /// The tenant's quotas (the server's defaults unless the admin set them).
 pub fn of(state: &AppState, tenant: &str) -> ApiResult<Quotas> {
     let t: Option<Tenant> = state.store.get(Table::Tenants, tenant)?;
@@ -99,6 +113,7 @@ pub fn usage(state: &AppState, tenant: &str) -> ApiResult<Usage> {
         usage.jobs += 1;
         usage.slots += job.slots;
         usage.state_bytes = usage.state_bytes.saturating_add(job.state_bytes);
+        usage.memory_bytes = usage.memory_bytes.saturating_add(job.memory_bytes);
         let live = state.supervisor.live(&job.id).and_then(|l| l.view());
         let newest = live.and_then(|v| v.checkpoints.last().map(|c| c.full_bytes)).unwrap_or(0);
         usage.checkpoint_bytes = usage.checkpoint_bytes.saturating_add(newest);
@@ -116,8 +131,9 @@ fn exceeded(name: &str, limit: u64, used: u64, adding: u64) -> ApiError {
     .at(format!("quotas.{name}"))
 }
 
-/// Refuses a job of `slots` slots and `state_bytes` of state, or lets it in.
-pub fn admit_job(state: &AppState, tenant: &str, slots: u32, state_bytes: u64) -> ApiResult<()> {
+/// Refuses a job of `slots` slots, `state_bytes` of state and `memory_bytes` of instance
+/// memory, or lets it in.
+pub fn admit_job(state: &AppState, tenant: &str, slots: u32, state_bytes: u64, memory_bytes: u64) -> ApiResult<()> {
     let (q, u) = (of(state, tenant)?, usage(state, tenant)?);
     if u.jobs + 1 > q.jobs {
         return Err(exceeded("jobs", q.jobs.into(), u.jobs.into(), 1));
@@ -128,20 +144,32 @@ pub fn admit_job(state: &AppState, tenant: &str, slots: u32, state_bytes: u64) -
     if u.state_bytes.saturating_add(state_bytes) > q.state_bytes {
         return Err(exceeded("state_bytes", q.state_bytes, u.state_bytes, state_bytes));
     }
+    if u.memory_bytes.saturating_add(memory_bytes) > q.memory_bytes {
+        return Err(exceeded("memory_bytes", q.memory_bytes, u.memory_bytes, memory_bytes));
+    }
     if u.checkpoint_bytes > q.checkpoint_bytes {
         return Err(exceeded("checkpoint_bytes", q.checkpoint_bytes, u.checkpoint_bytes, 0));
     }
     Ok(())
 }
 
-/// Refuses a running job's growth to `slots` slots, or lets it.
-pub fn admit_rescale(state: &AppState, tenant: &str, current: u32, slots: u32) -> ApiResult<()> {
-    let (q, u) = (of(state, tenant)?, usage(state, tenant)?);
-    let growth = slots.saturating_sub(current);
+/// Refuses a running job's growth from `job`'s slots and memory to those of `spec`, or lets it.
+pub fn admit_rescale(state: &AppState, job: &JobRecord, spec: &PipelineSpec) -> ApiResult<()> {
+    let (q, u) = (of(state, &job.tenant)?, usage(state, &job.tenant)?);
+    let growth = crate::supervisor::slots_of(spec).saturating_sub(job.slots);
     if u.slots + growth > q.slots {
         return Err(exceeded("slots", q.slots.into(), u.slots.into(), growth.into()));
     }
+    let memory = memory_of(state, &job.tenant, spec)?.saturating_sub(job.memory_bytes);
+    if u.memory_bytes.saturating_add(memory) > q.memory_bytes {
+        return Err(exceeded("memory_bytes", q.memory_bytes, u.memory_bytes, memory));
+    }
     Ok(())
+}
+
+/// The linear memory a job's instances may grow to under the tenant's per-instance quota.
+pub fn memory_of(state: &AppState, tenant: &str, spec: &PipelineSpec) -> ApiResult<u64> {
+    Ok(instances_of(spec).saturating_mul(of(state, tenant)?.instance_memory_bytes))
 }
 
 /// Refuses an artifact of `size` bytes, or lets it in.

@@ -413,7 +413,13 @@ fn stop_with_savepoint(state: &AppState, record: &JobRecord, job: Job, reason: &
 fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, live: &Live) -> Outcome {
     let mut options = JobOptions::default();
     match crate::quotas::of(state, &record.tenant) {
-        Ok(q) => options.cpu_share = Some(state.supervisor.cpu_share(&record.tenant, q.cpu_millicores)),
+        Ok(q) => {
+            options.cpu_share = Some(state.supervisor.cpu_share(&record.tenant, q.cpu_millicores));
+            let mut limits = state.runtime.config().limits.clone();
+            limits.memory_bytes =
+                usize::try_from(q.instance_memory_bytes).unwrap_or(usize::MAX).min(limits.memory_bytes);
+            options.sandbox_limits = Some(limits);
+        }
         Err(e) => return Outcome::Failed(format!("cannot read the tenant's quotas: {}", e.detail)),
     }
     if let Some(from) = restore_point(state, record, spec) {
@@ -494,6 +500,9 @@ fn apply(state: &AppState, id: &str, control: &Control) {
         if let Ok((spec, digests)) = place(state, r) {
             r.slots = slots_of(&spec);
             r.state_bytes = crate::quotas::state_bytes_of(&spec);
+            if let Ok(memory) = crate::quotas::memory_of(state, &r.tenant, &spec) {
+                r.memory_bytes = memory;
+            }
             r.artifacts = digests;
         }
     });
