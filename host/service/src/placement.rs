@@ -145,3 +145,88 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod confinement_properties {
+    use std::path::Path;
+
+    use proptest::prelude::*;
+
+    use super::confined;
+
+    /// The oracle, written apart from `confined`: resolves `path` segment by segment against a
+    /// base directory, by text alone. `None` if it is absolute or climbs above the base;
+    /// otherwise how deep below the base it ends.
+    fn depth_below_base(path: &str) -> Option<usize> {
+        if path.starts_with('/') {
+            return None;
+        }
+        let mut depth = 0usize;
+        for segment in path.split('/') {
+            match segment {
+                "" | "." => {}
+                ".." => depth = depth.checked_sub(1)?,
+                _ => depth += 1,
+            }
+        }
+        Some(depth)
+    }
+
+    /// Paths made of the segments that matter (`..`, `.`, empty, names with dots), sometimes
+    /// absolute, sometimes with a trailing slash.
+    fn path() -> impl Strategy<Value = String> {
+        let segment =
+            prop::sample::select(vec!["..", ".", "", "a", "b.txt", "...", "..a", "a..", ".hidden", "~", "\\..", "c:"]);
+        (any::<bool>(), prop::collection::vec(segment, 0..7), any::<bool>()).prop_map(
+            |(absolute, segments, trailing)| {
+                let mut path = segments.join("/");
+                if absolute {
+                    path.insert(0, '/');
+                }
+                if trailing {
+                    path.push('/');
+                }
+                path
+            },
+        )
+    }
+
+    proptest! {
+        // A fixed seed: the same cases every run.
+        #![proptest_config(ProptestConfig {
+            cases: 2_000,
+            failure_persistence: None,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(7),
+            ..ProptestConfig::default()
+        })]
+
+        /// Nothing accepted leaves the base: the oracle resolves it inside, and it does not go
+        /// through `..` at all (not even down and up again).
+        #[test]
+        fn an_accepted_path_stays_inside(path in prop_oneof![path(), "[./a\\\\]{0,12}", any::<String>()]) {
+            if confined("sources[0].path", Path::new(&path)).is_ok() {
+                prop_assert!(depth_below_base(&path).is_some(), "`{}` climbs out", path);
+                prop_assert!(!path.split('/').any(|s| s == ".."), "`{}` goes through ..", path);
+                prop_assert!(!path.is_empty());
+            }
+        }
+
+        /// Plain relative paths (names joined by `/`) are never refused.
+        #[test]
+        fn a_plain_relative_path_is_accepted(names in prop::collection::vec("[a-zA-Z0-9_-][a-zA-Z0-9_.-]{0,8}", 1..5)) {
+            let path = names.join("/");
+            prop_assume!(names.iter().all(|n| n != "." && n != ".."));
+            prop_assert_eq!(depth_below_base(&path), Some(names.len()));
+            prop_assert!(confined("sources[0].path", Path::new(&path)).is_ok(), "`{}` refused", path);
+        }
+
+        /// A refusal names the field it was given.
+        #[test]
+        fn a_refusal_names_the_field(path in path()) {
+            if let Err(e) = confined("sources[3].path", Path::new(&path)) {
+                prop_assert_eq!(e.field.as_deref(), Some("sources[3].path"));
+                prop_assert_eq!(e.status.as_u16(), 422);
+            }
+        }
+    }
+}

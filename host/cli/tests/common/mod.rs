@@ -1,0 +1,184 @@
+//! What the tests of `eddy serve` share: a real server process, and the requests a user makes.
+
+// Each test file uses some of these helpers, and the rest would be dead code in it.
+#![allow(dead_code, reason = "each test crate uses only some of the helpers")]
+// Helpers outside `#[test]` functions fail the test they serve when they panic.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::{Client, Response};
+use serde_json::{Value, json};
+
+/// A server process on a free port over `dir`, killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    pub dir: PathBuf,
+}
+
+impl Server {
+    pub fn start(dir: &Path, extra: &[&str]) -> Server {
+        // A port the OS just handed out and released: free unless raced, which the retry covers.
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
+                .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+                .arg(dir)
+                .args(extra)
+                .env("EDDY_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(std::fs::File::create(dir.with_extension("log")).unwrap()))
+                .spawn()
+                .expect("start eddy serve");
+            let mut server = Server { child, base: format!("http://127.0.0.1:{port}"), dir: dir.to_owned() };
+            if server.wait_ready() {
+                return server;
+            }
+            let _ = server.child.kill();
+        }
+        panic!("eddy serve did not start; see {}", dir.with_extension("log").display());
+    }
+
+    pub fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            if reqwest::blocking::get(format!("{}/v1/openapi.json", self.base)).is_ok_and(|r| r.status() == 200) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn admin(&self) -> String {
+        std::fs::read_to_string(self.dir.join("admin.token")).unwrap().trim().to_string()
+    }
+
+    pub fn kill_9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, then waits for the server to exit by itself.
+    pub fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the server did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn client() -> Client {
+    Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+}
+
+/// The JSON of a response with the expected status; the body in the panic message otherwise.
+pub fn expect(response: Response, status: u16) -> Value {
+    let got = response.status().as_u16();
+    let content_type = response.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+    let text = response.text().unwrap();
+    assert_eq!(got, status, "body: {text}");
+    if got >= 400 {
+        assert_eq!(content_type.as_deref(), Some("application/problem+json"), "{text}");
+    }
+    if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) }
+}
+
+/// Creates a tenant; returns (id, token).
+pub fn tenant(server: &Server, name: &str) -> (String, String) {
+    let r = client().post(server.url("/v1/tenants")).bearer_auth(server.admin()).json(&json!({"name": name})).send();
+    let t = expect(r.unwrap(), 201);
+    (t["id"].as_str().unwrap().to_string(), t["token"].as_str().unwrap().to_string())
+}
+
+pub fn upload(server: &Server, token: &str, wasm: &str, label: Option<(&str, &str)>) -> Response {
+    let mut url = server.url("/v1/artifacts");
+    if let Some((name, version)) = label {
+        url = format!("{url}?name={name}&version={version}");
+    }
+    client().post(url).bearer_auth(token).body(std::fs::read(wasm).unwrap()).send().unwrap()
+}
+
+pub fn submit(server: &Server, token: &str, yaml: &str) -> Response {
+    client()
+        .post(server.url("/v1/jobs"))
+        .bearer_auth(token)
+        .header("content-type", "application/yaml")
+        .body(yaml.to_string())
+        .send()
+        .unwrap()
+}
+
+pub fn job(server: &Server, token: &str, id: &str) -> Value {
+    expect(client().get(server.url(&format!("/v1/jobs/{id}"))).bearer_auth(token).send().unwrap(), 200)
+}
+
+/// Polls the job until `done` holds for it. The deadline only turns a hang into a failure.
+pub fn wait_job(server: &Server, token: &str, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let j = job(server, token, id);
+        if done(&j) {
+            return j;
+        }
+        assert!(Instant::now() < deadline, "job never {what}: {j}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn output_lines(server: &Server, token: &str, id: &str) -> Vec<Value> {
+    let r = client().get(server.url(&format!("/v1/jobs/{id}/output"))).bearer_auth(token).send().unwrap();
+    assert_eq!(r.status(), 200);
+    r.text().unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// A running count over `events` generated events paced at 1 500/s, exactly-once files sink.
+pub fn counts_job(events: u64) -> String {
+    format!(
+        "name: counts\nsources:\n  - {{type: generator, name: g, seed: 7, events: {events}, keys: 30, key_field: user, \
+         key_prefix: u-, value_field: v, min_value: 1, max_value: 9, start_ms: 0, interval_ms: 5, rate_per_sec: 1500}}\n\
+         steps:\n  - {{name: count, wasm: count@1, key_by: /user}}\ncheckpoints: {{interval_ms: 200}}\n\
+         sink: {{type: files, dir: out}}\n"
+    )
+}
+
+/// Exactly once: each user's running counts are 1..=n once each, the n summing to `events`.
+pub fn assert_counted_once(server: &Server, token: &str, id: &str, events: u64) {
+    let mut per_user: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for v in output_lines(server, token, id) {
+        per_user.entry(v["key"].as_str().unwrap().to_string()).or_default().push(v["value"].as_u64().unwrap());
+    }
+    let mut total = 0;
+    for (user, mut counts) in per_user {
+        counts.sort_unstable();
+        let n = counts.len() as u64;
+        assert_eq!(counts, (1..=n).collect::<Vec<_>>(), "user {user}: lost or duplicated counts");
+        total += n;
+    }
+    assert_eq!(total, events);
+}
+
+pub fn post(server: &Server, token: &str, path: &str, body: Value) -> Response {
+    client().post(server.url(path)).bearer_auth(token).json(&body).send().unwrap()
+}
