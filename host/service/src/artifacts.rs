@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -19,7 +19,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::model::{Artifact, JobRecord, World, now_ms};
-use crate::problem::{ApiError, ApiResult, Problem};
+use crate::problem::{ApiError, ApiResult, CheckedQuery, Problem};
 use crate::store::Table;
 use crate::upload::{Received, receive};
 
@@ -126,7 +126,7 @@ async fn inspect(state: &Arc<AppState>, path: &std::path::Path, digest: &str) ->
 pub async fn upload(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    Query(query): Query<UploadQuery>,
+    CheckedQuery(query): CheckedQuery<UploadQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<Artifact>)> {

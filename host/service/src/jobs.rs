@@ -16,7 +16,7 @@ use crate::artifacts::resolve;
 use crate::auth::Caller;
 use crate::model::{Failure, JobRecord, JobStatus, Overrides, Savepoint, now_ms};
 use crate::placement::{output_dir, place};
-use crate::problem::{ApiError, ApiResult, Problem};
+use crate::problem::{ApiError, ApiResult, Checked, Problem};
 use crate::quotas;
 use crate::secret::new_id;
 use crate::store::Table;
@@ -112,12 +112,12 @@ pub async fn submit(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    Checked(body): Checked<axum::body::Bytes>,
 ) -> ApiResult<(StatusCode, Json<Submitted>)> {
     let tenant = caller.tenant()?.to_string();
     let text = spec_text(&headers, &body)?;
     let id = new_id("j_")?;
-    let mut record = JobRecord {
+    let record = JobRecord {
         id: id.clone(),
         tenant: tenant.clone(),
         name: String::new(),
@@ -136,7 +136,15 @@ pub async fn submit(
         restore_from: None,
         savepoints: Vec::new(),
     };
-    let (spec, artifacts) = place(&state, &record)?;
+    // Parsing and placing read the store and may take a while on a large spec: off the
+    // async workers, so one request cannot hold up the others.
+    let (spec, artifacts, record) = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || place(&state, &record).map(|(spec, artifacts)| (spec, artifacts, record)))
+            .await
+            .map_err(ApiError::internal)??
+    };
+    let mut record = record;
     let slots = slots_of(&spec);
     record.name = spec.name.clone();
     record.artifacts = artifacts;
@@ -321,7 +329,7 @@ pub async fn rescale(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
-    Json(body): Json<Rescale>,
+    Checked(Json(body)): Checked<Json<Rescale>>,
 ) -> ApiResult<Json<Savepoint>> {
     let tenant = caller.tenant()?;
     let mut job = owned(&state, tenant, &id)?;
@@ -363,7 +371,7 @@ pub async fn upgrade(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
-    Json(body): Json<Upgrade>,
+    Checked(Json(body)): Checked<Json<Upgrade>>,
 ) -> ApiResult<Json<Savepoint>> {
     let tenant = caller.tenant()?;
     let job = owned(&state, tenant, &id)?;

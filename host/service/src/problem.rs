@@ -130,3 +130,69 @@ impl IntoResponse for ApiError {
 
 /// What a handler answers.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// What axum's own extractors refuse with, as the status and text of a problem.
+trait Refusal {
+    fn status(&self) -> axum::http::StatusCode;
+    fn body_text(&self) -> String;
+}
+
+macro_rules! refusal {
+    ($($t:ty),*) => {$(
+        impl Refusal for $t {
+            fn status(&self) -> axum::http::StatusCode {
+                <$t>::status(self)
+            }
+            fn body_text(&self) -> String {
+                <$t>::body_text(self)
+            }
+        }
+    )*};
+}
+
+refusal!(
+    axum::extract::rejection::JsonRejection,
+    axum::extract::rejection::QueryRejection,
+    axum::extract::rejection::BytesRejection
+);
+
+/// An extractor (`Json`, `Query`, `Bytes`) whose refusals are problem details naming the
+/// part of the request at fault, like every other error of the API.
+#[derive(Debug, Clone)]
+pub struct Checked<E>(pub E);
+
+fn refused(what: &str, rejection: &impl Refusal) -> ApiError {
+    ApiError::new(rejection.status(), rejection.body_text()).at(what)
+}
+
+impl<S, E> axum::extract::FromRequest<S> for Checked<E>
+where
+    S: Send + Sync,
+    E: axum::extract::FromRequest<S>,
+    E::Rejection: Refusal,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        E::from_request(request, state).await.map(Checked).map_err(|r| refused("body", &r))
+    }
+}
+
+/// The query string, checked the same way.
+#[derive(Debug, Clone)]
+pub struct CheckedQuery<T>(pub T);
+
+impl<S, T> axum::extract::FromRequestParts<S> for CheckedQuery<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| CheckedQuery(q.0))
+            .map_err(|r| refused("query", &r))
+    }
+}

@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::model::{Artifact, JobRecord, Tenant};
-use crate::problem::{ApiError, ApiResult, Problem};
+use crate::problem::{ApiError, ApiResult, Checked, Problem};
 use crate::store::Table;
 
 /// What one tenant may hold at once.
@@ -200,7 +200,7 @@ pub async fn set(
     State(state): State<Arc<AppState>>,
     caller: Caller,
     Path(id): Path<String>,
-    Json(quotas): Json<Quotas>,
+    Checked(Json(quotas)): Checked<Json<Quotas>>,
 ) -> ApiResult<Json<QuotaReport>> {
     caller.admin()?;
     state.store.write(|txn| -> ApiResult<()> {

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::model::{Principal, Tenant, Token, now_ms};
-use crate::problem::{ApiError, ApiResult, Problem};
+use crate::problem::{ApiError, ApiResult, Checked, Problem};
 use crate::secret::{new_id, new_token, token_hash};
 use crate::store::{Table, Txn};
 
@@ -78,7 +78,7 @@ pub(crate) fn issue(txn: &mut Txn<'_>, principal: Principal) -> Result<(String, 
 pub async fn create_tenant(
     State(state): State<Arc<AppState>>,
     caller: Caller,
-    Json(new): Json<NewTenant>,
+    Checked(Json(new)): Checked<Json<NewTenant>>,
 ) -> ApiResult<(StatusCode, Json<CreatedTenant>)> {
     caller.admin()?;
     check_name(&new.name)?;
