@@ -525,3 +525,77 @@ fn quotas_refuse_what_would_pass_them_naming_the_quota_and_nothing_else_breaks()
     assert_eq!(running["status"], "running");
     expect(client().delete(server.url(&format!("/v1/jobs/{first}"))).bearer_auth(&token).send().unwrap(), 202);
 }
+
+#[test]
+fn every_log_line_of_a_job_names_its_tenant_job_task_and_operator_guest_logs_included() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    let (tenant_id, token) = tenant(&server, "acme");
+    expect(upload(&server, &token, eddy_guest_artifacts::HOSTILE, Some(("hostile", "1"))), 201);
+    let yaml = "name: chatty\nsources:\n  - {type: generator, name: g, seed: 1, events: 1, keys: 1, key_field: user, \
+                value_field: v}\nsteps:\n  - {name: talk, wasm: hostile@1, config: {mode: log-flood, count: 3}}\n\
+                sink: {type: blackhole}\n";
+    let id = expect(submit(&server, &token, yaml), 201)["id"].as_str().unwrap().to_string();
+    wait_job(&server, &token, &id, "finished", |j| j["status"] == "finished" || j["status"] == "failed");
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
+    let guest: Vec<&str> = log.lines().filter(|l| l.contains("flood line")).collect();
+    assert_eq!(guest.len(), 3, "the guest's three lines:\n{log}");
+    for line in guest.iter().chain(log.lines().filter(|l| l.contains("job running")).collect::<Vec<_>>().iter()) {
+        for field in [format!("tenant={tenant_id}"), format!("job={id}")] {
+            assert!(line.contains(&field), "`{field}` missing from: {line}");
+        }
+    }
+    for line in guest {
+        assert!(line.contains("task=") && line.contains("operator=\"talk\""), "{line}");
+    }
+}
+
+#[test]
+fn memory_quotas_bound_each_instance_and_all_of_a_tenants_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let (id, token) = tenant(&server, "acme");
+    let quotas = json!({"instance_memory_bytes": 64 << 20, "memory_bytes": 100 << 20});
+    let set = client().put(server.url(&format!("/v1/tenants/{id}/quotas"))).bearer_auth(server.admin()).json(&quotas);
+    expect(set.send().unwrap(), 200);
+    expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+    expect(upload(&server, &token, eddy_guest_artifacts::HOSTILE, Some(("hostile", "1"))), 201);
+    // A memory bomb traps at the tenant's 64 MiB per instance, not the server's 256 MiB.
+    let bomb = "name: bomb\nsources:\n  - {type: generator, name: g, seed: 1, events: 10, keys: 1, key_field: user, \
+                value_field: v}\nsteps:\n  - {name: hoard, wasm: hostile@1, config: {mode: allocate}}\n\
+                restart: {strategy: none}\nsink: {type: blackhole}\n";
+    let bomb_id = expect(submit(&server, &token, bomb), 201)["id"].as_str().unwrap().to_string();
+    let failed =
+        wait_job(&server, &token, &bomb_id, "failed", |j| j["status"] == "failed" || j["status"] == "finished");
+    assert_eq!(failed["status"], "failed");
+    let message = failed["failures"][0]["message"].as_str().unwrap();
+    assert!(message.contains(&(64u64 << 20).to_string()), "the failure names the 64 MiB limit: {message}");
+    // One instance of 64 MiB fits in 100 MiB, a second does not.
+    let first = expect(submit(&server, &token, &counts_job(1_000_000)), 201)["id"].as_str().unwrap().to_string();
+    let refused = expect(submit(&server, &token, &counts_job(10)), 403);
+    assert_eq!(refused["field"], "quotas.memory_bytes", "{refused}");
+    expect(client().delete(server.url(&format!("/v1/jobs/{first}"))).bearer_auth(&token).send().unwrap(), 202);
+}
+
+#[test]
+fn two_tenants_run_the_word_count_in_rust_and_in_python_with_equal_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut outputs = Vec::new();
+    for (name, pipeline) in [("rust", "wordcount/pipeline.yaml"), ("python", "python-wordcount/pipeline.yaml")] {
+        let config = dir.path().join(format!("{name}.json"));
+        let token =
+            stdout(&eddy(&config, &["tenants", "create", name, "--server", &server.base, "--token", &server.admin()]));
+        eddy(&config, &["login", "--server", &server.base, "--token", &token]);
+        let submitted = eddy(&config, &["submit", examples.join(pipeline).to_str().unwrap(), "--watch"]);
+        assert!(stdout(&submitted).contains("status finished"), "{}", stdout(&submitted));
+        let id = stdout(&submitted).lines().next().unwrap().to_string();
+        let mut lines: Vec<String> = stdout(&eddy(&config, &["output", &id])).lines().map(str::to_owned).collect();
+        lines.sort();
+        assert!(!lines.is_empty());
+        outputs.push(lines);
+    }
+    assert_eq!(outputs[0], outputs[1], "the Python twin counts as the Rust counter does");
+}
