@@ -378,6 +378,28 @@ pub fn cancel_cmd(login: Login, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// `eddy savepoint ID`, `eddy stop`, `eddy rescale`: one control request, answered with the
+/// savepoint it took.
+pub fn control_cmd(login: Login, id: &str, action: &str, body: Value) -> Result<()> {
+    let savepoint = Api::new(login)?.post_json(&format!("/v1/jobs/{id}/{action}"), &body)?;
+    println!("{}", text(&savepoint["path"]));
+    eprintln!("{action}: savepoint of checkpoint {} taken for {id}", savepoint["id"]);
+    Ok(())
+}
+
+/// `eddy upgrade`: a local `.wasm` is uploaded first.
+pub fn upgrade_cmd(login: Login, id: &str, step: &str, wasm: &str) -> Result<()> {
+    let api = Api::new(login.clone())?;
+    let reference = match local_wasm(wasm, Path::new(".")) {
+        Some(file) => {
+            let artifact = api.upload(&file, None)?;
+            artifact["digest"].as_str().ok_or_else(|| anyhow!("the server answered no digest"))?.to_string()
+        }
+        None => wasm.to_string(),
+    };
+    control_cmd(login, id, "upgrade", serde_json::json!({ "step": step, "wasm": reference }))
+}
+
 /// `eddy output`.
 pub fn output_cmd(login: Login, id: &str) -> Result<()> {
     print!("{}", Api::new(login)?.output(id)?);

@@ -46,14 +46,37 @@ enum Command {
         #[arg(long)]
         stop_with_savepoint: Option<PathBuf>,
     },
-    /// Copy the newest completed checkpoint of a pipeline into a self-contained savepoint
-    /// (works while the job runs, or after it stopped or crashed).
+    /// With `--to`: copy the newest completed checkpoint of a local pipeline into a
+    /// self-contained savepoint (works while the job runs, or after it stopped or crashed).
+    /// Without: ask the server to take a savepoint of the running job with this id.
     Savepoint {
-        /// The pipeline spec (YAML) whose `checkpoints.dir` to read.
-        pipeline: PathBuf,
+        /// The pipeline spec (YAML) whose `checkpoints.dir` to read, or a job id on the server.
+        pipeline: String,
         /// The savepoint directory to write.
         #[arg(long)]
-        to: PathBuf,
+        to: Option<PathBuf>,
+    },
+    /// Stop a job on the server with a savepoint.
+    Stop {
+        /// The job's id.
+        id: String,
+    },
+    /// Restart a job on the server from a savepoint with every step at a new parallelism.
+    Rescale {
+        /// The job's id.
+        id: String,
+        /// The new parallelism.
+        parallelism: u32,
+    },
+    /// Restart a job on the server from a savepoint with one step running another artifact
+    /// (its state kept).
+    Upgrade {
+        /// The job's id.
+        id: String,
+        /// The step.
+        step: String,
+        /// The artifact (`sha256:<hex>` or `name@version`, or a local `.wasm` to upload first).
+        wasm: String,
     },
     /// List a pipeline's completed checkpoints with their durations and sizes.
     Checkpoints {
@@ -520,7 +543,14 @@ fn main() {
         Command::Run { pipeline, cache_dir, from_savepoint, stop_with_savepoint } => {
             run(pipeline, cache_dir, from_savepoint, stop_with_savepoint)
         }
-        Command::Savepoint { pipeline, to } => savepoint(pipeline, to),
+        Command::Savepoint { pipeline, to: Some(to) } => savepoint(PathBuf::from(pipeline), to),
+        Command::Savepoint { pipeline: id, to: None } => {
+            login().and_then(|l| client::control_cmd(l, &id, "savepoints", serde_json::json!({})))
+        }
+        Command::Stop { id } => login().and_then(|l| client::control_cmd(l, &id, "stop", serde_json::json!({}))),
+        Command::Rescale { id, parallelism } => login()
+            .and_then(|l| client::control_cmd(l, &id, "rescale", serde_json::json!({ "parallelism": parallelism }))),
+        Command::Upgrade { id, step, wasm } => login().and_then(|l| client::upgrade_cmd(l, &id, &step, &wasm)),
         Command::Checkpoints { pipeline } => checkpoints(pipeline),
         Command::Plan { pipeline } => plan(pipeline),
         Command::Bench { suite } => bench(suite),

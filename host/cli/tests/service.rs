@@ -599,3 +599,29 @@ fn two_tenants_run_the_word_count_in_rust_and_in_python_with_equal_output() {
     }
     assert_eq!(outputs[0], outputs[1], "the Python twin counts as the Rust counter does");
 }
+
+#[test]
+fn the_cli_takes_savepoints_rescales_upgrades_and_stops_a_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let (_, token) = tenant(&server, "acme");
+    let config = dir.path().join("login.json");
+    eddy(&config, &["login", "--server", &server.base, "--token", &token]);
+    expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+    let id = expect(submit(&server, &token, &counts_job(1_000_000)), 201)["id"].as_str().unwrap().to_string();
+    let checkpointed = |j: &Value| j["live"]["checkpoints"].as_array().is_some_and(|c| !c.is_empty());
+    wait_job(&server, &token, &id, "checkpointed", checkpointed);
+    assert!(stdout(&eddy(&config, &["savepoint", &id])).starts_with("savepoints/"));
+    eddy(&config, &["rescale", &id, "2"]);
+    wait_job(&server, &token, &id, "rescaled", |j| j["generation"] == 1 && checkpointed(j));
+    // A local `.wasm` is uploaded first.
+    eddy(&config, &["upgrade", &id, "count", eddy_guest_artifacts::RUNNING_COUNT]);
+    wait_job(&server, &token, &id, "upgraded", |j| j["generation"] == 2 && checkpointed(j));
+    eddy(&config, &["stop", &id]);
+    let stopped = job(&server, &token, &id);
+    assert_eq!(stopped["status"], "stopped");
+    let reasons: Vec<&str> =
+        stopped["savepoints"].as_array().unwrap().iter().map(|s| s["reason"].as_str().unwrap()).collect();
+    assert_eq!(reasons, ["requested", "rescale", "upgrade", "stop"]);
+    assert_eq!(stopped["parallelism"], 2);
+}
