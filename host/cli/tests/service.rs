@@ -464,6 +464,8 @@ fn metrics_show_each_tenant_its_own_jobs_and_the_admin_all() {
     assert!(first.contains(&a_label) && !first.contains(&b_id), "a tenant sees only its own series:\n{first}");
     let before = sample(&first, "eddy_task_records_in_total", &a_label).expect("a records-in sample");
     assert!(sample(&first, "eddy_job_last_checkpoint_size_bytes", &a_label).is_some_and(|b| b > 0.0), "{first}");
+    let count_task = format!("{a_label},job=\"{}\",name=\"counts\",task=\"1\"", jobs[0]);
+    assert!(sample(&first, "eddy_task_wasm_memory_bytes", &count_task).is_some_and(|b| b > 0.0), "{first}");
     let deadline = Instant::now() + Duration::from_secs(60);
     while sample(&scrape(&a), "eddy_task_records_in_total", &a_label).unwrap_or(0.0) <= before {
         assert!(Instant::now() < deadline, "records in never rose");
@@ -624,4 +626,32 @@ fn the_cli_takes_savepoints_rescales_upgrades_and_stops_a_job() {
         stopped["savepoints"].as_array().unwrap().iter().map(|s| s["reason"].as_str().unwrap()).collect();
     assert_eq!(reasons, ["requested", "rescale", "upgrade", "stop"]);
     assert_eq!(stopped["parallelism"], 2);
+}
+
+#[test]
+fn an_upsert_sinks_table_is_the_output_and_an_artifact_in_use_is_not_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let (_, token) = tenant(&server, "acme");
+    let artifact = expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+    let digest = artifact["digest"].as_str().unwrap().to_string();
+    let events = 3_000;
+    let yaml = counts_job(events).replace("sink: {type: files, dir: out}", "sink: {type: upsert, dir: table}");
+    let id = expect(submit(&server, &token, &yaml), 201)["id"].as_str().unwrap().to_string();
+    let in_use = expect(
+        client().delete(server.url(&format!("/v1/artifacts/{digest}"))).bearer_auth(&token).send().unwrap(),
+        409,
+    );
+    assert!(in_use["detail"].as_str().unwrap().contains(&id), "{in_use}");
+    let done = wait_job(&server, &token, &id, "finished", |j| j["status"] == "finished" || j["status"] == "failed");
+    assert_eq!(done["status"], "finished", "{done}");
+    // The table keeps each key's last count: the counts of all keys add up to the events.
+    let rows = output_lines(&server, &token, &id);
+    assert!(rows.len() > 1, "{rows:?}");
+    let total: u64 = rows.iter().map(|r| r["value"].as_u64().unwrap()).sum();
+    assert_eq!(total, events);
+    expect(client().delete(server.url("/v1/artifacts/count@1")).bearer_auth(&token).send().unwrap(), 204);
+    expect(client().get(server.url(&format!("/v1/artifacts/{digest}"))).bearer_auth(&token).send().unwrap(), 404);
+    let file = server.dir.join("artifacts").join(digest.replace(':', "-") + ".wasm");
+    assert!(!file.exists(), "no tenant holds it any more, so its file is gone");
 }

@@ -24,6 +24,8 @@ pub struct SubtaskMetrics {
     pub blocked_ns: Arc<AtomicU64>,
     /// Records too late for their windows.
     pub late_records: AtomicU64,
+    /// Linear memory the chain's Wasm instances hold (updated on the processing-time tick).
+    pub wasm_memory_bytes: AtomicU64,
 }
 
 impl SubtaskMetrics {
@@ -37,6 +39,7 @@ impl SubtaskMetrics {
             watermark: AtomicI64::new(WATERMARK_MIN),
             blocked_ns: Arc::new(AtomicU64::new(0)),
             late_records: AtomicU64::new(0),
+            wasm_memory_bytes: AtomicU64::new(0),
         }
     }
 
@@ -61,6 +64,8 @@ pub struct TaskSnapshot {
     pub blocked_ns: u64,
     /// Summed over subtasks.
     pub late_records: u64,
+    /// Summed over subtasks.
+    pub wasm_memory_bytes: u64,
 }
 
 /// The whole job at one moment.
@@ -146,6 +151,7 @@ impl JobMetrics {
             t.watermark = t.watermark.min(s.watermark.load(Ordering::Relaxed));
             t.blocked_ns += s.blocked_ns.load(Ordering::Relaxed);
             t.late_records += s.late_records.load(Ordering::Relaxed);
+            t.wasm_memory_bytes += s.wasm_memory_bytes.load(Ordering::Relaxed);
         }
         let source_records = self.source_tasks.iter().filter_map(|&i| tasks.get(i)).map(|t| t.records_in).sum();
         let sink_records = tasks.get(self.sink_task).map_or(0, |t| t.records_out);

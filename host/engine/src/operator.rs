@@ -54,6 +54,10 @@ pub trait StreamOperator: Send {
     fn late_records(&self) -> u64 {
         0
     }
+    /// Linear memory its Wasm instance holds now (0 for operators without one).
+    fn wasm_memory_bytes(&mut self) -> u64 {
+        0
+    }
     /// The synchronous phase of a checkpoint: the operator's state and timers as of now.
     /// `staging` is a fresh directory for disk backends.
     fn snapshot(&mut self, staging: &Path) -> Result<OperatorSnapshot, OperatorError>;

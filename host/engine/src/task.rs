@@ -433,6 +433,8 @@ impl SubtaskRunner {
             let out = self.operators[i].on_processing_time(now)?;
             self.forward(i, out)?;
         }
+        let memory: u64 = self.operators.iter_mut().map(|o| o.wasm_memory_bytes()).sum();
+        self.metrics.wasm_memory_bytes.store(memory, Ordering::Relaxed);
         self.tail.tick(now)
     }
 

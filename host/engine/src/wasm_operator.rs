@@ -43,6 +43,10 @@ impl StreamOperator for WasmOperator {
         Ok(self.instance.process(batch)?)
     }
 
+    fn wasm_memory_bytes(&mut self) -> u64 {
+        self.instance.memory_bytes() as u64
+    }
+
     fn on_watermark(&mut self, watermark: i64) -> Result<Output, OperatorError> {
         let fired = self.instance.timer_service().advance_watermark(watermark);
         self.fire(fired)

@@ -75,6 +75,10 @@ pub trait AggregateFn: Send {
     fn merge(&mut self, a: &[u8], b: &[u8]) -> Result<Vec<u8>, OperatorError>;
     /// The windows' results, one per accumulator, in order.
     fn results(&mut self, accs: &Items) -> Result<Items, OperatorError>;
+    /// Linear memory the aggregate's instance holds now (0 when not a Wasm instance).
+    fn memory_bytes(&mut self) -> u64 {
+        0
+    }
 }
 
 impl AggregateFn for AggregateInstance {
@@ -92,6 +96,10 @@ impl AggregateFn for AggregateInstance {
 
     fn results(&mut self, accs: &Items) -> Result<Items, OperatorError> {
         Ok(AggregateInstance::results(self, accs)?)
+    }
+
+    fn memory_bytes(&mut self) -> u64 {
+        AggregateInstance::memory_bytes(self) as u64
     }
 }
 
@@ -859,6 +867,10 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
 
     fn late_records(&self) -> u64 {
         self.late_records
+    }
+
+    fn wasm_memory_bytes(&mut self) -> u64 {
+        self.aggregate.memory_bytes()
     }
 
     /// State only: the timers are rebuilt from it on restore (see [`Timers`]).

@@ -330,6 +330,11 @@ impl AggregateInstance {
         }
         Err(error(CallErrorKind::Violation(Violation::ResultCount { expected, actual: items.len() })))
     }
+
+    /// Linear memory the instance holds now.
+    pub fn memory_bytes(&mut self) -> usize {
+        self.store.data_mut().sandbox().memory_used()
+    }
 }
 
 /// The WIT shape of `updates`: three buffers however many updates there are.

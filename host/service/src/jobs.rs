@@ -233,9 +233,29 @@ pub async fn cancel(
 pub async fn output(State(state): State<Arc<AppState>>, caller: Caller, Path(id): Path<String>) -> ApiResult<Response> {
     let job = owned(&state, caller.tenant()?, &id)?;
     let dir = output_dir(&state, &job.tenant, &job.id);
+    let table = dir.join("table");
+    if table.is_dir() {
+        let lines = tokio::task::spawn_blocking(move || upsert_lines(&table)).await.map_err(ApiError::internal)??;
+        return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], lines).into_response());
+    }
     let files = tokio::task::spawn_blocking(move || committed_files(&dir)).await.map_err(ApiError::internal)??;
     let stream = futures_util::stream::iter(files).then(|path| async move { tokio::fs::read(path).await });
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
+}
+
+/// An upsert sink's table as JSON lines `{"key", "value"}`, in key order.
+fn upsert_lines(table: &std::path::Path) -> ApiResult<Vec<u8>> {
+    let rows = eddy_engine::UpsertSink::read_table(table)
+        .map_err(|e| ApiError::conflict(format!("the upsert table cannot be read now ({e}); try again")))?;
+    let mut out = Vec::new();
+    for (key, value) in rows {
+        out.extend_from_slice(b"{\"key\":");
+        out.extend_from_slice(&eddy_engine::values::json_text(&key));
+        out.extend_from_slice(b",\"value\":");
+        out.extend_from_slice(&eddy_engine::values::json_text(&value));
+        out.extend_from_slice(b"}\n");
+    }
+    Ok(out)
 }
 
 /// The sink's committed files in commit order: `part-*` files of a files sink (never the
@@ -252,9 +272,6 @@ fn committed_files(dir: &std::path::Path) -> ApiResult<Vec<std::path::PathBuf>> 
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.starts_with("part-") || name == "output.jsonl" {
             files.push(entry.path());
-        }
-        if name == "table" {
-            return Err(ApiError::conflict("an upsert sink's table is not readable as output through the API yet"));
         }
     }
     files.sort();

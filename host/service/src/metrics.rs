@@ -118,6 +118,14 @@ impl Collector for Jobs {
             MetricType::Counter,
             counter(|t| t.late_records),
         )?;
+        let memory = tasks().map(|(l, t)| (l, ConstGauge::new(t.wasm_memory_bytes as f64)));
+        family(
+            &mut encoder,
+            "eddy_task_wasm_memory_bytes",
+            "Linear memory the task's Wasm instances hold, over its subtasks.",
+            MetricType::Gauge,
+            memory,
+        )?;
         let backpressure = tasks().map(|(l, t)| (l, ConstGauge::new(t.backpressure)));
         family(
             &mut encoder,

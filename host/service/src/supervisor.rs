@@ -55,6 +55,8 @@ pub struct TaskView {
     pub backpressure: f64,
     /// Records too late for their windows.
     pub late_records: u64,
+    /// Linear memory its Wasm instances hold, summed over subtasks.
+    pub wasm_memory_bytes: u64,
 }
 
 /// A completed checkpoint.
@@ -111,6 +113,7 @@ impl LiveView {
                     watermark: (t.watermark > WATERMARK_MIN).then_some(t.watermark),
                     backpressure: (blocked / (secs * parallelism as f64)).clamp(0.0, 1.0),
                     late_records: t.late_records,
+                    wasm_memory_bytes: t.wasm_memory_bytes,
                 }
             })
             .collect();
