@@ -8,14 +8,15 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use common::{Server, client, counts_job, expect, job, output_lines, post, submit, tenant, upload, wait_job};
+use common::{
+    Server, client, counted_once, counts_job, expect, job, output_lines, post, submit, tenant, upload, wait_job,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use reqwest::blocking::{Client, Response};
@@ -739,17 +740,7 @@ fn a_hostile_operator_fails_only_its_own_job_while_another_tenants_job_keeps_cou
     assert_eq!(job(&server, &b, &counting)["status"], "stopped");
 
     // Exactly once: each user's running counts are 1..=n once each.
-    let mut per_user: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for v in output_lines(&server, &b, &counting) {
-        per_user.entry(v["key"].as_str().unwrap().to_string()).or_default().push(v["value"].as_u64().unwrap());
-    }
-    let mut total = 0;
-    for (user, mut counts) in per_user {
-        counts.sort_unstable();
-        let n = counts.len() as u64;
-        assert_eq!(counts, (1..=n).collect::<Vec<_>>(), "user {user}: lost or duplicated counts");
-        total += n;
-    }
+    let total = counted_once(&server, &b, &counting);
     assert!(total >= seen, "the committed output ({total}) lacks records counted before ({seen})");
     assert_healthy(&mut server);
 }

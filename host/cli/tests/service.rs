@@ -71,6 +71,7 @@ fn a_tenant_uploads_the_word_count_submits_it_and_reads_its_output() {
     got.sort();
     assert_eq!(got, expected);
 
+    assert!(job(&server, &token, id)["plan"].as_str().unwrap().contains("count"), "the job shows its plan");
     let shown = expect(
         client()
             .get(server.url(&format!("/v1/artifacts/{}", split["digest"].as_str().unwrap())))

@@ -8,12 +8,14 @@
 // Helpers outside `#[test]` functions fail the test they serve when they panic.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use reqwest::blocking::{Client, Response};
+use common::{Server, client, expect};
 use serde_json::{Value, json};
 
 /// How long the UI may take to show something. Only turns a hang into a failure: every wait
@@ -47,78 +49,6 @@ fn artifacts_dir() -> PathBuf {
 /// Says where a file was written even when libtest captures the output of passing tests.
 fn announce(message: &str) {
     let _ = writeln!(std::io::stderr(), "{message}");
-}
-
-/// A server process on a free port over `dir`, killed when dropped.
-struct Server {
-    child: Child,
-    base: String,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start(dir: &Path) -> Server {
-        // A port the OS just handed out and released: free unless raced, which the retry covers.
-        for _ in 0..5 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-            let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
-                .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-                .arg(dir)
-                .env("EDDY_LOG", "info")
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(std::fs::File::create(dir.with_extension("log")).unwrap()))
-                .spawn()
-                .expect("start eddy serve");
-            let mut server = Server { child, base: format!("http://127.0.0.1:{port}"), dir: dir.to_owned() };
-            if server.wait_ready() {
-                return server;
-            }
-            let _ = server.child.kill();
-            let _ = server.child.wait();
-        }
-        panic!("eddy serve did not start; see {}", dir.with_extension("log").display());
-    }
-
-    fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if self.child.try_wait().unwrap().is_some() {
-                return false;
-            }
-            if reqwest::blocking::get(self.url("/v1/openapi.json")).is_ok_and(|r| r.status() == 200) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn admin(&self) -> String {
-        std::fs::read_to_string(self.dir.join("admin.token")).unwrap().trim().to_string()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn client() -> Client {
-    Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
-}
-
-/// The JSON of a response with the expected status; the body in the panic message otherwise.
-fn expect(response: Response, status: u16) -> Value {
-    let got = response.status().as_u16();
-    let text = response.text().unwrap();
-    assert_eq!(got, status, "body: {text}");
-    if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap() }
 }
 
 /// A tenant named `name` with a running-count artifact and the unbounded job; returns (token,
@@ -368,7 +298,7 @@ fn records_flow(browser: &mut Browser, task: usize) {
 #[test]
 fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("data"));
+    let server = Server::start(&dir.path().join("data"), &[]);
     check_assets(&server);
     let (token, id) = tenant_with_a_running_job(&server, "acme");
     let labels = live_labels(&server, &token, &id);

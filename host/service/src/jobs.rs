@@ -55,6 +55,9 @@ pub struct JobView {
     pub created_ms: i64,
     /// Last change of status.
     pub updated_ms: i64,
+    /// The physical plan as `eddy plan` prints it: tasks (chains), subtasks, key groups and
+    /// exchanges.
+    pub plan: String,
     /// Every step's parallelism since a rescale.
     pub parallelism: Option<u32>,
     /// Restarts from a savepoint so far (rescales, upgrades, server shutdowns).
@@ -189,7 +192,11 @@ pub async fn show(
 ) -> ApiResult<Json<JobView>> {
     let job = owned(&state, caller.tenant()?, &id)?;
     let live = state.supervisor.live(&id).and_then(|l| l.view());
+    // The stored spec passed the nesting guard at submission, so this parse is quick.
+    let plan =
+        place(&state, &job).map(|(spec, _)| eddy_engine::PhysicalPlan::new(&spec).to_string()).unwrap_or_default();
     Ok(Json(JobView {
+        plan,
         id: job.id,
         name: job.name,
         status: job.status,
