@@ -295,6 +295,7 @@ async fn control(state: &AppState, tenant: &str, id: &str, control: Control) -> 
         .ok_or_else(|| ApiError::conflict(format!("job {id} is {}, not running", status_name(job.status))))?;
     let what = format!("{control:?}");
     let answer = live.request(control);
+    drop(live);
     let savepoint =
         answer.await.map_err(|_| ApiError::conflict(format!("job {id} ended before the {what} was done")))??;
     tracing::info!(tenant = %tenant, job = %id, savepoint = savepoint.id, "{what} done");

@@ -292,6 +292,14 @@ impl Supervisor {
         let thread = std::thread::Builder::new().name(name).spawn(move || {
             supervise(&state, &record.id, &handle);
             lock(&state.supervisor.live).remove(&record.id);
+            // Requests that came after the last attempt ended get an answer, not silence.
+            for request in lock(&handle.requests).drain(..) {
+                let _ = request.reply.send(Err(ApiError::conflict(format!(
+                    "job {} ended before the {} was taken",
+                    record.id,
+                    request.control.reason()
+                ))));
+            }
         });
         match thread {
             Ok(t) => lock(&self.threads).push(t),
