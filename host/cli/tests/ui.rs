@@ -351,6 +351,18 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     browser.goto(&server.url("/"));
     browser.wait_text("the sign-in form after a reload (the token is forgotten)", &tid("signin"), |_| true);
 
+    // A second tenant signs in and sees its own job, never the first tenant's.
+    let (other_token, other_id) = tenant_with_a_running_job(&server, "globex");
+    browser.fill(&tid("token-input"), &other_token);
+    browser.click(&tid("signin-button"));
+    browser.wait_text("the second tenant signed in", &tid("whoami"), |t| t.contains("globex"));
+    let other_row = format!("{}[data-job-id=\"{other_id}\"]", tid("job-row"));
+    browser.wait_text("its own job running", &format!("{other_row} {}", tid("job-row-status")), |t| t == "running");
+    assert_eq!(browser.count(&row), 0, "the first tenant's job is not listed for the second");
+    browser.screenshot("jobs-second-tenant.png");
+    let cancel = client().delete(server.url(&format!("/v1/jobs/{other_id}"))).bearer_auth(&other_token);
+    expect(cancel.send().unwrap(), 202);
+
     let errors = browser.call(json!({"op": "errors"}));
     assert_eq!(errors, json!([]), "the page raised errors");
 }
