@@ -24,6 +24,8 @@
 //! # Ok::<(), eddy_transport::FrameError>(())
 //! ```
 
+mod faults;
 mod frame;
 
+pub use faults::{FaultPlan, Faults, Verdict};
 pub use frame::{Decoder, Frame, FrameError, MAX_FRAME_BYTES};
