@@ -200,9 +200,22 @@ pub fn submit(api: &Api, pipeline: &Path) -> Result<String> {
         serde_norway::from_str(&text).with_context(|| format!("{} is not YAML", pipeline.display()))?;
     let base = pipeline.parent().unwrap_or(Path::new("."));
     if let Some(steps) = spec.get_mut("steps").and_then(|s| s.as_sequence_mut()) {
-        for step in steps {
+        for (i, step) in steps.iter_mut().enumerate() {
             let Some(reference) = step.get("wasm").and_then(|w| w.as_str()).map(str::to_owned) else { continue };
-            let Some(file) = local_wasm(&reference, base) else { continue };
+            let Some(file) = local_wasm(&reference, base) else {
+                // `name@version` names an artifact on the server; a path that is not here is a
+                // mistake to report now, not a puzzle for the server.
+                let artifact =
+                    reference.starts_with("sha256:") || (reference.contains('@') && !reference.contains('/'));
+                if !artifact {
+                    bail!(
+                        "steps[{i}].wasm: `{reference}` is no file here ({} does not exist) and names no \
+                         uploaded artifact (`sha256:<hex>` or `name@version`); build it, or fix the path",
+                        base.join(&reference).display()
+                    );
+                }
+                continue;
+            };
             let artifact = api.upload(&file, None)?;
             let digest = artifact["digest"].as_str().ok_or_else(|| anyhow!("the server answered no digest"))?;
             eprintln!("uploaded {} as {digest}", file.display());

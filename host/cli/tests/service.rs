@@ -422,6 +422,16 @@ fn the_cli_logs_in_submits_the_word_count_with_its_files_and_reads_the_output() 
     assert_eq!(got, expected);
     let jobs = stdout(&eddy(&config, &["jobs"]));
     assert!(jobs.contains(&id) && jobs.contains("finished"), "{jobs}");
+    // A step naming a file that is not there is reported before anything is sent.
+    let missing = dir.path().join("missing.yaml");
+    std::fs::write(&missing, WORDCOUNT.replace("split@1", "no/such.wasm")).unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args(["submit", missing.to_str().unwrap()])
+        .env("EDDY_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("steps[0].wasm: `no/such.wasm` is no file here"));
     // A bad token is refused with the server's own words.
     let refused = Command::new(env!("CARGO_BIN_EXE_eddy"))
         .args(["jobs", "--server", &server.base, "--token", "eddy_wrong"])
