@@ -106,14 +106,27 @@ impl FilesSink {
 
     /// How many committed files `dir` holds (none if it does not exist).
     pub fn committed_files(dir: &Path) -> std::io::Result<usize> {
-        match std::fs::read_dir(dir) {
-            Ok(entries) => Ok(entries
-                .filter_map(Result::ok)
-                .filter(|e| committed_by(&e.file_name().to_string_lossy()).is_some())
-                .count()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(e),
+        Ok(Self::committed_paths(dir)?.len())
+    }
+
+    /// The committed files of `dir` in commit order (none if it does not exist): what a reader
+    /// of the sink's output reads, never an in-progress file.
+    pub fn committed_paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            if committed_by(&entry.file_name().to_string_lossy()).is_some() {
+                files.push(entry.path());
+            }
         }
+        // Names start with the committing checkpoint's id in 20 digits: name order is commit order.
+        files.sort();
+        Ok(files)
     }
 
     /// Moves the listed pre-committed files into `dir`. Idempotent: a file already moved is

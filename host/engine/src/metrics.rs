@@ -95,20 +95,25 @@ impl MetricsSnapshot {
     /// The share of the interval since `earlier` the most blocked task spent waiting for
     /// credit (0.0-1.0): near 1 means a downstream task is the bottleneck.
     pub fn backpressure_since(&self, earlier: &MetricsSnapshot, subtasks_per_task: &[u32]) -> f64 {
+        self.task_backpressure_since(earlier, subtasks_per_task).into_iter().fold(0.0, f64::max)
+    }
+
+    /// Per task, the share of the interval since `earlier` its subtasks spent waiting for
+    /// credit on average (0.0-1.0).
+    pub fn task_backpressure_since(&self, earlier: &MetricsSnapshot, subtasks_per_task: &[u32]) -> Vec<f64> {
         let interval = self.elapsed.saturating_sub(earlier.elapsed).as_nanos() as f64;
-        if interval <= 0.0 {
-            return 0.0;
-        }
         self.tasks
             .iter()
             .enumerate()
             .map(|(i, t)| {
+                if interval <= 0.0 {
+                    return 0.0;
+                }
                 let before = earlier.tasks.get(i).map_or(0, |e| e.blocked_ns);
                 let subtasks = f64::from(subtasks_per_task.get(i).copied().unwrap_or(1).max(1));
-                t.blocked_ns.saturating_sub(before) as f64 / subtasks / interval
+                (t.blocked_ns.saturating_sub(before) as f64 / subtasks / interval).min(1.0)
             })
-            .fold(0.0, f64::max)
-            .min(1.0)
+            .collect()
     }
 }
 

@@ -19,7 +19,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::model::{Artifact, JobRecord, World, now_ms};
-use crate::problem::{ApiError, ApiResult, CheckedQuery, Problem};
+use crate::problem::{ApiError, ApiResult, CheckedQuery, Problem, identifier};
 use crate::store::Table;
 use crate::upload::{Received, receive};
 
@@ -45,28 +45,13 @@ pub struct ArtifactDetail {
     pub used_by: Vec<String>,
 }
 
-fn checked(what: &str, value: &str, extra: &[u8]) -> Result<(), ApiError> {
-    let ok = (1..=64).contains(&value.len())
-        && value.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b) || extra.contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        let more = String::from_utf8_lossy(extra);
-        Err(ApiError::unprocessable(format!("{what} `{value}`: use 1-64 characters of letters, digits, - _ .{more}"))
-            .at(what))
-    }
-}
-
 /// The `name@version` label of an upload, if it names one.
 fn label(query: &UploadQuery) -> Result<Option<String>, ApiError> {
     match (&query.name, &query.version) {
         (None, None) => Ok(None),
         (Some(name), Some(version)) => {
-            checked("name", name, b"")?;
-            if name.bytes().any(|b| b.is_ascii_uppercase()) {
-                return Err(ApiError::unprocessable(format!("name `{name}`: use lowercase")).at("name"));
-            }
-            checked("version", version, b"+")?;
+            identifier("name", name, true, b"-_.")?;
+            identifier("version", version, false, b"-_.+")?;
             Ok(Some(format!("{name}@{version}")))
         }
         (Some(_), None) => Err(ApiError::unprocessable("`name` needs a `version` too").at("version")),

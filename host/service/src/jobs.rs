@@ -15,7 +15,7 @@ use crate::AppState;
 use crate::artifacts::resolve;
 use crate::auth::Caller;
 use crate::model::{Failure, JobRecord, JobStatus, Overrides, Savepoint, now_ms};
-use crate::placement::{output_dir, place};
+use crate::placement::{FILE_SINK_NAME, output_dir, place};
 use crate::problem::{ApiError, ApiResult, Checked, Problem};
 use crate::quotas;
 use crate::secret::new_id;
@@ -135,6 +135,7 @@ pub async fn submit(
         created_ms: now_ms(),
         updated_ms: now_ms(),
         overrides: Overrides::default(),
+        plan: String::new(),
         generation: 0,
         restore_from: None,
         savepoints: Vec::new(),
@@ -150,6 +151,7 @@ pub async fn submit(
     let mut record = record;
     let slots = slots_of(&spec);
     record.name = spec.name.clone();
+    record.plan = eddy_engine::PhysicalPlan::new(&spec).to_string();
     record.artifacts = artifacts;
     record.slots = slots;
     record.state_bytes = quotas::state_bytes_of(&spec);
@@ -192,11 +194,8 @@ pub async fn show(
 ) -> ApiResult<Json<JobView>> {
     let job = owned(&state, caller.tenant()?, &id)?;
     let live = state.supervisor.live(&id).and_then(|l| l.view());
-    // The stored spec passed the nesting guard at submission, so this parse is quick.
-    let plan =
-        place(&state, &job).map(|(spec, _)| eddy_engine::PhysicalPlan::new(&spec).to_string()).unwrap_or_default();
     Ok(Json(JobView {
-        plan,
+        plan: job.plan,
         id: job.id,
         name: job.name,
         status: job.status,
@@ -265,24 +264,14 @@ fn upsert_lines(table: &std::path::Path) -> ApiResult<Vec<u8>> {
     Ok(out)
 }
 
-/// The sink's committed files in commit order: `part-*` files of a files sink (never the
-/// in-progress ones), or the one file of a file sink.
+/// The sink's committed files in commit order: those of a files sink (never the in-progress
+/// ones), or the one file of a file sink.
 fn committed_files(dir: &std::path::Path) -> ApiResult<Vec<std::path::PathBuf>> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(ApiError::internal(e)),
-    };
-    let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(ApiError::internal)?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("part-") || name == "output.jsonl" {
-            files.push(entry.path());
-        }
+    let file = dir.join(FILE_SINK_NAME);
+    if file.is_file() {
+        return Ok(vec![file]);
     }
-    files.sort();
-    Ok(files)
+    eddy_engine::FilesSink::committed_paths(dir).map_err(ApiError::internal)
 }
 
 /// Sends `control` to the running job `id` of the caller's and waits for its savepoint.

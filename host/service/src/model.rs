@@ -169,6 +169,9 @@ pub struct JobRecord {
     /// Changes to the spec since it was submitted.
     #[serde(default)]
     pub overrides: Overrides,
+    /// The physical plan as `eddy plan` prints it, for the spec with its overrides.
+    #[serde(default)]
+    pub plan: String,
     /// Bumped at each restart from a savepoint: each generation checkpoints into its own
     /// directory, so the newest checkpoint is always of the current plan.
     #[serde(default)]

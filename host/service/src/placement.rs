@@ -95,6 +95,9 @@ fn flow_depth(text: &str) -> usize {
     deepest
 }
 
+/// The file a `file` sink writes in the job's output directory.
+pub const FILE_SINK_NAME: &str = "output.jsonl";
+
 /// A spec error as a 422 naming the field.
 fn refused(e: eddy_engine::SpecError) -> ApiError {
     {
@@ -157,7 +160,7 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
     let output = dir.join("output");
     spec.sink = match &spec.sink {
         SinkSpec::Print | SinkSpec::Files { .. } => SinkSpec::Files { dir: output },
-        SinkSpec::File { .. } => SinkSpec::File { path: output.join("output.jsonl") },
+        SinkSpec::File { .. } => SinkSpec::File { path: output.join(FILE_SINK_NAME) },
         SinkSpec::Upsert { .. } => SinkSpec::Upsert { dir: output.join("table") },
         SinkSpec::Blackhole => SinkSpec::Blackhole,
     };

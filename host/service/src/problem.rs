@@ -128,6 +128,24 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Refuses `value` of request field `field` unless it is 1-64 ASCII letters (lowercase only
+/// when `lowercase`), digits and the `punctuation` bytes.
+pub fn identifier(field: &str, value: &str, lowercase: bool, punctuation: &[u8]) -> Result<(), ApiError> {
+    let letter = |b: u8| if lowercase { b.is_ascii_lowercase() } else { b.is_ascii_alphabetic() };
+    let ok = (1..=64).contains(&value.len())
+        && value.bytes().all(|b| letter(b) || b.is_ascii_digit() || punctuation.contains(&b));
+    if ok {
+        return Ok(());
+    }
+    let letters = if lowercase { "a-z" } else { "a-z, A-Z" };
+    let marks: Vec<String> = punctuation.iter().map(|&b| char::from(b).to_string()).collect();
+    Err(ApiError::unprocessable(format!(
+        "{field} `{value}`: use 1-64 characters of {letters}, 0-9 and {}",
+        marks.join(" ")
+    ))
+    .at(field))
+}
+
 /// What a handler answers.
 pub type ApiResult<T> = Result<T, ApiError>;
 

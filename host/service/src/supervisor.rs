@@ -95,6 +95,7 @@ impl LiveView {
     fn of(job: &Job, now: &MetricsSnapshot, before: &MetricsSnapshot) -> Self {
         let secs = now.elapsed.saturating_sub(before.elapsed).as_secs_f64().max(1e-3);
         let parallelisms = job.parallelisms();
+        let backpressure = now.task_backpressure_since(before, &parallelisms);
         let tasks = now
             .tasks
             .iter()
@@ -102,7 +103,6 @@ impl LiveView {
             .map(|(i, t)| {
                 let prev = before.tasks.get(i).cloned().unwrap_or_default();
                 let parallelism = parallelisms.get(i).copied().unwrap_or(1);
-                let blocked = t.blocked_ns.saturating_sub(prev.blocked_ns) as f64 / 1e9;
                 TaskView {
                     label: t.label.clone(),
                     parallelism,
@@ -111,7 +111,7 @@ impl LiveView {
                     records_in_per_sec: t.records_in.saturating_sub(prev.records_in) as f64 / secs,
                     records_out_per_sec: t.records_out.saturating_sub(prev.records_out) as f64 / secs,
                     watermark: (t.watermark > WATERMARK_MIN).then_some(t.watermark),
-                    backpressure: (blocked / (secs * parallelism as f64)).clamp(0.0, 1.0),
+                    backpressure: backpressure.get(i).copied().unwrap_or(0.0),
                     late_records: t.late_records,
                     wasm_memory_bytes: t.wasm_memory_bytes,
                 }
@@ -179,6 +179,11 @@ pub struct Supervisor {
     shares: Mutex<HashMap<String, (u32, Arc<CpuShare>)>>,
 }
 
+/// Slots the running jobs hold.
+fn held(live: &HashMap<String, Arc<Live>>) -> u32 {
+    live.values().map(|l| l.slots.load(Ordering::SeqCst)).sum()
+}
+
 /// Slots a job holds: one subtask of every task shares a slot (as in Flink), so the widest task.
 pub fn slots_of(spec: &PipelineSpec) -> u32 {
     PhysicalPlan::new(spec).tasks.iter().map(|t| t.parallelism).max().unwrap_or(1)
@@ -223,7 +228,7 @@ impl Supervisor {
 
     /// Slots held by running jobs.
     pub fn used_slots(&self) -> u32 {
-        lock(&self.live).values().map(|l| l.slots.load(Ordering::SeqCst)).sum()
+        held(&lock(&self.live))
     }
 
     /// The live handle of a running job.
@@ -235,7 +240,7 @@ impl Supervisor {
     /// cannot both take the last slot.
     pub fn admit(&self, state: &Arc<AppState>, record: JobRecord) -> Result<(), ApiError> {
         let mut live = lock(&self.live);
-        let used: u32 = live.values().map(|l| l.slots.load(Ordering::SeqCst)).sum();
+        let used = held(&live);
         let free = self.slots.saturating_sub(used);
         if record.slots > free {
             return Err(ApiError::conflict(format!(
@@ -253,7 +258,7 @@ impl Supervisor {
     pub fn reserve(&self, job: &str, slots: u32) -> Result<(), ApiError> {
         let live = lock(&self.live);
         let Some(own) = live.get(job) else { return Err(ApiError::conflict(format!("job {job} is not running"))) };
-        let used: u32 = live.values().map(|l| l.slots.load(Ordering::SeqCst)).sum();
+        let used = held(&live);
         let free = self.slots.saturating_sub(used) + own.slots.load(Ordering::SeqCst);
         if slots > free {
             return Err(ApiError::conflict(format!(
@@ -510,6 +515,7 @@ fn apply(state: &AppState, id: &str, control: &Control) {
     update(state, id, |r| {
         if let Ok((spec, digests)) = place(state, r) {
             r.slots = slots_of(&spec);
+            r.plan = PhysicalPlan::new(&spec).to_string();
             r.state_bytes = crate::quotas::state_bytes_of(&spec);
             if let Ok(memory) = crate::quotas::memory_of(state, &r.tenant, &spec) {
                 r.memory_bytes = memory;

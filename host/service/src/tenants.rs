@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::model::{Principal, Tenant, Token, now_ms};
-use crate::problem::{ApiError, ApiResult, Checked, Problem};
+use crate::problem::{ApiError, ApiResult, Checked, Problem, identifier};
 use crate::secret::{new_id, new_token, token_hash};
 use crate::store::{Table, Txn};
 
@@ -47,17 +47,6 @@ pub struct CreatedTenant {
     pub token: String,
 }
 
-fn check_name(name: &str) -> Result<(), ApiError> {
-    let ok = (1..=64).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::unprocessable(format!("tenant name `{name}`: use 1-64 characters of a-z, 0-9, - and _"))
-            .at("name"))
-    }
-}
-
 /// Stores a new token for `principal`; returns (token id, token).
 pub(crate) fn issue(txn: &mut Txn<'_>, principal: Principal) -> Result<(String, String), ApiError> {
     let token = new_token()?;
@@ -81,7 +70,7 @@ pub async fn create_tenant(
     Checked(Json(new)): Checked<Json<NewTenant>>,
 ) -> ApiResult<(StatusCode, Json<CreatedTenant>)> {
     caller.admin()?;
-    check_name(&new.name)?;
+    identifier("name", &new.name, true, b"-_")?;
     let created = state.store.write(|txn| -> ApiResult<CreatedTenant> {
         // Few tenants, so uniqueness is a scan inside the same transaction.
         let taken = txn.list_keyed::<Tenant>(Table::Tenants, "")?.iter().any(|(_, t)| t.name == new.name);
