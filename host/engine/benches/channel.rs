@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use eddy_core::RecordBatch;
 use eddy_engine::buffer::BufferBuilder;
-use eddy_engine::channel::{ChannelConfig, InputGate, Message, local_gate};
 use eddy_engine::plan::Partitioning;
 use eddy_engine::router::OutputRouter;
+use eddy_transport::channel::{ChannelConfig, InputGate, Message, local_gate};
 
 const RECORDS: usize = 4_000_000;
 const SAMPLES: usize = 7;

@@ -21,7 +21,6 @@ use eddy_core::{BoundedOutOfOrderness, HeapTimerService, TimeDomain, TimerServic
 use eddy_runtime::{CallError, Component, LoadError, Runtime, RuntimeError, Subtask, World};
 use eddy_state::{BoundedBackend, HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, TtlBackend, TtlClock};
 
-use crate::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
 use crate::checkpoint::restore::Share;
 use crate::checkpoint::store::StoreFaults;
 use crate::checkpoint::{BarrierAligner, CheckpointError, CheckpointId, RestorePoint};
@@ -40,6 +39,7 @@ use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError, no
 use crate::upsert_sink::UpsertSink;
 use crate::wasm_operator::WasmOperator;
 use crate::window_operator::{LateData, WindowConfig, WindowOperator};
+use eddy_transport::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
 
 mod local_state;
 mod recover;

@@ -39,11 +39,9 @@
 //! to a new version or parallelism.
 
 pub mod buffer;
-pub mod channel;
 pub mod checkpoint;
 mod checkpointing;
 pub mod connectors;
-pub mod credit;
 mod files_sink;
 mod job;
 pub mod metrics;

@@ -10,9 +10,9 @@ use std::borrow::Cow;
 use eddy_core::{KeyGroupRange, RecordBatch, RecordView, key_group_of};
 
 use crate::buffer::BufferBuilder;
-use crate::channel::{ChannelSender, Disconnected, Message};
 use crate::plan::Partitioning;
 use crate::spec::KeyBy;
+use eddy_transport::channel::{ChannelSender, Disconnected, Message};
 
 /// Why a record could not be routed.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,6 @@ use eddy_core::{BoundedOutOfOrderness, RecordBatch, WatermarkTracker};
 use eddy_runtime::Output;
 use eddy_state::TtlClock;
 
-use crate::channel::{InputGate, Message};
 use crate::checkpoint::upload::TakenSnapshot;
 use crate::checkpoint::{Alignment, BarrierAligner, CheckpointId};
 use crate::checkpointing::{FaultHook, FaultPoint, Report, Signals};
@@ -25,6 +24,7 @@ use crate::metrics::SubtaskMetrics;
 use crate::operator::{OperatorError, StreamOperator};
 use crate::router::{OutputRouter, RouteError};
 use crate::sink::Sink;
+use eddy_transport::channel::{InputGate, Message};
 
 /// Why a subtask stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -500,13 +500,13 @@ mod tests {
     use eddy_core::WATERMARK_MIN;
 
     use super::*;
-    use crate::channel::{ChannelConfig, ChannelSender, local_gate};
+    use eddy_transport::channel::{ChannelConfig, ChannelSender, local_gate};
 
     /// A sink subtask with two input channels and checkpoints on, over a local gate; returns the
     /// runner, the channels' senders and the reports it sends to the checkpoint thread.
     fn aligning_subtask(
         staging: &std::path::Path,
-    ) -> (SubtaskRunner, Vec<crate::channel::LocalSender>, mpsc::Receiver<Report>) {
+    ) -> (SubtaskRunner, Vec<eddy_transport::channel::LocalSender>, mpsc::Receiver<Report>) {
         let (_shared, gate, senders) = local_gate(2, ChannelConfig::default(), vec![Arc::default(), Arc::default()]);
         let (reports, received) = mpsc::sync_channel(16);
         let runner = SubtaskRunner {

@@ -17,6 +17,8 @@
 
 use eddy_core::{RecordBatch, RecordMeta, Span};
 
+use crate::channel::Message;
+
 /// The largest frame a decoder accepts by default: a 32 KiB buffer with room to spare, and
 /// one oversized record.
 pub const MAX_FRAME_BYTES: u32 = 64 << 20;
@@ -33,28 +35,27 @@ const NO_KEY: u32 = u32::MAX;
 /// Bytes of one record's entry in a data frame.
 const RECORD_BYTES: usize = 4 * 4 + 1 + 8;
 
-/// What travels on a channel between processes.
+/// What travels on a channel between processes: a channel's [`Message`] one way, credit the
+/// other.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
-    /// Records, of the main stream (`side: None`) or a named side output.
-    Data {
-        /// Side output name.
-        side: Option<String>,
-        /// The records.
-        batch: RecordBatch,
-        /// The watermark that follows these records.
-        watermark: Option<i64>,
-        /// Buffers the sender holds queued behind this one.
+    /// A message of the channel.
+    Message {
+        /// The message.
+        message: Message,
+        /// Buffers the sender holds queued behind this one (encoded for data only: an event
+        /// reads back with 0).
         backlog: u32,
     },
-    /// Event time advanced.
-    Watermark(i64),
-    /// Checkpoint barrier.
-    Barrier(u64),
-    /// Nothing follows.
-    EndOfStream,
     /// The receiver grants this many more buffers.
     Credit(u32),
+}
+
+impl Frame {
+    /// A message with nothing queued behind it.
+    pub fn message(message: Message) -> Self {
+        Frame::Message { message, backlog: 0 }
+    }
 }
 
 /// A frame that cannot be read: the connection must be closed.
@@ -87,7 +88,7 @@ impl Frame {
         let start = out.len();
         out.extend_from_slice(&[0; 4]);
         match self {
-            Frame::Data { side, batch, watermark, backlog } => {
+            Frame::Message { message: Message::Data { side, batch, watermark }, backlog } => {
                 out.push(DATA);
                 let flags = u8::from(watermark.is_some()) * HAS_WATERMARK + u8::from(side.is_some()) * HAS_SIDE;
                 out.push(flags);
@@ -114,15 +115,15 @@ impl Frame {
                     out.extend_from_slice(&r.timestamp.unwrap_or(0).to_le_bytes());
                 }
             }
-            Frame::Watermark(w) => {
+            Frame::Message { message: Message::Watermark(w), .. } => {
                 out.push(WATERMARK);
                 out.extend_from_slice(&w.to_le_bytes());
             }
-            Frame::Barrier(id) => {
+            Frame::Message { message: Message::Barrier(id), .. } => {
                 out.push(BARRIER);
                 out.extend_from_slice(&id.to_le_bytes());
             }
-            Frame::EndOfStream => out.push(END_OF_STREAM),
+            Frame::Message { message: Message::EndOfStream, .. } => out.push(END_OF_STREAM),
             Frame::Credit(n) => {
                 out.push(CREDIT);
                 out.extend_from_slice(&n.to_le_bytes());
@@ -219,9 +220,13 @@ impl Decoder {
         };
         let frame = match kind {
             DATA => data(Body { kind: "data", bytes: body })?,
-            WATERMARK => fixed(body, "watermark", |b| b.i64("the watermark").map(Frame::Watermark))?,
-            BARRIER => fixed(body, "barrier", |b| b.u64("the checkpoint id").map(Frame::Barrier))?,
-            END_OF_STREAM => fixed(body, "end-of-stream", |_| Ok(Frame::EndOfStream))?,
+            WATERMARK => {
+                fixed(body, "watermark", |b| b.i64("the watermark").map(|w| Frame::message(Message::Watermark(w))))?
+            }
+            BARRIER => {
+                fixed(body, "barrier", |b| b.u64("the checkpoint id").map(|id| Frame::message(Message::Barrier(id))))?
+            }
+            END_OF_STREAM => fixed(body, "end-of-stream", |_| Ok(Frame::message(Message::EndOfStream)))?,
             CREDIT => fixed(body, "credit", |b| b.u32("the credit").map(Frame::Credit))?,
             other => return Err(FrameError::UnknownKind(other)),
         };
@@ -278,7 +283,7 @@ fn data(mut body: Body<'_>) -> Result<Frame, FrameError> {
     }
     let batch =
         RecordBatch::adopt(data, metas).map_err(|_| body.malformed("a record's key or value lies outside the data"))?;
-    Ok(Frame::Data { side, batch, watermark, backlog })
+    Ok(Frame::Message { message: Message::Data { side, batch, watermark }, backlog })
 }
 
 #[cfg(test)]
@@ -307,11 +312,11 @@ mod tests {
                     for (k, v, t) in &records {
                         batch.push(k.as_deref(), v, *t);
                     }
-                    Frame::Data { side, batch, watermark, backlog }
+                    Frame::Message { message: Message::Data { side, batch, watermark }, backlog }
                 }),
-            any::<i64>().prop_map(Frame::Watermark),
-            any::<u64>().prop_map(Frame::Barrier),
-            Just(Frame::EndOfStream),
+            any::<i64>().prop_map(|w| Frame::message(Message::Watermark(w))),
+            any::<u64>().prop_map(|id| Frame::message(Message::Barrier(id))),
+            Just(Frame::message(Message::EndOfStream)),
             any::<u32>().prop_map(Frame::Credit),
         ]
     }

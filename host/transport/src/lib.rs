@@ -8,22 +8,26 @@
 //!
 //! ```
 //! use eddy_core::RecordBatch;
+//! use eddy_transport::channel::Message;
 //! use eddy_transport::{Decoder, Frame};
 //!
 //! let mut batch = RecordBatch::default();
 //! batch.push(Some(b"\"k\""), b"{\"n\":1}", Some(42));
 //! let mut wire = Vec::new();
-//! Frame::Data { side: None, batch, watermark: Some(40), backlog: 2 }.encode(&mut wire);
+//! let data = Message::Data { side: None, batch, watermark: Some(40) };
+//! Frame::Message { message: data, backlog: 2 }.encode(&mut wire);
 //! Frame::Credit(3).encode(&mut wire);
 //!
 //! let decoder = Decoder::default();
 //! let (first, used) = decoder.decode(&wire)?.expect("a whole frame");
-//! assert!(matches!(first, Frame::Data { watermark: Some(40), backlog: 2, .. }));
+//! assert!(matches!(first, Frame::Message { message: Message::Data { watermark: Some(40), .. }, backlog: 2 }));
 //! let (second, _) = decoder.decode(&wire[used..])?.expect("a whole frame");
 //! assert_eq!(second, Frame::Credit(3));
 //! # Ok::<(), eddy_transport::FrameError>(())
 //! ```
 
+pub mod channel;
+pub mod credit;
 mod faults;
 mod frame;
 
