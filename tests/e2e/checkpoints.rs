@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 
 use eddy_engine::checkpoint::store::StoreOp;
 use eddy_engine::connectors::generator_event;
-use eddy_engine::{FaultPoint, Job, JobOptions, PipelineSpec, RunError, SourceSpec};
+use eddy_engine::{FaultPoint, Job, JobOptions, RunError};
+use eddy_plan::{PipelineSpec, SourceSpec};
 use eddy_tests::runtime;
 use serde_json::Value;
 

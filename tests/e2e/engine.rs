@@ -6,8 +6,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use eddy_engine::connectors::generator_event;
-use eddy_engine::{Job, JobOptions, PipelineSpec, RunError, SourceSpec};
+use eddy_engine::{Job, JobOptions, RunError};
 use eddy_guest_artifacts as guests;
+use eddy_plan::{PipelineSpec, SourceSpec};
 use eddy_tests::{MemorySink, Received, runtime};
 use proptest::prelude::*;
 use serde_json::Value;

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use eddy_engine::{Job, JobOptions, PipelineSpec};
+use eddy_engine::{Job, JobOptions};
+use eddy_plan::PipelineSpec;
 use eddy_tests::{MemorySink, runtime};
 use serde_json::Value;
 

@@ -361,7 +361,7 @@ fn emitted_rows_are_charged_for_every_byte_copied_even_when_they_alias_one_value
 /// Runs `yaml` (a pipeline over `dir`) on the shared runtime to its end or first failure.
 fn run_job(dir: &std::path::Path, yaml: &str) -> Result<eddy_engine::RunSummary, eddy_engine::RunError> {
     std::fs::write(dir.join("pipeline.yaml"), yaml).expect("write spec");
-    let spec = eddy_engine::PipelineSpec::from_file(&dir.join("pipeline.yaml")).expect("valid spec");
+    let spec = eddy_plan::PipelineSpec::from_file(&dir.join("pipeline.yaml")).expect("valid spec");
     let sink = eddy_tests::MemorySink::default();
     let options = eddy_engine::JobOptions { sink: Some(Box::new(sink)), ..eddy_engine::JobOptions::default() };
     eddy_engine::Job::start(&spec, runtime(), options).expect("job starts").wait()

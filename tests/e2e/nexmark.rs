@@ -4,7 +4,8 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use eddy_engine::{Job, JobOptions, PipelineSpec, SinkFactory, SinkSpec, SourceSpec};
+use eddy_engine::{Job, JobOptions, SinkFactory};
+use eddy_plan::{PipelineSpec, SinkSpec, SourceSpec};
 use eddy_tests::{MemorySink, runtime};
 use serde_json::Value;
 

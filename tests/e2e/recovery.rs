@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use eddy_engine::checkpoint::store::StoreOp;
-use eddy_engine::{Job, JobOptions, PipelineSpec, RunError};
+use eddy_engine::{Job, JobOptions, RunError};
+use eddy_plan::PipelineSpec;
 use eddy_tests::runtime;
 
 use crate::checkpoints::{

@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
-use eddy_engine::{Job, JobOptions, PipelineSpec};
+use eddy_engine::{Job, JobOptions};
 use eddy_guest_artifacts as guests;
+use eddy_plan::PipelineSpec;
 use eddy_tests::{MemorySink, runtime};
 use serde_json::Value;
 

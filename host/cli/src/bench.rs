@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use eddy_core::RecordBatch;
-use eddy_engine::{
-    CheckpointSpec, Job, JobOptions, PipelineSpec, Sink, SinkFactory, SinkSpec, SourceSpec, StateBackendKind,
-};
+use eddy_engine::{Job, JobOptions, Sink, SinkFactory};
+use eddy_plan::{CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec, StateBackendKind};
 use eddy_runtime::Runtime;
 use serde::{Deserialize, Serialize};
 

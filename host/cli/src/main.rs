@@ -13,7 +13,8 @@ mod serve;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use eddy_engine::checkpoint::{CheckpointMetadata, CheckpointStore};
-use eddy_engine::{Job, JobOptions, MetricsSnapshot, PhysicalPlan, PipelineSpec, RunError, RunSummary};
+use eddy_engine::{Job, JobOptions, MetricsSnapshot, RunError, RunSummary};
+use eddy_plan::{PhysicalPlan, PipelineSpec};
 use eddy_runtime::{Runtime, RuntimeConfig};
 
 #[derive(Parser)]
@@ -412,7 +413,7 @@ fn stop_on_signals() -> Arc<AtomicBool> {
 
 fn checkpoint_store(spec: &PipelineSpec) -> Result<(CheckpointStore, String)> {
     match &spec.checkpoints {
-        Some(c) => Ok((c.open_store()?, c.location())),
+        Some(c) => Ok((CheckpointStore::open(c)?, c.location())),
         None => anyhow::bail!("pipeline `{}` has no `checkpoints:` section, so it has no checkpoints", spec.name),
     }
 }

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use eddy_core::RecordBatch;
 use eddy_engine::buffer::BufferBuilder;
-use eddy_engine::plan::Partitioning;
 use eddy_engine::router::OutputRouter;
+use eddy_plan::Partitioning;
 use eddy_transport::channel::{ChannelConfig, InputGate, Message, local_gate};
 
 const RECORDS: usize = 4_000_000;

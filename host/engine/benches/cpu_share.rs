@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use eddy_engine::{Job, JobOptions, PipelineSpec};
+use eddy_engine::{Job, JobOptions};
+use eddy_plan::PipelineSpec;
 use eddy_runtime::{CpuShare, Runtime, RuntimeConfig};
 
 const EVENTS: u64 = 1_500_000;

@@ -17,8 +17,8 @@ use crate::checkpoint::{
     CheckpointCoordinator, CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStats, CheckpointStore,
     CoordinatorConfig, Decision, SubtaskState,
 };
-use crate::spec::CheckpointSpec;
 use crate::task::now_ms;
+use eddy_plan::CheckpointSpec;
 
 /// Shared between the checkpoint thread, the subtasks and the job's owner.
 #[derive(Debug, Default)]

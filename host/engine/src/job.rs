@@ -19,7 +19,9 @@ use std::sync::mpsc;
 
 use eddy_core::{BoundedOutOfOrderness, HeapTimerService, TimeDomain, TimerService, WATERMARK_MIN, WatermarkTracker};
 use eddy_runtime::{CallError, Component, LoadError, Runtime, RuntimeError, Subtask, World};
-use eddy_state::{BoundedBackend, HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, TtlBackend, TtlClock};
+use eddy_state::{
+    BoundedBackend, HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, StateLimits, TtlBackend, TtlClock,
+};
 
 use crate::checkpoint::restore::Share;
 use crate::checkpoint::store::StoreFaults;
@@ -31,14 +33,14 @@ use crate::connectors::{SourceError, open_source};
 use crate::files_sink::{FilesSink, FilesSinkState};
 use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
 use crate::operator::StreamOperator;
-use crate::plan::{Node, Partitioning, PhysicalPlan};
 use crate::router::OutputRouter;
 use crate::sink::{Blackhole, JsonLinesSink, PrintSink, Sink};
-use crate::spec::{PipelineSpec, SinkSpec, StateBackendKind, StepSpec};
 use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError, now_ms};
 use crate::upsert_sink::UpsertSink;
 use crate::wasm_operator::WasmOperator;
 use crate::window_operator::{LateData, WindowConfig, WindowOperator};
+use eddy_plan::{Node, Partitioning, PhysicalPlan};
+use eddy_plan::{PipelineSpec, SinkSpec, StateBackendKind, StepSpec};
 use eddy_transport::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
 
 mod local_state;
@@ -175,7 +177,7 @@ pub struct JobOptions {
     pub sink: Option<Box<dyn Sink>>,
     /// Overrides the spec's sink with one sink per sink subtask, made by this function from the
     /// subtask's index; the spec's sink kind decides how many there are
-    /// ([`crate::SinkSpec::follows_input_parallelism`]). `sink` wins if both are set.
+    /// ([`eddy_plan::SinkSpec::follows_input_parallelism`]). `sink` wins if both are set.
     pub sink_per_subtask: Option<SinkFactory>,
     /// Restore from this checkpoint or savepoint directory's newest valid checkpoint instead
     /// of the spec's checkpoint directory (resuming from a savepoint).
@@ -395,7 +397,13 @@ impl StepContext<'_> {
             }
         };
         // Under TTL and the restore below, so purges and restored entries count too.
-        let (limits, how_to_raise) = self.spec.state.limits_for(s);
+        let state = &self.spec.state;
+        let limits = StateLimits { max_bytes: state.max_bytes_for(s), max_entries: state.max_entries_for(s) };
+        let how_to_raise = format!(
+            "if step `{}` needs that much, raise its `state_max_bytes` / `state_max_entries` (or \
+             `state.max_bytes_per_subtask` / `state.max_entries_per_subtask` for every step)",
+            s.name
+        );
         let mut backend: Box<dyn StateBackend> =
             Box::new(BoundedBackend::new(storage, limits, how_to_raise).map_err(|e| Self::state_error(s, e))?);
         if let Some(point) = self.restore {

@@ -10,8 +10,8 @@ use std::borrow::Cow;
 use eddy_core::{KeyGroupRange, RecordBatch, RecordView, key_group_of};
 
 use crate::buffer::BufferBuilder;
-use crate::plan::Partitioning;
-use crate::spec::KeyBy;
+use eddy_plan::KeyBy;
+use eddy_plan::Partitioning;
 use eddy_transport::channel::{ChannelSender, Disconnected, Message};
 
 /// Why a record could not be routed.

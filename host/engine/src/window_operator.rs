@@ -46,7 +46,7 @@ use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
 use eddy_state::{HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list, state_id};
 
 use crate::operator::{OperatorError, OperatorSnapshot, StreamOperator};
-use crate::window::{SessionWindows, Window, WindowKind};
+use eddy_plan::window::{SessionWindows, Window, WindowKind};
 
 #[cfg(test)]
 mod tests;

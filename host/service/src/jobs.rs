@@ -151,7 +151,7 @@ pub async fn submit(
     let mut record = record;
     let slots = slots_of(&spec);
     record.name = spec.name.clone();
-    record.plan = eddy_engine::PhysicalPlan::new(&spec).to_string();
+    record.plan = eddy_plan::PhysicalPlan::new(&spec).to_string();
     record.artifacts = artifacts;
     record.slots = slots;
     record.state_bytes = quotas::state_bytes_of(&spec);

@@ -15,7 +15,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use eddy_engine::{CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec};
+use eddy_plan::{CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec};
 
 use crate::AppState;
 use crate::artifacts::{resolve, wasm_path};
@@ -99,10 +99,10 @@ fn flow_depth(text: &str) -> usize {
 pub const FILE_SINK_NAME: &str = "output.jsonl";
 
 /// A spec error as a 422 naming the field.
-fn refused(e: eddy_engine::SpecError) -> ApiError {
+fn refused(e: eddy_plan::SpecError) -> ApiError {
     {
         let field = match &e {
-            eddy_engine::SpecError::Invalid { field, .. } => Some(field.clone()),
+            eddy_plan::SpecError::Invalid { field, .. } => Some(field.clone()),
             _ => None,
         };
         let error = ApiError::unprocessable(e.to_string());

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use eddy_engine::PipelineSpec;
+use eddy_plan::PipelineSpec;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -90,7 +90,7 @@ pub fn state_bytes_of(spec: &PipelineSpec) -> u64 {
     spec.steps
         .iter()
         .enumerate()
-        .map(|(i, step)| spec.state.limits_for(step).0.max_bytes.saturating_mul(u64::from(spec.step_parallelism(i))))
+        .map(|(i, step)| spec.state.max_bytes_for(step).saturating_mul(u64::from(spec.step_parallelism(i))))
         .fold(0u64, u64::saturating_add)
 }
 

@@ -14,7 +14,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use eddy_core::WATERMARK_MIN;
-use eddy_engine::{Job, JobOptions, MetricsSnapshot, PhysicalPlan, PipelineSpec};
+use eddy_engine::{Job, JobOptions, MetricsSnapshot};
+use eddy_plan::{PhysicalPlan, PipelineSpec};
 use eddy_runtime::CpuShare;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -497,7 +498,7 @@ fn restore_point(state: &AppState, record: &JobRecord, spec: &PipelineSpec) -> O
     let has_checkpoint = spec
         .checkpoints
         .as_ref()
-        .and_then(|c| c.open_store().ok())
+        .and_then(|c| eddy_engine::checkpoint::CheckpointStore::open(c).ok())
         .and_then(|store| eddy_engine::checkpoint::metadata::completed_ids(&store).ok())
         .is_some_and(|ids| !ids.is_empty());
     (!has_checkpoint).then(|| job_dir(state, &record.tenant, &record.id).join(savepoint))

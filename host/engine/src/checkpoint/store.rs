@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use eddy_plan::{CheckpointSpec, S3Spec};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, PutPayload};
@@ -45,6 +46,15 @@ fn io(what: String) -> impl FnOnce(object_store::Error) -> CheckpointError {
 }
 
 impl CheckpointStore {
+    /// The store a spec's `checkpoints:` section names: its `dir` or its `s3` bucket.
+    pub fn open(spec: &CheckpointSpec) -> Result<Self, CheckpointError> {
+        match (&spec.dir, &spec.s3) {
+            (Some(dir), None) => Self::local(dir),
+            (None, Some(s3)) => Self::s3(s3),
+            _ => Err(CheckpointError::Incompatible("`checkpoints` needs exactly one of `dir` and `s3`".into())),
+        }
+    }
+
     /// A store in the local directory `dir` (created if missing). Writes are atomic: a file is
     /// written under a temporary name and renamed into place.
     pub fn local(dir: &std::path::Path) -> Result<Self, CheckpointError> {
@@ -57,7 +67,7 @@ impl CheckpointStore {
     }
 
     /// A store in an S3-compatible bucket (credentials from the environment).
-    pub fn s3(spec: &crate::spec::S3Spec) -> Result<Self, CheckpointError> {
+    pub fn s3(spec: &S3Spec) -> Result<Self, CheckpointError> {
         let mut builder = object_store::aws::AmazonS3Builder::from_env()
             .with_bucket_name(&spec.bucket)
             .with_region(&spec.region)

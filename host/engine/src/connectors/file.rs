@@ -16,12 +16,12 @@ use eddy_core::RecordBatch;
 use serde_json::Value;
 
 use super::{OrderedObject, SourceError, SourcePosition, SourceStatus, timestamp_of};
-use crate::SourceFormat;
+use eddy_plan::SourceFormat;
 
 /// Large enough that a batch of short lines is one `read` system call.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
-/// What the file source needs from its [`crate::SourceSpec::File`].
+/// What the file source needs from its [`eddy_plan::SourceSpec::File`].
 #[derive(Debug, Clone)]
 pub(super) struct FileOptions {
     /// The source's name, for errors.
@@ -405,8 +405,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::SourceSpec;
     use crate::connectors::{Source, open_source};
+    use eddy_plan::SourceSpec;
 
     fn spec(path: &Path, format: SourceFormat, timestamp: Option<&str>, follow: bool) -> SourceSpec {
         SourceSpec::File {

@@ -8,7 +8,7 @@ use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::indexed::IndexedEvents;
-use crate::GeneratorSpec;
+use eddy_plan::GeneratorSpec;
 
 // Distinct salts give each drawn quantity its own independent hash of `(seed, i)`.
 const KEY_SALT: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -121,7 +121,7 @@ impl IndexedEvents for GeneratorSpec {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::SourceSpec;
+    use eddy_plan::SourceSpec;
 
     pub(in crate::connectors) fn gen_spec(seed: u64, events: Option<u64>) -> GeneratorSpec {
         GeneratorSpec {

@@ -161,8 +161,8 @@ pub(super) mod tests {
     use eddy_core::{Record, RecordBatch};
     use proptest::prelude::*;
 
-    use crate::SourceSpec;
     use crate::connectors::{Source, SourceError, SourcePosition, SourceStatus, open_source};
+    use eddy_plan::SourceSpec;
 
     /// Polls with `max` until the reader ends.
     pub(in crate::connectors) fn drain(src: &mut dyn Source, max: usize) -> Vec<Record> {

@@ -10,7 +10,7 @@
 //! ```
 //! use eddy_core::RecordBatch;
 //! use eddy_engine::connectors::{SourcePosition, SourceStatus, open_source};
-//! use eddy_engine::PipelineSpec;
+//! use eddy_plan::PipelineSpec;
 //!
 //! let spec = PipelineSpec::from_yaml(
 //!     "name: g\nsources: [{type: generator, name: g, events: 5}]\n\
@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use eddy_core::RecordBatch;
 use serde::{Deserialize, Serialize};
 
-use crate::SourceSpec;
+use eddy_plan::SourceSpec;
 
 pub use generator::generator_event;
 
@@ -233,7 +233,7 @@ mod tests {
         let file = SourceSpec::File {
             name: "f".into(),
             path: "/nonexistent".into(),
-            format: crate::SourceFormat::Lines,
+            format: eddy_plan::SourceFormat::Lines,
             timestamp: None,
             follow: false,
             max_line_bytes: 1024,

@@ -8,7 +8,7 @@
 use eddy_nexmark::NexmarkConfig;
 
 use super::indexed::IndexedEvents;
-use crate::NexmarkSourceSpec;
+use eddy_plan::NexmarkSourceSpec;
 
 /// The Nexmark generator as an index-addressed event stream.
 #[derive(Debug)]
@@ -53,8 +53,8 @@ pub(super) mod tests {
     use eddy_nexmark::event;
 
     use super::*;
-    use crate::SourceSpec;
     use crate::connectors::indexed::tests::read;
+    use eddy_plan::SourceSpec;
 
     pub(in crate::connectors) fn spec(seed: u64, events: Option<u64>) -> SourceSpec {
         SourceSpec::Nexmark(NexmarkSourceSpec {

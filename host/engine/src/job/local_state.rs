@@ -6,7 +6,7 @@ use std::fs::File;
 use std::path::PathBuf;
 
 use super::RunError;
-use crate::spec::PipelineSpec;
+use eddy_plan::PipelineSpec;
 
 /// This run's local state directory, and the lock that tells other processes it is in use.
 pub(super) struct LocalStateDir {

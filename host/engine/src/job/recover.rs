@@ -11,7 +11,7 @@ use crate::checkpoint::restore::Skipped;
 use crate::checkpoint::store::StoreFaults;
 use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint};
 use crate::files_sink::FilesSink;
-use crate::spec::{PipelineSpec, SinkSpec};
+use eddy_plan::{PipelineSpec, SinkSpec};
 
 /// The checkpoint store, the checkpoint to restore from, and the retained checkpoints.
 pub(super) struct Recovery {
@@ -33,7 +33,7 @@ pub(super) fn recover(
     store_faults: Option<StoreFaults>,
 ) -> Result<Option<Recovery>, RunError> {
     let Some(checkpoints) = &spec.checkpoints else { return Ok(None) };
-    let mut store = checkpoints.open_store()?;
+    let mut store = CheckpointStore::open(checkpoints)?;
     if let Some(faults) = store_faults {
         store = store.with_faults(faults);
     }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use super::reference::Reference;
 use super::{Emitted, Ev, Run, drive};
-use crate::window::{Window, WindowKind};
+use eddy_plan::window::{Window, WindowKind};
 
 const RECORDS: usize = 400;
 const KEYS: u64 = 4;

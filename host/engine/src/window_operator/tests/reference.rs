@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use super::{Emitted, Ev, oracle_windows, single};
-use crate::window::{Window, WindowKind};
+use eddy_plan::window::{Window, WindowKind};
 
 /// A window's contents: (count, sum of `v`, fired since its last change).
 #[derive(Debug, Clone, Copy, Default)]

@@ -97,22 +97,24 @@ impl Default for StateSpec {
 }
 
 impl StateSpec {
-    /// The limits of one subtask of `step`, and the error's advice on raising them.
-    pub fn limits_for(&self, step: &StepSpec) -> (eddy_state::StateLimits, String) {
-        let (bytes, entries) = match self.backend {
-            StateBackendKind::Heap => (1 << 30, 10_000_000),
-            StateBackendKind::Rocksdb => (64 << 30, 1_000_000_000),
+    /// Key plus value bytes one subtask of `step` may hold: the step's `state_max_bytes`, else
+    /// `max_bytes_per_subtask`, else the backend's default (1 GiB on the heap, 64 GiB in RocksDB).
+    pub fn max_bytes_for(&self, step: &StepSpec) -> u64 {
+        let default = match self.backend {
+            StateBackendKind::Heap => 1 << 30,
+            StateBackendKind::Rocksdb => 64 << 30,
         };
-        let limits = eddy_state::StateLimits {
-            max_bytes: step.state_max_bytes.or(self.max_bytes_per_subtask).unwrap_or(bytes),
-            max_entries: step.state_max_entries.or(self.max_entries_per_subtask).unwrap_or(entries),
+        step.state_max_bytes.or(self.max_bytes_per_subtask).unwrap_or(default)
+    }
+
+    /// Entries one subtask of `step` may hold: the step's `state_max_entries`, else
+    /// `max_entries_per_subtask`, else the backend's default (10 M on the heap, 1 G in RocksDB).
+    pub fn max_entries_for(&self, step: &StepSpec) -> u64 {
+        let default = match self.backend {
+            StateBackendKind::Heap => 10_000_000,
+            StateBackendKind::Rocksdb => 1_000_000_000,
         };
-        let how_to_raise = format!(
-            "if step `{}` needs that much, raise its `state_max_bytes` / `state_max_entries` (or \
-             `state.max_bytes_per_subtask` / `state.max_entries_per_subtask` for every step)",
-            step.name
-        );
-        (limits, how_to_raise)
+        step.state_max_entries.or(self.max_entries_per_subtask).unwrap_or(default)
     }
 }
 
@@ -184,16 +186,6 @@ impl CheckpointSpec {
             timeout_ms: default_checkpoint_timeout_ms(),
             min_pause_ms: 0,
             retained: default_retained(),
-        }
-    }
-
-    /// Opens the checkpoint store this spec names.
-    pub fn open_store(&self) -> Result<crate::checkpoint::CheckpointStore, crate::checkpoint::CheckpointError> {
-        use crate::checkpoint::{CheckpointError, CheckpointStore};
-        match (&self.dir, &self.s3) {
-            (Some(dir), None) => CheckpointStore::local(dir),
-            (None, Some(s3)) => CheckpointStore::s3(s3),
-            _ => Err(CheckpointError::Incompatible("`checkpoints` needs exactly one of `dir` and `s3`".into())),
         }
     }
 
@@ -1021,6 +1013,26 @@ mod tests {
             ..eddy_nexmark::NexmarkConfig::default()
         };
         assert_eq!(n.config(), expected);
+    }
+
+    #[test]
+    fn state_limits_take_the_step_then_the_section_then_the_backend_default() {
+        let yaml = OK.replace(
+            "{name: a, wasm: a.wasm}",
+            "{name: a, wasm: a.wasm}\n  - {name: b, wasm: b.wasm, state_max_bytes: 5, state_max_entries: 6}",
+        );
+        let mut spec = PipelineSpec::from_yaml(&yaml).unwrap();
+        let (a, b) = (&spec.steps[0], &spec.steps[1]);
+        assert_eq!((spec.state.max_bytes_for(a), spec.state.max_entries_for(a)), (1 << 30, 10_000_000));
+        assert_eq!((spec.state.max_bytes_for(b), spec.state.max_entries_for(b)), (5, 6));
+        spec.state.backend = StateBackendKind::Rocksdb;
+        let a = &spec.steps[0];
+        assert_eq!((spec.state.max_bytes_for(a), spec.state.max_entries_for(a)), (64 << 30, 1_000_000_000));
+        spec.state.max_bytes_per_subtask = Some(7);
+        spec.state.max_entries_per_subtask = Some(8);
+        let (a, b) = (&spec.steps[0], &spec.steps[1]);
+        assert_eq!((spec.state.max_bytes_for(a), spec.state.max_entries_for(a)), (7, 8));
+        assert_eq!((spec.state.max_bytes_for(b), spec.state.max_entries_for(b)), (5, 6));
     }
 
     #[test]

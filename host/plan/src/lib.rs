@@ -1,0 +1,46 @@
+//! # eddy-plan: pipeline specs and their physical plans
+//!
+//! A pipeline spec (YAML) names sources, steps (keyed Wasm operators, or windows over a Wasm
+//! aggregate) and a sink. [`PipelineSpec::from_yaml`] parses and validates it, naming the field
+//! at fault; [`PhysicalPlan`] chains steps joined by forward edges into tasks and puts
+//! exchanges at `key_by` and parallelism changes. [`window`] holds the window assigners a
+//! window step names.
+//!
+//! Pure: no Wasm runtime, no state backend, no network; the only I/O is
+//! [`PipelineSpec::from_file`] reading the spec. So a server can parse, validate and plan a
+//! submitted pipeline without linking the engine that runs it (`eddy-engine`).
+//!
+//! ```
+//! use eddy_plan::{PhysicalPlan, PipelineSpec};
+//!
+//! let spec = PipelineSpec::from_yaml(r#"
+//! name: demo
+//! sources: [{ type: file, name: lines, path: input.txt }]
+//! steps:
+//!   - { name: split, wasm: split.wasm }
+//!   - { name: count, wasm: count.wasm, key_by: key, parallelism: 2 }
+//! sink: { type: print }
+//! "#)?;
+//! let plan = PhysicalPlan::new(&spec);
+//! assert_eq!(plan.task_label(0), "source:lines -> split");   // chained: forward edge
+//! assert_eq!(plan.edges[0].partitioning.to_string(), "hash(key)");
+//! assert!(plan.to_string().contains("subtask 1: key groups 64..=127"));
+//!
+//! let err = PipelineSpec::from_yaml("name: demo\nsteps: []\nsources: [{type: file, name: a, path: x}]\nsink: {type: print}").unwrap_err();
+//! assert!(err.to_string().contains("steps"));
+//! # Ok::<(), eddy_plan::SpecError>(())
+//! ```
+//!
+//! Running it needs the components and the engine:
+//! `eddy_engine::Job::start(&spec, &runtime, JobOptions::default())?.wait()?` (see `eddy run`
+//! in `host/cli`).
+
+mod plan;
+mod spec;
+pub mod window;
+
+pub use plan::{EdgePlan, Node, Partitioning, PhysicalPlan, TaskPlan};
+pub use spec::{
+    CheckpointSpec, GeneratorSpec, KeyBy, NexmarkSourceSpec, PipelineSpec, RestartSpec, S3Spec, SinkSpec, SourceFormat,
+    SourceSpec, SpecError, StateBackendKind, StateSpec, StepSpec, WatermarkSpec, WindowSpec, WindowType,
+};
