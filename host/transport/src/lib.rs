@@ -30,6 +30,7 @@ pub mod channel;
 pub mod credit;
 mod faults;
 mod frame;
+pub mod quic;
 
 pub use faults::{FaultPlan, Faults, Verdict};
 pub use frame::{Decoder, Frame, FrameError, MAX_FRAME_BYTES};

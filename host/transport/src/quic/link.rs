@@ -1,0 +1,100 @@
+//! The header that opens every data stream: which input channel of which subtask the stream
+//! feeds. A receiver looks the link up among the channels it registered and refuses a stream
+//! for anything else (a stale attempt of a restarted job, a hostile peer).
+
+/// One logical channel between two subtasks of a job attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LinkId {
+    /// The job.
+    pub job: String,
+    /// The job's attempt (restart count): a stream of an earlier attempt is refused.
+    pub attempt: u64,
+    /// The receiving task.
+    pub task: u32,
+    /// The receiving subtask.
+    pub subtask: u32,
+    /// The input channel of that subtask's gate.
+    pub channel: u32,
+}
+
+const MAGIC: &[u8; 4] = b"EDL1";
+/// Job ids are short identifiers; a longer one in a header is refused.
+pub const MAX_JOB_ID_BYTES: usize = 256;
+const FIXED: usize = 4 + 2 + 8 + 4 * 3;
+
+impl LinkId {
+    /// The header's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let job = &self.job.as_bytes()[..self.job.len().min(MAX_JOB_ID_BYTES)];
+        let mut out = Vec::with_capacity(FIXED + job.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(job.len() as u16).to_le_bytes());
+        out.extend_from_slice(job);
+        out.extend_from_slice(&self.attempt.to_le_bytes());
+        for v in [self.task, self.subtask, self.channel] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// Reads a header from the start of `buf`: the link and the bytes it took, `Ok(None)` if
+    /// more bytes are needed, or why this is no header.
+    pub fn decode(buf: &[u8]) -> Result<Option<(LinkId, usize)>, String> {
+        if buf.len() < 6 {
+            return Ok(None);
+        }
+        if &buf[..4] != MAGIC {
+            return Err("the stream does not start with a link header".into());
+        }
+        let job_len = usize::from(u16::from_le_bytes([buf[4], buf[5]]));
+        if job_len > MAX_JOB_ID_BYTES {
+            return Err(format!("a job id of {job_len} bytes (at most {MAX_JOB_ID_BYTES})"));
+        }
+        let total = FIXED + job_len;
+        let Some(rest) = buf.get(6..total) else { return Ok(None) };
+        let (job, rest) = rest.split_at(job_len);
+        let job = std::str::from_utf8(job).map_err(|_| "the job id is not UTF-8".to_owned())?.to_owned();
+        let u32_at = |i: usize| u32::from_le_bytes([rest[8 + i], rest[9 + i], rest[10 + i], rest[11 + i]]);
+        let mut attempt = [0; 8];
+        attempt.copy_from_slice(&rest[..8]);
+        let link = LinkId {
+            job,
+            attempt: u64::from_le_bytes(attempt),
+            task: u32_at(0),
+            subtask: u32_at(4),
+            channel: u32_at(8),
+        };
+        Ok(Some((link, total)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn headers_round_trip_and_prefixes_wait(job in "[a-z0-9-]{0,40}", attempt: u64, task: u32, subtask: u32, channel: u32) {
+            let link = LinkId { job, attempt, task, subtask, channel };
+            let wire = link.encode();
+            prop_assert_eq!(LinkId::decode(&wire), Ok(Some((link, wire.len()))));
+            for cut in 0..wire.len() {
+                prop_assert_eq!(LinkId::decode(&wire[..cut]), Ok(None));
+            }
+        }
+
+        #[test]
+        fn hostile_headers_are_errors_not_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = LinkId::decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn a_wrong_magic_or_a_huge_job_id_is_refused() {
+        assert!(LinkId::decode(b"GET / HTTP/1.1").expect_err("not a header").contains("link header"));
+        let mut wire = MAGIC.to_vec();
+        wire.extend_from_slice(&u16::MAX.to_le_bytes());
+        assert!(LinkId::decode(&wire).expect_err("too long").contains("65535 bytes"));
+    }
+}

@@ -1,0 +1,11 @@
+//! The data plane between processes: QUIC (quinn) with mutual TLS, one connection per pair of
+//! nodes, one stream per channel, the credit protocol of [`crate::credit`] in frames of
+//! [`crate::Frame`].
+
+mod link;
+mod node;
+mod tls;
+
+pub use link::LinkId;
+pub use node::{DroppedPeer, NodeError, QuicNode, RemoteSender, Tuning};
+pub use tls::{ALPN, ClusterCa, NodeIdentity, TlsError, check_name};

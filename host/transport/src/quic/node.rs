@@ -1,0 +1,626 @@
+//! One node's QUIC endpoint: it dials and accepts mutually authenticated connections (one per
+//! pair of nodes, reused in both directions), opens one stream per channel it sends on, and
+//! feeds the streams it accepts into the local gates of the channels registered with it.
+//!
+//! The data path keeps the credit protocol of [`crate::credit`] end to end: a receiving
+//! node grants one credit per buffer it can take ([`CreditReceiver`]), the sending node ships
+//! only against credit from a bounded queue ([`CreditSender`]) and announces its backlog, so a
+//! receiver with free buffers grants them at once. QUIC's own stream windows sit above what
+//! credit allows, so they never throttle a channel: credit is the one flow control.
+//!
+//! Task threads stay blocking, as the engine's tasks are: [`RemoteSender::send`] waits on a
+//! condition variable while an async writer on the node's runtime drains the queue; an inbound
+//! stream is pumped by a thread of its own into a local channel, whose credit it follows.
+//!
+//! A peer that breaks the protocol (bad frame, credit violation, a stream for no registered
+//! channel) is dropped: its connection closes with the reason, the reason is logged and kept
+//! ([`QuicNode::dropped_peers`]), and the node goes on serving everyone else.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+
+use super::link::LinkId;
+use super::tls::{NodeIdentity, TlsError};
+use crate::channel::{ChannelSender, Disconnected, Message};
+use crate::credit::{CreditReceiver, CreditSender};
+use crate::frame::{Decoder, Frame};
+
+/// QUIC settings for a data centre link: windows far above what credit lets a channel have in
+/// flight, segmentation offload on, MTU discovery up to jumbo frames.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// Bytes one stream may have unacknowledged (QUIC's per-stream window).
+    pub stream_window: u32,
+    /// Bytes all streams of a connection may have unacknowledged.
+    pub connection_window: u32,
+    /// A peer silent this long is gone (keep-alives flow at a third of it).
+    pub idle_timeout: Duration,
+    /// The largest UDP payload MTU discovery tries (1452 is safe on any Ethernet path).
+    pub max_udp_payload: u16,
+    /// Let the kernel segment large sends (GSO) where it can.
+    pub segmentation_offload: bool,
+    /// Buffers a receiver holds per channel: the credit it grants at first.
+    pub channel_capacity: u32,
+    /// Buffers a sender queues beyond its credit before the task waits.
+    pub max_queued: usize,
+    /// How long an accepted stream waits for its channel to be registered.
+    pub registration_timeout: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            stream_window: 8 << 20,
+            connection_window: 64 << 20,
+            idle_timeout: Duration::from_secs(10),
+            max_udp_payload: 8952,
+            segmentation_offload: true,
+            channel_capacity: 4,
+            max_queued: 2,
+            registration_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Tuning {
+    fn transport(&self) -> quinn::TransportConfig {
+        let mut t = quinn::TransportConfig::default();
+        t.stream_receive_window(VarInt::from_u32(self.stream_window))
+            .receive_window(VarInt::from_u32(self.connection_window))
+            .send_window(u64::from(self.connection_window))
+            .max_concurrent_bidi_streams(VarInt::from_u32(4096))
+            .keep_alive_interval(Some(self.idle_timeout / 3))
+            .enable_segmentation_offload(self.segmentation_offload);
+        if let Ok(idle) = quinn::IdleTimeout::try_from(self.idle_timeout) {
+            t.max_idle_timeout(Some(idle));
+        }
+        let mut mtu = quinn::MtuDiscoveryConfig::default();
+        mtu.upper_bound(self.max_udp_payload.max(1200));
+        t.mtu_discovery_config(Some(mtu));
+        t
+    }
+}
+
+/// Why the endpoint could not start or a peer could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// Certificates or keys.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The UDP socket.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Dialing a peer failed (unreachable, refused our certificate, not the node we meant).
+    #[error("connecting to {peer} at {addr}: {reason}")]
+    Connect {
+        /// The peer's name.
+        peer: String,
+        /// Its address.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A peer this node dropped, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedPeer {
+    /// The peer's name from its certificate (or its address if it never got that far).
+    pub peer: String,
+    /// What it did.
+    pub reason: String,
+}
+
+/// Application error codes on the wire.
+const CODE_PROTOCOL: u32 = 1;
+const CODE_STOPPED: u32 = 2;
+
+type LinkFailed = Box<dyn Fn(&LinkId, &str) + Send + Sync>;
+
+struct Shared {
+    name: String,
+    endpoint: Endpoint,
+    handle: Handle,
+    tuning: Tuning,
+    peers: Mutex<HashMap<String, Connection>>,
+    inbox: Mutex<HashMap<LinkId, Box<dyn ChannelSender>>>,
+    registered: Condvar,
+    dropped: Mutex<Vec<DroppedPeer>>,
+    on_link_failed: Mutex<Option<LinkFailed>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn drop_peer(&self, conn: &Connection, peer: &str, reason: &str) {
+        tracing::warn!(node = %self.name, peer, reason, "dropping peer");
+        conn.close(VarInt::from_u32(CODE_PROTOCOL), reason.as_bytes());
+        lock(&self.peers).retain(|_, c| c.stable_id() != conn.stable_id());
+        lock(&self.dropped).push(DroppedPeer { peer: peer.to_owned(), reason: reason.to_owned() });
+    }
+
+    fn link_failed(&self, link: &LinkId, reason: &str) {
+        tracing::warn!(node = %self.name, job = %link.job, task = link.task, subtask = link.subtask, channel = link.channel, reason, "input link failed");
+        if let Some(hook) = lock(&self.on_link_failed).as_ref() {
+            hook(link, reason);
+        }
+    }
+}
+
+/// One node's QUIC endpoint. Cheap to clone.
+#[derive(Clone)]
+pub struct QuicNode {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for QuicNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuicNode").field("name", &self.shared.name).finish_non_exhaustive()
+    }
+}
+
+impl QuicNode {
+    /// Binds `addr` (UDP) on `handle`'s runtime and starts accepting peers.
+    pub fn bind(identity: &NodeIdentity, addr: SocketAddr, tuning: Tuning, handle: Handle) -> Result<Self, NodeError> {
+        let transport = Arc::new(tuning.transport());
+        let server_crypto = QuicServerConfig::try_from(identity.server_config()?)
+            .map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
+        server.transport_config(transport.clone());
+        let client_crypto = QuicClientConfig::try_from(identity.client_config()?)
+            .map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
+        let mut client = quinn::ClientConfig::new(Arc::new(client_crypto));
+        client.transport_config(transport);
+        let mut endpoint = {
+            let _guard = handle.enter();
+            Endpoint::server(server, addr).map_err(|source| NodeError::Bind { addr, source })?
+        };
+        endpoint.set_default_client_config(client);
+        let shared = Arc::new(Shared {
+            name: identity.name.clone(),
+            endpoint,
+            handle: handle.clone(),
+            tuning,
+            peers: Mutex::default(),
+            inbox: Mutex::default(),
+            registered: Condvar::new(),
+            dropped: Mutex::default(),
+            on_link_failed: Mutex::default(),
+        });
+        handle.spawn(accept_loop(shared.clone()));
+        Ok(Self { shared })
+    }
+
+    /// The node's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The bound UDP address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.shared.endpoint.local_addr()
+    }
+
+    /// Peers dropped for breaking the protocol, oldest first.
+    pub fn dropped_peers(&self) -> Vec<DroppedPeer> {
+        lock(&self.shared.dropped).clone()
+    }
+
+    /// Called when an input link ends without end-of-stream (peer lost or dropped), so the
+    /// worker can fail the subtask instead of waiting for it.
+    pub fn on_link_failed(&self, hook: impl Fn(&LinkId, &str) + Send + Sync + 'static) {
+        *lock(&self.shared.on_link_failed) = Some(Box::new(hook));
+    }
+
+    /// Registers the receiving end of `link`: the stream a peer opens for it is pumped into
+    /// `into` (typically a local channel of the subtask's gate).
+    pub fn register(&self, link: LinkId, into: Box<dyn ChannelSender>) {
+        lock(&self.shared.inbox).insert(link, into);
+        self.shared.registered.notify_all();
+    }
+
+    /// Forgets the registrations of a job's attempt (after it ended or failed).
+    pub fn unregister_job(&self, job: &str, attempt: u64) {
+        lock(&self.shared.inbox).retain(|l, _| !(l.job == job && l.attempt == attempt));
+    }
+
+    /// The connection to `peer`, dialing `addr` if there is none. Blocking.
+    pub fn connect(&self, peer: &str, addr: SocketAddr) -> Result<Connection, NodeError> {
+        if let Some(conn) = lock(&self.shared.peers).get(peer).filter(|c| c.close_reason().is_none()) {
+            return Ok(conn.clone());
+        }
+        let err = |reason: String| NodeError::Connect { peer: peer.to_owned(), addr, reason };
+        let connecting = {
+            // quinn spawns the connection's driver as it dials.
+            let _guard = self.shared.handle.enter();
+            self.shared.endpoint.connect(addr, peer).map_err(|e| err(e.to_string()))?
+        };
+        let conn = self.shared.handle.block_on(connecting).map_err(|e| err(e.to_string()))?;
+        lock(&self.shared.peers).insert(peer.to_owned(), conn.clone());
+        // A peer may open streams on a connection we dialed, too.
+        self.shared.handle.spawn(serve_connection(self.shared.clone(), conn.clone(), peer.to_owned()));
+        Ok(conn)
+    }
+
+    /// Opens the sending end of `link` towards `peer`. Blocking.
+    pub fn open_sender(&self, peer: &str, addr: SocketAddr, link: &LinkId) -> Result<RemoteSender, NodeError> {
+        let conn = self.connect(peer, addr)?;
+        let err = |reason: String| NodeError::Connect { peer: peer.to_owned(), addr, reason };
+        let (mut send, recv) = self.shared.handle.block_on(conn.open_bi()).map_err(|e| err(e.to_string()))?;
+        self.shared.handle.block_on(send.write_all(&link.encode())).map_err(|e| err(e.to_string()))?;
+        Ok(RemoteSender::start(&self.shared, conn, peer.to_owned(), send, recv))
+    }
+
+    /// Closes every connection and the endpoint.
+    pub fn close(&self) {
+        self.shared.endpoint.close(VarInt::from_u32(CODE_STOPPED), b"node stopping");
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>) {
+    while let Some(incoming) = shared.endpoint.accept().await {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // A certificate the CA did not sign ends here, inside the handshake.
+                    tracing::warn!(node = %shared.name, %remote, reason = %e, "refused a connection");
+                    lock(&shared.dropped).push(DroppedPeer { peer: remote.to_string(), reason: e.to_string() });
+                    return;
+                }
+            };
+            let Some(peer) = peer_name(&conn) else {
+                shared.drop_peer(&conn, &remote.to_string(), "the client certificate names no node");
+                return;
+            };
+            lock(&shared.peers).entry(peer.clone()).or_insert_with(|| conn.clone());
+            serve_connection(shared, conn, peer).await;
+        });
+    }
+}
+
+/// The node name in a peer's (already verified) certificate.
+fn peer_name(conn: &Connection) -> Option<String> {
+    let certs = conn.peer_identity()?.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>().ok()?;
+    super::tls::node_name(certs.first()?)
+}
+
+async fn serve_connection(shared: Arc<Shared>, conn: Connection, peer: String) {
+    while let Ok((send, recv)) = conn.accept_bi().await {
+        let inbound =
+            Inbound { shared: shared.clone(), conn: conn.clone(), peer: peer.clone(), send, recv, buf: Vec::new() };
+        tokio::spawn(inbound.run());
+    }
+}
+
+/// Why an inbound link ended early.
+enum LinkEnd {
+    /// The peer broke the protocol: drop it.
+    Protocol(String),
+    /// The stream or connection went away.
+    Lost(String),
+    /// The local gate closed (job stopping): not the peer's fault.
+    Stopped,
+}
+
+/// One accepted stream. An async reader decodes frames and checks them against the credit it
+/// granted; a thread hands them to the registered local channel, blocking on that channel's
+/// credit, and reports each hand-over so the reader grants the buffer again. The reader keeps
+/// reading while the thread is blocked, so a peer that sends beyond its credit is caught.
+struct Inbound {
+    shared: Arc<Shared>,
+    conn: Connection,
+    peer: String,
+    send: SendStream,
+    recv: RecvStream,
+    buf: Vec<u8>,
+}
+
+impl Inbound {
+    async fn run(mut self) {
+        let link = match self.header().await {
+            Ok(link) => link,
+            Err(LinkEnd::Protocol(reason)) => return self.shared.drop_peer(&self.conn, &self.peer, &reason),
+            Err(_) => return,
+        };
+        let (shared, wanted) = (self.shared.clone(), link.clone());
+        let into = tokio::task::spawn_blocking(move || take_registration(&shared, &wanted)).await.ok().flatten();
+        let Some(into) = into else {
+            let reason = format!("a stream for {link:?}, which is not registered here");
+            return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+        };
+        match self.pump(into).await {
+            Ok(()) => {}
+            Err(LinkEnd::Protocol(reason)) => {
+                self.shared.drop_peer(&self.conn, &self.peer, &reason);
+                self.shared.link_failed(&link, &reason);
+            }
+            Err(LinkEnd::Lost(reason)) => self.shared.link_failed(&link, &reason),
+            Err(LinkEnd::Stopped) => {
+                let _ = self.recv.stop(VarInt::from_u32(CODE_STOPPED));
+            }
+        }
+    }
+
+    async fn read_more(&mut self) -> Result<bool, LinkEnd> {
+        match self.recv.read_chunk(1 << 20, true).await {
+            Ok(Some(chunk)) => {
+                self.buf.extend_from_slice(&chunk.bytes);
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(LinkEnd::Lost(e.to_string())),
+        }
+    }
+
+    async fn header(&mut self) -> Result<LinkId, LinkEnd> {
+        loop {
+            if let Some((link, used)) = LinkId::decode(&self.buf).map_err(LinkEnd::Protocol)? {
+                self.buf.drain(..used);
+                return Ok(link);
+            }
+            if !self.read_more().await? {
+                return Err(LinkEnd::Lost("the stream ended inside its header".into()));
+            }
+        }
+    }
+
+    async fn credit(&mut self, n: u32) -> Result<(), LinkEnd> {
+        let mut wire = Vec::with_capacity(9);
+        Frame::Credit(n).encode(&mut wire);
+        self.send.write_all(&wire).await.map_err(|e| LinkEnd::Lost(e.to_string()))
+    }
+
+    /// Decodes every whole frame read so far into `queue`; true once end-of-stream came.
+    fn decode(
+        &mut self,
+        receiver: &mut CreditReceiver,
+        queue: &tokio::sync::mpsc::Sender<Message>,
+        backlog: &mut u32,
+    ) -> Result<bool, LinkEnd> {
+        let decoder = Decoder::default();
+        let mut at = 0;
+        let mut ended = false;
+        while !ended {
+            let Some((frame, used)) = decoder.decode(&self.buf[at..]).map_err(|e| LinkEnd::Protocol(e.to_string()))?
+            else {
+                break;
+            };
+            at += used;
+            let Frame::Message { message, backlog: behind } = frame else {
+                return Err(LinkEnd::Protocol("a credit frame on a sender's stream".into()));
+            };
+            receiver.on_buffer().map_err(|e| LinkEnd::Protocol(e.to_string()))?;
+            *backlog = behind;
+            ended = message == Message::EndOfStream;
+            // Never full: the queue holds `capacity` and credit allows no more in use.
+            queue.try_send(message).map_err(|_| LinkEnd::Stopped)?;
+        }
+        self.buf.drain(..at);
+        Ok(ended)
+    }
+
+    async fn pump(&mut self, into: Box<dyn ChannelSender>) -> Result<(), LinkEnd> {
+        let capacity = self.shared.tuning.channel_capacity;
+        let mut receiver = CreditReceiver::new(capacity, 1);
+        let (queue, queued) = tokio::sync::mpsc::channel(capacity as usize);
+        let (handed_tx, mut handed) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name(format!("eddy-link-{}", self.peer))
+            .spawn(move || hand_over(into, queued, handed_tx))
+            .map_err(|e| LinkEnd::Lost(format!("cannot start the link's thread: {e}")))?;
+        self.credit(receiver.initial_credit()).await?;
+        let (mut backlog, mut ended) = (0, self.decode(&mut receiver, &queue, &mut 0)?);
+        loop {
+            tokio::select! {
+                chunk = self.recv.read_chunk(1 << 20, true), if !ended => match chunk {
+                    Ok(Some(chunk)) => {
+                        self.buf.extend_from_slice(&chunk.bytes);
+                        ended = self.decode(&mut receiver, &queue, &mut backlog)?;
+                    }
+                    Ok(None) => return Err(LinkEnd::Lost("the stream ended without end-of-stream".into())),
+                    Err(e) => return Err(LinkEnd::Lost(e.to_string())),
+                },
+                done = handed.recv() => match done {
+                    Some(true) => {
+                        let freed = receiver.on_consumed();
+                        if let Some(n) = freed.or_else(|| receiver.poll_announce(backlog > 0))
+                            && !ended
+                        {
+                            self.credit(n).await?;
+                        }
+                    }
+                    Some(false) => return Err(LinkEnd::Stopped),
+                    // The thread handed over end-of-stream and ended.
+                    None => {
+                        let _ = self.send.finish();
+                        return Ok(());
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn take_registration(shared: &Shared, link: &LinkId) -> Option<Box<dyn ChannelSender>> {
+    let deadline = Instant::now() + shared.tuning.registration_timeout;
+    let mut inbox = lock(&shared.inbox);
+    loop {
+        if let Some(into) = inbox.remove(link) {
+            return Some(into);
+        }
+        let left = deadline.checked_duration_since(Instant::now())?;
+        inbox = shared.registered.wait_timeout(inbox, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
+}
+
+/// The link's thread: hands each message to the local channel (blocking on its credit) and
+/// reports `true` per message handed over, `false` if the local gate closed.
+fn hand_over(
+    mut into: Box<dyn ChannelSender>,
+    mut queued: tokio::sync::mpsc::Receiver<Message>,
+    handed: tokio::sync::mpsc::UnboundedSender<bool>,
+) {
+    while let Some(message) = queued.blocking_recv() {
+        let end = message == Message::EndOfStream;
+        let ok = into.send(message).is_ok();
+        if handed.send(ok).is_err() || !ok || end {
+            return;
+        }
+    }
+}
+
+struct SenderState {
+    credit: CreditSender<Message>,
+    /// Why the link cannot carry more (peer gone, stream reset).
+    closed: Option<String>,
+}
+
+struct SenderShared {
+    state: Mutex<SenderState>,
+    /// The queue has room (or the link closed).
+    room: Condvar,
+    /// Something to write (a message, or credit for a queued one).
+    work: Notify,
+}
+
+/// The sending end of a channel to a subtask on another node.
+pub struct RemoteSender {
+    shared: Arc<SenderShared>,
+    peer: String,
+}
+
+impl std::fmt::Debug for RemoteSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteSender").field("peer", &self.peer).finish_non_exhaustive()
+    }
+}
+
+impl RemoteSender {
+    fn start(node: &Arc<Shared>, conn: Connection, peer: String, send: SendStream, recv: RecvStream) -> Self {
+        let shared = Arc::new(SenderShared {
+            state: Mutex::new(SenderState { credit: CreditSender::new(node.tuning.max_queued), closed: None }),
+            room: Condvar::new(),
+            work: Notify::new(),
+        });
+        node.handle.spawn(write_loop(shared.clone(), send));
+        node.handle.spawn(credit_loop(shared.clone(), node.clone(), conn, peer.clone(), recv));
+        Self { shared, peer }
+    }
+
+    /// Buffers queued for lack of credit.
+    pub fn backlog(&self) -> usize {
+        lock(&self.shared.state).credit.backlog()
+    }
+}
+
+impl ChannelSender for RemoteSender {
+    fn send(&mut self, message: Message) -> Result<(), Disconnected> {
+        let mut state = lock(&self.shared.state);
+        let mut message = message;
+        loop {
+            if let Some(reason) = &state.closed {
+                tracing::debug!(peer = %self.peer, reason, "send on a closed link");
+                return Err(Disconnected);
+            }
+            match state.credit.enqueue(message) {
+                Ok(()) => break,
+                Err(back) => {
+                    message = back;
+                    state = self.shared.room.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+        drop(state);
+        self.shared.work.notify_one();
+        Ok(())
+    }
+}
+
+impl SenderShared {
+    fn close(&self, reason: String) {
+        lock(&self.state).closed.get_or_insert(reason);
+        self.room.notify_all();
+    }
+}
+
+async fn write_loop(shared: Arc<SenderShared>, mut send: SendStream) {
+    let mut wire = Vec::new();
+    loop {
+        shared.work.notified().await;
+        loop {
+            let next = {
+                let mut state = lock(&shared.state);
+                state.credit.poll_send().map(|m| (m, state.credit.backlog() as u32))
+            };
+            let Some((message, backlog)) = next else { break };
+            shared.room.notify_all();
+            let end = message == Message::EndOfStream;
+            wire.clear();
+            Frame::Message { message, backlog }.encode(&mut wire);
+            if let Err(e) = send.write_chunk(Bytes::copy_from_slice(&wire)).await {
+                return shared.close(e.to_string());
+            }
+            if end {
+                let _ = send.finish();
+                return shared.close("end of stream sent".into());
+            }
+        }
+    }
+}
+
+async fn credit_loop(
+    shared: Arc<SenderShared>,
+    node: Arc<Shared>,
+    conn: Connection,
+    peer: String,
+    mut recv: RecvStream,
+) {
+    let decoder = Decoder::default();
+    let mut buf = Vec::new();
+    loop {
+        match recv.read_chunk(64 << 10, true).await {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
+            Ok(None) => return shared.close("the receiver finished the link".into()),
+            Err(e) => return shared.close(e.to_string()),
+        }
+        let mut at = 0;
+        loop {
+            match decoder.decode(&buf[at..]) {
+                Ok(Some((Frame::Credit(n), used))) => {
+                    at += used;
+                    lock(&shared.state).credit.on_credit(n);
+                    shared.work.notify_one();
+                }
+                Ok(Some((Frame::Message { .. }, _))) => {
+                    let reason = "a message frame on a receiver's credit stream".to_owned();
+                    node.drop_peer(&conn, &peer, &reason);
+                    return shared.close(reason);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    node.drop_peer(&conn, &peer, &e.to_string());
+                    return shared.close(e.to_string());
+                }
+            }
+        }
+        buf.drain(..at);
+    }
+}
