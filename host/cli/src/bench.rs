@@ -169,12 +169,12 @@ fn bench_spec(args: &BenchArgs) -> Result<PipelineSpec> {
         step.parallelism = None;
     }
     spec.checkpoints = args.checkpoint_ms.map(|interval_ms| CheckpointSpec {
-        dir: Some(std::env::temp_dir().join(format!("eddy-bench-checkpoints-{}", std::process::id()))),
-        s3: None,
-        interval_ms,
         timeout_ms: 60_000,
-        min_pause_ms: 0,
         retained: 1,
+        ..CheckpointSpec::in_dir(
+            std::env::temp_dir().join(format!("eddy-bench-checkpoints-{}", std::process::id())),
+            interval_ms,
+        )
     });
     spec.state.dir = Some(std::env::temp_dir().join(format!("eddy-bench-state-{}", std::process::id())));
     spec.state.backend = args.state_backend;

@@ -8,6 +8,7 @@ use std::time::Duration;
 mod bench;
 mod bench_checkpoint;
 mod client;
+mod cluster;
 mod serve;
 
 use anyhow::Result;
@@ -110,6 +111,64 @@ enum Command {
         #[arg(long, default_value_t = 64 << 20)]
         max_artifact_bytes: u64,
     },
+    /// The cluster's certificates: a CA, and a certificate per node.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+    },
+    /// Run the coordinator: the REST API (TCP) and the workers' control plane (QUIC, UDP) on
+    /// the same host and port.
+    Coordinator {
+        /// Address to listen on (TCP for REST, UDP for workers).
+        #[arg(long, env = "EDDY_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// Where the coordinator keeps everything.
+        #[arg(long, env = "EDDY_DATA_DIR", default_value = ".eddy/coordinator")]
+        data_dir: PathBuf,
+        /// This node's certificate directory (`ca.pem`, `cert.pem`, `key.pem`, from `eddy
+        /// cluster cert`). Without it the coordinator runs its own CA in the data directory and
+        /// enrolls workers on this machine only.
+        #[arg(long, env = "EDDY_TLS_DIR")]
+        tls: Option<PathBuf>,
+        /// A worker silent this long is declared dead.
+        #[arg(long, env = "EDDY_HEARTBEAT_TIMEOUT_MS", default_value_t = 5_000)]
+        heartbeat_timeout_ms: u64,
+        /// Where checkpoints of jobs on workers go: a directory every worker shares, or
+        /// `s3://bucket/prefix` (endpoint and keys from the AWS_* environment).
+        #[arg(long, env = "EDDY_CHECKPOINT_STORE")]
+        checkpoint_store: Option<String>,
+        /// Slots of an embedded worker in the coordinator's own process.
+        #[arg(long, env = "EDDY_SLOTS", default_value_t = 0)]
+        slots: u32,
+        /// Largest artifact accepted, in bytes.
+        #[arg(long, default_value_t = 64 << 20)]
+        max_artifact_bytes: u64,
+    },
+    /// Run a worker: register with the coordinator and offer slots.
+    Worker {
+        /// The coordinator's HOST:PORT.
+        #[arg(long, env = "EDDY_COORDINATOR")]
+        coordinator: String,
+        /// This worker's name (the DNS name in its certificate).
+        #[arg(long, env = "EDDY_WORKER_NAME")]
+        name: String,
+        /// Slots offered (a slot runs one subtask of each task of a job).
+        #[arg(long, env = "EDDY_SLOTS", default_value_t = 2)]
+        slots: u32,
+        /// Where the worker keeps its state.
+        #[arg(long, env = "EDDY_DATA_DIR")]
+        data_dir: PathBuf,
+        /// This node's certificate directory. Without it the worker enrolls with a
+        /// coordinator on this machine.
+        #[arg(long, env = "EDDY_TLS_DIR")]
+        tls: Option<PathBuf>,
+        /// The data plane's UDP address.
+        #[arg(long, env = "EDDY_DATA_LISTEN", default_value = "0.0.0.0:0")]
+        data_listen: String,
+        /// The host other workers dial (default: the address the coordinator sees).
+        #[arg(long, env = "EDDY_ADVERTISE")]
+        advertise: Option<String>,
+    },
     /// Save `--server` and `--token` for the client commands (checks them first).
     Login,
     /// Upload an operator component to the server.
@@ -164,6 +223,31 @@ enum Command {
         /// Where compiled operators are cached.
         #[arg(long, default_value = ".eddy/artifacts")]
         cache_dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterAction {
+    /// Write a new cluster CA (`ca.pem`, `ca.key`) into a directory.
+    Init {
+        /// The directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Issue a node's certificate from the CA.
+    Cert {
+        /// The CA's directory.
+        #[arg(long)]
+        ca: PathBuf,
+        /// The node's name (a worker's `--name`; for the coordinator, the host workers dial).
+        #[arg(long)]
+        name: String,
+        /// More DNS names the node answers to.
+        #[arg(long)]
+        alias: Vec<String>,
+        /// Where to write `ca.pem`, `cert.pem` and `key.pem`.
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -558,6 +642,30 @@ fn main() {
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
         Command::Serve { listen, data_dir, slots, max_artifact_bytes } => {
             serve::serve(&listen, data_dir, slots, max_artifact_bytes)
+        }
+        Command::Cluster { action: ClusterAction::Init { out } } => cluster::init(&out),
+        Command::Cluster { action: ClusterAction::Cert { ca, name, alias, out } } => {
+            cluster::cert(&ca, &name, &alias, &out)
+        }
+        Command::Coordinator {
+            listen,
+            data_dir,
+            tls,
+            heartbeat_timeout_ms,
+            checkpoint_store,
+            slots,
+            max_artifact_bytes,
+        } => cluster::coordinator(cluster::CoordinatorArgs {
+            listen,
+            data_dir,
+            tls,
+            heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
+            checkpoint_store,
+            slots,
+            max_artifact_bytes,
+        }),
+        Command::Worker { coordinator, name, slots, data_dir, tls, data_listen, advertise } => {
+            cluster::worker(cluster::WorkerArgs { coordinator, name, slots, data_dir, tls, data_listen, advertise })
         }
         Command::Login => client::login(cli.server.clone(), cli.token.clone()),
         Command::Upload { wasm, name, version } => login().and_then(|l| client::upload_cmd(l, &wasm, name, version)),

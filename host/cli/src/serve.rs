@@ -13,30 +13,34 @@ pub fn serve(listen: &str, data_dir: PathBuf, slots: u32, max_artifact_bytes: u6
         .thread_name("eddy-http")
         .build()
         .context("starting the async runtime")?;
-    let mut config = ServiceConfig::new(data_dir.clone());
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(listen))
+        .with_context(|| format!("cannot listen on {listen}: is another server using it?"))?;
+    let mut config = ServiceConfig::new(data_dir);
     config.slots = slots;
     config.max_artifact_bytes = max_artifact_bytes;
+    run(&runtime, listener, config)
+}
+
+/// Opens the service in `config.data_dir` and serves on `listener` until SIGINT or SIGTERM.
+pub fn run(runtime: &tokio::runtime::Runtime, listener: tokio::net::TcpListener, config: ServiceConfig) -> Result<()> {
+    let (data_dir, slots) = (config.data_dir.clone(), config.slots);
     let (service, admin_token) = Service::open(config).with_context(|| format!("opening {}", data_dir.display()))?;
     if let Some(token) = admin_token {
         eprintln!("created the admin token (shown once; also in {}):", data_dir.join("admin.token").display());
         eprintln!("  {token}");
     }
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("cannot listen on {listen}: is another server using it?"))?;
-        let addr = listener.local_addr()?;
-        eprintln!(
-            "eddy serving on http://{addr} (data in {}, {slots} slots); API at /v1, OpenAPI at /v1/openapi.json",
-            data_dir.display()
-        );
-        service.serve(listener, stop_signal()).await.context("serving")?;
-        eprintln!("stopped; running jobs resume at the next start");
-        Ok(())
-    })
+    let addr = listener.local_addr()?;
+    eprintln!(
+        "eddy serving on http://{addr} (data in {}, {slots} slots); API at /v1, OpenAPI at /v1/openapi.json",
+        data_dir.display()
+    );
+    runtime.block_on(service.serve(listener, stop_signal())).context("serving")?;
+    eprintln!("stopped; running jobs resume at the next start");
+    Ok(())
 }
 
-async fn stop_signal() {
+pub async fn stop_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {

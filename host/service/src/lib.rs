@@ -63,6 +63,7 @@ pub mod supervisor;
 pub mod tenants;
 pub mod ui;
 pub mod upload;
+pub mod workers;
 
 use model::Principal;
 use store::Store;
@@ -81,6 +82,17 @@ pub struct ServiceConfig {
     pub max_file_bytes: u64,
     /// Quotas of tenants the admin set none for.
     pub default_quotas: quotas::Quotas,
+    /// The cluster this service coordinates (`eddy coordinator`); none for `eddy serve`.
+    pub cluster: Option<ClusterRole>,
+}
+
+/// What a coordinating service holds of its cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterRole {
+    /// Workers registering and beating.
+    pub control: eddy_cluster::ControlPlane,
+    /// The CA that enrolls workers on this machine, when the coordinator runs its own.
+    pub enrollment: Option<Arc<eddy_transport::quic::ClusterCa>>,
 }
 
 impl ServiceConfig {
@@ -92,6 +104,7 @@ impl ServiceConfig {
             max_artifact_bytes: 64 << 20,
             max_file_bytes: 1 << 30,
             default_quotas: quotas::Quotas::default(),
+            cluster: None,
         }
     }
 }
@@ -180,6 +193,8 @@ pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(metrics::metrics))
         .routes(routes!(files::list))
         .routes(routes!(files::put))
+        .routes(routes!(workers::list))
+        .routes(routes!(workers::enroll))
         .split_for_parts()
 }
 
@@ -274,6 +289,7 @@ impl Service {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let app = self.router();
+        let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
         let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
         let state = self.state.clone();
         let _ = tokio::task::spawn_blocking(move || state.supervisor.shutdown()).await;

@@ -22,25 +22,50 @@ pub struct Server {
 
 impl Server {
     pub fn start(dir: &Path, extra: &[&str]) -> Server {
+        Self::start_as("serve", dir, extra)
+    }
+
+    /// `eddy <command> --listen 127.0.0.1:<free port> --data-dir <dir> <extra>` (`serve` or
+    /// `coordinator`), its log in `<dir>.log`.
+    pub fn start_as(command: &str, dir: &Path, extra: &[&str]) -> Server {
         // A port the OS just handed out and released: free unless raced, which the retry covers.
         for _ in 0..5 {
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-            let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
-                .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-                .arg(dir)
-                .args(extra)
-                .env("EDDY_LOG", "info")
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(std::fs::File::create(dir.with_extension("log")).unwrap()))
-                .spawn()
-                .expect("start eddy serve");
-            let mut server = Server { child, base: format!("http://127.0.0.1:{port}"), dir: dir.to_owned() };
-            if server.wait_ready() {
+            if let Some(server) = Self::start_on(command, port, dir, extra) {
                 return server;
             }
-            let _ = server.child.kill();
         }
-        panic!("eddy serve did not start; see {}", dir.with_extension("log").display());
+        panic!("eddy {command} did not start; see {}", dir.with_extension("log").display());
+    }
+
+    /// As [`Server::start_as`] on a given port (a restart on the address clients know).
+    pub fn start_on(command: &str, port: u16, dir: &Path, extra: &[&str]) -> Option<Server> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.with_extension("log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
+            .args([command, "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(dir)
+            .args(extra)
+            .env("EDDY_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start eddy");
+        let mut server = Server { child, base: format!("http://127.0.0.1:{port}"), dir: dir.to_owned() };
+        if server.wait_ready() {
+            return Some(server);
+        }
+        let _ = server.child.kill();
+        None
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.base.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
     }
 
     pub fn wait_ready(&mut self) -> bool {

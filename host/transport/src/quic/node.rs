@@ -89,6 +89,38 @@ impl Tuning {
     }
 }
 
+/// A QUIC endpoint on `addr` that accepts and dials peers of `identity`'s cluster only.
+pub fn endpoint(identity: &NodeIdentity, addr: SocketAddr, tuning: &Tuning, handle: &Handle) -> Result<Endpoint, NodeError> {
+    let transport = Arc::new(tuning.transport());
+    let config_error = |e: &dyn std::fmt::Display| TlsError::Config(rustls::Error::General(e.to_string()));
+    let server_crypto = QuicServerConfig::try_from(identity.server_config()?).map_err(|e| config_error(&e))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
+    server.transport_config(transport.clone());
+    let client_crypto = QuicClientConfig::try_from(identity.client_config()?).map_err(|e| config_error(&e))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(client_crypto));
+    client.transport_config(transport);
+    // The largest datagram an endpoint takes is a transport parameter it announces, and a
+    // peer's MTU discovery stops there: left at quinn's 1472 bytes, `max_udp_payload` would
+    // never be reached.
+    let mut config = quinn::EndpointConfig::default();
+    config.max_udp_payload_size(tuning.max_udp_payload.clamp(1200, 65527)).map_err(|e| config_error(&e))?;
+    let socket = std::net::UdpSocket::bind(addr).map_err(|source| NodeError::Bind { addr, source })?;
+    let mut endpoint = {
+        let _guard = handle.enter();
+        Endpoint::new(config, Some(server), socket, Arc::new(quinn::TokioRuntime))
+            .map_err(|source| NodeError::Bind { addr, source })?
+    };
+    endpoint.set_default_client_config(client);
+    Ok(endpoint)
+}
+
+/// Dials `peer` at `addr`, checking its certificate names `peer`. Blocking is the caller's
+/// choice: this is async.
+pub async fn dial(endpoint: &Endpoint, peer: &str, addr: SocketAddr) -> Result<Connection, NodeError> {
+    let err = |reason: String| NodeError::Connect { peer: peer.to_owned(), addr, reason };
+    endpoint.connect(addr, peer).map_err(|e| err(e.to_string()))?.await.map_err(|e| err(e.to_string()))
+}
+
 /// Why the endpoint could not start or a peer could not be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -177,20 +209,7 @@ impl std::fmt::Debug for QuicNode {
 impl QuicNode {
     /// Binds `addr` (UDP) on `handle`'s runtime and starts accepting peers.
     pub fn bind(identity: &NodeIdentity, addr: SocketAddr, tuning: Tuning, handle: Handle) -> Result<Self, NodeError> {
-        let transport = Arc::new(tuning.transport());
-        let server_crypto = QuicServerConfig::try_from(identity.server_config()?)
-            .map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
-        let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
-        server.transport_config(transport.clone());
-        let client_crypto = QuicClientConfig::try_from(identity.client_config()?)
-            .map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
-        let mut client = quinn::ClientConfig::new(Arc::new(client_crypto));
-        client.transport_config(transport);
-        let mut endpoint = {
-            let _guard = handle.enter();
-            Endpoint::server(server, addr).map_err(|source| NodeError::Bind { addr, source })?
-        };
-        endpoint.set_default_client_config(client);
+        let endpoint = endpoint(identity, addr, &tuning, &handle)?;
         let shared = Arc::new(Shared {
             name: identity.name.clone(),
             endpoint,
@@ -244,13 +263,7 @@ impl QuicNode {
         if let Some(conn) = lock(&self.shared.peers).get(peer).filter(|c| c.close_reason().is_none()) {
             return Ok(conn.clone());
         }
-        let err = |reason: String| NodeError::Connect { peer: peer.to_owned(), addr, reason };
-        let connecting = {
-            // quinn spawns the connection's driver as it dials.
-            let _guard = self.shared.handle.enter();
-            self.shared.endpoint.connect(addr, peer).map_err(|e| err(e.to_string()))?
-        };
-        let conn = self.shared.handle.block_on(connecting).map_err(|e| err(e.to_string()))?;
+        let conn = self.shared.handle.block_on(dial(&self.shared.endpoint, peer, addr))?;
         lock(&self.shared.peers).insert(peer.to_owned(), conn.clone());
         // A peer may open streams on a connection we dialed, too.
         self.shared.handle.spawn(serve_connection(self.shared.clone(), conn.clone(), peer.to_owned()));
@@ -297,7 +310,7 @@ async fn accept_loop(shared: Arc<Shared>) {
 }
 
 /// The node name in a peer's (already verified) certificate.
-fn peer_name(conn: &Connection) -> Option<String> {
+pub fn peer_name(conn: &Connection) -> Option<String> {
     let certs = conn.peer_identity()?.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>().ok()?;
     super::tls::node_name(certs.first()?)
 }
@@ -562,7 +575,7 @@ impl SenderShared {
 }
 
 async fn write_loop(shared: Arc<SenderShared>, mut send: SendStream) {
-    let mut wire = Vec::new();
+    let mut size = 64;
     loop {
         shared.work.notified().await;
         loop {
@@ -573,9 +586,12 @@ async fn write_loop(shared: Arc<SenderShared>, mut send: SendStream) {
             let Some((message, backlog)) = next else { break };
             shared.room.notify_all();
             let end = message == Message::EndOfStream;
-            wire.clear();
+            // Encoded into a buffer of its own that quinn takes as it is (no copy of the
+            // frame), sized like the last one: a channel's frames are mostly alike.
+            let mut wire = Vec::with_capacity(size);
             Frame::Message { message, backlog }.encode(&mut wire);
-            if let Err(e) = send.write_chunk(Bytes::copy_from_slice(&wire)).await {
+            size = wire.len();
+            if let Err(e) = send.write_chunk(Bytes::from(wire)).await {
                 return shared.close(e.to_string());
             }
             if end {

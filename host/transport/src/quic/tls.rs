@@ -122,9 +122,18 @@ impl ClusterCa {
 
     /// A certificate for node `name`, signed by this CA.
     pub fn issue(&self, name: &str) -> Result<NodeIdentity, TlsError> {
-        check_name(name)?;
+        self.issue_with_aliases(name, &[])
+    }
+
+    /// A certificate for node `name` that also answers to `aliases` (the DNS names peers dial
+    /// it by, such as a coordinator's service name).
+    pub fn issue_with_aliases(&self, name: &str, aliases: &[String]) -> Result<NodeIdentity, TlsError> {
+        let names: Vec<String> = std::iter::once(name.to_owned()).chain(aliases.iter().cloned()).collect();
+        for n in &names {
+            check_name(n)?;
+        }
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec![name.to_owned()])?;
+        let mut params = CertificateParams::new(names)?;
         params.distinguished_name.push(DnType::CommonName, name);
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(NodeIdentity {

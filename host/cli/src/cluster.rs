@@ -1,0 +1,224 @@
+//! `eddy cluster init|cert`, `eddy coordinator` and `eddy worker`: the cluster's processes.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use eddy_cluster::worker::{Registration, SessionEnd, session};
+use eddy_cluster::{ControlConfig, ControlPlane};
+use eddy_service::ClusterRole;
+use eddy_transport::quic::{ClusterCa, NodeIdentity, QuicNode, Tuning};
+
+/// The name a coordinator's certificate always carries, besides `localhost`, so workers that
+/// dial it by IP address can check it.
+pub const COORDINATOR_NAME: &str = "coordinator";
+
+/// `eddy cluster init --out DIR`.
+pub fn init(out: &Path) -> Result<()> {
+    if out.join("ca.key").exists() {
+        bail!("{} already holds a CA (ca.key): remove it first, or issue certificates from it", out.display());
+    }
+    let ca = ClusterCa::generate()?;
+    ca.save(out)?;
+    println!("wrote the cluster CA: {0}/ca.pem (give to every node) and {0}/ca.key (keep it private)", out.display());
+    println!("next: eddy cluster cert --ca {} --name <node> --out <dir>, once per node", out.display());
+    Ok(())
+}
+
+/// `eddy cluster cert --ca DIR --name NAME [--alias NAME]... --out DIR2`.
+pub fn cert(ca: &Path, name: &str, aliases: &[String], out: &Path) -> Result<()> {
+    let ca = ClusterCa::load(ca).with_context(|| format!("reading the CA in {}", ca.display()))?;
+    ca.issue_with_aliases(name, aliases)?.save(out)?;
+    println!("wrote {0}/cert.pem, {0}/key.pem and {0}/ca.pem for node `{name}`", out.display());
+    println!("start the node with --tls {}", out.display());
+    Ok(())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("eddy-net")
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Flags of `eddy coordinator`.
+#[derive(Debug)]
+pub struct CoordinatorArgs {
+    /// REST (TCP) and control plane (UDP) address.
+    pub listen: String,
+    /// Where the coordinator keeps everything.
+    pub data_dir: PathBuf,
+    /// A node directory (`ca.pem`, `cert.pem`, `key.pem`); none: run a CA in the data dir.
+    pub tls: Option<PathBuf>,
+    /// A worker silent this long is dead.
+    pub heartbeat_timeout: Duration,
+    /// Where checkpoints of jobs on workers go (a shared directory or `s3://bucket/prefix`).
+    pub checkpoint_store: Option<String>,
+    /// Slots of an embedded worker (0: jobs run on workers only).
+    pub slots: u32,
+    /// Largest artifact accepted.
+    pub max_artifact_bytes: u64,
+}
+
+/// The coordinator's identity: the given one, or one issued by its own CA in `data_dir/tls`.
+fn coordinator_identity(tls: Option<&Path>, data_dir: &Path) -> Result<(NodeIdentity, Option<Arc<ClusterCa>>)> {
+    if let Some(dir) = tls {
+        let identity = NodeIdentity::load(dir, None).with_context(|| format!("reading --tls {}", dir.display()))?;
+        return Ok((identity, None));
+    }
+    let dir = data_dir.join("tls");
+    let ca = ClusterCa::load_or_create(&dir).with_context(|| format!("the coordinator's CA in {}", dir.display()))?;
+    let identity = ca.issue_with_aliases(COORDINATOR_NAME, &["localhost".to_owned()])?;
+    tracing::warn!(
+        ca = %dir.display(),
+        "no --tls: this coordinator runs its own CA and enrolls workers on this machine only; across machines use `eddy cluster init` and --tls"
+    );
+    Ok((identity, Some(Arc::new(ca))))
+}
+
+/// `eddy coordinator`: the service with its control plane on the same host and port.
+pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    let runtime = runtime()?;
+    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let (identity, enrollment) = coordinator_identity(args.tls.as_deref(), &args.data_dir)?;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(&args.listen))
+        .with_context(|| format!("cannot listen on {}: is another server using it?", args.listen))?;
+    let addr = listener.local_addr()?;
+    let control =
+        ControlPlane::start(&identity, addr, ControlConfig::with_timeout(args.heartbeat_timeout), runtime.handle())
+            .with_context(|| format!("starting the control plane on udp/{addr}"))?;
+    eprintln!(
+        "eddy coordinator on {addr}: REST at http://{addr}/v1 (tcp), workers register at udp/{addr} as `{}`; heartbeat timeout {} ms",
+        identity.name,
+        args.heartbeat_timeout.as_millis()
+    );
+    if let Some(store) = &args.checkpoint_store {
+        eprintln!("checkpoint store for jobs on workers: {store}");
+    }
+    let mut config = eddy_service::ServiceConfig::new(args.data_dir.clone());
+    config.slots = args.slots;
+    config.max_artifact_bytes = args.max_artifact_bytes;
+    config.cluster = Some(ClusterRole { control, enrollment });
+    crate::serve::run(&runtime, listener, config)
+}
+
+/// Flags of `eddy worker`.
+#[derive(Debug)]
+pub struct WorkerArgs {
+    /// The coordinator's `host:port`.
+    pub coordinator: String,
+    /// This worker's name.
+    pub name: String,
+    /// Slots offered.
+    pub slots: u32,
+    /// Where the worker keeps its state.
+    pub data_dir: PathBuf,
+    /// A node directory; none: enroll with a coordinator on this machine.
+    pub tls: Option<PathBuf>,
+    /// The data plane's UDP address.
+    pub data_listen: String,
+    /// The host other workers dial.
+    pub advertise: Option<String>,
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .with_context(|| format!("cannot resolve `{addr}`: give HOST:PORT"))?
+        .next()
+        .with_context(|| format!("`{addr}` resolves to no address"))
+}
+
+/// The name the coordinator's certificate must carry: the host of `--coordinator` when it is a
+/// DNS name, else [`COORDINATOR_NAME`].
+fn coordinator_name(coordinator: &str) -> String {
+    let host = coordinator.rsplit_once(':').map_or(coordinator, |(h, _)| h).trim_matches(['[', ']']);
+    if host.parse::<std::net::IpAddr>().is_ok() { COORDINATOR_NAME.to_owned() } else { host.to_owned() }
+}
+
+/// The worker's identity: `--tls`, one saved by an earlier enrollment, or a new enrollment.
+fn worker_identity(args: &WorkerArgs) -> Result<NodeIdentity> {
+    if let Some(dir) = &args.tls {
+        return NodeIdentity::load(dir, Some(&args.name)).with_context(|| format!("reading --tls {}", dir.display()));
+    }
+    let dir = args.data_dir.join("tls");
+    if let Ok(identity) = NodeIdentity::load(&dir, Some(&args.name)) {
+        return Ok(identity);
+    }
+    let url = format!("http://{}/v1/cluster/enroll", args.coordinator);
+    let response =
+        reqwest::blocking::Client::new()
+            .post(&url)
+            .json(&serde_json::json!({ "name": args.name }))
+            .send()
+            .with_context(|| format!("no --tls given, and enrolling at {url} failed: is the coordinator running?"))?;
+    if !response.status().is_success() {
+        let status = response.status();
+        let body = response.text().unwrap_or_default();
+        bail!("the coordinator refused to enroll `{}` ({status}): {body}", args.name);
+    }
+    let credentials: eddy_service::workers::Credentials = response.json().context("reading the enrollment")?;
+    let identity = NodeIdentity {
+        name: args.name.clone(),
+        ca_pem: credentials.ca_pem,
+        cert_pem: credentials.cert_pem,
+        key_pem: credentials.key_pem,
+    };
+    identity.save(&dir)?;
+    eprintln!("enrolled with the coordinator's CA; certificate saved in {}", dir.display());
+    Ok(identity)
+}
+
+/// `eddy worker`: registers, beats, and registers again whenever the coordinator restarts.
+pub fn worker(args: WorkerArgs) -> Result<()> {
+    eddy_transport::quic::check_name(&args.name)?;
+    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let identity = worker_identity(&args)?;
+    let runtime = runtime()?;
+    let data_listen = resolve(&args.data_listen)?;
+    let node = QuicNode::bind(&identity, data_listen, Tuning::default(), runtime.handle().clone())?;
+    let data_addr = node.local_addr()?;
+    let coordinator = resolve(&args.coordinator)?;
+    let coordinator_name = coordinator_name(&args.coordinator);
+    let me = Registration {
+        name: args.name.clone(),
+        slots: args.slots,
+        advertise: args.advertise.clone(),
+        data_port: data_addr.port(),
+    };
+    eprintln!("eddy worker `{}`: {} slots, data plane on udp/{data_addr}", args.name, args.slots);
+    let control = runtime.block_on(async {
+        let endpoint = eddy_transport::quic::endpoint(
+            &identity,
+            "0.0.0.0:0".parse()?,
+            &Tuning::default(),
+            &tokio::runtime::Handle::current(),
+        )?;
+        let announce = |incarnation: u64| {
+            eprintln!("registered with the coordinator at {} (incarnation {incarnation})", args.coordinator);
+        };
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let end = tokio::select! {
+                end = session(&endpoint, coordinator, &coordinator_name, &me, &announce) => end,
+                () = crate::serve::stop_signal() => return Ok::<(), anyhow::Error>(()),
+            };
+            match end {
+                SessionEnd::Refused(reason) => bail!("the coordinator refused this worker: {reason}"),
+                SessionEnd::Lost(reason) => {
+                    eprintln!("lost the coordinator ({reason}); registering again in {} ms", backoff.as_millis());
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    });
+    node.close();
+    control?;
+    eprintln!("worker `{}` stopped", args.name);
+    Ok(())
+}

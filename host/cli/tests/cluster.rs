@@ -1,0 +1,166 @@
+//! The cluster's processes on this machine: a coordinator and workers as real `eddy`
+//! processes. Workers register and beat; a worker killed with SIGKILL is declared dead after
+//! the heartbeat timeout; a coordinator killed and restarted is found again by its workers;
+//! a worker whose certificate another CA signed never joins.
+#![allow(clippy::unwrap_used, reason = "test code: a failed setup step should fail the test loudly")]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Server, client};
+use serde_json::Value;
+
+/// A worker process, killed when dropped.
+struct Worker {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Worker {
+    fn start(coordinator: &Server, name: &str, dir: &Path, extra: &[&str]) -> Worker {
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
+            .args(["worker", "--coordinator", &format!("127.0.0.1:{}", coordinator.port()), "--name", name])
+            .args(["--slots", "2", "--data-dir"])
+            .arg(dir.join(name))
+            .args(extra)
+            .env("EDDY_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap();
+        Worker { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn kill_9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+fn workers(server: &Server) -> Vec<Value> {
+    let response = client().get(server.url("/v1/workers")).bearer_auth(server.admin()).send().unwrap();
+    assert_eq!(response.status(), 200);
+    response.json::<Vec<Value>>().unwrap()
+}
+
+fn names(server: &Server) -> Vec<String> {
+    let mut names: Vec<String> = workers(server).iter().map(|w| w["name"].as_str().unwrap().to_owned()).collect();
+    names.sort();
+    names
+}
+
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn workers_register_beat_die_when_killed_and_find_a_restarted_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("coordinator");
+    let coordinator = Server::start_as("coordinator", &data, &["--heartbeat-timeout-ms", "1500"]);
+    let mut fleet: Vec<Option<Worker>> =
+        (1..=3).map(|i| Some(Worker::start(&coordinator, &format!("worker-{i}"), dir.path(), &[]))).collect();
+    eventually("three workers", || names(&coordinator) == ["worker-1", "worker-2", "worker-3"]);
+    for w in workers(&coordinator) {
+        assert_eq!((w["slots"].as_u64(), w["free_slots"].as_u64()), (Some(2), Some(2)), "{w}");
+        assert!(w["data_addr"].as_str().unwrap().starts_with("127.0.0.1:"), "{w}");
+    }
+    // Tenants see the workers too; nobody without a token does.
+    assert_eq!(client().get(coordinator.url("/v1/workers")).send().unwrap().status(), 401);
+
+    fleet[1].take().unwrap().kill_9();
+    eventually("worker-2 declared dead", || names(&coordinator) == ["worker-1", "worker-3"]);
+    assert!(coordinator.log().contains("worker missed its heartbeats"), "{}", coordinator.log());
+
+    fleet[1] = Some(Worker::start(&coordinator, "worker-2", dir.path(), &[]));
+    eventually("worker-2 back", || names(&coordinator) == ["worker-1", "worker-2", "worker-3"]);
+    let before: Vec<u64> = workers(&coordinator).iter().map(|w| w["incarnation"].as_u64().unwrap()).collect();
+
+    // The coordinator dies and comes back on its address: every worker registers again.
+    let port = coordinator.port();
+    coordinator.kill_9();
+    let coordinator = Server::start_on("coordinator", port, &data, &["--heartbeat-timeout-ms", "1500"]).unwrap();
+    eventually("the workers to find the restarted coordinator", || names(&coordinator).len() == 3);
+    let after: Vec<u64> = workers(&coordinator).iter().map(|w| w["incarnation"].as_u64().unwrap()).collect();
+    assert_ne!(before, after, "a new coordinator hands out new incarnations");
+    for w in fleet.iter().flatten() {
+        assert!(w.log().contains("registering again"), "{}", w.log());
+    }
+}
+
+fn eddy(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_eddy")).args(args).output().unwrap()
+}
+
+#[test]
+fn with_a_cluster_ca_only_its_certificates_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |p: &str| dir.path().join(p).to_str().unwrap().to_owned();
+    for ca in ["ca", "other-ca"] {
+        assert!(eddy(&["cluster", "init", "--out", &path(ca)]).status.success());
+    }
+    let issue = |ca: &str, name: &str| {
+        let out =
+            eddy(&["cluster", "cert", "--ca", &path(ca), "--name", name, "--alias", "localhost", "--out", &path(name)]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    issue("ca", "coordinator");
+    issue("ca", "worker-1");
+    issue("other-ca", "worker-x");
+    let init_again = eddy(&["cluster", "init", "--out", &path("ca")]);
+    assert!(!init_again.status.success() && String::from_utf8_lossy(&init_again.stderr).contains("already holds a CA"));
+
+    let coordinator = Server::start_as("coordinator", &dir.path().join("data"), &["--tls", &path("coordinator")]);
+    let member = Worker::start(&coordinator, "worker-1", dir.path(), &["--tls", &path("worker-1")]);
+    let intruder = Worker::start(&coordinator, "worker-x", dir.path(), &["--tls", &path("worker-x")]);
+    eventually("worker-1 to join", || names(&coordinator) == ["worker-1"]);
+    eventually("the intruder to be refused", || coordinator.log().contains("refused a control connection"));
+    assert_eq!(names(&coordinator), ["worker-1"], "a certificate of another CA never joins");
+    assert!(intruder.log().contains("lost the coordinator"), "{}", intruder.log());
+    drop(member);
+
+    // A certificate names one node: starting as another is refused before anything is sent.
+    let out = eddy(&[
+        "worker",
+        "--coordinator",
+        &format!("127.0.0.1:{}", coordinator.port()),
+        "--name",
+        "worker-2",
+        "--data-dir",
+        &path("w2"),
+        "--tls",
+        &path("worker-1"),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not name `worker-2`"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A coordinator with its own CA given enrolls nobody.
+    let response = client()
+        .post(coordinator.url("/v1/cluster/enroll"))
+        .json(&serde_json::json!({ "name": "worker-9" }))
+        .send()
+        .unwrap();
+    assert_eq!(response.status(), 403);
+}

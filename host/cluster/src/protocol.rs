@@ -1,0 +1,155 @@
+//! The control protocol between a worker and the coordinator: typed messages, each sent as
+//! `len u32 (little-endian) | JSON`, on one QUIC stream the worker opens. The decoder refuses
+//! oversized and malformed messages with the reason, so a broken peer is dropped, not obeyed.
+
+use serde::{Deserialize, Serialize};
+
+/// The largest control message either side accepts.
+pub const MAX_MESSAGE_BYTES: u32 = 1 << 20;
+
+/// What a worker tells the coordinator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerMessage {
+    /// The first message on a control stream.
+    Register {
+        /// The worker's name: must be the name in its certificate.
+        name: String,
+        /// Slots it offers.
+        slots: u32,
+        /// The host other workers dial for its data plane; `None`: the address the
+        /// coordinator sees.
+        advertise: Option<String>,
+        /// The UDP port of its data plane.
+        data_port: u16,
+    },
+    /// Still alive.
+    Heartbeat {
+        /// The incarnation the coordinator assigned at registration.
+        incarnation: u64,
+    },
+}
+
+/// What the coordinator tells a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CoordinatorMessage {
+    /// Registration accepted.
+    Registered {
+        /// This registration's number; heartbeats name it.
+        incarnation: u64,
+        /// How often to beat.
+        heartbeat_interval_ms: u64,
+    },
+    /// The worker is not (or no longer) a member: register again on a new stream.
+    Reregister {
+        /// Why.
+        reason: String,
+    },
+    /// The worker may not join; retrying will not help until the reason is fixed.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A control message that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// The length prefix passes the limit.
+    #[error("control message of {0} bytes announced (at most {MAX_MESSAGE_BYTES})")]
+    TooLarge(u32),
+    /// Not a message of this protocol.
+    #[error("malformed control message: {0}")]
+    Malformed(String),
+}
+
+/// Appends `message` to `out`.
+pub fn encode<T: Serialize>(message: &T, out: &mut Vec<u8>) {
+    // Serializing these plain enums cannot fail.
+    let body = serde_json::to_vec(message).unwrap_or_default();
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+}
+
+/// The first message of `buf` and the bytes it took, or `None` if more bytes are needed.
+pub fn decode<T: for<'de> Deserialize<'de>>(buf: &[u8]) -> Result<Option<(T, usize)>, ProtocolError> {
+    let Some(prefix) = buf.get(..4) else { return Ok(None) };
+    let len = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+    if len > MAX_MESSAGE_BYTES {
+        return Err(ProtocolError::TooLarge(len));
+    }
+    let end = 4 + len as usize;
+    let Some(body) = buf.get(4..end) else { return Ok(None) };
+    let message = serde_json::from_slice(body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+    Ok(Some((message, end)))
+}
+
+/// Reads one message from a QUIC stream, keeping what follows it in `buf`. `Ok(None)`: the
+/// stream ended cleanly between messages.
+pub async fn read<T: for<'de> Deserialize<'de>>(
+    recv: &mut quinn::RecvStream,
+    buf: &mut Vec<u8>,
+) -> Result<Option<T>, String> {
+    loop {
+        if let Some((message, used)) = decode(buf).map_err(|e| e.to_string())? {
+            buf.drain(..used);
+            return Ok(Some(message));
+        }
+        match recv.read_chunk(64 << 10, true).await {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
+            Ok(None) if buf.is_empty() => return Ok(None),
+            Ok(None) => return Err("the stream ended inside a message".into()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Writes one message to a QUIC stream.
+pub async fn write<T: Serialize>(send: &mut quinn::SendStream, message: &T) -> Result<(), String> {
+    let mut wire = Vec::new();
+    encode(message, &mut wire);
+    send.write_all(&wire).await.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn messages_round_trip_and_wait_for_their_whole_body() {
+        let messages = [
+            WorkerMessage::Register { name: "w1".into(), slots: 2, advertise: None, data_port: 7000 },
+            WorkerMessage::Heartbeat { incarnation: 9 },
+        ];
+        let mut wire = Vec::new();
+        for m in &messages {
+            encode(m, &mut wire);
+        }
+        let first_len = 4 + u32::from_le_bytes([wire[0], wire[1], wire[2], wire[3]]) as usize;
+        for cut in 0..first_len {
+            assert_eq!(decode::<WorkerMessage>(&wire[..cut]), Ok(None));
+        }
+        let (a, used) = decode::<WorkerMessage>(&wire).expect("valid").expect("whole");
+        let (b, _) = decode::<WorkerMessage>(&wire[used..]).expect("valid").expect("whole");
+        assert_eq!([a, b], messages);
+    }
+
+    #[test]
+    fn oversized_and_foreign_messages_are_refused() {
+        assert_eq!(decode::<WorkerMessage>(&u32::MAX.to_le_bytes()), Err(ProtocolError::TooLarge(u32::MAX)));
+        let mut wire = Vec::new();
+        encode(&CoordinatorMessage::Refused { reason: "x".into() }, &mut wire);
+        let err = decode::<WorkerMessage>(&wire).expect_err("a coordinator message is no worker message");
+        assert!(err.to_string().contains("unknown variant `refused`"), "{err}");
+    }
+
+    proptest! {
+        #[test]
+        fn hostile_bytes_are_errors_not_panics(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+            let _ = decode::<WorkerMessage>(&bytes);
+            let _ = decode::<CoordinatorMessage>(&bytes);
+        }
+    }
+}
