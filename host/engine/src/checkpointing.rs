@@ -389,7 +389,7 @@ mod tests {
         let (reports, received) = mpsc::sync_channel(16);
         let signals = Arc::new(Signals::default());
         let spec =
-            CheckpointSpec { dir: None, s3: None, interval_ms: 1, timeout_ms: 600_000, min_pause_ms: 0, retained: 1 };
+            CheckpointSpec { timeout_ms: 600_000, retained: 1, ..CheckpointSpec::in_dir(dir.path().to_path_buf(), 1) };
         let thread = CheckpointThread {
             job: "j".into(),
             max_parallelism: 128,

@@ -126,7 +126,22 @@ fn default_write_buffer_mb() -> usize {
     16
 }
 
-/// `checkpoints:` — periodic, aligned checkpoints to a directory or an S3-compatible store.
+/// How barriers and in-flight records are handled (`checkpoints.mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointMode {
+    /// A task with several inputs holds each input back from its barrier until all delivered
+    /// it, then snapshots: nothing in flight is stored, but under backpressure a barrier waits
+    /// behind every queued buffer.
+    #[default]
+    Aligned,
+    /// A task snapshots at the first barrier, which overtakes the data queued in its channel;
+    /// the records it overtook (and those arriving on other inputs before their barrier) are
+    /// stored with the snapshot and replayed on restore before new input.
+    Unaligned,
+}
+
+/// `checkpoints:` — periodic checkpoints to a directory or an S3-compatible store.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSpec {
@@ -149,6 +164,13 @@ pub struct CheckpointSpec {
     /// Completed checkpoints kept (older ones and unreferenced files are deleted).
     #[serde(default = "default_retained")]
     pub retained: usize,
+    /// `aligned` (default) or `unaligned`.
+    #[serde(default)]
+    pub mode: CheckpointMode,
+    /// In `aligned` mode: a task whose alignment of one checkpoint has taken this long switches
+    /// that checkpoint to unaligned (none: stay aligned however long it takes).
+    #[serde(default)]
+    pub aligned_timeout_ms: Option<u64>,
 }
 
 /// `checkpoints.s3:` — where in an S3-compatible store. Credentials come from the standard
@@ -186,6 +208,8 @@ impl CheckpointSpec {
             timeout_ms: default_checkpoint_timeout_ms(),
             min_pause_ms: 0,
             retained: default_retained(),
+            mode: CheckpointMode::Aligned,
+            aligned_timeout_ms: None,
         }
     }
 
@@ -822,6 +846,31 @@ impl PipelineSpec {
             if c.retained == 0 {
                 return Err(invalid("checkpoints.retained", "must keep at least 1 checkpoint"));
             }
+            if let Some(ms) = c.aligned_timeout_ms {
+                if c.mode == CheckpointMode::Unaligned {
+                    return Err(invalid(
+                        "checkpoints.aligned_timeout_ms",
+                        "applies to `mode: aligned` only (an unaligned checkpoint never aligns); drop it or set `mode: \
+                         aligned`",
+                    ));
+                }
+                if ms == 0 {
+                    return Err(invalid(
+                        "checkpoints.aligned_timeout_ms",
+                        "must be positive (omit it to stay aligned, or set `mode: unaligned`)",
+                    ));
+                }
+                if ms >= c.timeout_ms {
+                    return Err(invalid(
+                        "checkpoints.aligned_timeout_ms",
+                        format!(
+                            "{ms} must be below checkpoints.timeout_ms ({}): the checkpoint would be aborted before \
+                             it switches to unaligned",
+                            c.timeout_ms
+                        ),
+                    ));
+                }
+            }
         }
         for (i, source) in self.sources.iter().enumerate() {
             let field = |f: &str| format!("sources[{i}].{f}");
@@ -940,6 +989,34 @@ mod tests {
         let window = step.window.as_ref().unwrap();
         assert_eq!(window.kind().unwrap(), WindowKind::Sliding { size_ms: 60_000, slide_ms: 10_000 });
         assert_eq!(window.late_output, "late");
+    }
+
+    #[test]
+    fn checkpoint_mode_and_aligned_timeout_parse_and_are_validated() {
+        let with = |c: &str| OK.replace("sink:", &format!("checkpoints: {{dir: ck, {c}}}\nsink:"));
+        let spec = PipelineSpec::from_yaml(&with("interval_ms: 100")).unwrap();
+        let c = spec.checkpoints.unwrap();
+        assert_eq!((c.mode, c.aligned_timeout_ms), (CheckpointMode::Aligned, None), "aligned by default");
+        let spec = PipelineSpec::from_yaml(&with("mode: unaligned")).unwrap();
+        assert_eq!(spec.checkpoints.unwrap().mode, CheckpointMode::Unaligned);
+        let spec = PipelineSpec::from_yaml(&with("mode: aligned, aligned_timeout_ms: 250")).unwrap();
+        assert_eq!(spec.checkpoints.unwrap().aligned_timeout_ms, Some(250));
+        let refused = [
+            (with("mode: sideways"), "mode"),
+            (with("aligned_timeout_ms: 0"), "`checkpoints.aligned_timeout_ms`: must be positive"),
+            (
+                with("mode: unaligned, aligned_timeout_ms: 100"),
+                "`checkpoints.aligned_timeout_ms`: applies to `mode: aligned` only",
+            ),
+            (
+                with("timeout_ms: 500, aligned_timeout_ms: 500"),
+                "`checkpoints.aligned_timeout_ms`: 500 must be below checkpoints.timeout_ms (500)",
+            ),
+        ];
+        for (yaml, expected) in refused {
+            let err = PipelineSpec::from_yaml(&yaml).expect_err(&yaml).to_string();
+            assert!(err.contains(expected), "{yaml}: {err}");
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod recovery;
 pub mod restore;
 pub mod savepoint;
 pub mod store;
+pub mod unaligner;
 pub mod upload;
 
 pub use aligner::{Alignment, BarrierAligner};
@@ -30,6 +31,7 @@ pub use coordinator::{CheckpointCoordinator, CheckpointId, CoordinatorConfig, De
 pub use metadata::{CheckpointMetadata, CheckpointStats, SubtaskState};
 pub use restore::RestorePoint;
 pub use store::CheckpointStore;
+pub use unaligner::{BarrierHandler, BarrierMode, Outcome};
 
 /// Why a checkpoint could not be written or read.
 #[derive(Debug, thiserror::Error)]
