@@ -11,4 +11,5 @@ mod nexmark;
 mod operators;
 mod polyglot;
 mod recovery;
+mod spread;
 mod windows;

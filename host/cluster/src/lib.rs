@@ -23,8 +23,10 @@
 
 mod control;
 mod membership;
+mod placement;
 pub mod protocol;
 pub mod worker;
 
 pub use control::{ControlConfig, ControlPlane};
 pub use membership::{Departed, Departure, Member, Membership, UnknownIncarnation};
+pub use placement::QuicPlacement;

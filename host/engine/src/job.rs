@@ -44,7 +44,10 @@ use eddy_plan::{PipelineSpec, SinkSpec, StateBackendKind, StepSpec};
 use eddy_transport::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
 
 mod local_state;
+mod placement;
 mod recover;
+
+pub use placement::Placement;
 
 use local_state::{LocalStateDir, local_state_dir};
 use recover::recover;
@@ -196,6 +199,9 @@ pub struct JobOptions {
     /// Sandbox limits for every operator instance instead of the runtime's defaults (a
     /// tenant's memory quota per instance, say).
     pub sandbox_limits: Option<eddy_runtime::SandboxLimits>,
+    /// Runs only the subtasks placed in this process, the others being reached through the
+    /// placement's channels (a job on a cluster); none: every subtask runs here.
+    pub placement: Option<Arc<dyn Placement>>,
 }
 
 impl Default for JobOptions {
@@ -212,6 +218,7 @@ impl Default for JobOptions {
             store_faults: None,
             cpu_share: None,
             sandbox_limits: None,
+            placement: None,
         }
     }
 }
@@ -486,6 +493,13 @@ impl Job {
         let metrics = Arc::new(metrics);
         let control = Arc::new(Control { cancel: Arc::new(AtomicBool::new(false)), gates: Mutex::new(Vec::new()) });
 
+        let placement = options.placement.as_deref();
+        if placement.is_some() && spec.checkpoints.is_some() {
+            return Err(RunError::Checkpoint(CheckpointError::Incompatible(
+                "a job spread over several workers runs without checkpoints so far: remove `checkpoints:`".into(),
+            )));
+        }
+        let is_local = |task: usize, subtask: u32| placement.is_none_or(|p| p.is_local(task, subtask));
         // Wire the exchanges: one gate per downstream subtask; `senders[task][subtask]` lists
         // the upstream subtask's senders in downstream-subtask order.
         let mut gates: Vec<Vec<Option<Box<dyn InputGate>>>> =
@@ -507,12 +521,28 @@ impl Job {
                         (0..up).filter(move |u| !forward || *u == down).map(move |u| (e.from, u))
                     })
                     .collect();
+                if !is_local(task.id, down) {
+                    // The gate is in another process: local feeders send to it there.
+                    for (channel, &(t, u)) in feeders.iter().enumerate() {
+                        if is_local(t, u) {
+                            let remote = placement.map(|p| p.open_output(task.id, down, channel as u32));
+                            let sender = remote.unwrap_or_else(|| Err("no placement".into())).map_err(|e| {
+                                internal(task.id, down, &format!("cannot reach its input {channel}: {e}"))
+                            })?;
+                            senders[t][u as usize].push(sender);
+                        }
+                    }
+                    continue;
+                }
                 let blocked = feeders.iter().map(|&(t, u)| subtask_metrics[t][u as usize].blocked_ns.clone()).collect();
                 let (shared, gate, channel_senders) = local_gate(feeders.len(), options.channel, blocked);
                 control.gates.lock().map_err(|_| poisoned())?.push(shared);
                 gates[task.id][down as usize] = Some(Box::new(gate));
-                for (&(t, u), sender) in feeders.iter().zip(channel_senders) {
-                    senders[t][u as usize].push(Box::new(sender));
+                for (channel, (&(t, u), sender)) in feeders.iter().zip(channel_senders).enumerate() {
+                    match placement {
+                        Some(p) if !is_local(t, u) => p.register_input(task.id, down, channel as u32, Box::new(sender)),
+                        _ => senders[t][u as usize].push(Box::new(sender)),
+                    }
                 }
             }
         }
@@ -545,7 +575,7 @@ impl Job {
         let mut runners = Vec::new();
         for task in &plan.tasks {
             let first_step_keyed = task.keyed;
-            for index in 0..task.parallelism {
+            for index in (0..task.parallelism).filter(|&i| is_local(task.id, i)) {
                 let task_subtask =
                     Subtask { index, parallelism: task.parallelism, max_parallelism: spec.max_parallelism };
                 let share = if task.keyed {

@@ -32,7 +32,7 @@ pub mod window_operator;
 
 pub use checkpointing::{CompletedCheckpoint, FaultHook, FaultPoint};
 pub use files_sink::{FilesSink, FilesSinkState};
-pub use job::{Job, JobOptions, RunError, RunSummary, SinkFactory};
+pub use job::{Job, JobOptions, Placement, RunError, RunSummary, SinkFactory};
 pub use metrics::MetricsSnapshot;
 pub use operator::{OperatorError, OperatorSnapshot, StreamOperator};
 pub use sink::{Blackhole, JsonLinesSink, PrintSink, Sink};

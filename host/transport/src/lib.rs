@@ -31,6 +31,7 @@ pub mod credit;
 mod faults;
 mod frame;
 pub mod quic;
+pub mod relay;
 
 pub use faults::{FaultPlan, Faults, Verdict};
 pub use frame::{Decoder, Frame, FrameError, MAX_FRAME_BYTES};

@@ -90,7 +90,12 @@ impl Tuning {
 }
 
 /// A QUIC endpoint on `addr` that accepts and dials peers of `identity`'s cluster only.
-pub fn endpoint(identity: &NodeIdentity, addr: SocketAddr, tuning: &Tuning, handle: &Handle) -> Result<Endpoint, NodeError> {
+pub fn endpoint(
+    identity: &NodeIdentity,
+    addr: SocketAddr,
+    tuning: &Tuning,
+    handle: &Handle,
+) -> Result<Endpoint, NodeError> {
     let transport = Arc::new(tuning.transport());
     let config_error = |e: &dyn std::fmt::Display| TlsError::Config(rustls::Error::General(e.to_string()));
     let server_crypto = QuicServerConfig::try_from(identity.server_config()?).map_err(|e| config_error(&e))?;

@@ -1,0 +1,18 @@
+//! A job spread over several processes: each runs the subtasks placed on it, and the channels
+//! between subtasks of different processes come from the placement (QUIC streams in a
+//! cluster) while those within a process stay local. The engine sees only the channel
+//! contract: [`ChannelSender`] ends it is handed and gives away.
+
+use eddy_transport::channel::ChannelSender;
+
+/// Where a job's subtasks run. Channel `channel` of subtask (`task`, `subtask`) is the same
+/// index in every process: the gate's order of its upstream subtasks.
+pub trait Placement: Send + Sync {
+    /// Whether subtask (`task`, `subtask`) runs in this process.
+    fn is_local(&self, task: usize, subtask: u32) -> bool;
+    /// Input channel `channel` of the local subtask (`task`, `subtask`) is fed from another
+    /// process: hand what arrives to `into`.
+    fn register_input(&self, task: usize, subtask: u32, channel: u32, into: Box<dyn ChannelSender>);
+    /// A sender into input channel `channel` of subtask (`task`, `subtask`) in another process.
+    fn open_output(&self, task: usize, subtask: u32, channel: u32) -> Result<Box<dyn ChannelSender>, String>;
+}

@@ -1,0 +1,135 @@
+//! A job spread over two workers in this process, each with its own QUIC node on loopback:
+//! Nexmark q5 (a keyed window at parallelism 2, so half of every exchange crosses the network)
+//! and q8 produce exactly the rows of the native baseline, as they do in one process.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use eddy_cluster::QuicPlacement;
+use eddy_engine::{Job, JobOptions, SinkFactory};
+use eddy_plan::{PhysicalPlan, PipelineSpec, SinkSpec, SourceSpec};
+use eddy_tests::{MemorySink, runtime};
+use eddy_transport::Faults;
+use eddy_transport::quic::{ClusterCa, QuicNode, Tuning};
+use eddy_transport::relay::Relay;
+use serde_json::Value;
+
+const EVENTS: u64 = 12_000;
+
+fn spread(query: &str, native: fn(Vec<eddy_nexmark::Event>) -> Vec<Value>) {
+    spread_over(query, native, None);
+}
+
+/// [`spread`], every datagram between the workers passing a relay with `faults` (seeded).
+fn spread_over(query: &str, native: fn(Vec<eddy_nexmark::Event>) -> Vec<Value>, faults: Option<(Faults, u64)>) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/nexmark/{query}.yaml"));
+    let mut spec = PipelineSpec::from_file(&path).expect("query spec is valid");
+    spec.parallelism = 2;
+    for step in &mut spec.steps {
+        step.parallelism = None;
+    }
+    let SourceSpec::Nexmark(source) = &mut spec.sources[0] else { panic!("{query} reads the nexmark source") };
+    source.events = Some(EVENTS);
+    let events: Vec<eddy_nexmark::Event> = eddy_nexmark::events(&source.config()).collect();
+    let mut expected: Vec<String> = native(events).iter().map(Value::to_string).collect();
+    expected.sort();
+    assert!(!expected.is_empty(), "{query}: the baseline must produce rows");
+    spec.sink = SinkSpec::Blackhole;
+
+    let net = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let ca = ClusterCa::generate().expect("ca");
+    let names = ["worker-a", "worker-b"];
+    let nodes: Vec<QuicNode> = names
+        .iter()
+        .map(|n| {
+            let identity = ca.issue(n).expect("certificate");
+            QuicNode::bind(&identity, "127.0.0.1:0".parse().expect("addr"), Tuning::default(), net.handle().clone())
+                .expect("bind")
+        })
+        .collect();
+    let mut addrs: HashMap<String, std::net::SocketAddr> =
+        nodes.iter().map(|n| (n.name().to_owned(), n.local_addr().expect("addr"))).collect();
+    // Each worker is dialed through its own relay, so traffic both ways crosses a faulty network.
+    let relays: Vec<Relay> = match &faults {
+        Some((faults, seed)) => {
+            println!("relay seed {seed}: {faults:?}");
+            let relays: Vec<Relay> = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    net.block_on(Relay::start(addrs[*n], faults.clone(), seed + 10 * i as u64)).expect("relay")
+                })
+                .collect();
+            for (n, relay) in names.iter().zip(&relays) {
+                addrs.insert((*n).to_owned(), relay.addr());
+            }
+            relays
+        }
+        None => Vec::new(),
+    };
+    // Slot sharing: subtask i of every task runs on worker i.
+    let plan = PhysicalPlan::new(&spec);
+    let assignment: Vec<Vec<String>> =
+        plan.tasks.iter().map(|t| (0..t.parallelism).map(|i| names[i as usize % 2].to_owned()).collect()).collect();
+    assert!(plan.edges.iter().any(|e| e.partitioning.to_string().starts_with("hash")), "{query} has a keyed exchange");
+
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let jobs: Vec<Job> = nodes
+        .iter()
+        .map(|node| {
+            let placement =
+                QuicPlacement::new(node.clone(), format!("{query}-job"), 0, assignment.clone(), addrs.clone());
+            let received = received.clone();
+            let sinks: SinkFactory =
+                Box::new(move |_| Box::new(MemorySink { received: received.clone(), ..MemorySink::default() }));
+            let options = JobOptions {
+                sink_per_subtask: Some(sinks),
+                placement: Some(Arc::new(placement)),
+                ..JobOptions::default()
+            };
+            Job::start(&spec, runtime(), options).expect("starts")
+        })
+        .collect();
+    for job in jobs {
+        assert!(job.wait().unwrap_or_else(|e| panic!("{query} runs: {e}")).finished);
+    }
+    let out = received.lock().expect("lock").clone();
+    let mut got: Vec<String> = out.iter().map(|(_, r)| eddy_tests::value_json::<Value>(&r.value).to_string()).collect();
+    got.sort();
+    assert_eq!(got.len(), expected.len(), "{query}: row count");
+    assert!(got == expected, "{query}: rows differ from the native baseline");
+    for node in &nodes {
+        assert!(node.dropped_peers().is_empty(), "{:?}", node.dropped_peers());
+    }
+    // Connections are reused both ways, so one relay may carry everything.
+    let mut lost = 0;
+    for relay in &relays {
+        let stats = relay.stats();
+        let (received, dropped) = (stats.received.load(Ordering::Relaxed), stats.dropped.load(Ordering::Relaxed));
+        let duplicated = stats.duplicated.load(Ordering::Relaxed);
+        println!("relay {}: {received} datagrams, {dropped} lost, {duplicated} duplicated", relay.addr());
+        lost += dropped;
+    }
+    assert!(relays.is_empty() || lost > 0, "the faults must have struck for the test to mean anything");
+}
+
+#[test]
+fn q5_spread_over_two_workers_equals_the_native_baseline() {
+    spread("q5", eddy_nexmark::native::q5);
+}
+
+#[test]
+fn q8_spread_over_two_workers_equals_the_native_baseline() {
+    spread("q8", eddy_nexmark::native::q8);
+}
+
+/// Loss, duplicates, reordering and a partition of one second that heals: QUIC retransmits
+/// and the credit protocol rides on it, so the job slows down but loses and repeats nothing.
+#[test]
+fn q5_over_a_lossy_reordering_network_with_a_partition_equals_the_native_baseline() {
+    let seed = std::env::var("EDDY_RELAY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
+    let faults = Faults { drop: 0.03, duplicate: 0.02, delay_ms: 1, jitter_ms: 4, cuts: vec![(150, 1_150)] };
+    spread_over("q5", eddy_nexmark::native::q5, Some((faults, seed)));
+}
