@@ -1,7 +1,8 @@
 //! The cluster's processes on this machine: a coordinator and workers as real `eddy`
 //! processes. Workers register and beat; a worker killed with SIGKILL is declared dead after
 //! the heartbeat timeout; a coordinator killed and restarted is found again by its workers;
-//! a worker whose certificate another CA signed never joins.
+//! a worker whose certificate another CA signed never joins; a peer that speaks nonsense to a
+//! worker's data plane is dropped with a logged reason while the worker carries on.
 #![allow(clippy::unwrap_used, reason = "test code: a failed setup step should fail the test loudly")]
 
 mod common;
@@ -163,4 +164,53 @@ fn with_a_cluster_ca_only_its_certificates_join() {
         .send()
         .unwrap();
     assert_eq!(response.status(), 403);
+}
+
+/// Dials `to` as `identity` and writes `bytes` on a new stream; returns once the peer closed.
+fn hostile_stream(
+    rt: &tokio::runtime::Runtime,
+    identity: &eddy_transport::quic::NodeIdentity,
+    to: &str,
+    name: &str,
+    bytes: &[u8],
+) {
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(identity.client_config().unwrap()).unwrap();
+    rt.block_on(async {
+        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(crypto)));
+        let Ok(conn) = endpoint.connect(to.parse().unwrap(), name).unwrap().await else { return };
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        let _ = send.write_all(bytes).await;
+        while let Ok(Some(_)) = recv.read_chunk(1 << 16, true).await {}
+    });
+}
+
+#[test]
+fn a_worker_drops_hostile_peers_with_a_reason_and_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("coordinator");
+    let coordinator = Server::start_as("coordinator", &data, &[]);
+    let mut worker = Worker::start(&coordinator, "worker-1", dir.path(), &[]);
+    eventually("worker-1 to join", || names(&coordinator) == ["worker-1"]);
+    let data_addr = workers(&coordinator)[0]["data_addr"].as_str().unwrap().to_owned();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+
+    // A member's certificate (the coordinator's own CA issues it), speaking nonsense.
+    let ca = eddy_transport::quic::ClusterCa::load(&data.join("tls")).unwrap();
+    let member = ca.issue("worker-h").unwrap();
+    hostile_stream(&rt, &member, &data_addr, "worker-1", b"GET / HTTP/1.1\r\n\r\n");
+    eventually("the nonsense to be refused", || worker.log().contains("does not start with a link header"));
+    let mut header = b"EDL1".to_vec();
+    header.extend_from_slice(&u16::MAX.to_le_bytes());
+    hostile_stream(&rt, &member, &data_addr, "worker-1", &header);
+    eventually("the oversized job id to be refused", || worker.log().contains("65535 bytes"));
+    // A certificate of another CA never gets a stream.
+    let stranger = eddy_transport::quic::ClusterCa::generate().unwrap().issue("worker-s").unwrap();
+    hostile_stream(&rt, &stranger, &data_addr, "worker-1", b"EDL1");
+    eventually("the stranger to be refused", || worker.log().contains("refused a connection"));
+
+    assert!(worker.log().contains("dropping peer"), "{}", worker.log());
+    assert!(worker.child.try_wait().unwrap().is_none(), "the worker must survive: {}", worker.log());
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(names(&coordinator), ["worker-1"], "still registered and beating");
 }
