@@ -252,10 +252,12 @@ impl CheckpointThread {
     ) -> Result<SubtaskState, CheckpointError> {
         stats.alignment_ms = stats.alignment_ms.max(snapshot.alignment_ms);
         stats.sync_ms = stats.sync_ms.max(snapshot.sync_ms);
+        stats.unaligned |= snapshot.unaligned;
         let started = Instant::now();
         let uploaded = uploader.upload(store, id, snapshot)?;
         stats.async_ms = stats.async_ms.max(started.elapsed().as_secs_f64() * 1e3);
         stats.incremental_bytes += uploaded.written_bytes;
+        stats.in_flight_bytes += uploaded.in_flight_bytes;
         Ok(uploaded.state)
     }
 

@@ -25,7 +25,7 @@ use eddy_state::{
 
 use crate::checkpoint::restore::Share;
 use crate::checkpoint::store::StoreFaults;
-use crate::checkpoint::{BarrierAligner, CheckpointError, CheckpointId, RestorePoint};
+use crate::checkpoint::{BarrierHandler, BarrierMode, CheckpointError, CheckpointId, RestorePoint};
 use crate::checkpointing::{
     CheckpointThread, CompletedCheckpoint, FaultHook, SavepointRequest, Signals, SinkCommitter,
 };
@@ -39,8 +39,8 @@ use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError, no
 use crate::upsert_sink::UpsertSink;
 use crate::wasm_operator::WasmOperator;
 use crate::window_operator::{LateData, WindowConfig, WindowOperator};
+use eddy_plan::{CheckpointMode, PipelineSpec, SinkSpec, StateBackendKind, StepSpec};
 use eddy_plan::{Node, Partitioning, PhysicalPlan};
-use eddy_plan::{PipelineSpec, SinkSpec, StateBackendKind, StepSpec};
 use eddy_transport::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
 
 mod local_state;
@@ -557,6 +557,11 @@ impl Job {
         let steps =
             StepContext { spec, components: &components, ttl_clock: &ttl_clock, restore, state_dir: &state_dir };
         let checkpointing = spec.checkpoints.is_some();
+        let barrier_mode = match &spec.checkpoints {
+            Some(c) if c.mode == CheckpointMode::Unaligned => BarrierMode::Unaligned,
+            Some(c) => BarrierMode::Aligned { timeout_ms: c.aligned_timeout_ms },
+            None => BarrierMode::Aligned { timeout_ms: None },
+        };
         // The spec's sink is opened per subtask, after one recovery of its output.
         let mut given_sink = options.sink.take();
         let mut sink_factory = options.sink_per_subtask.take();
@@ -625,6 +630,10 @@ impl Job {
                         }
                     }
                 };
+                let replay = match (restore, &head) {
+                    (Some(point), Head::Input { .. }) => point.in_flight(task.id, share)?,
+                    _ => Vec::new(),
+                };
                 let input_channels = match &head {
                     Head::Input { gate, .. } => Some(gate.channels()),
                     Head::Source { .. } => None,
@@ -665,6 +674,7 @@ impl Job {
                         ttl_clock: ttl_clock.clone(),
                         tick: options.tick,
                         watermark: WATERMARK_MIN,
+                        replay,
                         checkpointing: checkpointing.then(|| Checkpointing {
                             participant: runners.len(),
                             task: task.id,
@@ -678,8 +688,8 @@ impl Job {
                             staging_root: state_dir.clone(),
                             last_checkpoint: signals.trigger.load(Ordering::SeqCst),
                             last_completed: signals.completed.load(Ordering::SeqCst),
-                            aligner: input_channels.map(BarrierAligner::new),
-                            align_started: None,
+                            barriers: input_channels.map(|n| BarrierHandler::new(n, barrier_mode)),
+                            held: None,
                             faults: options.fault_hook.clone(),
                         }),
                     },

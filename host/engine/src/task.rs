@@ -16,8 +16,9 @@ use eddy_core::{BoundedOutOfOrderness, RecordBatch, WatermarkTracker};
 use eddy_runtime::Output;
 use eddy_state::TtlClock;
 
+use crate::checkpoint::format::InFlightBatch;
 use crate::checkpoint::upload::TakenSnapshot;
-use crate::checkpoint::{Alignment, BarrierAligner, CheckpointId};
+use crate::checkpoint::{BarrierHandler, BarrierMode, CheckpointId, Outcome};
 use crate::checkpointing::{FaultHook, FaultPoint, Report, Signals};
 use crate::connectors::{Source, SourceError, SourceStatus};
 use crate::metrics::SubtaskMetrics;
@@ -69,9 +70,11 @@ pub(crate) struct Checkpointing {
     pub last_checkpoint: CheckpointId,
     /// The newest completed checkpoint this subtask's sink heard of.
     pub last_completed: CheckpointId,
-    /// Input tasks: which channels are held for the barrier being aligned.
-    pub aligner: Option<BarrierAligner>,
-    pub align_started: Option<Instant>,
+    /// Input tasks: the barrier protocol (aligned, unaligned, or aligned with a timeout): which
+    /// channels are held, when to snapshot, which records are in flight.
+    pub barriers: Option<BarrierHandler<Message>>,
+    /// An unaligned snapshot taken, waiting for the records in flight until its last barrier.
+    pub held: Option<(CheckpointId, TakenSnapshot)>,
     /// Tests: called at [`FaultPoint::BeforeCommit`].
     pub faults: Option<FaultHook>,
 }
@@ -165,17 +168,46 @@ pub(crate) struct SubtaskRunner {
     pub(crate) tick: Duration,
     pub(crate) watermark: i64,
     pub(crate) checkpointing: Option<Checkpointing>,
+    /// Records in flight at the unaligned checkpoint restored from: replayed into the chain
+    /// before any new input.
+    pub(crate) replay: Vec<InFlightBatch>,
 }
 
 impl SubtaskRunner {
     /// Runs until the input ends, the job is cancelled or something fails.
     pub(crate) fn run(mut self) -> Result<Ended, TaskError> {
-        let result = self.run_loop();
+        let result = self.start().and_then(|()| self.run_loop());
         match result {
             // A closed channel during cancellation is the cancellation, not a failure.
             Err(TaskError::Route(RouteError::Disconnected(_))) if self.cancelled() => Ok(Ended::Cancelled),
             other => other,
         }
+    }
+
+    /// Before any input: in unaligned mode every barrier on every input channel overtakes; the
+    /// records in flight at the restored checkpoint go through the chain first.
+    fn start(&mut self) -> Result<(), TaskError> {
+        let unaligned = self
+            .checkpointing
+            .as_ref()
+            .and_then(|c| c.barriers.as_ref())
+            .is_some_and(|b| b.mode() == BarrierMode::Unaligned);
+        if let (true, Head::Input { gate, .. }) = (unaligned, &mut self.head) {
+            for channel in 0..gate.channels() {
+                gate.overtake_barriers(channel, 0..=CheckpointId::MAX);
+            }
+        }
+        for InFlightBatch { side, batch, .. } in std::mem::take(&mut self.replay) {
+            SubtaskMetrics::add(&self.metrics.records_in, batch.len());
+            match side {
+                None => self.process(0, &batch)?,
+                Some(name) => {
+                    SubtaskMetrics::add(&self.metrics.records_out, batch.len());
+                    self.tail.side(&name, batch)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn cancelled(&self) -> bool {
@@ -254,6 +286,12 @@ impl SubtaskRunner {
         let Head::Input { gate, tracker, ended } = &mut self.head else { return Ok(false) };
         let Some((channel, message)) = gate.recv(wait).map_err(RouteError::from)? else { return Ok(false) };
         let now = now_ms();
+        if let (Message::Data { .. }, Some(barriers)) =
+            (&message, self.checkpointing.as_mut().and_then(|c| c.barriers.as_mut()))
+        {
+            // In flight for an unaligned checkpoint: recorded, and processed as usual.
+            barriers.on_data(channel, || message.clone());
+        }
         match message {
             Message::Data { side: None, batch, watermark } => {
                 let advanced = tracker.on_record(channel, now);
@@ -293,14 +331,11 @@ impl SubtaskRunner {
                 {
                     self.advance_watermark(w)?;
                 }
-                let aligned = match self.checkpointing.as_mut().and_then(|c| c.aligner.as_mut()) {
-                    Some(aligner) => aligner.on_end(channel),
-                    None => Alignment::Waiting,
+                let outcome = match self.checkpointing.as_mut().and_then(|c| c.barriers.as_mut()) {
+                    Some(barriers) => barriers.on_end(channel),
+                    None => Outcome::default(),
                 };
-                self.follow_aligner();
-                if let Alignment::Aligned(id) = aligned {
-                    self.aligned(id)?;
-                }
+                self.apply(outcome)?;
                 return Ok(all_ended);
             }
         }
@@ -329,54 +364,107 @@ impl SubtaskRunner {
         Ok(())
     }
 
-    /// Barrier `id` arrived on `channel`: hold the channel until every live channel delivered
-    /// it, then snapshot and pass the barrier on.
+    /// Barrier `id` arrived on `channel` (with copies of what it overtook, if it did): the
+    /// barrier handler decides whether to hold the channel, snapshot, or complete.
     fn on_barrier(&mut self, channel: usize, id: CheckpointId) -> Result<(), TaskError> {
         let Some(ck) = &mut self.checkpointing else {
             // Without checkpoints nobody aligns; pass it on.
             return self.tail.event(Message::Barrier(id));
         };
-        let Some(aligner) = &mut ck.aligner else { return Ok(()) };
-        let alignment = aligner.on_barrier(channel, id);
-        if alignment == Alignment::Waiting {
-            ck.align_started.get_or_insert_with(Instant::now);
-        }
-        self.follow_aligner();
-        match alignment {
-            Alignment::Waiting | Alignment::Stale => Ok(()),
-            Alignment::Aligned(id) => self.aligned(id),
-        }
+        let overtaken = match &mut self.head {
+            Head::Input { gate, .. } => gate.take_overtaken(channel),
+            Head::Source { .. } => Vec::new(),
+        };
+        let Some(barriers) = &mut ck.barriers else { return Ok(()) };
+        let outcome = barriers.on_barrier(channel, id, overtaken, now_ms());
+        self.apply(outcome)
     }
 
-    /// Holds back exactly the channels the aligner holds: the aligner is the one truth about
+    /// Carries out what the barrier handler decided, in order: the gate's held channels follow
+    /// it; an abandoned snapshot is dropped; a new one is taken and its barrier forwarded;
+    /// channels still owing that barrier are asked to let it overtake; a complete snapshot is
+    /// reported with its records in flight.
+    fn apply(&mut self, outcome: Outcome<Message>) -> Result<(), TaskError> {
+        self.follow_barriers();
+        if outcome.is_nothing() {
+            return Ok(());
+        }
+        let Some(ck) = &mut self.checkpointing else { return Ok(()) };
+        if let Some(id) = outcome.abandoned
+            && ck.held.as_ref().is_some_and(|(held, _)| *held == id)
+        {
+            ck.held = None;
+        }
+        let alignment_ms = ck.barriers.as_ref().and_then(|b| b.started_ms()).map_or(0.0, |t| (now_ms() - t) as f64);
+        let ck_unaligned = ck.barriers.as_ref().is_some_and(|b| b.mode() == BarrierMode::Unaligned);
+        if let Some(id) = outcome.snapshot {
+            ck.last_checkpoint = id;
+            if let Some(mut snapshot) = self.take_snapshot(Some(id), alignment_ms)? {
+                // Taken at once when aligned; before its records in flight are known when not.
+                snapshot.unaligned = ck_unaligned || outcome.complete.as_ref().is_none_or(|(_, r)| !r.is_empty());
+                if let Some(ck) = &mut self.checkpointing {
+                    ck.held = Some((id, snapshot));
+                }
+            }
+            if let Head::Input { gate, .. } = &mut self.head {
+                for &channel in &outcome.overtake {
+                    gate.overtake_barriers(channel, id..=id);
+                }
+            }
+            self.tail.event(Message::Barrier(id))?;
+        }
+        if let Some((id, records)) = outcome.complete
+            && let Some(ck) = &mut self.checkpointing
+            && ck.held.as_ref().is_some_and(|(held, _)| *held == id)
+            && let Some((_, mut snapshot)) = ck.held.take()
+        {
+            snapshot.in_flight = records
+                .into_iter()
+                .filter_map(|(channel, message)| match message {
+                    Message::Data { side, batch, .. } => Some(InFlightBatch { channel: channel as u32, side, batch }),
+                    _ => None,
+                })
+                .collect();
+            // A gone checkpoint thread means the job is ending; nothing to tell.
+            let _ = ck.reports.send(Report::Taken { id, snapshot });
+        }
+        Ok(())
+    }
+
+    /// Holds back exactly the channels the barrier handler holds: it is the one truth about
     /// which channels are blocked (it releases channels itself when a newer barrier restarts
-    /// alignment, and a gate that kept its own view would hold them forever).
-    fn follow_aligner(&mut self) {
+    /// alignment or the aligned timeout switches to unaligned, and a gate that kept its own
+    /// view would hold them forever).
+    fn follow_barriers(&mut self) {
         let (Some(ck), Head::Input { gate, .. }) = (&self.checkpointing, &mut self.head) else { return };
-        let Some(aligner) = &ck.aligner else { return };
-        for (channel, &blocked) in aligner.blocked().iter().enumerate() {
+        let Some(barriers) = &ck.barriers else { return };
+        for (channel, &blocked) in barriers.blocked().iter().enumerate() {
             gate.set_blocked(channel, blocked);
         }
-    }
-
-    fn aligned(&mut self, id: CheckpointId) -> Result<(), TaskError> {
-        let alignment_ms = self
-            .checkpointing
-            .as_mut()
-            .and_then(|c| c.align_started.take())
-            .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
-        if let Some(ck) = &mut self.checkpointing {
-            ck.last_checkpoint = id;
-        }
-        self.snapshot(Some(id), alignment_ms)?;
-        self.tail.event(Message::Barrier(id))
     }
 
     /// The synchronous phase: the chain's state, the source position and the sink's
     /// pre-commit, handed to the checkpoint thread. `id: None` is the final snapshot of a
     /// finished subtask.
     fn snapshot(&mut self, id: Option<CheckpointId>, alignment_ms: f64) -> Result<(), TaskError> {
+        let Some(snapshot) = self.take_snapshot(id, alignment_ms)? else { return Ok(()) };
         let Some(ck) = &self.checkpointing else { return Ok(()) };
+        let report = match id {
+            Some(id) => Report::Taken { id, snapshot },
+            None => Report::Finished(snapshot),
+        };
+        // A gone checkpoint thread means the job is ending; nothing to tell.
+        let _ = ck.reports.send(report);
+        Ok(())
+    }
+
+    /// Takes the synchronous snapshot without reporting it.
+    fn take_snapshot(
+        &mut self,
+        id: Option<CheckpointId>,
+        alignment_ms: f64,
+    ) -> Result<Option<TakenSnapshot>, TaskError> {
+        let Some(ck) = &self.checkpointing else { return Ok(None) };
         let started = Instant::now();
         let staging = tempfile::Builder::new()
             .prefix("snapshot-")
@@ -394,7 +482,7 @@ impl SubtaskRunner {
             Tail::Sink(sink) => sink.pre_commit(id.unwrap_or(u64::MAX)).map_err(TaskError::Sink)?,
             Tail::Exchange(_) => None,
         };
-        let Some(ck) = &self.checkpointing else { return Ok(()) };
+        let Some(ck) = &self.checkpointing else { return Ok(None) };
         let source = match &self.head {
             Head::Source { source, .. } => ck.source_name.clone().map(|n| (n, source.position())),
             Head::Input { .. } => None,
@@ -411,19 +499,19 @@ impl SubtaskRunner {
             alignment_ms,
             sync_ms: started.elapsed().as_secs_f64() * 1e3,
             staging: Some(staging),
+            in_flight: Vec::new(),
+            unaligned: false,
         };
-        let report = match id {
-            Some(id) => Report::Taken { id, snapshot },
-            None => Report::Finished(snapshot),
-        };
-        // A gone checkpoint thread means the job is ending; nothing to tell.
-        let _ = ck.reports.send(report);
-        Ok(())
+        Ok(Some(snapshot))
     }
 
     fn on_tick(&mut self) -> Result<(), TaskError> {
         let now = now_ms();
         self.ttl_clock.set(now);
+        if let Some(barriers) = self.checkpointing.as_mut().and_then(|c| c.barriers.as_mut()) {
+            let outcome = barriers.on_tick(now);
+            self.apply(outcome)?;
+        }
         if let Head::Input { tracker, .. } = &mut self.head
             && let Some(w) = tracker.on_tick(now)
         {
@@ -507,7 +595,21 @@ mod tests {
     fn aligning_subtask(
         staging: &std::path::Path,
     ) -> (SubtaskRunner, Vec<eddy_transport::channel::LocalSender>, mpsc::Receiver<Report>) {
-        let (_shared, gate, senders) = local_gate(2, ChannelConfig::default(), vec![Arc::default(), Arc::default()]);
+        subtask_in_mode(staging, BarrierMode::Aligned { timeout_ms: None })
+    }
+
+    fn subtask_in_mode(
+        staging: &std::path::Path,
+        mode: BarrierMode,
+    ) -> (SubtaskRunner, Vec<eddy_transport::channel::LocalSender>, mpsc::Receiver<Report>) {
+        let (_shared, mut gate, senders) =
+            local_gate(2, ChannelConfig::default(), vec![Arc::default(), Arc::default()]);
+        if mode == BarrierMode::Unaligned {
+            // As the runner's start does, but before the test sends anything.
+            for c in 0..2 {
+                gate.overtake_barriers(c, 0..=CheckpointId::MAX);
+            }
+        }
         let (reports, received) = mpsc::sync_channel(16);
         let runner = SubtaskRunner {
             head: Head::Input {
@@ -535,12 +637,70 @@ mod tests {
                 staging_root: staging.to_path_buf(),
                 last_checkpoint: 0,
                 last_completed: 0,
-                aligner: Some(BarrierAligner::new(2)),
-                align_started: None,
+                barriers: Some(BarrierHandler::new(2, mode)),
+                held: None,
                 faults: None,
             }),
+            replay: Vec::new(),
         };
         (runner, senders, received)
+    }
+
+    fn data(value: &str) -> Message {
+        let mut batch = RecordBatch::default();
+        batch.push(None, value.as_bytes(), None);
+        Message::Data { side: None, batch, watermark: None }
+    }
+
+    /// Runs `runner` to its end and returns the checkpoints it reported, with the values of
+    /// their records in flight as (channel, value).
+    fn run_to_end(runner: SubtaskRunner, reports: &mpsc::Receiver<Report>) -> Vec<(CheckpointId, Vec<(u32, String)>)> {
+        let cancel = runner.cancel.clone();
+        let (done, ended) = mpsc::channel();
+        std::thread::spawn(move || done.send(runner.run().map_err(|e| e.to_string())));
+        let outcome = ended.recv_timeout(Duration::from_secs(30));
+        cancel.store(true, Ordering::SeqCst);
+        assert_eq!(outcome.expect("the subtask stalled"), Ok(Ended::Finished));
+        reports
+            .try_iter()
+            .filter_map(|r| match r {
+                Report::Taken { id, snapshot } => Some((
+                    id,
+                    snapshot
+                        .in_flight
+                        .iter()
+                        .flat_map(|b| {
+                            b.batch.iter().map(|r| (b.channel, String::from_utf8_lossy(r.value).into_owned()))
+                        })
+                        .collect(),
+                )),
+                Report::Finished(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_unaligned_subtask_stores_what_each_barrier_overtook_with_its_snapshot() {
+        let staging = tempfile::tempdir().expect("tempdir");
+        let (runner, mut senders, reports) = subtask_in_mode(staging.path(), BarrierMode::Unaligned);
+        for (c, values) in [(0, ["a0", "a1"]), (1, ["b0", "b1"])] {
+            for v in values {
+                senders[c].send(data(v)).expect("send");
+            }
+            senders[c].send(Message::Barrier(1)).expect("the barrier jumps the queue");
+        }
+        senders[0].send(data("a2 after the barrier")).expect("send");
+        for sender in &mut senders {
+            sender.send(Message::EndOfStream).expect("send");
+        }
+        let taken = run_to_end(runner, &reports);
+        let expected: Vec<(u32, String)> =
+            [(0, "a0"), (0, "a1"), (1, "b0"), (1, "b1")].iter().map(|(c, v)| (*c, v.to_string())).collect();
+        assert_eq!(
+            taken,
+            [(1, expected)],
+            "snapshot at the first barrier, with every record it and the other overtook"
+        );
     }
 
     #[test]

@@ -15,8 +15,16 @@
 //! a task is still reading count against its channel. The recycled batch, emptied, goes back to
 //! the channel's sender with the credit ([`ChannelSender::spare`]), and the sender's buffer
 //! builder fills it again: after the first few batches a channel allocates nothing.
+//!
+//! Unaligned checkpoints: the receiver may ask a channel to let barriers of some checkpoints
+//! overtake ([`InputGate::overtake_barriers`]). Such a barrier jumps everything queued in the
+//! channel (on the wire and in the sender's queue), needs no credit, and carries copies of the
+//! records it overtook ([`InputGate::take_overtaken`]): they come before the barrier but
+//! reach the receiver after it, so the receiver stores them with its snapshot. The records
+//! themselves stay queued and are delivered as usual.
 
 use std::collections::VecDeque;
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -77,6 +85,18 @@ pub trait InputGate: Send {
     fn recycle(&mut self, channel: usize, batch: RecordBatch) {
         let _ = (channel, batch);
     }
+    /// From now on, barriers of checkpoints in `ids` overtake the data queued in `channel`
+    /// (one already queued there jumps ahead now). A gate that cannot do this keeps barriers
+    /// in order, which is slower but as correct: the receiver records what arrives before them.
+    fn overtake_barriers(&mut self, channel: usize, ids: RangeInclusive<u64>) {
+        let _ = (channel, ids);
+    }
+    /// Copies of the `Data` messages the barrier last received from `channel` overtook,
+    /// oldest first (empty if it overtook nothing).
+    fn take_overtaken(&mut self, channel: usize) -> Vec<Message> {
+        let _ = channel;
+        Vec::new()
+    }
 }
 
 /// Sizing of local channels.
@@ -109,6 +129,11 @@ struct LocalChannel {
     /// Emptied buffers on their way back to the sender, at most `capacity` of them.
     spares: Vec<RecordBatch>,
     waits: SendWaits,
+    /// Barriers that overtook the queue, each with copies of the records it overtook; served
+    /// before the wire and without credit.
+    priority: VecDeque<(Message, Vec<Message>)>,
+    /// Barriers of these checkpoints overtake.
+    overtaking: Option<RangeInclusive<u64>>,
 }
 
 /// A buffer grown past this (one huge record) is freed rather than kept for reuse, so the pool
@@ -143,6 +168,43 @@ impl LocalChannel {
         self.sender.on_credit(credit);
         self.pump();
         true
+    }
+
+    fn overtakes(&self, message: &Message) -> bool {
+        matches!((message, &self.overtaking), (Message::Barrier(id), Some(ids)) if ids.contains(id))
+    }
+
+    /// Copies of the records among the first `wire` messages on the wire and the first
+    /// `queued` in the sender's queue.
+    fn copies(&self, wire: usize, queued: usize) -> Vec<Message> {
+        let ahead = self.wire.iter().take(wire).chain(self.sender.queued().take(queued));
+        ahead.filter(|m| matches!(m, Message::Data { .. })).cloned().collect()
+    }
+
+    /// `barrier` jumps everything queued.
+    fn overtake(&mut self, barrier: Message) {
+        let copies = self.copies(self.wire.len(), self.sender.backlog());
+        self.priority.push_back((barrier, copies));
+    }
+
+    /// A barrier already queued that must overtake jumps ahead now. Returns whether one did.
+    fn overtake_queued(&mut self) -> bool {
+        if let Some(i) = self.wire.iter().position(|m| self.overtakes(m)) {
+            let copies = self.copies(i, 0);
+            let Some(barrier) = self.wire.remove(i) else { return false };
+            self.priority.push_back((barrier, copies));
+            // It held a credit like a buffer; it is consumed now.
+            self.consumed(None);
+            return true;
+        }
+        let queued = self.sender.queued().position(|m| self.overtakes(m));
+        if let Some(i) = queued {
+            let copies = self.copies(self.wire.len(), i);
+            let Some(barrier) = self.sender.remove_queued(i) else { return false };
+            self.priority.push_back((barrier, copies));
+            return true;
+        }
+        false
     }
 
     /// Moves queued messages onto the wire as far as credit allows.
@@ -197,7 +259,7 @@ impl LocalGateShared {
     /// Messages currently held in channel `c` (wire + unconsumed + queued), for tests and metrics.
     pub fn in_flight(&self, c: usize) -> usize {
         let state = self.lock();
-        state.channels.get(c).map_or(0, |ch| ch.wire.len() + ch.sender.backlog())
+        state.channels.get(c).map_or(0, |ch| ch.wire.len() + ch.sender.backlog() + ch.priority.len())
     }
 
     /// How channel `c`'s sender has waited for credit so far (all zero for an unknown channel).
@@ -225,6 +287,8 @@ pub fn local_gate(
                     wire: VecDeque::new(),
                     spares: Vec::new(),
                     waits: SendWaits::default(),
+                    priority: VecDeque::new(),
+                    overtaking: None,
                 }
             })
             .collect(),
@@ -242,7 +306,14 @@ pub fn local_gate(
         .enumerate()
         .map(|(channel, blocked_ns)| LocalSender { shared: shared.clone(), channel, blocked_ns, spare: None })
         .collect();
-    (shared.clone(), LocalInputGate { shared, channels, blocked: vec![false; channels], lent: None }, senders)
+    let gate = LocalInputGate {
+        shared: shared.clone(),
+        channels,
+        blocked: vec![false; channels],
+        lent: None,
+        overtaken: vec![Vec::new(); channels],
+    };
+    (shared, gate, senders)
 }
 
 /// In-process sending end.
@@ -271,6 +342,10 @@ impl ChannelSender for LocalSender {
                 return Err(Disconnected);
             }
             let channel = &mut state.channels[self.channel];
+            if channel.overtakes(&message) {
+                channel.overtake(message);
+                break;
+            }
             match channel.sender.enqueue(message) {
                 Ok(()) => {
                     channel.pump();
@@ -312,6 +387,8 @@ pub struct LocalInputGate {
     blocked: Vec<bool>,
     /// The channel of the `Data` message the task holds, whose credit has not come back yet.
     lent: Option<usize>,
+    /// Per channel, what the barrier last received from it overtook.
+    overtaken: Vec<Vec<Message>>,
 }
 
 impl std::fmt::Debug for LocalInputGate {
@@ -344,6 +421,22 @@ impl InputGate for LocalInputGate {
         self.shared.readable.notify_all();
     }
 
+    fn overtake_barriers(&mut self, channel: usize, ids: RangeInclusive<u64>) {
+        let shared = &*self.shared;
+        let mut state = shared.lock();
+        let Some(ch) = state.channels.get_mut(channel) else { return };
+        ch.overtaking = Some(ids);
+        if ch.overtake_queued() {
+            shared.readable.notify_all();
+        }
+        // A sender waiting for credit with such a barrier in hand may send it now.
+        shared.writable[channel].notify_one();
+    }
+
+    fn take_overtaken(&mut self, channel: usize) -> Vec<Message> {
+        self.overtaken.get_mut(channel).map(std::mem::take).unwrap_or_default()
+    }
+
     fn recv(&mut self, timeout: Duration) -> Result<Option<(usize, Message)>, Disconnected> {
         let shared = &*self.shared;
         let deadline = Instant::now() + timeout;
@@ -358,8 +451,15 @@ impl InputGate for LocalInputGate {
             if shared.closed.load(Ordering::SeqCst) {
                 return Err(Disconnected);
             }
-            // Round robin over channels with data, so one busy channel cannot starve the others.
+            // Barriers that overtook come first, even from a held channel: they exist to jump.
             let n = state.channels.len();
+            if let Some(c) = (0..n).find(|&c| !state.channels[c].priority.is_empty())
+                && let Some((barrier, copies)) = state.channels[c].priority.pop_front()
+            {
+                self.overtaken[c] = copies;
+                return Ok(Some((c, barrier)));
+            }
+            // Round robin over channels with data, so one busy channel cannot starve the others.
             let start = state.next;
             let blocked = &self.blocked;
             let ready = |c: usize| !blocked.get(c).copied().unwrap_or(false) && !state.channels[c].wire.is_empty();
@@ -559,6 +659,71 @@ mod tests {
         assert_eq!(next.get(0).unwrap().value, [2]);
         gate.recycle(0, kept);
         assert_eq!(tx.spare(), None, "a batch recycled out of turn is dropped, not credited twice");
+    }
+
+    fn values(messages: &[Message]) -> Vec<u8> {
+        messages
+            .iter()
+            .filter_map(|m| match m {
+                Message::Data { batch, .. } => Some(batch.get(0).unwrap().value[0]),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_overtaking_barrier_jumps_the_queue_with_copies_of_what_it_overtook() {
+        let config = ChannelConfig { capacity: 2, max_queued: 1 };
+        let (shared, mut gate, mut senders) = local_gate(1, config, vec![Arc::default()]);
+        let mut tx = senders.pop().unwrap();
+        gate.overtake_barriers(0, 0..=u64::MAX);
+        // Two on the wire (credit 2), one queued; a further send would block, the barrier does not.
+        for i in 0..3 {
+            tx.send(batch(i)).unwrap();
+        }
+        tx.send(Message::Barrier(1)).unwrap();
+        assert_eq!(shared.send_waits(0).blocked_sends, 0, "the barrier needed no credit");
+        assert_eq!(gate.recv(Duration::ZERO).unwrap(), Some((0, Message::Barrier(1))));
+        assert_eq!(values(&gate.take_overtaken(0)), [0, 1, 2]);
+        assert!(gate.take_overtaken(0).is_empty(), "taken once");
+        let mut got = Vec::new();
+        while let Some((0, m)) = gate.recv(Duration::ZERO).unwrap() {
+            got.push(m);
+        }
+        assert_eq!(values(&got), [0, 1, 2], "the records themselves still arrive, in order");
+    }
+
+    #[test]
+    fn a_barrier_already_queued_or_waiting_for_credit_overtakes_once_asked() {
+        let config = ChannelConfig { capacity: 1, max_queued: 1 };
+        let (shared, mut gate, mut senders) = local_gate(2, config, vec![Arc::default(), Arc::default()]);
+        let mut tx1 = senders.pop().unwrap();
+        let mut tx0 = senders.pop().unwrap();
+        // Channel 0: one on the wire, the barrier queued behind it.
+        tx0.send(batch(0)).unwrap();
+        tx0.send(Message::Barrier(5)).unwrap();
+        // Channel 1: wire and queue full; the barrier's send waits for credit.
+        tx1.send(batch(10)).unwrap();
+        tx1.send(batch(11)).unwrap();
+        let waiting = std::thread::spawn(move || tx1.send(Message::Barrier(5)));
+        wait_blocked(&shared, 1, 1);
+        gate.overtake_barriers(0, 5..=5);
+        gate.overtake_barriers(1, 5..=5);
+        waiting.join().unwrap().unwrap();
+        let mut barriers = Vec::new();
+        for _ in 0..2 {
+            let Some((c, Message::Barrier(5))) = gate.recv(Duration::from_secs(5)).unwrap() else { panic!() };
+            barriers.push((c, values(&gate.take_overtaken(c))));
+        }
+        barriers.sort();
+        assert_eq!(barriers, [(0, vec![0]), (1, vec![10, 11])]);
+        let mut rest = Vec::new();
+        while let Some((_, m)) = gate.recv(Duration::ZERO).unwrap() {
+            rest.push(m);
+        }
+        let mut rest = values(&rest);
+        rest.sort();
+        assert_eq!(rest, [0, 10, 11], "nothing lost, no barrier twice");
     }
 
     #[test]

@@ -130,6 +130,17 @@ impl<B> CreditSender<B> {
         self.queue.len()
     }
 
+    /// The buffers waiting for credit, oldest first.
+    pub fn queued(&self) -> impl Iterator<Item = &B> {
+        self.queue.iter()
+    }
+
+    /// Takes the queued buffer at `index` out of the queue (an event that jumps it): it never
+    /// needs credit.
+    pub fn remove_queued(&mut self, index: usize) -> Option<B> {
+        self.queue.remove(index)
+    }
+
     /// Whether the producer must wait.
     pub fn is_backpressured(&self) -> bool {
         self.queue.len() >= self.max_queued

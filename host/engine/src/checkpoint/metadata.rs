@@ -94,15 +94,24 @@ pub struct SubtaskState {
     pub sink: Option<serde_json::Value>,
     /// The chain's stateful steps.
     pub operators: Vec<OperatorState>,
+    /// Unaligned checkpoints: the records in flight on the subtask's input channels (sealed
+    /// [`super::format::encode_in_flight`] files), replayed into the chain on restore before
+    /// any new input. Absent in aligned checkpoints and in checkpoints written before
+    /// unaligned mode existed, which therefore restore unchanged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_flight: Vec<FileRef>,
 }
 
 impl SubtaskState {
     /// Every file this subtask's snapshot references.
     pub fn files(&self) -> impl Iterator<Item = &FileRef> {
-        self.operators.iter().flat_map(|o| match &o.state {
-            StoredState::Entries(files) => files.iter().collect::<Vec<_>>(),
-            StoredState::Rocksdb(files) => files.iter().map(|(_, f)| f).collect(),
-        })
+        self.operators
+            .iter()
+            .flat_map(|o| match &o.state {
+                StoredState::Entries(files) => files.iter().collect::<Vec<_>>(),
+                StoredState::Rocksdb(files) => files.iter().map(|(_, f)| f).collect(),
+            })
+            .chain(&self.in_flight)
     }
 }
 
@@ -121,6 +130,12 @@ pub struct CheckpointStats {
     pub full_bytes: u64,
     /// Bytes written for this checkpoint (files shared with earlier checkpoints not counted).
     pub incremental_bytes: u64,
+    /// Bytes of in-flight records stored (unaligned checkpoints).
+    #[serde(default)]
+    pub in_flight_bytes: u64,
+    /// Whether some subtask took its part unaligned (mode `unaligned`, or the aligned timeout).
+    #[serde(default)]
+    pub unaligned: bool,
 }
 
 /// A completed checkpoint.
@@ -331,6 +346,30 @@ mod tests {
             subtasks: Vec::new(),
             stats: CheckpointStats::default(),
         }
+    }
+
+    #[test]
+    fn metadata_without_in_flight_records_reads_as_an_aligned_checkpoint_and_aligned_ones_write_none() {
+        let mut meta = metadata(FORMAT_VERSION);
+        meta.subtasks.push(SubtaskState {
+            task: 1,
+            subtask: 0,
+            parallelism: 1,
+            keyed: false,
+            source: None,
+            sink: None,
+            operators: Vec::new(),
+            in_flight: Vec::new(),
+        });
+        let mut json = serde_json::to_value(&meta).expect("encode");
+        assert!(json["subtasks"][0].get("in_flight").is_none(), "aligned checkpoints write no in_flight field");
+        // As written before unaligned checkpoints existed.
+        json["stats"].as_object_mut().expect("stats").retain(|k, _| k != "in_flight_bytes" && k != "unaligned");
+        let old: CheckpointMetadata = serde_json::from_value(json).expect("old metadata still reads");
+        assert_eq!(old, meta);
+        let file = FileRef { path: "chk-3/t1-s0/in-flight".into(), bytes: 30, crc32: 7 };
+        meta.subtasks[0].in_flight.push(file.clone());
+        assert_eq!(meta.files().collect::<Vec<_>>(), [&file], "in-flight files are the checkpoint's files");
     }
 
     #[test]

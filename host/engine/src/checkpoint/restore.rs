@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use eddy_core::KeyGroupRange;
 use eddy_state::{RocksDbBackend, StateBackend};
 
-use super::format::{decode_entries, unseal};
+use super::format::{InFlightBatch, decode_entries, decode_in_flight, unseal};
 use super::metadata::{CheckpointMetadata, FileRef, StoredState, SubtaskState, TimerState, completed_ids};
 use super::store::CheckpointStore;
 use super::{CheckpointError, CheckpointId};
@@ -42,6 +42,10 @@ fn local_path(root: &Path, state: &SubtaskState, operator: usize) -> PathBuf {
     root.join(format!("t{}-s{}-op{operator}", state.task, state.subtask))
 }
 
+fn in_flight_path(root: &Path, state: &SubtaskState, n: usize) -> PathBuf {
+    root.join(format!("t{}-s{}-in-flight-{n}", state.task, state.subtask))
+}
+
 fn fetch_verified(store: &CheckpointStore, file: &FileRef) -> Result<Vec<u8>, CheckpointError> {
     let bytes = store.get(&file.path)?;
     if bytes.len() as u64 != file.bytes || crc32fast::hash(&bytes) != file.crc32 {
@@ -67,6 +71,11 @@ impl RestorePoint {
             })
         };
         for state in &meta.subtasks {
+            for (n, file) in state.in_flight.iter().enumerate() {
+                let bytes = fetch_verified(store, file)?;
+                unseal(&bytes, &file.path)?;
+                write(&in_flight_path(local.path(), state, n), &bytes)?;
+            }
             for (i, op) in state.operators.iter().enumerate() {
                 let path = local_path(local.path(), state, i);
                 std::fs::create_dir_all(&path).map_err(|e| CheckpointError::Storage {
@@ -147,6 +156,60 @@ impl RestorePoint {
     /// The transaction state of every sink subtask in the checkpoint.
     pub fn sink_states(&self) -> Vec<&serde_json::Value> {
         self.meta.subtasks.iter().filter_map(|s| s.sink.as_ref()).collect()
+    }
+
+    /// The records that were in flight into task `task` at the checkpoint, for the new subtask
+    /// taking `share`, in the order they arrived: replayed into its chain before any new input.
+    /// A keyed task's records follow their key groups (so parallelism may change); a
+    /// non-keyed task's stay with their subtask index and need equal parallelism.
+    pub fn in_flight(&self, task: usize, share: Share) -> Result<Vec<InFlightBatch>, CheckpointError> {
+        // 128: the default, for metadata from before it was recorded.
+        let max_parallelism = self.meta.max_parallelism.unwrap_or(128);
+        let mut out = Vec::new();
+        for state in self.meta.subtasks.iter().filter(|s| s.task == task && !s.in_flight.is_empty()) {
+            let range = match share {
+                Share::KeyGroups(range) => Some(range),
+                Share::Subtask { index, parallelism } if state.parallelism == parallelism => {
+                    if state.subtask != index {
+                        continue;
+                    }
+                    None
+                }
+                Share::Subtask { parallelism, .. } => {
+                    return Err(CheckpointError::Incompatible(format!(
+                        "task {task} is not behind a key_by and had records in flight in unaligned checkpoint {}, so \
+                         they belong to subtasks, and its parallelism changed from {} to {parallelism}",
+                        self.meta.id, state.parallelism
+                    )));
+                }
+            };
+            for (n, file) in state.in_flight.iter().enumerate() {
+                let local = in_flight_path(self.local.path(), state, n);
+                let bytes = std::fs::read(&local).map_err(|e| CheckpointError::Storage {
+                    what: format!("reading {}", local.display()),
+                    problem: e.to_string(),
+                })?;
+                for batch in decode_in_flight(unseal(&bytes, &file.path)?, &file.path)? {
+                    let Some(range) = range else {
+                        out.push(batch);
+                        continue;
+                    };
+                    // Keyless records (side outputs) go to the subtask owning key group 0.
+                    let mine = |key: Option<&[u8]>| match key {
+                        Some(k) => range.contains(eddy_core::key_group_of(k, max_parallelism)),
+                        None => range.contains(0),
+                    };
+                    let mut part = eddy_core::RecordBatch::default();
+                    for r in batch.batch.iter().filter(|r| mine(r.key)) {
+                        part.push_view(&r);
+                    }
+                    if !part.is_empty() {
+                        out.push(InFlightBatch { batch: part, ..batch });
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Puts step `step`'s entries of `share` into `target` (as stored) and hands its timers
@@ -291,6 +354,45 @@ mod tests {
         backend.scan_prefix(b"", &mut |_, v| values.push(String::from_utf8_lossy(v).into_owned())).expect("scan");
         values.sort();
         Ok(values)
+    }
+
+    #[test]
+    fn records_in_flight_go_to_the_new_subtask_owning_their_key_group_or_their_index() {
+        use crate::checkpoint::format::InFlightBatch;
+        let keys: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
+        let in_flight = |subtask: u32, keys: &[String]| {
+            let mut batch = eddy_core::RecordBatch::default();
+            for k in keys {
+                batch.push(Some(k.as_bytes()), k.as_bytes(), Some(1));
+            }
+            vec![InFlightBatch { channel: subtask, side: None, batch }]
+        };
+        let with = |subtask: u32, keyed: bool, keys: &[String]| TakenSnapshot {
+            in_flight: in_flight(subtask, keys),
+            ..taken(subtask, 2, keyed, &[("count", &[])])
+        };
+        let (_dir, point) = checkpoint(vec![with(0, true, &keys[..20]), with(1, true, &keys[20..])]);
+        let mut all = Vec::new();
+        for index in 0..3 {
+            let range = KeyGroupRange::for_subtask(MAX_P, 3, index);
+            for b in point.in_flight(0, Share::KeyGroups(range)).expect("in flight") {
+                for r in b.batch.iter() {
+                    assert!(range.contains(eddy_core::key_group_of(r.key.expect("keyed"), MAX_P)));
+                    all.push(String::from_utf8(r.value.to_vec()).expect("utf8"));
+                }
+            }
+        }
+        all.sort();
+        let mut expected = keys.clone();
+        expected.sort();
+        assert_eq!(all, expected, "every record in flight exactly once at parallelism 3");
+        assert!(point.in_flight(1, Share::KeyGroups(KeyGroupRange::all(MAX_P))).expect("none").is_empty());
+
+        let (_dir, point) = checkpoint(vec![with(0, false, &keys[..2]), with(1, false, &keys[2..3])]);
+        let one = point.in_flight(0, Share::Subtask { index: 1, parallelism: 2 }).expect("same parallelism");
+        assert_eq!(one, in_flight(1, &keys[2..3]), "a non-keyed subtask gets its own records back");
+        let err = point.in_flight(0, Share::Subtask { index: 0, parallelism: 3 }).expect_err("rescaled");
+        assert!(err.to_string().contains("parallelism changed from 2 to 3"), "{err}");
     }
 
     #[test]

@@ -99,6 +99,8 @@ pub struct BarrierHandler<T> {
     current: Option<Current<T>>,
     /// The newest checkpoint snapshotted (or, aligning, completed).
     last: Option<CheckpointId>,
+    /// When the newest checkpoint's first barrier arrived, ms.
+    started_ms: Option<i64>,
 }
 
 impl<T> BarrierHandler<T> {
@@ -111,6 +113,7 @@ impl<T> BarrierHandler<T> {
             blocked: vec![false; channels],
             current: None,
             last: None,
+            started_ms: None,
         }
     }
 
@@ -129,9 +132,9 @@ impl<T> BarrierHandler<T> {
         self.current.as_ref().map(|c| c.id)
     }
 
-    /// When the checkpoint in progress started (its first barrier), ms.
+    /// When the newest checkpoint (in progress or just completed) started: its first barrier, ms.
     pub fn started_ms(&self) -> Option<i64> {
-        self.current.as_ref().map(|c| c.started_ms)
+        self.started_ms
     }
 
     /// Whether a record arriving on `channel` now is in flight for the checkpoint in progress.
@@ -176,6 +179,7 @@ impl<T> BarrierHandler<T> {
         if self.current.is_none() {
             self.arrived.fill(false);
             self.current = Some(Current { id, started_ms: now_ms, phase: Phase::Aligning });
+            self.started_ms = Some(now_ms);
             if self.mode == BarrierMode::Unaligned {
                 self.unalign(&mut out);
             }

@@ -12,7 +12,7 @@ use eddy_core::TimeDomain;
 use eddy_state::BackendSnapshot;
 use sha2::{Digest, Sha256};
 
-use super::format::{encode_chunks, seal};
+use super::format::{InFlightBatch, encode_chunks, encode_in_flight, seal};
 use super::metadata::{FileRef, OperatorState, StoredState, SubtaskState, TimerState};
 use super::store::CheckpointStore;
 use super::{CheckpointError, CheckpointId};
@@ -47,6 +47,10 @@ pub struct TakenSnapshot {
     pub sync_ms: f64,
     /// Directory the disk backends' native checkpoints were written to (removed afterwards).
     pub staging: Option<tempfile::TempDir>,
+    /// Unaligned: the records in flight on the input channels, in arrival order.
+    pub in_flight: Vec<InFlightBatch>,
+    /// Whether the snapshot was taken unaligned.
+    pub unaligned: bool,
 }
 
 impl TakenSnapshot {
@@ -65,6 +69,8 @@ impl TakenSnapshot {
             alignment_ms: 0.0,
             sync_ms: 0.0,
             staging: None,
+            in_flight: Vec::new(),
+            unaligned: false,
         }
     }
 }
@@ -86,6 +92,8 @@ pub struct Uploaded {
     pub state: SubtaskState,
     /// Bytes written now (shared files already present not counted).
     pub written_bytes: u64,
+    /// Of which in-flight records.
+    pub in_flight_bytes: u64,
 }
 
 impl Uploader {
@@ -144,6 +152,14 @@ impl Uploader {
             operators.push(OperatorState { step, timers, state });
         }
         drop(taken.staging);
+        let mut in_flight = Vec::new();
+        let mut in_flight_bytes = 0;
+        if !taken.in_flight.is_empty() {
+            let file = put(store, format!("{dir}/in-flight"), seal(&encode_in_flight(&taken.in_flight)))?;
+            in_flight_bytes = file.bytes;
+            written_bytes += file.bytes;
+            in_flight.push(file);
+        }
         let state = SubtaskState {
             task: taken.task,
             subtask: taken.subtask,
@@ -152,8 +168,9 @@ impl Uploader {
             source: taken.source,
             sink: taken.sink,
             operators,
+            in_flight,
         };
-        Ok(Uploaded { state, written_bytes })
+        Ok(Uploaded { state, written_bytes, in_flight_bytes })
     }
 
     fn upload_directory(
