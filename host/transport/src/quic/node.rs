@@ -43,7 +43,8 @@ pub struct Tuning {
     pub connection_window: u32,
     /// A peer silent this long is gone (keep-alives flow at a third of it).
     pub idle_timeout: Duration,
-    /// The largest UDP payload MTU discovery tries (1452 is safe on any Ethernet path).
+    /// The largest UDP payload MTU discovery tries (1452 is safe on any Ethernet path); with
+    /// segmentation offload at most 6550, so that ten datagrams fit one send.
     pub max_udp_payload: u16,
     /// Let the kernel segment large sends (GSO) where it can.
     pub segmentation_offload: bool,
@@ -83,9 +84,43 @@ impl Tuning {
             t.max_idle_timeout(Some(idle));
         }
         let mut mtu = quinn::MtuDiscoveryConfig::default();
-        mtu.upper_bound(self.max_udp_payload.max(1200));
+        mtu.upper_bound(self.mtu_upper_bound());
         t.mtu_discovery_config(Some(mtu));
         t
+    }
+
+    /// The datagram size MTU discovery may reach. With segmentation offload quinn hands the
+    /// kernel up to [`GSO_SEGMENTS`] datagrams in one send, and they must fit one UDP payload
+    /// (65,507 bytes): a larger send fails with `EMSGSIZE`, which quinn counts as sent, so the
+    /// whole batch is lost and the black hole detector drops the path to 1200 bytes.
+    fn mtu_upper_bound(&self) -> u16 {
+        let bound = self.max_udp_payload.max(1200);
+        if self.segmentation_offload { bound.min(MAX_UDP_PAYLOAD / GSO_SEGMENTS) } else { bound }
+    }
+}
+
+/// The most bytes one UDP send can carry (65,535 less the IPv4 and UDP headers).
+const MAX_UDP_PAYLOAD: u16 = 65_507;
+/// Datagrams quinn 0.11 puts in one segmentation-offload send (its `MAX_TRANSMIT_SEGMENTS`).
+const GSO_SEGMENTS: u16 = 10;
+/// Socket buffers asked of the kernel (it caps them at `net.core.rmem_max` and `wmem_max`):
+/// every channel's credit arriving at once must not overflow the receive queue, since each
+/// datagram dropped there costs a cut of the congestion window and, with large datagrams, can
+/// pass for an MTU black hole.
+const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+
+/// Asks for [`SOCKET_BUFFER_BYTES`] of socket buffers; the kernel's defaults (about 200 KiB)
+/// are less than a few channels' credit.
+fn size_buffers(socket: &std::net::UdpSocket, addr: SocketAddr) {
+    let state = match quinn::udp::UdpSocketState::new(socket.into()) {
+        Ok(state) => state,
+        Err(e) => return tracing::debug!(%addr, reason = %e, "cannot size the socket's buffers"),
+    };
+    let sized = state
+        .set_recv_buffer_size(socket.into(), SOCKET_BUFFER_BYTES)
+        .and_then(|()| state.set_send_buffer_size(socket.into(), SOCKET_BUFFER_BYTES));
+    if let Err(e) = sized {
+        tracing::debug!(%addr, reason = %e, "cannot size the socket's buffers");
     }
 }
 
@@ -110,6 +145,7 @@ pub fn endpoint(
     let mut config = quinn::EndpointConfig::default();
     config.max_udp_payload_size(tuning.max_udp_payload.clamp(1200, 65527)).map_err(|e| config_error(&e))?;
     let socket = std::net::UdpSocket::bind(addr).map_err(|source| NodeError::Bind { addr, source })?;
+    size_buffers(&socket, addr);
     let mut endpoint = {
         let _guard = handle.enter();
         Endpoint::new(config, Some(server), socket, Arc::new(quinn::TokioRuntime))
@@ -643,5 +679,74 @@ async fn credit_loop(
             }
         }
         buf.drain(..at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::{ChannelConfig, InputGate, local_gate};
+    use crate::quic::ClusterCa;
+    use eddy_core::RecordBatch;
+
+    #[test]
+    fn with_segmentation_offload_a_full_batch_of_datagrams_fits_one_send() {
+        let tuned = Tuning::default();
+        assert_eq!(tuned.mtu_upper_bound(), 6550);
+        assert!(usize::from(tuned.mtu_upper_bound()) * usize::from(GSO_SEGMENTS) <= usize::from(MAX_UDP_PAYLOAD));
+        assert_eq!(Tuning { segmentation_offload: false, ..Tuning::default() }.mtu_upper_bound(), 8952);
+        assert_eq!(Tuning { max_udp_payload: 900, ..Tuning::default() }.mtu_upper_bound(), 1200);
+    }
+
+    /// Loopback carries 64 KiB datagrams, so MTU discovery reaches the tuned bound (not the
+    /// 1472 bytes quinn's endpoint announces by default), and bulk data keeps it there (no
+    /// segmentation-offload send too large to go out, lost, and taken for a black hole).
+    #[test]
+    fn large_datagrams_are_found_on_loopback_and_survive_bulk_data() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        let ca = ClusterCa::generate().expect("CA");
+        let node = |name: &str| {
+            let identity = ca.issue(name).expect("certificate");
+            let addr = "127.0.0.1:0".parse().expect("address");
+            QuicNode::bind(&identity, addr, Tuning::default(), rt.handle().clone()).expect("bind")
+        };
+        let (a, b) = (node("worker-a"), node("worker-b"));
+        let b_addr = b.local_addr().expect("bound");
+        let conn = a.connect("worker-b", b_addr).expect("connect");
+        let bound = Tuning::default().mtu_upper_bound();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while conn.stats().path.current_mtu < bound {
+            assert!(Instant::now() < deadline, "MTU discovery stopped at {}", conn.stats().path.current_mtu);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+
+        let (_shared, mut gate, senders) = local_gate(1, ChannelConfig::default(), vec![Arc::default()]);
+        let link = LinkId { job: "job".into(), attempt: 0, task: 0, subtask: 0, channel: 0 };
+        b.register(link.clone(), Box::new(senders.into_iter().next().expect("one sender")));
+        let mut tx = a.open_sender("worker-b", b_addr, &link).expect("open");
+        let producer = std::thread::spawn(move || {
+            for _ in 0..500 {
+                let mut batch = RecordBatch::default();
+                for _ in 0..300 {
+                    batch.push(None, &[7; 100], None);
+                }
+                tx.send(Message::Data { side: None, batch, watermark: None }).expect("send");
+            }
+            tx.send(Message::EndOfStream).expect("send");
+        });
+        let mut records = 0;
+        loop {
+            match gate.recv(Duration::from_secs(20)).expect("gate open").expect("data flows") {
+                (c, Message::Data { batch, .. }) => {
+                    records += batch.len();
+                    gate.recycle(c, batch);
+                }
+                (_, Message::EndOfStream) => break,
+                _ => {}
+            }
+        }
+        producer.join().expect("producer");
+        assert_eq!(records, 500 * 300);
+        assert_eq!(conn.stats().path.current_mtu, bound, "bulk data knocked the datagram size down");
     }
 }
