@@ -6,7 +6,7 @@
 //! finished it writes a final checkpoint marked `finished` and commits the sink's last files.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,6 +25,9 @@ use eddy_plan::CheckpointSpec;
 pub(crate) struct Signals {
     /// The newest checkpoint triggered; a source that has not handled it yet does.
     pub trigger: AtomicU64,
+    /// When `trigger` was triggered, ms since the epoch (written before it; 0 = unknown): the
+    /// aligned timeout counts from here.
+    pub triggered_ms: AtomicI64,
     /// The newest completed checkpoint; sinks commit up to it.
     pub completed: AtomicU64,
     /// A savepoint asked for: the next checkpoint starts at once and is copied here.
@@ -191,6 +194,7 @@ impl CheckpointThread {
                         for (p, _) in finished.iter().enumerate().filter(|(_, f)| f.is_some()) {
                             done = done.or(coordinator.acknowledge(id, p, now_ms()));
                         }
+                        self.signals.triggered_ms.store(now_ms(), Ordering::SeqCst);
                         self.signals.trigger.store(id, Ordering::SeqCst);
                         tracing::debug!(job = %self.job, checkpoint = id, "checkpoint triggered");
                         if let Some(Decision::Complete(id)) = done {

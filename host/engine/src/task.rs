@@ -406,12 +406,12 @@ impl SubtaskRunner {
                     ck.held = Some((id, snapshot));
                 }
             }
-            if let Head::Input { gate, .. } = &mut self.head {
-                for &channel in &outcome.overtake {
-                    gate.overtake_barriers(channel, id..=id);
-                }
-            }
             self.tail.event(Message::Barrier(id))?;
+        }
+        if let (Some((id, channels)), Head::Input { gate, .. }) = (&outcome.overtake, &mut self.head) {
+            for &channel in channels {
+                gate.overtake_barriers(channel, *id..=*id);
+            }
         }
         if let Some((id, records)) = outcome.complete
             && let Some(ck) = &mut self.checkpointing
@@ -508,8 +508,12 @@ impl SubtaskRunner {
     fn on_tick(&mut self) -> Result<(), TaskError> {
         let now = now_ms();
         self.ttl_clock.set(now);
-        if let Some(barriers) = self.checkpointing.as_mut().and_then(|c| c.barriers.as_mut()) {
-            let outcome = barriers.on_tick(now);
+        if let Some(ck) = self.checkpointing.as_mut()
+            && let Some(barriers) = ck.barriers.as_mut()
+        {
+            let trigger = ck.signals.trigger.load(Ordering::SeqCst);
+            let triggered = (trigger, ck.signals.triggered_ms.load(Ordering::SeqCst));
+            let outcome = barriers.on_tick(now, Some(triggered));
             self.apply(outcome)?;
         }
         if let Head::Input { tracker, .. } = &mut self.head

@@ -51,8 +51,8 @@ pub struct Outcome<T> {
     pub abandoned: Option<CheckpointId>,
     /// Snapshot now and forward barrier `id` downstream.
     pub snapshot: Option<CheckpointId>,
-    /// Channels to ask to let barrier `snapshot` overtake the data queued in them.
-    pub overtake: Vec<usize>,
+    /// Ask these channels to let barrier `id` overtake the data queued in them.
+    pub overtake: Option<(CheckpointId, Vec<usize>)>,
     /// The snapshot of checkpoint `id` is complete: report it with these in-flight records
     /// (channel, record), in arrival order (empty when aligned).
     pub complete: Option<(CheckpointId, Vec<(usize, T)>)>,
@@ -60,14 +60,14 @@ pub struct Outcome<T> {
 
 impl<T> Default for Outcome<T> {
     fn default() -> Self {
-        Self { abandoned: None, snapshot: None, overtake: Vec::new(), complete: None }
+        Self { abandoned: None, snapshot: None, overtake: None, complete: None }
     }
 }
 
 impl<T> Outcome<T> {
     /// Nothing to do.
     pub fn is_nothing(&self) -> bool {
-        self.abandoned.is_none() && self.snapshot.is_none() && self.overtake.is_empty() && self.complete.is_none()
+        self.abandoned.is_none() && self.snapshot.is_none() && self.overtake.is_none() && self.complete.is_none()
     }
 }
 
@@ -101,6 +101,8 @@ pub struct BarrierHandler<T> {
     last: Option<CheckpointId>,
     /// When the newest checkpoint's first barrier arrived, ms.
     started_ms: Option<i64>,
+    /// The newest checkpoint whose barriers were asked to overtake before any arrived.
+    overtake_asked: Option<CheckpointId>,
 }
 
 impl<T> BarrierHandler<T> {
@@ -114,6 +116,7 @@ impl<T> BarrierHandler<T> {
             current: None,
             last: None,
             started_ms: None,
+            overtake_asked: None,
         }
     }
 
@@ -189,11 +192,11 @@ impl<T> BarrierHandler<T> {
             self.refresh();
             return out;
         }
+        self.arrived[channel] = true;
         if !overtaken.is_empty() && matches!(self.current, Some(Current { phase: Phase::Aligning, .. })) {
             // What it overtook comes before it and is still to be processed: never hold it back.
             self.unalign(&mut out);
         }
-        self.arrived[channel] = true;
         if let Some(Current { phase: Phase::Unaligned { recorded }, .. }) = &mut self.current {
             recorded.extend(overtaken.into_iter().map(|r| (channel, r)));
         }
@@ -213,16 +216,37 @@ impl<T> BarrierHandler<T> {
         out
     }
 
-    /// Time passes: an alignment older than the aligned timeout switches to unaligned.
-    pub fn on_tick(&mut self, now_ms: i64) -> Outcome<T> {
+    /// Time passes. `triggered` is the newest checkpoint the coordinator triggered and when
+    /// (ms), if known: the aligned timeout counts from there, as the barrier itself may wait a
+    /// long time behind queued data before it arrives at all. An alignment that has taken the
+    /// timeout switches to unaligned; a checkpoint whose barrier has not arrived on any channel
+    /// by then has its barrier asked to overtake on every channel, and when it arrives having
+    /// overtaken records the checkpoint is unaligned at once (see [`Self::on_barrier`]).
+    pub fn on_tick(&mut self, now_ms: i64, triggered: Option<(CheckpointId, i64)>) -> Outcome<T> {
         let mut out = Outcome::default();
-        if let (BarrierMode::Aligned { timeout_ms: Some(timeout) }, Some(c)) = (self.mode, &self.current)
-            && matches!(c.phase, Phase::Aligning)
-            && now_ms.saturating_sub(c.started_ms) >= i64::try_from(timeout).unwrap_or(i64::MAX)
-        {
-            self.unalign(&mut out);
-            self.check(&mut out);
-            self.refresh();
+        let BarrierMode::Aligned { timeout_ms: Some(timeout) } = self.mode else { return out };
+        let timeout = i64::try_from(timeout).unwrap_or(i64::MAX);
+        let triggered_at = |id: CheckpointId| triggered.filter(|(t, ms)| *t == id && *ms > 0).map(|(_, ms)| ms);
+        match &self.current {
+            Some(c) if matches!(c.phase, Phase::Aligning) => {
+                let since = triggered_at(c.id).map_or(c.started_ms, |t| t.min(c.started_ms));
+                if now_ms.saturating_sub(since) >= timeout {
+                    self.unalign(&mut out);
+                    self.check(&mut out);
+                    self.refresh();
+                }
+            }
+            Some(_) => {}
+            None => {
+                if let Some((id, at)) = triggered.filter(|(_, ms)| *ms > 0)
+                    && self.last.is_none_or(|last| id > last)
+                    && self.overtake_asked.is_none_or(|asked| id > asked)
+                    && now_ms.saturating_sub(at) >= timeout
+                {
+                    self.overtake_asked = Some(id);
+                    out.overtake = Some((id, (0..self.ended.len()).filter(|&c| !self.ended[c]).collect()));
+                }
+            }
         }
         out
     }
@@ -239,7 +263,8 @@ impl<T> BarrierHandler<T> {
         self.last = Some(c.id);
         // In unaligned mode every barrier overtakes anyway (the shell set that up once).
         if self.mode != BarrierMode::Unaligned {
-            out.overtake = (0..self.arrived.len()).filter(|&ch| !self.arrived[ch] && !self.ended[ch]).collect();
+            let waiting = (0..self.arrived.len()).filter(|&ch| !self.arrived[ch] && !self.ended[ch]).collect();
+            out.overtake = Some((c.id, waiting));
         }
     }
 
@@ -257,7 +282,7 @@ impl<T> BarrierHandler<T> {
         }
         self.last = Some(c.id);
         // Channels that have not yet delivered it are now all ended: nothing left to overtake.
-        out.overtake.clear();
+        out.overtake = None;
         self.arrived.fill(false);
     }
 
@@ -362,23 +387,52 @@ mod tests {
         assert!(h.on_barrier(0, 4, vec![], 1_000).is_nothing());
         assert_eq!(h.blocked(), &[true, false, false]);
         assert!(!h.on_data(1, || "aligned: processed, not recorded"));
-        assert!(h.on_tick(1_099).is_nothing(), "not yet");
+        assert!(h.on_tick(1_099, None).is_nothing(), "not yet");
         assert_eq!(h.blocked(), &[true, false, false]);
         assert_eq!(
-            h.on_tick(1_100),
-            Outcome { snapshot: Some(4), overtake: vec![1, 2], ..Outcome::default() },
+            h.on_tick(1_100, None),
+            Outcome { snapshot: Some(4), overtake: Some((4, vec![1, 2])), ..Outcome::default() },
             "snapshot now; channels 1 and 2 still owe barrier 4"
         );
         assert_eq!(h.blocked(), &[false, false, false], "channel 0 released: what it held is after its barrier");
         assert!(!h.on_data(0, || "after barrier 4 on channel 0"));
         assert!(h.on_data(1, || "b1"));
-        assert!(h.on_tick(5_000).is_nothing(), "switched once");
+        assert!(h.on_tick(5_000, Some((4, 900))).is_nothing(), "switched once");
         assert!(h.on_barrier(1, 4, vec!["b2 overtaken"], 1_200).is_nothing());
         assert!(h.on_data(2, || "c1"));
         assert_eq!(h.on_barrier(2, 4, vec![], 1_300), complete(4, vec![(1, "b1"), (1, "b2 overtaken"), (2, "c1")]));
         // The next checkpoint starts aligned again.
         assert!(h.on_barrier(2, 5, vec![], 2_000).is_nothing());
         assert_eq!(h.blocked(), &[false, false, true]);
+    }
+
+    #[test]
+    fn the_aligned_timeout_counts_from_the_trigger_and_asks_barriers_to_overtake_before_they_arrive() {
+        let mut h = BarrierHandler::new(2, BarrierMode::Aligned { timeout_ms: Some(100) });
+        assert!(h.on_tick(1_050, Some((3, 1_000))).is_nothing(), "triggered 50 ms ago");
+        assert_eq!(
+            h.on_tick(1_100, Some((3, 1_000))),
+            Outcome { overtake: Some((3, vec![0, 1])), ..Outcome::default() },
+            "no barrier 3 yet after 100 ms: every channel is asked to let it overtake"
+        );
+        assert!(h.on_tick(1_200, Some((3, 1_000))).is_nothing(), "asked once");
+        assert_eq!(
+            h.on_barrier(1, 3, vec!["q1"], 1_210),
+            Outcome { snapshot: Some(3), overtake: Some((3, vec![0])), ..Outcome::default() },
+            "it overtook records: unaligned at once"
+        );
+        assert_eq!(h.blocked(), &[false, false]);
+        assert!(h.on_data(0, || "a1"));
+        assert_eq!(h.on_barrier(0, 3, vec![], 1_220), complete(3, vec![(1, "q1"), (0, "a1")]));
+        // Checkpoint 4: its first barrier arrives 80 ms after the trigger; 20 ms later the
+        // alignment has taken the timeout counted from the trigger.
+        assert!(h.on_barrier(0, 4, vec![], 2_080).is_nothing());
+        assert!(h.on_tick(2_099, Some((4, 2_000))).is_nothing());
+        assert_eq!(
+            h.on_tick(2_100, Some((4, 2_000))),
+            Outcome { snapshot: Some(4), overtake: Some((4, vec![1])), ..Outcome::default() }
+        );
+        assert!(h.on_tick(9_000, Some((3, 1))).is_nothing(), "an old trigger asks nothing");
     }
 
     #[test]
@@ -446,7 +500,7 @@ mod tests {
                 now += 1;
                 let pick = picks.next().unwrap_or(0);
                 if pick == 7 {
-                    let out = h.on_tick(now);
+                    let out = h.on_tick(now, None);
                     apply(out, &processed, &mut snapshots, &mut completed);
                     continue;
                 }
