@@ -36,6 +36,9 @@ pub(crate) struct Setup {
     pub(crate) retained: usize,
     /// `files` (transactional) or `upsert` (idempotent).
     pub(crate) sink: &'static str,
+    /// `checkpoints.mode`: `aligned` or `unaligned`.
+    pub(crate) mode: &'static str,
+    pub(crate) min_pause_ms: u64,
 }
 
 impl Default for Setup {
@@ -49,6 +52,8 @@ impl Default for Setup {
             interval_ms: 100,
             retained: 2,
             sink: "files",
+            mode: "aligned",
+            min_pause_ms: 0,
         }
     }
 }
@@ -88,6 +93,8 @@ checkpoints:
   dir: checkpoints
   interval_ms: {interval}
   retained: {retained}
+  mode: {mode}
+  min_pause_ms: {min_pause}
 restart: {{strategy: none}}
 sink:
   type: {sink}
@@ -102,6 +109,8 @@ sink:
         interval = s.interval_ms,
         retained = s.retained,
         sink = s.sink,
+        mode = s.mode,
+        min_pause = s.min_pause_ms,
     );
     let path = dir.join("pipeline.yaml");
     std::fs::write(&path, yaml).expect("write pipeline");
@@ -279,6 +288,11 @@ const CHILD_PIPELINE: &str = "EDDY_CRASH_PIPELINE";
 /// Env var: the seed of the faults [`crash_child`] injects; unset, it injects none.
 const CHILD_FAULT_SEED: &str = "EDDY_CRASH_FAULT_SEED";
 
+/// Env var: throttle [`crash_child`]'s operators to this many cores, so the sources outrun
+/// them and every channel stays full (backpressure: unaligned checkpoints store records in
+/// flight); unset, no throttle.
+const CHILD_CPU_SHARE: &str = "EDDY_CRASH_CPU_SHARE";
+
 /// A seeded xorshift draw in `0..bound`, shareable between threads.
 fn seeded_draws(seed: u64) -> Arc<dyn Fn(u64) -> u64 + Send + Sync> {
     let state = Mutex::new(seed | 1);
@@ -322,10 +336,13 @@ fn faulty(seed: u64) -> JobOptions {
 #[ignore = "started by the crash test in a child process"]
 fn crash_child() {
     let Ok(path) = std::env::var(CHILD_PIPELINE) else { return };
-    let options = match std::env::var(CHILD_FAULT_SEED).ok().and_then(|s| s.parse().ok()) {
+    let mut options = match std::env::var(CHILD_FAULT_SEED).ok().and_then(|s| s.parse().ok()) {
         Some(seed) => faulty(seed),
         None => JobOptions::default(),
     };
+    if let Some(cores) = std::env::var(CHILD_CPU_SHARE).ok().and_then(|s| s.parse().ok()) {
+        options.cpu_share = Some(Arc::new(eddy_runtime::CpuShare::new(cores, Duration::from_millis(10))));
+    }
     match run_with(Path::new(&path), options, |_| false) {
         Ok(summary) => assert!(summary.finished),
         Err(RunError::AlreadyFinished { .. }) => {}
@@ -360,18 +377,23 @@ fn crash_settings() -> (u64, u32) {
 
 /// Runs the pipeline at `path` in child processes until `kills` of them died mid-run — killed
 /// with SIGKILL at a random moment, or (with `faults`) dead by their own injected fault — then
-/// once more to the end. Returns how many runs finished before they could be killed and how many
-/// died of an injected fault.
-fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool) -> (u32, u32) {
+/// once more to the end (unthrottled). `throttle` (cores) slows the killed runs' operators.
+/// Returns how many runs finished before they could be killed, how many died of an injected
+/// fault, and after how many deaths the newest checkpoint (the next run's restore point) held
+/// records in flight.
+fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool, throttle: Option<&str>) -> (u32, u32, u32) {
     let draw = seeded_draws(seed);
     let mut killed = 0;
     let mut attempt = 0u64;
     let mut finished_early = 0;
     let mut died_of_faults = 0;
+    let mut in_flight_restores = 0;
+    let checkpoints = path.parent().expect("dir").join("checkpoints");
     while killed < kills {
         attempt += 1;
         let fault_seed = (seed ^ attempt.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_string();
-        let env: Vec<(&str, &str)> = if faults { vec![(CHILD_FAULT_SEED, &fault_seed)] } else { Vec::new() };
+        let mut env: Vec<(&str, &str)> = if faults { vec![(CHILD_FAULT_SEED, &fault_seed)] } else { Vec::new() };
+        env.extend(throttle.map(|cores| (CHILD_CPU_SHARE, cores)));
         let mut child = start_child_with(path, &env);
         std::thread::sleep(Duration::from_millis(150 + draw(600)));
         match child.try_wait().expect("poll child") {
@@ -386,11 +408,24 @@ fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool) -> (u32, u
             }
         }
         killed += 1;
+        if newest_holds_records_in_flight(&checkpoints) {
+            in_flight_restores += 1;
+        }
     }
     // Let the last run finish (or confirm it had), without faults.
     let status = start_child(path).wait().expect("final run");
     assert!(status.success(), "seed {seed}: the final run failed");
-    (finished_early, died_of_faults)
+    (finished_early, died_of_faults, in_flight_restores)
+}
+
+/// Whether the newest completed checkpoint in `dir` stored records in flight.
+fn newest_holds_records_in_flight(dir: &Path) -> bool {
+    use eddy_engine::checkpoint::{CheckpointMetadata, CheckpointStore, metadata::completed_ids};
+    let Ok(store) = CheckpointStore::local(dir) else { return false };
+    let newest = completed_ids(&store).ok().and_then(|ids| ids.first().copied());
+    newest
+        .and_then(|id| CheckpointMetadata::read(&store, id).ok())
+        .is_some_and(|m| m.subtasks.iter().any(|s| !s.in_flight.is_empty()))
 }
 
 /// The crash test: the job runs in a child process that is killed with SIGKILL at random
@@ -398,15 +433,31 @@ fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool) -> (u32, u
 /// restarted each time; afterwards the committed output equals the oracle exactly.
 #[test]
 fn sigkill_at_random_moments_loses_nothing_and_duplicates_nothing() {
+    sigkill_crash_test("aligned", None);
+}
+
+/// The crash test in unaligned mode, with the killed runs' operators throttled so that the
+/// channels are full and every checkpoint stores records in flight, which each restart
+/// replays before new input.
+#[test]
+fn sigkill_at_random_moments_in_unaligned_mode_under_backpressure_loses_nothing_and_duplicates_nothing() {
+    sigkill_crash_test("unaligned", Some("0.05"));
+}
+
+fn sigkill_crash_test(mode: &'static str, throttle: Option<&str>) {
     let (seed, kills) = crash_settings();
-    eprintln!("crash test: seed {seed} (EDDY_CRASH_SEED={seed} repeats it), {kills} kills");
+    eprintln!("crash test ({mode}): seed {seed} (EDDY_CRASH_SEED={seed} repeats it), {kills} kills");
     let dir = tempfile::tempdir().expect("tempdir");
     // ~0.55 s of input per kill: the job outlives the kills whatever their number.
     let events = 4_500 * u64::from(kills);
-    let setup = Setup { seed, events, rate: 8_000, backend: "rocksdb", interval_ms: 150, ..Setup::default() };
+    let setup = Setup { seed, events, rate: 8_000, backend: "rocksdb", interval_ms: 150, mode, ..Setup::default() };
     let path = write_pipeline(dir.path(), &setup);
     let started = Instant::now();
-    let (finished_early, _) = crash_repeatedly(&path, seed, kills, false);
+    let (finished_early, _, in_flight_restores) = crash_repeatedly(&path, seed, kills, false, throttle);
+    eprintln!("crash test ({mode}): {in_flight_restores} of {kills} restarts from a checkpoint with records in flight");
+    if throttle.is_some() {
+        assert!(in_flight_restores > 0, "seed {seed}: no restart replayed records in flight");
+    }
     let spec = PipelineSpec::from_file(&path).expect("spec");
     let expected = oracle(&spec);
     let got = committed(&dir.path().join("out"));
@@ -422,13 +473,13 @@ fn sigkill_at_random_moments_loses_nothing_and_duplicates_nothing() {
 
 /// Generated purchases keyed by user into a Wasm operator with value state that emits each
 /// user's running count, RocksDB state at parallelism 2, exactly-once files.
-fn running_count_pipeline(dir: &Path, seed: u64, events: u64) -> PathBuf {
+fn running_count_pipeline(dir: &Path, seed: u64, events: u64, mode: &str) -> PathBuf {
     let yaml = format!(
         "name: crash-running-count\nparallelism: 2\nsources:\n  - {{type: generator, name: purchases, seed: {seed}, \
          events: {events}, keys: 40, key_field: user_id, key_prefix: user-, value_field: amount_cents, min_value: 1, \
          max_value: 1000, start_ms: 0, interval_ms: 5, rate_per_sec: 8000}}\nsteps:\n  - {{name: count, wasm: {count}, \
          key_by: /user_id}}\nstate: {{backend: rocksdb, dir: state}}\ncheckpoints: {{dir: checkpoints, interval_ms: 100, \
-         retained: 2}}\nrestart: {{strategy: none}}\nsink: {{type: files, dir: out}}\n",
+         retained: 2, mode: {mode}}}\nrestart: {{strategy: none}}\nsink: {{type: files, dir: out}}\n",
         count = eddy_guest_artifacts::RUNNING_COUNT,
     );
     let path = dir.join("pipeline.yaml");
@@ -467,12 +518,29 @@ pub(crate) fn committed_counts(out: &Path) -> Vec<(String, u64)> {
 /// `EDDY_CRASH_SEED` repeats a run.
 #[test]
 fn deaths_inside_checkpoints_with_a_failing_store_lose_nothing_and_duplicate_nothing() {
+    faults_crash_test("aligned", None);
+}
+
+/// The crash test with faults in unaligned mode under backpressure: deaths inside checkpoints
+/// whose snapshots carry records in flight.
+#[test]
+fn deaths_inside_unaligned_checkpoints_with_a_failing_store_lose_nothing_and_duplicate_nothing() {
+    faults_crash_test("unaligned", Some("0.05"));
+}
+
+fn faults_crash_test(mode: &str, throttle: Option<&str>) {
     let (seed, kills) = crash_settings();
-    eprintln!("crash test with faults: seed {seed} (EDDY_CRASH_SEED={seed} repeats it), {kills} deaths");
+    eprintln!("crash test with faults ({mode}): seed {seed} (EDDY_CRASH_SEED={seed} repeats it), {kills} deaths");
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = running_count_pipeline(dir.path(), seed, 4_500 * u64::from(kills));
+    let path = running_count_pipeline(dir.path(), seed, 4_500 * u64::from(kills), mode);
     let started = Instant::now();
-    let (finished_early, died_of_faults) = crash_repeatedly(&path, seed, kills, true);
+    let (finished_early, died_of_faults, in_flight_restores) = crash_repeatedly(&path, seed, kills, true, throttle);
+    eprintln!(
+        "crash test with faults ({mode}): {in_flight_restores} of {kills} restarts from a checkpoint with records in flight"
+    );
+    if throttle.is_some() {
+        assert!(in_flight_restores > 0, "seed {seed}: no restart replayed records in flight");
+    }
     let expected = running_count_oracle(&PipelineSpec::from_file(&path).expect("spec"));
     let got = committed_counts(&dir.path().join("out"));
     let mut balance: BTreeMap<&(String, u64), i64> = BTreeMap::new();

@@ -12,4 +12,5 @@ mod operators;
 mod polyglot;
 mod recovery;
 mod spread;
+mod unaligned;
 mod windows;
