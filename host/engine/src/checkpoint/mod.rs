@@ -12,8 +12,14 @@
 //! transactions. On start, a job restores from the newest checkpoint that passes its checks
 //! ([`restore`]).
 //!
-//! Protocol logic lives in the I/O-free state machines [`coordinator`] and [`aligner`]; the
-//! rest is the shell around them.
+//! In unaligned mode (`checkpoints.mode: unaligned`, or an aligned checkpoint past its
+//! `aligned_timeout_ms`) a barrier overtakes the data queued in its channel, a task snapshots at
+//! its first barrier, and the records in flight (overtaken, or arriving on an input before its
+//! barrier) are stored with the snapshot and replayed on restore before new input
+//! ([`unaligner`]).
+//!
+//! Protocol logic lives in the I/O-free state machines [`coordinator`], [`aligner`] and
+//! [`unaligner`]; the rest is the shell around them.
 
 pub mod aligner;
 pub mod coordinator;

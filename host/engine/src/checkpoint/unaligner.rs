@@ -14,8 +14,9 @@
 //! the state taken at the first barrier plus the recorded records, which a restore replays
 //! into the operators before any new input.
 //!
-//! **Aligned with a timeout**: a checkpoint starts aligned; once its alignment has lasted
-//! `aligned_timeout_ms` it switches to unaligned. The task snapshots at that moment, so the
+//! **Aligned with a timeout**: a checkpoint starts aligned; once `aligned_timeout_ms` has passed
+//! since it was triggered (or, trigger time unknown, since its first barrier) it switches to
+//! unaligned. The task snapshots at that moment, so the
 //! snapshot covers everything processed so far. A channel that already delivered barrier `n`
 //! is released: what it held back came after its barrier, belongs after the snapshot, and is
 //! processed normally (never recorded). A channel still waiting for barrier `n` holds records
@@ -23,7 +24,9 @@
 //! comes, and the shell asks those channels to let barrier `n` overtake what is queued
 //! ([`Outcome::overtake`]), so the checkpoint need not wait for the queue to drain. A barrier
 //! that arrives having overtaken records during alignment switches the checkpoint at once:
-//! what it overtook is still to be processed, so it must be recorded, never held back.
+//! what it overtook is still to be processed, so it must be recorded, never held back. If the
+//! timeout passes before any barrier of the checkpoint arrived, every channel is asked to let it
+//! overtake ([`BarrierHandler::on_tick`]).
 //!
 //! A newer barrier abandons the checkpoint in progress (given up upstream): its held snapshot
 //! and records are dropped ([`Outcome::abandoned`]).
