@@ -66,6 +66,9 @@ pub struct BenchArgs {
     pub checkpoint_ms: Option<u64>,
     /// The Eddy side's state backend.
     pub state_backend: StateBackendKind,
+    /// Spread the Eddy side's subtasks over this many QUIC nodes in the process (subtask `i`
+    /// of every task on node `i mod spread`), so exchanges cross loopback QUIC with mutual TLS.
+    pub spread: u32,
 }
 
 /// The backend `name` (`heap` or `rocksdb`) names.
@@ -197,8 +200,12 @@ pub fn run_eddy(args: &BenchArgs) -> Result<SideReport> {
     let sinks: SinkFactory = Box::new(move |_| Box::new(MeasuringSink { rows: shared.clone(), paced }));
     let (cpu_before, _) = cpu_and_rss();
     let started = Instant::now();
-    let options = JobOptions { sink_per_subtask: Some(sinks), ..JobOptions::default() };
-    let summary = Job::run(&spec, &runtime, options, Duration::from_secs(3600), |_, _| {});
+    let summary = if args.spread > 1 {
+        run_spread(&spec, &runtime, args.spread, sinks)
+    } else {
+        let options = JobOptions { sink_per_subtask: Some(sinks), ..JobOptions::default() };
+        Job::run(&spec, &runtime, options, Duration::from_secs(3600), |_, _| {}).map_err(anyhow::Error::from)
+    };
     // The temporary checkpoint and state directories of this side.
     for dir in spec.checkpoints.iter().filter_map(|c| c.dir.as_ref()).chain(spec.state.dir.as_ref()) {
         let _ = std::fs::remove_dir_all(dir);
@@ -207,6 +214,64 @@ pub fn run_eddy(args: &BenchArgs) -> Result<SideReport> {
     let events = summary.metrics.source_records;
     let (count, latencies) = std::mem::take(&mut *rows.lock().map_err(|_| anyhow::anyhow!("sink lock poisoned"))?);
     Ok(finish("eddy", events, count, started, cpu_before, latencies))
+}
+
+/// Runs `spec` over `nodes` QUIC nodes in this process, one job part per node; the source
+/// records of all parts add up.
+fn run_spread(
+    spec: &PipelineSpec,
+    runtime: &Runtime,
+    nodes: u32,
+    sinks: SinkFactory,
+) -> Result<eddy_engine::RunSummary> {
+    use eddy_transport::quic::{ClusterCa, QuicNode, Tuning};
+    if spec.checkpoints.is_some() {
+        bail!("--spread runs without checkpoints: drop --checkpoint-ms");
+    }
+    let net =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().thread_name("eddy-net").build()?;
+    let ca = ClusterCa::generate()?;
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
+    let nodes = names
+        .iter()
+        .map(|n| Ok(QuicNode::bind(&ca.issue(n)?, "127.0.0.1:0".parse()?, Tuning::default(), net.handle().clone())?))
+        .collect::<Result<Vec<_>>>()?;
+    let addrs: std::collections::HashMap<String, std::net::SocketAddr> =
+        nodes.iter().map(|n| Ok((n.name().to_owned(), n.local_addr()?))).collect::<Result<_>>()?;
+    let plan = eddy_plan::PhysicalPlan::new(spec);
+    let assignment: Vec<Vec<String>> = plan
+        .tasks
+        .iter()
+        .map(|t| (0..t.parallelism).map(|i| names[i as usize % names.len()].clone()).collect())
+        .collect();
+    let sinks = Arc::new(Mutex::new(sinks));
+    let jobs = nodes
+        .iter()
+        .map(|node| {
+            let placement =
+                eddy_cluster::QuicPlacement::new(node.clone(), "bench".into(), 0, assignment.clone(), addrs.clone());
+            let sinks = sinks.clone();
+            let per_subtask: SinkFactory = Box::new(move |i| match sinks.lock() {
+                Ok(mut make) => make(i),
+                Err(poisoned) => (poisoned.into_inner())(i),
+            });
+            let options = JobOptions {
+                sink_per_subtask: Some(per_subtask),
+                placement: Some(Arc::new(placement)),
+                ..JobOptions::default()
+            };
+            Ok(Job::start(spec, runtime, options)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut total: Option<eddy_engine::RunSummary> = None;
+    for job in jobs {
+        let summary = job.wait()?;
+        match &mut total {
+            Some(t) => t.metrics.source_records += summary.metrics.source_records,
+            None => total = Some(summary),
+        }
+    }
+    total.context("no node ran")
 }
 
 /// Runs the native baseline in this process.
@@ -249,6 +314,7 @@ fn child(args: &BenchArgs, only: &str) -> Result<SideReport> {
         cmd.args(["--checkpoint-ms", &ms.to_string()]);
     }
     cmd.args(["--state-backend", backend_name(args.state_backend)]);
+    cmd.args(["--spread", &args.spread.to_string()]);
     let out = cmd.output().with_context(|| format!("starting the {only} side"))?;
     if !out.status.success() {
         bail!("the {only} side failed: {}", String::from_utf8_lossy(&out.stderr).trim());
@@ -322,10 +388,11 @@ fn summarize(query: &str, pairs: Vec<(SideReport, SideReport)>) -> QuerySummary 
 /// table of medians, and writes every run and the medians to `report`.
 pub fn run_pairs(args: &BenchArgs, queries: &[String], runs: usize, report: &std::path::Path) -> Result<()> {
     eprintln!(
-        "nexmark {}: {} events, parallelism {}, {} state{}{}, {} paired run(s) each (native, then eddy, each in its own process)",
+        "nexmark {}: {} events, parallelism {}{}, {} state{}{}, {} paired run(s) each (native, then eddy, each in its own process)",
         queries.join(" "),
         args.events,
         args.parallelism,
+        if args.spread > 1 { format!(" spread over {} QUIC nodes", args.spread) } else { String::new() },
         backend_name(args.state_backend),
         args.rate.map_or(String::new(), |r| format!(", paced at {r} events/s")),
         args.checkpoint_ms.map_or(String::new(), |ms| format!(", eddy checkpointing every {ms} ms")),

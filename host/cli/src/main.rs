@@ -302,6 +302,10 @@ enum BenchSuite {
         /// The Eddy side's state backend: `heap` or `rocksdb`.
         #[arg(long, default_value = "heap")]
         state_backend: String,
+        /// Spread the Eddy side over this many QUIC nodes in one process (subtask `i` on node
+        /// `i mod N`): exchanges cross loopback QUIC with mutual TLS. No checkpoints.
+        #[arg(long, default_value_t = 1)]
+        spread: u32,
         /// Paired runs per query; the table shows medians.
         #[arg(long, default_value_t = 3)]
         runs: usize,
@@ -338,6 +342,7 @@ fn bench(suite: BenchSuite) -> Result<()> {
             query,
             checkpoint_ms,
             state_backend,
+            spread,
             runs,
             events,
             parallelism,
@@ -357,6 +362,7 @@ fn bench(suite: BenchSuite) -> Result<()> {
                 cache_dir,
                 checkpoint_ms,
                 state_backend,
+                spread,
             };
             nexmark(args, runs, &report, only.as_deref())
         }
