@@ -129,6 +129,17 @@ fn newest_checkpoint(dir: &Path) -> CheckpointMetadata {
 
 #[test]
 fn a_job_stopped_with_records_in_flight_resumes_from_them_exactly_once() {
+    resume_with_records_in_flight(2);
+}
+
+/// As above, resuming the keyed window step at parallelism 3: the records in flight follow
+/// their key groups to the new subtasks like the keyed state does.
+#[test]
+fn records_in_flight_follow_their_key_groups_to_another_parallelism() {
+    resume_with_records_in_flight(3);
+}
+
+fn resume_with_records_in_flight(parallelism: u32) {
     let dir = tempfile::tempdir().expect("tempdir");
     // The window job of the crash tests, unaligned, with its operators throttled to a sliver
     // of a core: the sources outrun the window step, so its input channels stay full and every
@@ -151,6 +162,8 @@ fn a_job_stopped_with_records_in_flight_resumes_from_them_exactly_once() {
     assert!(!in_flight.is_empty(), "checkpoint {} holds records in flight", newest.id);
     assert!(in_flight.iter().all(|s| s.task > 0), "only tasks with inputs have records in flight");
     let partial = committed(&dir.path().join("out")).len();
+    let text = std::fs::read_to_string(&path).expect("read");
+    std::fs::write(&path, text.replace("parallelism: 2", &format!("parallelism: {parallelism}"))).expect("write");
 
     let second = run_with(&path, JobOptions::default(), |_| false).expect("second run");
     assert!(second.finished, "ran to the end");

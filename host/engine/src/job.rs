@@ -575,6 +575,22 @@ impl Job {
             signals.trigger.store(point.id(), Ordering::SeqCst);
             signals.completed.store(point.id(), Ordering::SeqCst);
         }
+        // Records in flight at an unaligned checkpoint are replayed into the chain they were
+        // going to; that chain must still read an exchange.
+        let entry_step = |task: &eddy_plan::TaskPlan| task.steps().next().map(|i| spec.steps[i].name.as_str());
+        if let Some(point) = restore {
+            let readers: Vec<Option<&str>> =
+                plan.tasks.iter().filter(|t| plan.inputs(t.id).next().is_some()).map(entry_step).collect();
+            if let Some(lost) = point.in_flight_entries().into_iter().find(|e| !readers.contains(e)) {
+                let into = lost.map_or_else(|| "the sink".to_string(), |step| format!("step `{step}`"));
+                return Err(RunError::Checkpoint(CheckpointError::Incompatible(format!(
+                    "unaligned checkpoint {} holds records in flight into {into}, which no longer reads an exchange \
+                     (the plan chains it differently now); restore at the old parallelism, or from an aligned \
+                     checkpoint or savepoint",
+                    point.id()
+                ))));
+            }
+        }
         // Bounded: a checkpoint thread that falls behind slows the snapshots, not the memory.
         let (reports, reports_rx) = mpsc::sync_channel(2 * plan.subtasks() as usize + 4);
         let mut runners = Vec::new();
@@ -631,7 +647,7 @@ impl Job {
                     }
                 };
                 let replay = match (restore, &head) {
-                    (Some(point), Head::Input { .. }) => point.in_flight(task.id, share)?,
+                    (Some(point), Head::Input { .. }) => point.in_flight(entry_step(task), share)?,
                     _ => Vec::new(),
                 };
                 let input_channels = match &head {

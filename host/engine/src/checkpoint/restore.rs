@@ -158,15 +158,35 @@ impl RestorePoint {
         self.meta.subtasks.iter().filter_map(|s| s.sink.as_ref()).collect()
     }
 
-    /// The records that were in flight into task `task` at the checkpoint, for the new subtask
-    /// taking `share`, in the order they arrived: replayed into its chain before any new input.
-    /// A keyed task's records follow their key groups (so parallelism may change); a
-    /// non-keyed task's stay with their subtask index and need equal parallelism.
-    pub fn in_flight(&self, task: usize, share: Share) -> Result<Vec<InFlightBatch>, CheckpointError> {
+    /// Where the records in flight of `state` were going: the first step of its chain (`None`:
+    /// a chain without steps, the sink's own task). Task indices may shift when a plan changes
+    /// its chaining; the step behind the exchange does not.
+    fn entry_step(state: &SubtaskState) -> Option<&str> {
+        state.operators.first().map(|o| o.step.as_str())
+    }
+
+    /// The chains (by their first step, `None` for the sink's own task) that had records in
+    /// flight at the checkpoint: each must read an exchange again after a restore.
+    pub fn in_flight_entries(&self) -> Vec<Option<&str>> {
+        let mut entries: Vec<Option<&str>> =
+            self.meta.subtasks.iter().filter(|s| !s.in_flight.is_empty()).map(Self::entry_step).collect();
+        entries.sort_unstable();
+        entries.dedup();
+        entries
+    }
+
+    /// The records that were in flight into the chain starting at step `entry` (`None`: the
+    /// sink's own task) at the checkpoint, for the new subtask taking `share`, in the order
+    /// they arrived: replayed into its chain before any new input. A keyed task's records
+    /// follow their key groups (so parallelism may change); a non-keyed task's stay with their
+    /// subtask index and need equal parallelism.
+    pub fn in_flight(&self, entry: Option<&str>, share: Share) -> Result<Vec<InFlightBatch>, CheckpointError> {
         // 128: the default, for metadata from before it was recorded.
         let max_parallelism = self.meta.max_parallelism.unwrap_or(128);
         let mut out = Vec::new();
-        for state in self.meta.subtasks.iter().filter(|s| s.task == task && !s.in_flight.is_empty()) {
+        let into = |s: &&SubtaskState| Self::entry_step(s) == entry && !s.in_flight.is_empty();
+        let task = entry.map_or_else(|| "the sink".to_string(), |step| format!("step `{step}`"));
+        for state in self.meta.subtasks.iter().filter(into) {
             let range = match share {
                 Share::KeyGroups(range) => Some(range),
                 Share::Subtask { index, parallelism } if state.parallelism == parallelism => {
@@ -177,7 +197,7 @@ impl RestorePoint {
                 }
                 Share::Subtask { parallelism, .. } => {
                     return Err(CheckpointError::Incompatible(format!(
-                        "task {task} is not behind a key_by and had records in flight in unaligned checkpoint {}, so \
+                        "{task} is not behind a key_by and had records in flight in unaligned checkpoint {}, so \
                          they belong to subtasks, and its parallelism changed from {} to {parallelism}",
                         self.meta.id, state.parallelism
                     )));
@@ -375,7 +395,7 @@ mod tests {
         let mut all = Vec::new();
         for index in 0..3 {
             let range = KeyGroupRange::for_subtask(MAX_P, 3, index);
-            for b in point.in_flight(0, Share::KeyGroups(range)).expect("in flight") {
+            for b in point.in_flight(Some("count"), Share::KeyGroups(range)).expect("in flight") {
                 for r in b.batch.iter() {
                     assert!(range.contains(eddy_core::key_group_of(r.key.expect("keyed"), MAX_P)));
                     all.push(String::from_utf8(r.value.to_vec()).expect("utf8"));
@@ -386,12 +406,14 @@ mod tests {
         let mut expected = keys.clone();
         expected.sort();
         assert_eq!(all, expected, "every record in flight exactly once at parallelism 3");
-        assert!(point.in_flight(1, Share::KeyGroups(KeyGroupRange::all(MAX_P))).expect("none").is_empty());
+        assert!(point.in_flight(Some("other"), Share::KeyGroups(KeyGroupRange::all(MAX_P))).expect("none").is_empty());
+        assert_eq!(point.in_flight_entries(), [Some("count")]);
 
         let (_dir, point) = checkpoint(vec![with(0, false, &keys[..2]), with(1, false, &keys[2..3])]);
-        let one = point.in_flight(0, Share::Subtask { index: 1, parallelism: 2 }).expect("same parallelism");
+        let one =
+            point.in_flight(Some("count"), Share::Subtask { index: 1, parallelism: 2 }).expect("same parallelism");
         assert_eq!(one, in_flight(1, &keys[2..3]), "a non-keyed subtask gets its own records back");
-        let err = point.in_flight(0, Share::Subtask { index: 0, parallelism: 3 }).expect_err("rescaled");
+        let err = point.in_flight(Some("count"), Share::Subtask { index: 0, parallelism: 3 }).expect_err("rescaled");
         assert!(err.to_string().contains("parallelism changed from 2 to 3"), "{err}");
     }
 
