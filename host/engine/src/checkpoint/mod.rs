@@ -4,7 +4,7 @@
 //! The protocol (Flink's aligned checkpoints): the [`CheckpointCoordinator`] triggers
 //! checkpoint `n`; each source reader records its position, snapshots its chain and sends
 //! barrier `n` downstream in-band; a task with several input channels holds back each channel
-//! that delivered barrier `n` ([`BarrierAligner`]) until all have, then snapshots and forwards
+//! that delivered barrier `n` ([`BarrierHandler`]) until all have, then snapshots and forwards
 //! the barrier. A snapshot's synchronous phase is tiny (a copy of heap state, a RocksDB native
 //! checkpoint); the files are written by the job's checkpoint thread while records flow
 //! ([`upload`]). When every subtask has acknowledged, the thread writes the checkpoint's
@@ -18,10 +18,8 @@
 //! barrier) are stored with the snapshot and replayed on restore before new input
 //! ([`unaligner`]).
 //!
-//! Protocol logic lives in the I/O-free state machines [`coordinator`], [`aligner`] and
-//! [`unaligner`]; the rest is the shell around them.
+//! Protocol logic lives in the I/O-free state machines [`coordinator`] and [`unaligner`]; the rest is the shell around them.
 
-pub mod aligner;
 pub mod coordinator;
 pub mod format;
 pub mod metadata;
@@ -32,7 +30,6 @@ pub mod store;
 pub mod unaligner;
 pub mod upload;
 
-pub use aligner::{Alignment, BarrierAligner};
 pub use coordinator::{CheckpointCoordinator, CheckpointId, CoordinatorConfig, Decision};
 pub use metadata::{CheckpointMetadata, CheckpointStats, SubtaskState};
 pub use restore::RestorePoint;

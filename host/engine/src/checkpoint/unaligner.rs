@@ -1,7 +1,7 @@
 //! Barrier handling for every checkpoint mode as one state machine (no I/O): aligned,
 //! unaligned, and aligned with a timeout that switches a slow alignment to unaligned.
 //!
-//! **Aligned** (as [`super::BarrierAligner`]): a channel that delivered barrier `n` is blocked
+//! **Aligned**: a channel that delivered barrier `n` is blocked
 //! until every live channel did; then the task snapshots, forwards the barrier and unblocks.
 //!
 //! **Unaligned**: the first barrier `n` on any channel makes the task snapshot at once and
