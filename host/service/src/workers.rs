@@ -81,7 +81,12 @@ pub async fn enroll(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Checked(Json(request)): Checked<Json<Enrollment>>,
 ) -> ApiResult<Json<Credentials>> {
-    let Some(ca) = state.config.cluster.as_ref().and_then(|c| c.enrollment.clone()) else {
+    let Some(cluster) = state.config.cluster.as_ref() else {
+        return Err(ApiError::forbidden(
+            "this is `eddy serve`, which has no workers: enroll with an `eddy coordinator`",
+        ));
+    };
+    let Some(ca) = cluster.enrollment.clone() else {
         return Err(ApiError::forbidden(
             "this coordinator enrolls no workers: it was started with --tls; start the worker with --tls too",
         ));
