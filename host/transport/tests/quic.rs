@@ -237,3 +237,24 @@ fn peers_that_break_the_protocol_are_dropped_with_a_reason_and_the_node_keeps_se
     tx.send(Message::EndOfStream).unwrap();
     assert_eq!(drain(&mut gates[3]).0, vec![5, 6]);
 }
+
+#[test]
+fn a_sender_let_go_without_end_of_stream_fails_the_receivers_link_at_once() {
+    let rt = runtime();
+    let ca = ClusterCa::generate().unwrap();
+    let (a, b) = (node(&ca, "worker-a", &rt, Tuning::default()), node(&ca, "worker-b", &rt, Tuning::default()));
+    let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = failed.clone();
+    b.on_link_failed(move |link, reason| seen.lock().unwrap().push((link.clone(), reason.to_owned())));
+    let (_shared, mut gate, senders) = local_gate(1, ChannelConfig::default(), vec![Default::default()]);
+    b.register(link(0), Box::new(senders.into_iter().next().unwrap()));
+    let mut tx = a.open_sender("worker-b", b.local_addr().unwrap(), &link(0)).unwrap();
+    tx.send(Message::Data { side: None, batch: batch(0, 2), watermark: None }).unwrap();
+    let Some((_, Message::Data { batch, .. })) = gate.recv(Duration::from_secs(20)).unwrap() else { panic!("data") };
+    assert_eq!(batch.len(), 2);
+    drop(tx);
+    eventually("the receiver to learn the link is gone", || !failed.lock().unwrap().is_empty());
+    let (failed_link, reason) = failed.lock().unwrap()[0].clone();
+    assert_eq!(failed_link, link(0));
+    assert!(reason.contains("reset") || reason.contains("stopped"), "{reason}");
+}

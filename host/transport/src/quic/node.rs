@@ -588,6 +588,13 @@ impl RemoteSender {
     }
 }
 
+impl Drop for RemoteSender {
+    fn drop(&mut self) {
+        self.shared.close("the sending task let go of the link".into());
+        self.shared.work.notify_one();
+    }
+}
+
 impl ChannelSender for RemoteSender {
     fn send(&mut self, message: Message) -> Result<(), Disconnected> {
         let mut state = lock(&self.shared.state);
@@ -627,7 +634,18 @@ async fn write_loop(shared: Arc<SenderShared>, mut send: SendStream) {
                 let mut state = lock(&shared.state);
                 state.credit.poll_send().map(|m| (m, state.credit.backlog() as u32))
             };
-            let Some((message, backlog)) = next else { break };
+            let Some((message, backlog)) = next else {
+                // The task let go of its sender with nothing left to send and no end-of-stream
+                // sent (the job stopped): reset the stream so the receiver learns at once. A
+                // queued end-of-stream still waits for its credit.
+                let state = lock(&shared.state);
+                if state.closed.is_some() && state.credit.backlog() == 0 {
+                    drop(state);
+                    let _ = send.reset(VarInt::from_u32(CODE_STOPPED));
+                    return;
+                }
+                break;
+            };
             shared.room.notify_all();
             let end = message == Message::EndOfStream;
             // Encoded into a buffer of its own that quinn takes as it is (no copy of the
