@@ -47,7 +47,7 @@ fn completed(dir: &Path) -> Vec<u64> {
 
 /// The word count (file → split → count at parallelism 2, RocksDB, exactly-once files sink,
 /// 50 ms checkpoints) over `lines` generated lines; returns the spec path and the input text.
-fn wordcount(dir: &Path, lines: usize) -> (PathBuf, String) {
+pub(crate) fn wordcount(dir: &Path, lines: usize) -> (PathBuf, String) {
     let words = ["river", "eddy", "stream", "current", "flow", "delta", "tide", "brook"];
     let mut text = String::new();
     let mut x: u64 = 0x9e37_79b9 ^ lines as u64;
@@ -76,7 +76,7 @@ fn wordcount(dir: &Path, lines: usize) -> (PathBuf, String) {
 }
 
 /// The running counts a word count must emit, each exactly once: (word, 1..=total).
-fn running_counts(text: &str) -> Vec<(String, u64)> {
+pub(crate) fn running_counts(text: &str) -> Vec<(String, u64)> {
     let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
     for w in text.split_whitespace() {
         *totals.entry(w).or_default() += 1;

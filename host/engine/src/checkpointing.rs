@@ -17,6 +17,7 @@ use crate::checkpoint::{
     CheckpointCoordinator, CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStats, CheckpointStore,
     CoordinatorConfig, Decision, SubtaskState,
 };
+use crate::checkpoint_parts::{MasterCommand, MasterLink, PartReport};
 use crate::task::now_ms;
 use eddy_plan::CheckpointSpec;
 
@@ -81,6 +82,28 @@ pub struct CompletedCheckpoint {
     pub stats: CheckpointStats,
 }
 
+/// The asynchronous phase of one snapshot (`id: None` for a finished subtask): its files
+/// written, its part of the metadata and of the checkpoint's stats.
+pub(crate) fn upload_snapshot(
+    store: &CheckpointStore,
+    uploader: &mut Uploader,
+    id: Option<CheckpointId>,
+    snapshot: TakenSnapshot,
+) -> Result<(SubtaskState, CheckpointStats), CheckpointError> {
+    let mut stats = CheckpointStats {
+        alignment_ms: snapshot.alignment_ms,
+        sync_ms: snapshot.sync_ms,
+        unaligned: snapshot.unaligned,
+        ..CheckpointStats::default()
+    };
+    let started = Instant::now();
+    let uploaded = uploader.upload(store, id, snapshot)?;
+    stats.async_ms = started.elapsed().as_secs_f64() * 1e3;
+    stats.incremental_bytes = uploaded.written_bytes;
+    stats.in_flight_bytes = uploaded.in_flight_bytes;
+    Ok((uploaded.state, stats))
+}
+
 /// Everything the thread needs.
 pub(crate) struct CheckpointThread {
     pub job: String,
@@ -98,6 +121,11 @@ pub(crate) struct CheckpointThread {
     /// Commits the sink's pre-committed files listed in a sink state (the final commit).
     pub commit_sink: SinkCommitter,
     pub faults: Option<FaultHook>,
+    /// A job spread over several parts: the other parts' reports and the commands to them.
+    pub remote: Option<MasterLink>,
+    /// Which participants run in this process (all, unless the job is spread): the final
+    /// commit covers only their sinks, the other parts commit theirs.
+    pub local: Vec<bool>,
 }
 
 /// The checkpoint in flight: each participant's uploaded part and the phase durations.
@@ -132,18 +160,15 @@ impl CheckpointThread {
                 Ok(Report::Taken { id, snapshot }) => {
                     let participant = snapshot.participant;
                     match in_flight.as_mut().filter(|f| f.id == id) {
-                        Some(flight) => {
-                            match Self::upload(&self.store, &mut uploader, Some(id), snapshot, &mut flight.stats) {
-                                Ok(state) => {
-                                    self.fault(FaultPoint::AfterUpload);
-                                    flight.parts[participant] = Some(state);
-                                    decisions.extend(coordinator.acknowledge(id, participant, now_ms()));
-                                }
-                                Err(e) => {
-                                    decisions.extend(coordinator.decline(id, participant, &e.to_string(), now_ms()))
-                                }
+                        Some(flight) => match upload_snapshot(&self.store, &mut uploader, Some(id), snapshot) {
+                            Ok((state, stats)) => {
+                                flight.stats.merge(&stats);
+                                self.fault(FaultPoint::AfterUpload);
+                                flight.parts[participant] = Some(state);
+                                decisions.extend(coordinator.acknowledge(id, participant, now_ms()));
                             }
-                        }
+                            Err(e) => decisions.extend(coordinator.decline(id, participant, &e.to_string(), now_ms())),
+                        },
                         None => {
                             tracing::debug!(job = %self.job, checkpoint = id, "snapshot of an aborted checkpoint dropped")
                         }
@@ -151,8 +176,7 @@ impl CheckpointThread {
                 }
                 Ok(Report::Finished(snapshot)) => {
                     let participant = snapshot.participant;
-                    let mut scratch = CheckpointStats::default();
-                    let state = Self::upload(&self.store, &mut uploader, None, snapshot, &mut scratch)?;
+                    let (state, _) = upload_snapshot(&self.store, &mut uploader, None, snapshot)?;
                     // A subtask that already took its part of the pending checkpoint keeps that
                     // part: its final state is later than the checkpoint's barrier.
                     if let Some(flight) = in_flight.as_mut().filter(|f| f.parts[participant].is_none()) {
@@ -162,9 +186,36 @@ impl CheckpointThread {
                     finished[participant] = Some(state);
                 }
                 Err(RecvTimeoutError::Timeout) => {}
-                // Every subtask is gone without finishing: the job was cancelled or failed.
-                Err(RecvTimeoutError::Disconnected) if finished.iter().any(Option::is_none) => return Ok(()),
-                Err(RecvTimeoutError::Disconnected) => {}
+                // Every local subtask is gone, one without finishing: the job was cancelled
+                // or failed.
+                Err(RecvTimeoutError::Disconnected)
+                    if finished.iter().zip(&self.local).any(|(f, local)| *local && f.is_none()) =>
+                {
+                    return Ok(());
+                }
+                // Every local subtask finished; other parts may still run.
+                Err(RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(5)),
+            }
+            while let Some(report) = self.remote.as_ref().and_then(|r| r.reports.try_recv().ok()) {
+                match report {
+                    PartReport::Acknowledged { id, participant, state, stats } => {
+                        if let Some(flight) = in_flight.as_mut().filter(|f| f.id == id) {
+                            flight.stats.merge(&stats);
+                            flight.parts[participant] = Some(state);
+                            decisions.extend(coordinator.acknowledge(id, participant, now_ms()));
+                        }
+                    }
+                    PartReport::Declined { id, participant, reason } => {
+                        decisions.extend(coordinator.decline(id, participant, &reason, now_ms()))
+                    }
+                    PartReport::Finished { participant, state } => {
+                        if let Some(flight) = in_flight.as_mut().filter(|f| f.parts[participant].is_none()) {
+                            flight.parts[participant] = Some(state.clone());
+                            decisions.extend(coordinator.acknowledge(flight.id, participant, now_ms()));
+                        }
+                        finished[participant] = Some(state);
+                    }
+                }
             }
             if finished.iter().all(Option::is_some) {
                 let parts: Vec<SubtaskState> = finished.into_iter().flatten().collect();
@@ -194,8 +245,10 @@ impl CheckpointThread {
                         for (p, _) in finished.iter().enumerate().filter(|(_, f)| f.is_some()) {
                             done = done.or(coordinator.acknowledge(id, p, now_ms()));
                         }
-                        self.signals.triggered_ms.store(now_ms(), Ordering::SeqCst);
+                        let at_ms = now_ms();
+                        self.signals.triggered_ms.store(at_ms, Ordering::SeqCst);
                         self.signals.trigger.store(id, Ordering::SeqCst);
+                        self.tell_parts(MasterCommand::Trigger { id, at_ms });
                         tracing::debug!(job = %self.job, checkpoint = id, "checkpoint triggered");
                         if let Some(Decision::Complete(id)) = done {
                             flight.stats.total_ms = 0.0;
@@ -247,22 +300,10 @@ impl CheckpointThread {
         r.outcome = Some(outcome);
     }
 
-    fn upload(
-        store: &CheckpointStore,
-        uploader: &mut Uploader,
-        id: Option<CheckpointId>,
-        snapshot: TakenSnapshot,
-        stats: &mut CheckpointStats,
-    ) -> Result<SubtaskState, CheckpointError> {
-        stats.alignment_ms = stats.alignment_ms.max(snapshot.alignment_ms);
-        stats.sync_ms = stats.sync_ms.max(snapshot.sync_ms);
-        stats.unaligned |= snapshot.unaligned;
-        let started = Instant::now();
-        let uploaded = uploader.upload(store, id, snapshot)?;
-        stats.async_ms = stats.async_ms.max(started.elapsed().as_secs_f64() * 1e3);
-        stats.incremental_bytes += uploaded.written_bytes;
-        stats.in_flight_bytes += uploaded.in_flight_bytes;
-        Ok(uploaded.state)
+    fn tell_parts(&self, command: MasterCommand) {
+        if let Some(remote) = &self.remote {
+            (remote.broadcast)(command);
+        }
     }
 
     fn fault(&self, point: FaultPoint) {
@@ -302,6 +343,7 @@ impl CheckpointThread {
         self.fault(FaultPoint::AfterMetadata);
         self.take_savepoint(&meta);
         self.signals.completed.store(id, Ordering::SeqCst);
+        self.tell_parts(MasterCommand::Completed { id });
         tracing::info!(
             job = %self.job,
             checkpoint = id,
@@ -349,13 +391,16 @@ impl CheckpointThread {
         };
         meta.stats.full_bytes = meta.files().map(|f| f.bytes).sum();
         meta.write(&self.store)?;
-        for state in meta.subtasks.iter().filter_map(|s| s.sink.as_ref()) {
+        // The participants' order is the metadata's: a part commits its own sinks.
+        let local_sinks = meta.subtasks.iter().zip(&self.local).filter(|(_, local)| **local);
+        for state in local_sinks.filter_map(|(s, _)| s.sink.as_ref()) {
             (self.commit_sink)(state).map_err(|e| CheckpointError::Storage {
                 what: "committing the sink's final files".into(),
                 problem: e.to_string(),
             })?;
         }
         self.signals.completed.store(id, Ordering::SeqCst);
+        self.tell_parts(MasterCommand::Final { id });
         self.retained = vec![meta];
         self.collect_garbage(&mut Uploader::default(), &HashSet::new());
         tracing::info!(job = %self.job, checkpoint = id, "job finished; final checkpoint written");
@@ -410,6 +455,8 @@ mod tests {
             history: Arc::default(),
             commit_sink: Box::new(|_| Ok(())),
             faults: None,
+            remote: None,
+            local: vec![true; 2],
         };
         let running = std::thread::spawn(move || thread.run());
         wait_until("checkpoint 1 is triggered", || signals.trigger.load(Ordering::SeqCst) >= 1);
@@ -434,5 +481,64 @@ mod tests {
         let mut values = Vec::new();
         eddy_state::StateBackend::scan_prefix(&backend, b"", &mut |_, v| values.push(v.to_vec())).expect("scan");
         assert_eq!(values, [b"zero at the end".to_vec(), b"one at the end".to_vec()], "each subtask's final state");
+    }
+
+    /// A spread job: participant 0 runs here, participant 1 in another part. The master tells
+    /// the part of each trigger and completion, counts the part's acknowledgements like local
+    /// ones, and after every participant finished writes the final checkpoint and says so.
+    #[test]
+    fn the_master_of_a_spread_job_counts_the_other_parts_and_tells_them_each_step() {
+        use crate::checkpoint_parts::{MasterCommand, PartReport, local_links};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckpointStore::local(dir.path()).expect("store");
+        let (reports, received) = mpsc::sync_channel(16);
+        let signals = Arc::new(Signals::default());
+        let (master, mut parts) = local_links(1);
+        let part = parts.remove(0);
+        let spec =
+            CheckpointSpec { timeout_ms: 600_000, retained: 1, ..CheckpointSpec::in_dir(dir.path().to_path_buf(), 1) };
+        let thread = CheckpointThread {
+            job: "j".into(),
+            max_parallelism: 128,
+            spec,
+            store: CheckpointStore::local(dir.path()).expect("store"),
+            participants: 2,
+            first_id: 1,
+            retained: Vec::new(),
+            signals: signals.clone(),
+            reports: received,
+            cancel: Arc::new(AtomicBool::new(false)),
+            history: Arc::default(),
+            commit_sink: Box::new(|_| Ok(())),
+            faults: None,
+            remote: Some(master),
+            local: vec![true, false],
+        };
+        let running = std::thread::spawn(move || thread.run());
+        let next = || part.commands.recv_timeout(Duration::from_secs(30)).expect("a command");
+        let MasterCommand::Trigger { id, .. } = next() else { panic!("the first command triggers") };
+        assert_eq!(signals.trigger.load(Ordering::SeqCst), id, "the master's own sources are told too");
+        reports.send(Report::Taken { id, snapshot: snapshot(0, b"zero") }).expect("send");
+        // The other part uploads its own snapshot and reports the state.
+        let mut uploader = Uploader::default();
+        let (state, stats) = upload_snapshot(&store, &mut uploader, Some(id), snapshot(1, b"one")).expect("upload");
+        (part.report)(PartReport::Acknowledged { id, participant: 1, state, stats });
+        assert_eq!(next(), MasterCommand::Completed { id });
+        let meta = CheckpointMetadata::read(&store, id).expect("metadata");
+        assert_eq!(meta.subtasks.len(), 2, "the metadata holds both parts' subtasks");
+        // Both end; the master writes the final checkpoint and tells the part.
+        reports.send(Report::Finished(snapshot(0, b"zero at the end"))).expect("send");
+        let (state, _) = upload_snapshot(&store, &mut uploader, None, snapshot(1, b"one at the end")).expect("upload");
+        (part.report)(PartReport::Finished { participant: 1, state });
+        drop(reports);
+        let last = loop {
+            match next() {
+                MasterCommand::Final { id } => break id,
+                MasterCommand::Trigger { .. } | MasterCommand::Completed { .. } => {}
+            }
+        };
+        running.join().expect("no panic").expect("final checkpoint written");
+        let meta = CheckpointMetadata::read(&store, last).expect("final metadata");
+        assert!(meta.finished && meta.subtasks.len() == 2);
     }
 }

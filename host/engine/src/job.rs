@@ -25,7 +25,9 @@ use eddy_state::{
 
 use crate::checkpoint::restore::Share;
 use crate::checkpoint::store::StoreFaults;
+use crate::checkpoint::upload::Uploader;
 use crate::checkpoint::{BarrierHandler, BarrierMode, CheckpointError, CheckpointId, RestorePoint};
+use crate::checkpoint_parts::{CheckpointRole, PartThread};
 use crate::checkpointing::{
     CheckpointThread, CompletedCheckpoint, FaultHook, SavepointRequest, Signals, SinkCommitter,
 };
@@ -202,6 +204,9 @@ pub struct JobOptions {
     /// Runs only the subtasks placed in this process, the others being reached through the
     /// placement's channels (a job on a cluster); none: every subtask runs here.
     pub placement: Option<Arc<dyn Placement>>,
+    /// With a placement and `checkpoints:`, this part's end of the checkpoint protocol: one
+    /// part is the master, the others follow it.
+    pub checkpoint_role: Option<CheckpointRole>,
 }
 
 impl Default for JobOptions {
@@ -219,6 +224,7 @@ impl Default for JobOptions {
             cpu_share: None,
             sandbox_limits: None,
             placement: None,
+            checkpoint_role: None,
         }
     }
 }
@@ -494,9 +500,10 @@ impl Job {
         let control = Arc::new(Control { cancel: Arc::new(AtomicBool::new(false)), gates: Mutex::new(Vec::new()) });
 
         let placement = options.placement.as_deref();
-        if placement.is_some() && spec.checkpoints.is_some() {
+        let checkpoint_role = options.checkpoint_role.take();
+        if placement.is_some() && spec.checkpoints.is_some() && checkpoint_role.is_none() {
             return Err(RunError::Checkpoint(CheckpointError::Incompatible(
-                "a job spread over several workers runs without checkpoints so far: remove `checkpoints:`".into(),
+                "a part of a spread job with `checkpoints:` needs its role in the checkpoint protocol".into(),
             )));
         }
         let is_local = |task: usize, subtask: u32| placement.is_none_or(|p| p.is_local(task, subtask));
@@ -692,7 +699,9 @@ impl Job {
                         watermark: WATERMARK_MIN,
                         replay,
                         checkpointing: checkpointing.then(|| Checkpointing {
-                            participant: runners.len(),
+                            // Numbered alike in every part of a spread job.
+                            participant: plan.tasks[..task.id].iter().map(|t| t.parallelism as usize).sum::<usize>()
+                                + index as usize,
                             task: task.id,
                             subtask: index,
                             parallelism: task.parallelism,
@@ -719,27 +728,55 @@ impl Job {
             (Some(recovery), Some(checkpoints)) => {
                 let first_id = recovery.next_id;
                 let retained = recovery.retained;
-                let thread = CheckpointThread {
-                    job: spec.name.clone(),
-                    max_parallelism: spec.max_parallelism,
-                    spec: checkpoints.clone(),
-                    store: recovery.store,
-                    participants: runners.len(),
-                    first_id,
-                    retained,
-                    signals: signals.clone(),
-                    reports: reports_rx,
-                    cancel: control.cancel.clone(),
-                    history: history.clone(),
-                    commit_sink: sink_committer(&spec.sink),
-                    faults: options.fault_hook.clone(),
+                let commit_sink = sink_committer(&spec.sink);
+                let thread: Box<dyn FnOnce() -> Result<(), CheckpointError> + Send> = match checkpoint_role {
+                    Some(CheckpointRole::Part(link)) => {
+                        let part = PartThread {
+                            job: spec.name.clone(),
+                            store: recovery.store,
+                            uploader: Uploader::knowing(retained.iter().flat_map(|m| m.files()), first_id),
+                            signals: signals.clone(),
+                            reports: reports_rx,
+                            link,
+                            cancel: control.cancel.clone(),
+                            commit_sink,
+                        };
+                        Box::new(move || part.run())
+                    }
+                    role => {
+                        let master = CheckpointThread {
+                            job: spec.name.clone(),
+                            max_parallelism: spec.max_parallelism,
+                            spec: checkpoints.clone(),
+                            store: recovery.store,
+                            participants: plan.subtasks() as usize,
+                            first_id,
+                            retained,
+                            signals: signals.clone(),
+                            reports: reports_rx,
+                            cancel: control.cancel.clone(),
+                            history: history.clone(),
+                            commit_sink,
+                            faults: options.fault_hook.clone(),
+                            remote: match role {
+                                Some(CheckpointRole::Master(link)) => Some(link),
+                                _ => None,
+                            },
+                            local: plan
+                                .tasks
+                                .iter()
+                                .flat_map(|t| (0..t.parallelism).map(move |i| is_local(t.id, i)))
+                                .collect(),
+                        };
+                        Box::new(move || master.run())
+                    }
                 };
                 let thread_control = control.clone();
                 let span = tracing::info_span!(parent: &job_span, "checkpoints");
                 let spawned = std::thread::Builder::new().name("eddy-checkpoints".into()).spawn(move || {
                     let _span = span.entered();
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| thread.run()))
-                        .unwrap_or_else(|panic| {
+                    let result =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(thread)).unwrap_or_else(|panic| {
                             Err(CheckpointError::Storage {
                                 what: "checkpoint thread".into(),
                                 problem: format!("panicked: {}", panic_message(panic.as_ref())),

@@ -16,6 +16,7 @@
 
 pub mod buffer;
 pub mod checkpoint;
+mod checkpoint_parts;
 mod checkpointing;
 pub mod connectors;
 mod files_sink;
@@ -30,6 +31,7 @@ pub mod values;
 mod wasm_operator;
 pub mod window_operator;
 
+pub use checkpoint_parts::{CheckpointRole, MasterCommand, MasterLink, PartLink, PartReport, local_links};
 pub use checkpointing::{CompletedCheckpoint, FaultHook, FaultPoint};
 pub use files_sink::{FilesSink, FilesSinkState};
 pub use job::{Job, JobOptions, Placement, RunError, RunSummary, SinkFactory};

@@ -138,6 +138,18 @@ pub struct CheckpointStats {
     pub unaligned: bool,
 }
 
+impl CheckpointStats {
+    /// Adds one subtask's part: durations are the slowest subtask's, bytes add up.
+    pub fn merge(&mut self, part: &CheckpointStats) {
+        self.alignment_ms = self.alignment_ms.max(part.alignment_ms);
+        self.sync_ms = self.sync_ms.max(part.sync_ms);
+        self.async_ms = self.async_ms.max(part.async_ms);
+        self.incremental_bytes += part.incremental_bytes;
+        self.in_flight_bytes += part.in_flight_bytes;
+        self.unaligned |= part.unaligned;
+    }
+}
+
 /// A completed checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointMetadata {
