@@ -152,7 +152,7 @@ fn two_nodes(net: &tokio::runtime::Runtime) -> (Vec<QuicNode>, HashMap<String, s
 }
 
 /// Starts attempt `attempt` of `spec` on the two nodes (subtask i on node i mod 2), the first
-/// node's part the checkpoint master; every operator held to a small CPU share, so a run lasts
+/// node's part the checkpoint master, talking to the other over QUIC; every operator held to a small CPU share, so a run lasts
 /// long enough to be stopped in the middle.
 fn start_parts(
     spec: &PipelineSpec,
@@ -166,9 +166,11 @@ fn start_parts(
         .iter()
         .map(|t| (0..t.parallelism).map(|i| nodes[i as usize % 2].name().to_owned()).collect())
         .collect();
-    let (master, mut parts) = eddy_engine::local_links(1);
-    let mut roles =
-        vec![eddy_engine::CheckpointRole::Master(master), eddy_engine::CheckpointRole::Part(parts.remove(0))];
+    // The checkpoint protocol between the two parts runs over QUIC too.
+    let part = eddy_cluster::checkpoint_link::part_link(&nodes[1], &spec.name, attempt);
+    let other = [(nodes[1].name().to_owned(), addrs[nodes[1].name()])];
+    let master = eddy_cluster::checkpoint_link::master_link(&nodes[0], &spec.name, attempt, &other).expect("link");
+    let mut roles = vec![eddy_engine::CheckpointRole::Master(master), eddy_engine::CheckpointRole::Part(part)];
     let share = Arc::new(eddy_runtime::CpuShare::new(0.05, std::time::Duration::from_millis(10)));
     nodes
         .iter()

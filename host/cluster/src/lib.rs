@@ -21,6 +21,7 @@
 //! # Ok::<(), eddy_cluster::UnknownIncarnation>(())
 //! ```
 
+pub mod checkpoint_link;
 mod control;
 mod membership;
 mod placement;

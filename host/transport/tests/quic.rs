@@ -258,3 +258,34 @@ fn a_sender_let_go_without_end_of_stream_fails_the_receivers_link_at_once() {
     assert_eq!(failed_link, link(0));
     assert!(reason.contains("reset") || reason.contains("stopped"), "{reason}");
 }
+
+#[test]
+fn side_streams_reach_their_registered_handler_and_unexpected_ones_drop_the_peer() {
+    let rt = runtime();
+    let ca = ClusterCa::generate().unwrap();
+    let tuning = Tuning { registration_timeout: Duration::from_millis(300), ..Tuning::default() };
+    let (a, b) = (node(&ca, "worker-a", &rt, tuning.clone()), node(&ca, "worker-b", &rt, tuning));
+    let (got_tx, got_rx) = std::sync::mpsc::channel();
+    b.on_side(
+        "control/1",
+        Box::new(move |peer, mut bytes, _send, mut recv| {
+            let peer = peer.to_owned();
+            tokio::spawn(async move {
+                while let Ok(Some(chunk)) = recv.read_chunk(1 << 16, true).await {
+                    bytes.extend_from_slice(&chunk.bytes);
+                }
+                got_tx.send((peer, bytes)).unwrap();
+            });
+        }),
+    );
+    let (mut send, _recv) = a.open_side("worker-b", b.local_addr().unwrap(), "control/1").unwrap();
+    rt.block_on(send.write_all(b"hello")).unwrap();
+    send.finish().unwrap();
+    let (peer, bytes) = got_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!((peer.as_str(), bytes.as_slice()), ("worker-a", &b"hello"[..]));
+    // Nobody registered `control/2`: after the registration timeout the peer is dropped.
+    let _streams = a.open_side("worker-b", b.local_addr().unwrap(), "control/2").unwrap();
+    eventually("the unexpected side stream to be refused", || {
+        b.dropped_peers().iter().any(|d| d.peer == "worker-a" && d.reason.contains("nobody here expects"))
+    });
+}

@@ -216,7 +216,20 @@ struct Shared {
     registered: Condvar,
     dropped: Mutex<Vec<DroppedPeer>>,
     on_link_failed: Mutex<Option<LinkFailed>>,
+    /// Handlers of named side streams (control traffic beside the data, such as a spread
+    /// job's checkpoint protocol), by name.
+    sides: Mutex<HashMap<String, SideHandler>>,
+    side_registered: Condvar,
 }
+
+/// Takes an accepted side stream: the peer's name, the bytes read past the stream's header,
+/// and the stream's two halves. Runs inside the node's runtime, so it may spawn tasks.
+pub type SideHandler = Box<dyn FnOnce(&str, Vec<u8>, SendStream, RecvStream) + Send>;
+
+/// The first bytes of a side stream (a data stream starts with a [`LinkId`] header).
+const SIDE_MAGIC: &[u8; 4] = b"EDS1";
+/// Side stream names are short; a longer one is refused.
+const MAX_SIDE_NAME_BYTES: usize = 256;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -264,6 +277,8 @@ impl QuicNode {
             registered: Condvar::new(),
             dropped: Mutex::default(),
             on_link_failed: Mutex::default(),
+            sides: Mutex::default(),
+            side_registered: Condvar::new(),
         });
         handle.spawn(accept_loop(shared.clone()));
         Ok(Self { shared })
@@ -295,6 +310,30 @@ impl QuicNode {
     pub fn register(&self, link: LinkId, into: Box<dyn ChannelSender>) {
         lock(&self.shared.inbox).insert(link, into);
         self.shared.registered.notify_all();
+    }
+
+    /// The runtime the node's I/O runs on.
+    pub fn handle(&self) -> &Handle {
+        &self.shared.handle
+    }
+
+    /// Registers the handler of the side stream a peer will open under `name` (once).
+    pub fn on_side(&self, name: &str, handler: SideHandler) {
+        lock(&self.shared.sides).insert(name.to_owned(), handler);
+        self.shared.side_registered.notify_all();
+    }
+
+    /// Opens side stream `name` to `peer`, which registered a handler for it. Blocking.
+    pub fn open_side(&self, peer: &str, addr: SocketAddr, name: &str) -> Result<(SendStream, RecvStream), NodeError> {
+        let conn = self.connect(peer, addr)?;
+        let err = |reason: String| NodeError::Connect { peer: peer.to_owned(), addr, reason };
+        let (mut send, recv) = self.shared.handle.block_on(conn.open_bi()).map_err(|e| err(e.to_string()))?;
+        let name = &name.as_bytes()[..name.len().min(MAX_SIDE_NAME_BYTES)];
+        let mut header = SIDE_MAGIC.to_vec();
+        header.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        header.extend_from_slice(name);
+        self.shared.handle.block_on(send.write_all(&header)).map_err(|e| err(e.to_string()))?;
+        Ok((send, recv))
     }
 
     /// Forgets the registrations of a job's attempt (after it ended or failed).
@@ -392,6 +431,15 @@ struct Inbound {
 
 impl Inbound {
     async fn run(mut self) {
+        while self.buf.len() < SIDE_MAGIC.len() {
+            match self.read_more().await {
+                Ok(true) => {}
+                _ => return,
+            }
+        }
+        if self.buf.starts_with(SIDE_MAGIC) {
+            return self.side().await;
+        }
         let link = match self.header().await {
             Ok(link) => link,
             Err(LinkEnd::Protocol(reason)) => return self.shared.drop_peer(&self.conn, &self.peer, &reason),
@@ -414,6 +462,32 @@ impl Inbound {
                 let _ = self.recv.stop(VarInt::from_u32(CODE_STOPPED));
             }
         }
+    }
+
+    /// A side stream: its name, then its handler takes over.
+    async fn side(mut self) {
+        let (name, header_len) = loop {
+            if let Some(len) = self.buf.get(4..6).map(|b| usize::from(u16::from_le_bytes([b[0], b[1]]))) {
+                if len > MAX_SIDE_NAME_BYTES {
+                    let reason = format!("a side stream name of {len} bytes (at most {MAX_SIDE_NAME_BYTES})");
+                    return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+                }
+                if let Some(name) = self.buf.get(6..6 + len) {
+                    break (String::from_utf8_lossy(name).into_owned(), 6 + len);
+                }
+            }
+            if !matches!(self.read_more().await, Ok(true)) {
+                return;
+            }
+        };
+        let (shared, wanted) = (self.shared.clone(), name.clone());
+        let handler = tokio::task::spawn_blocking(move || take_side(&shared, &wanted)).await.ok().flatten();
+        let Some(handler) = handler else {
+            let reason = format!("a side stream `{name}`, which nobody here expects");
+            return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+        };
+        let read_ahead = self.buf.split_off(header_len);
+        handler(&self.peer, read_ahead, self.send, self.recv);
     }
 
     async fn read_more(&mut self) -> Result<bool, LinkEnd> {
@@ -513,6 +587,18 @@ impl Inbound {
                 },
             }
         }
+    }
+}
+
+fn take_side(shared: &Shared, name: &str) -> Option<SideHandler> {
+    let deadline = Instant::now() + shared.tuning.registration_timeout;
+    let mut sides = lock(&shared.sides);
+    loop {
+        if let Some(handler) = sides.remove(name) {
+            return Some(handler);
+        }
+        let left = deadline.checked_duration_since(Instant::now())?;
+        sides = shared.side_registered.wait_timeout(sides, left).unwrap_or_else(|p| p.into_inner()).0;
     }
 }
 
