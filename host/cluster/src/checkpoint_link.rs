@@ -24,13 +24,14 @@ fn stream_name(job: &str, attempt: u64) -> String {
 /// receiver ends.
 async fn pump_in<T: DeserializeOwned>(mut recv: RecvStream, mut buf: Vec<u8>, into: mpsc::Sender<T>, peer: String) {
     loop {
-        match protocol::read::<T>(&mut recv, &mut buf).await {
+        match protocol::read_limited::<T>(&mut recv, &mut buf, protocol::MAX_CHECKPOINT_MESSAGE_BYTES).await {
             Ok(Some(message)) => {
                 if into.send(message).is_err() {
                     return;
                 }
             }
             Ok(None) => return,
+            // Dropping the sender tells the engine's end: the part's or the master's job fails.
             Err(reason) => return tracing::warn!(peer, reason, "checkpoint link broke"),
         }
     }

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use eddy_transport::quic::{NodeError, NodeIdentity, Tuning, endpoint, peer_name};
 use quinn::{Connection, Endpoint, RecvStream, SendStream};
@@ -29,8 +29,11 @@ impl ControlConfig {
     }
 }
 
+/// Milliseconds on the control plane's monotonic clock: a wall-clock step (NTP) must not
+/// declare every worker dead at once.
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 /// The coordinator's control plane. Cheap to clone.
@@ -103,6 +106,11 @@ impl ControlPlane {
         self.inner.membership().members().cloned().collect()
     }
 
+    /// Now on the clock of [`Member`]'s times (monotonic, ms).
+    pub fn clock_ms(&self) -> u64 {
+        now_ms()
+    }
+
     /// Workers that left since the last call (for the scheduler to act on).
     pub fn take_departures(&self) -> Vec<Departed> {
         std::mem::take(&mut *self.inner.departures.lock().unwrap_or_else(|p| p.into_inner()))
@@ -149,6 +157,9 @@ async fn serve(inner: Arc<Inner>, conn: Connection, peer: String, mut send: Send
             if name != peer {
                 let reason = format!("registering as `{name}` with a certificate for `{peer}`");
                 let _ = protocol::write(&mut send, &CoordinatorMessage::Refused { reason: reason.clone() }).await;
+                // Closing drops unsent stream data: let the refusal reach the worker first.
+                let _ = send.finish();
+                let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
                 return refuse(reason);
             }
             let host = advertise.unwrap_or_else(|| conn.remote_address().ip().to_string());

@@ -23,7 +23,7 @@ pub struct Member {
     pub used_slots: u32,
     /// Where other workers reach its data plane (`host:port`).
     pub data_addr: String,
-    /// When it registered (ms, the coordinator's clock).
+    /// When it registered (ms on the control plane's monotonic clock).
     pub registered_ms: u64,
     /// When its last heartbeat came.
     pub last_heartbeat_ms: u64,

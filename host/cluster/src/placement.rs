@@ -42,6 +42,12 @@ impl QuicPlacement {
     }
 }
 
+impl Drop for QuicPlacement {
+    fn drop(&mut self) {
+        self.node.unregister_job(&self.job, self.attempt);
+    }
+}
+
 impl Placement for QuicPlacement {
     fn is_local(&self, task: usize, subtask: u32) -> bool {
         self.worker(task, subtask) == Some(self.node.name())
@@ -49,6 +55,12 @@ impl Placement for QuicPlacement {
 
     fn register_input(&self, task: usize, subtask: u32, channel: u32, into: Box<dyn ChannelSender>) {
         self.node.register(self.link(task, subtask, channel), into);
+    }
+
+    fn on_input_failed(&self, failed: Box<dyn Fn(&str) + Send + Sync>) {
+        self.node.on_job_link_failed(&self.job, self.attempt, move |link, reason| {
+            failed(&format!("input {} of task {} subtask {}: {reason}", link.channel, link.task, link.subtask));
+        });
     }
 
     fn open_output(&self, task: usize, subtask: u32, channel: u32) -> Result<Box<dyn ChannelSender>, String> {

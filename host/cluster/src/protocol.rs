@@ -6,6 +6,9 @@ use serde::{Deserialize, Serialize};
 
 /// The largest control message either side accepts.
 pub const MAX_MESSAGE_BYTES: u32 = 1 << 20;
+/// The largest message of a spread job's checkpoint link: a subtask's state lists its files
+/// and carries its pending timers inline, which can be many.
+pub const MAX_CHECKPOINT_MESSAGE_BYTES: u32 = 1 << 30;
 
 /// What a worker tells the coordinator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,8 +60,8 @@ pub enum CoordinatorMessage {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {
     /// The length prefix passes the limit.
-    #[error("control message of {0} bytes announced (at most {MAX_MESSAGE_BYTES})")]
-    TooLarge(u32),
+    #[error("control message of {0} bytes announced (at most {1})")]
+    TooLarge(u32, u32),
     /// Not a message of this protocol.
     #[error("malformed control message: {0}")]
     Malformed(String),
@@ -74,10 +77,18 @@ pub fn encode<T: Serialize>(message: &T, out: &mut Vec<u8>) {
 
 /// The first message of `buf` and the bytes it took, or `None` if more bytes are needed.
 pub fn decode<T: for<'de> Deserialize<'de>>(buf: &[u8]) -> Result<Option<(T, usize)>, ProtocolError> {
+    decode_limited(buf, MAX_MESSAGE_BYTES)
+}
+
+/// [`decode`] with another size limit.
+pub fn decode_limited<T: for<'de> Deserialize<'de>>(
+    buf: &[u8],
+    limit: u32,
+) -> Result<Option<(T, usize)>, ProtocolError> {
     let Some(prefix) = buf.get(..4) else { return Ok(None) };
     let len = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
-    if len > MAX_MESSAGE_BYTES {
-        return Err(ProtocolError::TooLarge(len));
+    if len > limit {
+        return Err(ProtocolError::TooLarge(len, limit));
     }
     let end = 4 + len as usize;
     let Some(body) = buf.get(4..end) else { return Ok(None) };
@@ -91,8 +102,17 @@ pub async fn read<T: for<'de> Deserialize<'de>>(
     recv: &mut quinn::RecvStream,
     buf: &mut Vec<u8>,
 ) -> Result<Option<T>, String> {
+    read_limited(recv, buf, MAX_MESSAGE_BYTES).await
+}
+
+/// [`read`] with another size limit.
+pub async fn read_limited<T: for<'de> Deserialize<'de>>(
+    recv: &mut quinn::RecvStream,
+    buf: &mut Vec<u8>,
+    limit: u32,
+) -> Result<Option<T>, String> {
     loop {
-        if let Some((message, used)) = decode(buf).map_err(|e| e.to_string())? {
+        if let Some((message, used)) = decode_limited(buf, limit).map_err(|e| e.to_string())? {
             buf.drain(..used);
             return Ok(Some(message));
         }
@@ -138,7 +158,10 @@ mod tests {
 
     #[test]
     fn oversized_and_foreign_messages_are_refused() {
-        assert_eq!(decode::<WorkerMessage>(&u32::MAX.to_le_bytes()), Err(ProtocolError::TooLarge(u32::MAX)));
+        assert_eq!(
+            decode::<WorkerMessage>(&u32::MAX.to_le_bytes()),
+            Err(ProtocolError::TooLarge(u32::MAX, MAX_MESSAGE_BYTES))
+        );
         let mut wire = Vec::new();
         encode(&CoordinatorMessage::Refused { reason: "x".into() }, &mut wire);
         let err = decode::<WorkerMessage>(&wire).expect_err("a coordinator message is no worker message");

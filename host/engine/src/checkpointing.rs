@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -196,7 +196,29 @@ impl CheckpointThread {
                 // Every local subtask finished; other parts may still run.
                 Err(RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(5)),
             }
-            while let Some(report) = self.remote.as_ref().and_then(|r| r.reports.try_recv().ok()) {
+            loop {
+                let report = match self.remote.as_ref().map(|r| r.reports.try_recv()) {
+                    Some(Ok(report)) => report,
+                    Some(Err(TryRecvError::Disconnected))
+                        if finished.iter().zip(&self.local).any(|(f, local)| !*local && f.is_none()) =>
+                    {
+                        return Err(CheckpointError::Storage {
+                            what: "the job's other parts".into(),
+                            problem: "their checkpoint link closed before they finished".into(),
+                        });
+                    }
+                    _ => break,
+                };
+                // A part reports only its own subtasks.
+                let participant = match &report {
+                    PartReport::Acknowledged { participant, .. }
+                    | PartReport::Declined { participant, .. }
+                    | PartReport::Finished { participant, .. } => *participant,
+                };
+                if self.local.get(participant) != Some(&false) {
+                    tracing::warn!(job = %self.job, participant, "a part reported a subtask that is not its own; ignored");
+                    continue;
+                }
                 match report {
                     PartReport::Acknowledged { id, participant, state, stats } => {
                         if let Some(flight) = in_flight.as_mut().filter(|f| f.id == id) {
@@ -360,7 +382,21 @@ impl CheckpointThread {
         self.retained.push(meta);
         let excess = self.retained.len().saturating_sub(self.spec.retained);
         self.retained.drain(..excess);
-        let live: HashSet<String> = finished.iter().flatten().flat_map(|s| s.files().map(|f| f.path.clone())).collect();
+        let mut live: HashSet<String> =
+            finished.iter().flatten().flat_map(|s| s.files().map(|f| f.path.clone())).collect();
+        if self.remote.is_some() {
+            // Another part may have uploaded a final snapshot (and shared files for it) whose
+            // report is still on its way: keep every final and shared file while parts run.
+            for prefix in ["final/", "shared/"] {
+                match self.store.list(prefix) {
+                    Ok(files) => live.extend(files.into_iter().map(|(path, _)| path)),
+                    Err(e) => {
+                        tracing::warn!(job = %self.job, error = %e, "cannot list the store; garbage collection skipped");
+                        return;
+                    }
+                }
+            }
+        }
         self.collect_garbage(uploader, &live);
     }
 

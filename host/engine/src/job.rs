@@ -287,6 +287,9 @@ pub struct Job {
     restored_from: Option<CheckpointId>,
     /// This run's local state (RocksDB, snapshot staging), removed when the job is dropped.
     _local_state: Option<LocalStateDir>,
+    /// Where the other parts are, held while the job lives: their links are registered with
+    /// it and forgotten when it goes.
+    _placement: Option<Arc<dyn Placement>>,
 }
 
 impl std::fmt::Debug for Job {
@@ -507,6 +510,14 @@ impl Job {
             )));
         }
         let is_local = |task: usize, subtask: u32| placement.is_none_or(|p| p.is_local(task, subtask));
+        if let Some(p) = placement {
+            let control = control.clone();
+            let job = spec.name.clone();
+            p.on_input_failed(Box::new(move |reason| {
+                tracing::error!(job = %job, reason, "an input from another part broke: cancelling this part");
+                control.cancel();
+            }));
+        }
         // Wire the exchanges: one gate per downstream subtask; `senders[task][subtask]` lists
         // the upstream subtask's senders in downstream-subtask order.
         let mut gates: Vec<Vec<Option<Box<dyn InputGate>>>> =
@@ -554,7 +565,10 @@ impl Job {
             }
         }
 
-        let recovery = recover(spec, options.restore_from.as_deref(), options.store_faults.take())?;
+        // The master part of a spread job (or the job itself) recovers the store and the sink
+        // for every part; the other parts only read what to restore.
+        let lead = !matches!(checkpoint_role, Some(CheckpointRole::Part(_)));
+        let recovery = recover(spec, options.restore_from.as_deref(), options.store_faults.take(), lead)?;
         let restore = recovery.as_ref().and_then(|r| r.point.as_ref());
         let needs_local_dir = spec.checkpoints.is_some() || spec.state.backend == StateBackendKind::Rocksdb;
         let local_state = if needs_local_dir { Some(local_state_dir(spec)?) } else { None };
@@ -572,7 +586,7 @@ impl Job {
         // The spec's sink is opened per subtask, after one recovery of its output.
         let mut given_sink = options.sink.take();
         let mut sink_factory = options.sink_per_subtask.take();
-        if !sink_given && sink_factory.is_none() {
+        if !sink_given && sink_factory.is_none() && lead {
             recover_spec_sink(&spec.sink, restore.map(|p| (p.id(), p.sink_states())))?;
         }
         let run_name = FilesSink::run_name();
@@ -833,6 +847,7 @@ impl Job {
             history,
             restored_from,
             _local_state: local_state,
+            _placement: options.placement.clone(),
         })
     }
 

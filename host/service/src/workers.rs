@@ -35,8 +35,8 @@ pub struct Worker {
     responses((status = 200, body = Vec<Worker>), (status = 401, body = Problem)),
     security(("bearer" = [])))]
 pub async fn list(State(state): State<Arc<AppState>>, _caller: Caller) -> ApiResult<Json<Vec<Worker>>> {
-    let now = crate::model::now_ms().max(0) as u64;
-    let workers = state.config.cluster.as_ref().map(|c| c.control.workers()).unwrap_or_default();
+    let Some(control) = state.config.cluster.as_ref().map(|c| &c.control) else { return Ok(Json(Vec::new())) };
+    let (workers, now) = (control.workers(), control.clock_ms());
     Ok(Json(
         workers
             .into_iter()

@@ -15,4 +15,7 @@ pub trait Placement: Send + Sync {
     fn register_input(&self, task: usize, subtask: u32, channel: u32, into: Box<dyn ChannelSender>);
     /// A sender into input channel `channel` of subtask (`task`, `subtask`) in another process.
     fn open_output(&self, task: usize, subtask: u32, channel: u32) -> Result<Box<dyn ChannelSender>, String>;
+    /// Calls `failed` with the reason when an input from another process breaks (its peer
+    /// died or was dropped): the job must fail, since that input will never end.
+    fn on_input_failed(&self, failed: Box<dyn Fn(&str) + Send + Sync>);
 }

@@ -27,10 +27,14 @@ pub(super) struct Recovery {
 /// it (or in `restore_from`, a savepoint). A finished job's final checkpoint re-commits its sink
 /// and stops the start; a store with checkpoints none of which is valid, or a sink with committed
 /// output and no checkpoint, stops it too. Then garbage from earlier runs is collected.
+///
+/// Only the `lead` (the job itself, or the master part of a spread job) commits and collects:
+/// another part starting while the master runs must not delete what the master just uploaded.
 pub(super) fn recover(
     spec: &PipelineSpec,
     restore_from: Option<&Path>,
     store_faults: Option<StoreFaults>,
+    lead: bool,
 ) -> Result<Option<Recovery>, RunError> {
     let Some(checkpoints) = &spec.checkpoints else { return Ok(None) };
     let mut store = CheckpointStore::open(checkpoints)?;
@@ -59,7 +63,7 @@ pub(super) fn recover(
     if let Some(point) = &found.point
         && point.metadata().finished
     {
-        for state in point.sink_states() {
+        for state in point.sink_states().into_iter().filter(|_| lead) {
             sink_committer(&spec.sink)(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
         }
         return Err(RunError::AlreadyFinished { job: spec.name.clone(), id: point.id(), dir: checkpoints.location() });
@@ -69,7 +73,9 @@ pub(super) fn recover(
     }
     let retained = found.retained();
     // Files of checkpoints that never completed, or that were superseded.
-    collect_garbage(&store, &retained, &std::collections::HashSet::new(), Sweep::Startup)?;
+    if lead {
+        collect_garbage(&store, &retained, &std::collections::HashSet::new(), Sweep::Startup)?;
+    }
     Ok(Some(Recovery { store, point: found.point, retained, next_id: found.next_id }))
 }
 

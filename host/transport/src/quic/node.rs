@@ -205,6 +205,8 @@ const CODE_PROTOCOL: u32 = 1;
 const CODE_STOPPED: u32 = 2;
 
 type LinkFailed = Box<dyn Fn(&LinkId, &str) + Send + Sync>;
+/// A job attempt (job, attempt), or `None` for every job.
+type JobScope = Option<(String, u64)>;
 
 struct Shared {
     name: String,
@@ -215,7 +217,8 @@ struct Shared {
     inbox: Mutex<HashMap<LinkId, Box<dyn ChannelSender>>>,
     registered: Condvar,
     dropped: Mutex<Vec<DroppedPeer>>,
-    on_link_failed: Mutex<Option<LinkFailed>>,
+    /// Hooks told of failed input links: per job attempt, or (`None`) of every job.
+    on_link_failed: Mutex<Vec<(JobScope, LinkFailed)>>,
     /// Handlers of named side streams (control traffic beside the data, such as a spread
     /// job's checkpoint protocol), by name.
     sides: Mutex<HashMap<String, SideHandler>>,
@@ -245,7 +248,10 @@ impl Shared {
 
     fn link_failed(&self, link: &LinkId, reason: &str) {
         tracing::warn!(node = %self.name, job = %link.job, task = link.task, subtask = link.subtask, channel = link.channel, reason, "input link failed");
-        if let Some(hook) = lock(&self.on_link_failed).as_ref() {
+        let hooks = lock(&self.on_link_failed);
+        let of_this_job =
+            |job: &JobScope| job.as_ref().is_none_or(|(job, attempt)| *job == link.job && *attempt == link.attempt);
+        for (_, hook) in hooks.iter().filter(|(job, _)| of_this_job(job)) {
             hook(link, reason);
         }
     }
@@ -299,10 +305,17 @@ impl QuicNode {
         lock(&self.shared.dropped).clone()
     }
 
-    /// Called when an input link ends without end-of-stream (peer lost or dropped), so the
-    /// worker can fail the subtask instead of waiting for it.
+    /// Called when an input link of any job ends without end-of-stream (peer lost or
+    /// dropped).
     pub fn on_link_failed(&self, hook: impl Fn(&LinkId, &str) + Send + Sync + 'static) {
-        *lock(&self.shared.on_link_failed) = Some(Box::new(hook));
+        lock(&self.shared.on_link_failed).push((None, Box::new(hook)));
+    }
+
+    /// Called when an input link of `job`'s `attempt` ends without end-of-stream, so the job
+    /// can fail instead of waiting for input that will never come. Forgotten by
+    /// [`QuicNode::unregister_job`].
+    pub fn on_job_link_failed(&self, job: &str, attempt: u64, hook: impl Fn(&LinkId, &str) + Send + Sync + 'static) {
+        lock(&self.shared.on_link_failed).push((Some((job.to_owned(), attempt)), Box::new(hook)));
     }
 
     /// Registers the receiving end of `link`: the stream a peer opens for it is pumped into
@@ -336,9 +349,11 @@ impl QuicNode {
         Ok((send, recv))
     }
 
-    /// Forgets the registrations of a job's attempt (after it ended or failed).
+    /// Forgets the registrations and hooks of a job's attempt (after it ended or failed).
     pub fn unregister_job(&self, job: &str, attempt: u64) {
         lock(&self.shared.inbox).retain(|l, _| !(l.job == job && l.attempt == attempt));
+        lock(&self.shared.on_link_failed)
+            .retain(|(of, _)| of.as_ref().is_none_or(|(j, a)| !(j == job && *a == attempt)));
     }
 
     /// The connection to `peer`, dialing `addr` if there is none. Blocking.
@@ -634,6 +649,8 @@ struct SenderState {
     credit: CreditSender<Message>,
     /// Why the link cannot carry more (peer gone, stream reset).
     closed: Option<String>,
+    /// The task let go of its sender: what is queued still goes out, then the stream ends.
+    let_go: bool,
 }
 
 struct SenderShared {
@@ -659,7 +676,11 @@ impl std::fmt::Debug for RemoteSender {
 impl RemoteSender {
     fn start(node: &Arc<Shared>, conn: Connection, peer: String, send: SendStream, recv: RecvStream) -> Self {
         let shared = Arc::new(SenderShared {
-            state: Mutex::new(SenderState { credit: CreditSender::new(node.tuning.max_queued), closed: None }),
+            state: Mutex::new(SenderState {
+                credit: CreditSender::new(node.tuning.max_queued),
+                closed: None,
+                let_go: false,
+            }),
             room: Condvar::new(),
             work: Notify::new(),
         });
@@ -676,7 +697,7 @@ impl RemoteSender {
 
 impl Drop for RemoteSender {
     fn drop(&mut self) {
-        self.shared.close("the sending task let go of the link".into());
+        lock(&self.shared.state).let_go = true;
         self.shared.work.notify_one();
     }
 }
@@ -708,6 +729,7 @@ impl SenderShared {
     fn close(&self, reason: String) {
         lock(&self.state).closed.get_or_insert(reason);
         self.room.notify_all();
+        self.work.notify_one();
     }
 }
 
@@ -721,11 +743,12 @@ async fn write_loop(shared: Arc<SenderShared>, mut send: SendStream) {
                 state.credit.poll_send().map(|m| (m, state.credit.backlog() as u32))
             };
             let Some((message, backlog)) = next else {
-                // The task let go of its sender with nothing left to send and no end-of-stream
-                // sent (the job stopped): reset the stream so the receiver learns at once. A
-                // queued end-of-stream still waits for its credit.
+                // The link closed (the receiver is gone), or the task let go of its sender with
+                // nothing left to send and no end-of-stream sent (the job stopped): reset the
+                // stream so the receiver learns at once, and end. A queued end-of-stream of a
+                // task that let go still waits for its credit.
                 let state = lock(&shared.state);
-                if state.closed.is_some() && state.credit.backlog() == 0 {
+                if state.closed.is_some() || (state.let_go && state.credit.backlog() == 0) {
                     drop(state);
                     let _ = send.reset(VarInt::from_u32(CODE_STOPPED));
                     return;

@@ -67,6 +67,12 @@ fn write(path: &Path, contents: &str, private: bool) -> Result<(), TlsError> {
     #[cfg(not(unix))]
     let _ = private;
     let mut file = options.open(path).map_err(io)?;
+    // The mode above applies only to a new file: an existing key file gets it too.
+    #[cfg(unix)]
+    if private {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    }
     std::io::Write::write_all(&mut file, contents.as_bytes()).map_err(io)
 }
 
