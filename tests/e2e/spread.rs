@@ -233,3 +233,28 @@ fn a_checkpointed_word_count_spread_over_two_workers_stopped_and_restarted_count
     let got = crate::checkpoints::committed_counts(&dir.path().join("out"));
     assert!(got == all, "{} rows committed, {} expected: nothing lost, nothing twice", got.len(), all.len());
 }
+
+/// A part whose peer part stops (here: cancelled, as a killed process would be) does not wait
+/// forever for input that will never come: its broken inputs cancel it.
+#[test]
+fn a_part_whose_peer_part_dies_stops_instead_of_waiting_forever() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (path, _) = crate::recovery::wordcount(dir.path(), 20_000);
+    let spec = PipelineSpec::from_file(&path).expect("spec");
+    let net = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (nodes, addrs) = two_nodes(&net);
+    let mut parts = start_parts(&spec, &nodes, &addrs, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while parts[0].completed_checkpoints().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint completed");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let survivor = parts.pop().expect("the second part");
+    let master = parts.pop().expect("the master part");
+    master.cancel();
+    let _ = master.wait();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(survivor.wait().map(|s| s.finished).map_err(|e| e.to_string())));
+    let outcome = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the other part stops on its own");
+    assert!(!matches!(outcome, Ok(true)), "it cannot have finished: {outcome:?}");
+}
