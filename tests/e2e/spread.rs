@@ -167,7 +167,7 @@ fn start_parts(
         .map(|t| (0..t.parallelism).map(|i| nodes[i as usize % 2].name().to_owned()).collect())
         .collect();
     // The checkpoint protocol between the two parts runs over QUIC too.
-    let part = eddy_cluster::checkpoint_link::part_link(&nodes[1], &spec.name, attempt);
+    let part = eddy_cluster::checkpoint_link::part_link(&nodes[1], &spec.name, attempt, nodes[0].name());
     let other = [(nodes[1].name().to_owned(), addrs[nodes[1].name()])];
     let master = eddy_cluster::checkpoint_link::master_link(&nodes[0], &spec.name, attempt, &other).expect("link");
     let mut roles = vec![eddy_engine::CheckpointRole::Master(master), eddy_engine::CheckpointRole::Part(part)];

@@ -47,12 +47,14 @@ async fn pump_out<T: Serialize>(mut send: SendStream, mut from: tokio::sync::mps
     let _ = send.finish();
 }
 
-/// This node's end as a part of `job`'s `attempt`: it is connected once the master dials.
-pub fn part_link(node: &QuicNode, job: &str, attempt: u64) -> PartLink {
+/// This node's end as a part of `job`'s `attempt`: it is connected once the master (node
+/// `master`, and no other) dials.
+pub fn part_link(node: &QuicNode, job: &str, attempt: u64, master: &str) -> PartLink {
     let (commands_tx, commands) = mpsc::channel();
     let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
     node.on_side(
         &stream_name(job, attempt),
+        master,
         Box::new(move |peer, read_ahead, send, recv| {
             tokio::spawn(pump_in::<MasterCommand>(recv, read_ahead, commands_tx, peer.to_owned()));
             tokio::spawn(pump_out(send, reports_rx));

@@ -53,8 +53,17 @@ impl Placement for QuicPlacement {
         self.worker(task, subtask) == Some(self.node.name())
     }
 
-    fn register_input(&self, task: usize, subtask: u32, channel: u32, into: Box<dyn ChannelSender>) {
-        self.node.register(self.link(task, subtask, channel), into);
+    fn register_input(
+        &self,
+        task: usize,
+        subtask: u32,
+        channel: u32,
+        from: (usize, u32),
+        into: Box<dyn ChannelSender>,
+    ) {
+        // Only the worker running the upstream subtask may feed this input.
+        let feeder = self.worker(from.0, from.1).unwrap_or_default().to_owned();
+        self.node.register(self.link(task, subtask, channel), &feeder, into);
     }
 
     fn on_input_failed(&self, failed: Box<dyn Fn(&str) + Send + Sync>) {

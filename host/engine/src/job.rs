@@ -558,7 +558,9 @@ impl Job {
                 gates[task.id][down as usize] = Some(Box::new(gate));
                 for (channel, (&(t, u), sender)) in feeders.iter().zip(channel_senders).enumerate() {
                     match placement {
-                        Some(p) if !is_local(t, u) => p.register_input(task.id, down, channel as u32, Box::new(sender)),
+                        Some(p) if !is_local(t, u) => {
+                            p.register_input(task.id, down, channel as u32, (t, u), Box::new(sender))
+                        }
                         _ => senders[t][u as usize].push(Box::new(sender)),
                     }
                 }

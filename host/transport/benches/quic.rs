@@ -224,7 +224,7 @@ impl QuicPair {
         let link = |channel| LinkId { job: "bench".into(), attempt, task: 1, subtask: 0, channel };
         let (mut gate, locals) = gate(channels);
         for (c, local) in locals.into_iter().enumerate() {
-            self.b.register(link(c as u32), Box::new(local));
+            self.b.register(link(c as u32), "worker-a", Box::new(local));
         }
         let senders = (0..channels)
             .map(|c| {

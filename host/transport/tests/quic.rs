@@ -69,7 +69,7 @@ fn records_and_events_cross_in_order_under_credit() {
     let ca = ClusterCa::generate().unwrap();
     let (a, b) = (node(&ca, "worker-a", &rt, Tuning::default()), node(&ca, "worker-b", &rt, Tuning::default()));
     let (_shared, mut gate, senders) = local_gate(1, ChannelConfig::default(), vec![Default::default()]);
-    b.register(link(0), Box::new(senders.into_iter().next().unwrap()));
+    b.register(link(0), "worker-a", Box::new(senders.into_iter().next().unwrap()));
 
     let mut tx = a.open_sender("worker-b", b.local_addr().unwrap(), &link(0)).unwrap();
     let producer = std::thread::spawn(move || {
@@ -103,7 +103,7 @@ fn a_receiver_that_stops_reading_stops_the_sender_within_its_credit() {
     let (a, b) = (node(&ca, "worker-a", &rt, tuning.clone()), node(&ca, "worker-b", &rt, tuning));
     let config = ChannelConfig::default();
     let (_shared, mut gate, senders) = local_gate(1, config, vec![Default::default()]);
-    b.register(link(0), Box::new(senders.into_iter().next().unwrap()));
+    b.register(link(0), "worker-a", Box::new(senders.into_iter().next().unwrap()));
     let mut tx = a.open_sender("worker-b", b.local_addr().unwrap(), &link(0)).unwrap();
     let sent = Arc::new(AtomicUsize::new(0));
     let counter = sent.clone();
@@ -148,7 +148,7 @@ fn a_node_whose_certificate_the_cluster_ca_did_not_sign_is_refused_both_ways() {
     assert!(err.to_string().contains("connecting to worker-z"), "{err}");
     // worker-b still serves members.
     let (_shared, mut gate, senders) = local_gate(1, ChannelConfig::default(), vec![Default::default()]);
-    b.register(link(0), Box::new(senders.into_iter().next().unwrap()));
+    b.register(link(0), "worker-c", Box::new(senders.into_iter().next().unwrap()));
     let mut tx = c.open_sender("worker-b", b_addr, &link(0)).unwrap();
     tx.send(Message::Data { side: None, batch: batch(0, 3), watermark: None }).unwrap();
     tx.send(Message::EndOfStream).unwrap();
@@ -208,7 +208,11 @@ fn peers_that_break_the_protocol_are_dropped_with_a_reason_and_the_node_keeps_se
     let mut gates = Vec::new();
     for channel in 0..4 {
         let (_shared, gate, senders) = local_gate(1, ChannelConfig::default(), vec![Default::default()]);
-        b.register(link(channel), Box::new(senders.into_iter().next().unwrap()));
+        b.register(
+            link(channel),
+            if channel == 3 { "worker-c" } else { "worker-h" },
+            Box::new(senders.into_iter().next().unwrap()),
+        );
         gates.push(gate);
     }
     let cases: Vec<(Vec<u8>, &str)> = vec![
@@ -223,6 +227,8 @@ fn peers_that_break_the_protocol_are_dropped_with_a_reason_and_the_node_keeps_se
         (link(9).encode(), "not registered"),
         // Not a header at all.
         (b"GET / HTTP/1.1\r\n\r\n".to_vec(), "link header"),
+        // A link that another node feeds (it stays registered for that node).
+        (link(3).encode(), "which `worker-c` feeds"),
     ];
     for (bytes, reason) in cases {
         let peer = RawPeer::dial(&rt, &hostile, b_addr, "worker-b");
@@ -247,7 +253,7 @@ fn a_sender_let_go_without_end_of_stream_fails_the_receivers_link_at_once() {
     let seen = failed.clone();
     b.on_link_failed(move |link, reason| seen.lock().unwrap().push((link.clone(), reason.to_owned())));
     let (_shared, mut gate, senders) = local_gate(1, ChannelConfig::default(), vec![Default::default()]);
-    b.register(link(0), Box::new(senders.into_iter().next().unwrap()));
+    b.register(link(0), "worker-a", Box::new(senders.into_iter().next().unwrap()));
     let mut tx = a.open_sender("worker-b", b.local_addr().unwrap(), &link(0)).unwrap();
     tx.send(Message::Data { side: None, batch: batch(0, 2), watermark: None }).unwrap();
     let Some((_, Message::Data { batch, .. })) = gate.recv(Duration::from_secs(20)).unwrap() else { panic!("data") };
@@ -268,6 +274,7 @@ fn side_streams_reach_their_registered_handler_and_unexpected_ones_drop_the_peer
     let (got_tx, got_rx) = std::sync::mpsc::channel();
     b.on_side(
         "control/1",
+        "worker-a",
         Box::new(move |peer, mut bytes, _send, mut recv| {
             let peer = peer.to_owned();
             tokio::spawn(async move {

@@ -10,9 +10,9 @@ use eddy_transport::channel::ChannelSender;
 pub trait Placement: Send + Sync {
     /// Whether subtask (`task`, `subtask`) runs in this process.
     fn is_local(&self, task: usize, subtask: u32) -> bool;
-    /// Input channel `channel` of the local subtask (`task`, `subtask`) is fed from another
-    /// process: hand what arrives to `into`.
-    fn register_input(&self, task: usize, subtask: u32, channel: u32, into: Box<dyn ChannelSender>);
+    /// Input channel `channel` of the local subtask (`task`, `subtask`) is fed by subtask
+    /// `from` (task, subtask) in another process: hand what arrives from it to `into`.
+    fn register_input(&self, task: usize, subtask: u32, channel: u32, from: (usize, u32), into: Box<dyn ChannelSender>);
     /// A sender into input channel `channel` of subtask (`task`, `subtask`) in another process.
     fn open_output(&self, task: usize, subtask: u32, channel: u32) -> Result<Box<dyn ChannelSender>, String>;
     /// Calls `failed` with the reason when an input from another process breaks (its peer

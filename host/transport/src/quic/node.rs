@@ -205,6 +205,8 @@ const CODE_PROTOCOL: u32 = 1;
 const CODE_STOPPED: u32 = 2;
 
 type LinkFailed = Box<dyn Fn(&LinkId, &str) + Send + Sync>;
+/// Where a registered input's messages go.
+type Registered = Box<dyn ChannelSender>;
 /// A job attempt (job, attempt), or `None` for every job.
 type JobScope = Option<(String, u64)>;
 
@@ -214,14 +216,15 @@ struct Shared {
     handle: Handle,
     tuning: Tuning,
     peers: Mutex<HashMap<String, Connection>>,
-    inbox: Mutex<HashMap<LinkId, Box<dyn ChannelSender>>>,
+    /// Registered inputs: the node expected to feed each, and where its messages go.
+    inbox: Mutex<HashMap<LinkId, (String, Registered)>>,
     registered: Condvar,
     dropped: Mutex<Vec<DroppedPeer>>,
     /// Hooks told of failed input links: per job attempt, or (`None`) of every job.
     on_link_failed: Mutex<Vec<(JobScope, LinkFailed)>>,
     /// Handlers of named side streams (control traffic beside the data, such as a spread
     /// job's checkpoint protocol), by name.
-    sides: Mutex<HashMap<String, SideHandler>>,
+    sides: Mutex<HashMap<String, (String, SideHandler)>>,
     side_registered: Condvar,
 }
 
@@ -318,10 +321,11 @@ impl QuicNode {
         lock(&self.shared.on_link_failed).push((Some((job.to_owned(), attempt)), Box::new(hook)));
     }
 
-    /// Registers the receiving end of `link`: the stream a peer opens for it is pumped into
-    /// `into` (typically a local channel of the subtask's gate).
-    pub fn register(&self, link: LinkId, into: Box<dyn ChannelSender>) {
-        lock(&self.shared.inbox).insert(link, into);
+    /// Registers the receiving end of `link`, fed by node `from`: the stream `from` opens for
+    /// it is pumped into `into` (typically a local channel of the subtask's gate). Another
+    /// node opening it is dropped, and the registration stays for `from`.
+    pub fn register(&self, link: LinkId, from: &str, into: Box<dyn ChannelSender>) {
+        lock(&self.shared.inbox).insert(link, (from.to_owned(), into));
         self.shared.registered.notify_all();
     }
 
@@ -330,9 +334,9 @@ impl QuicNode {
         &self.shared.handle
     }
 
-    /// Registers the handler of the side stream a peer will open under `name` (once).
-    pub fn on_side(&self, name: &str, handler: SideHandler) {
-        lock(&self.shared.sides).insert(name.to_owned(), handler);
+    /// Registers the handler of the side stream node `from` will open under `name` (once).
+    pub fn on_side(&self, name: &str, from: &str, handler: SideHandler) {
+        lock(&self.shared.sides).insert(name.to_owned(), (from.to_owned(), handler));
         self.shared.side_registered.notify_all();
     }
 
@@ -460,11 +464,22 @@ impl Inbound {
             Err(LinkEnd::Protocol(reason)) => return self.shared.drop_peer(&self.conn, &self.peer, &reason),
             Err(_) => return,
         };
-        let (shared, wanted) = (self.shared.clone(), link.clone());
-        let into = tokio::task::spawn_blocking(move || take_registration(&shared, &wanted)).await.ok().flatten();
-        let Some(into) = into else {
-            let reason = format!("a stream for {link:?}, which is not registered here");
-            return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+        let (shared, wanted, peer) = (self.shared.clone(), link.clone(), self.peer.clone());
+        let into = tokio::task::spawn_blocking(move || {
+            take_registered(&shared.inbox, &shared.registered, &wanted, &peer, shared.tuning.registration_timeout)
+        })
+        .await;
+        let into = match into {
+            Ok(Ok(into)) => into,
+            Ok(Err(Unregistered::Missing)) => {
+                let reason = format!("a stream for {link:?}, which is not registered here");
+                return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+            }
+            Ok(Err(Unregistered::OtherPeer(expected))) => {
+                let reason = format!("a stream for {link:?}, which `{expected}` feeds");
+                return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+            }
+            Err(_) => return,
         };
         match self.pump(into).await {
             Ok(()) => {}
@@ -495,11 +510,22 @@ impl Inbound {
                 return;
             }
         };
-        let (shared, wanted) = (self.shared.clone(), name.clone());
-        let handler = tokio::task::spawn_blocking(move || take_side(&shared, &wanted)).await.ok().flatten();
-        let Some(handler) = handler else {
-            let reason = format!("a side stream `{name}`, which nobody here expects");
-            return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+        let (shared, wanted, peer) = (self.shared.clone(), name.clone(), self.peer.clone());
+        let handler = tokio::task::spawn_blocking(move || {
+            take_registered(&shared.sides, &shared.side_registered, &wanted, &peer, shared.tuning.registration_timeout)
+        })
+        .await;
+        let handler = match handler {
+            Ok(Ok(handler)) => handler,
+            Ok(Err(Unregistered::Missing)) => {
+                let reason = format!("a side stream `{name}`, which nobody here expects");
+                return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+            }
+            Ok(Err(Unregistered::OtherPeer(expected))) => {
+                let reason = format!("a side stream `{name}`, which only `{expected}` may open");
+                return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+            }
+            Err(_) => return,
         };
         let read_ahead = self.buf.split_off(header_len);
         handler(&self.peer, read_ahead, self.send, self.recv);
@@ -605,27 +631,33 @@ impl Inbound {
     }
 }
 
-fn take_side(shared: &Shared, name: &str) -> Option<SideHandler> {
-    let deadline = Instant::now() + shared.tuning.registration_timeout;
-    let mut sides = lock(&shared.sides);
-    loop {
-        if let Some(handler) = sides.remove(name) {
-            return Some(handler);
-        }
-        let left = deadline.checked_duration_since(Instant::now())?;
-        sides = shared.side_registered.wait_timeout(sides, left).unwrap_or_else(|p| p.into_inner()).0;
-    }
+/// Why a stream found no registration.
+enum Unregistered {
+    /// Nothing registered under its name within the registration timeout.
+    Missing,
+    /// It is registered for another node (named).
+    OtherPeer(String),
 }
 
-fn take_registration(shared: &Shared, link: &LinkId) -> Option<Box<dyn ChannelSender>> {
-    let deadline = Instant::now() + shared.tuning.registration_timeout;
-    let mut inbox = lock(&shared.inbox);
+/// Waits up to `timeout` for `key` to be registered and takes it, if `peer` is the node it
+/// was registered for (otherwise it stays for that node).
+fn take_registered<K: Eq + std::hash::Hash, T>(
+    map: &Mutex<HashMap<K, (String, T)>>,
+    registered: &Condvar,
+    key: &K,
+    peer: &str,
+    timeout: Duration,
+) -> Result<T, Unregistered> {
+    let deadline = Instant::now() + timeout;
+    let mut entries = lock(map);
     loop {
-        if let Some(into) = inbox.remove(link) {
-            return Some(into);
+        match entries.get(key) {
+            Some((expected, _)) if expected != peer => return Err(Unregistered::OtherPeer(expected.clone())),
+            Some(_) => return entries.remove(key).map(|(_, value)| value).ok_or(Unregistered::Missing),
+            None => {}
         }
-        let left = deadline.checked_duration_since(Instant::now())?;
-        inbox = shared.registered.wait_timeout(inbox, left).unwrap_or_else(|p| p.into_inner()).0;
+        let left = deadline.checked_duration_since(Instant::now()).ok_or(Unregistered::Missing)?;
+        entries = registered.wait_timeout(entries, left).unwrap_or_else(|p| p.into_inner()).0;
     }
 }
 
@@ -852,7 +884,7 @@ mod tests {
 
         let (_shared, mut gate, senders) = local_gate(1, ChannelConfig::default(), vec![Arc::default()]);
         let link = LinkId { job: "job".into(), attempt: 0, task: 0, subtask: 0, channel: 0 };
-        b.register(link.clone(), Box::new(senders.into_iter().next().expect("one sender")));
+        b.register(link.clone(), "worker-a", Box::new(senders.into_iter().next().expect("one sender")));
         let mut tx = a.open_sender("worker-b", b_addr, &link).expect("open");
         let producer = std::thread::spawn(move || {
             for _ in 0..500 {
