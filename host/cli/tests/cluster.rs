@@ -87,6 +87,15 @@ fn workers_register_beat_die_when_killed_and_find_a_restarted_coordinator() {
     }
     // Tenants see the workers too; nobody without a token does.
     assert_eq!(client().get(coordinator.url("/v1/workers")).send().unwrap().status(), 401);
+    // A live worker's name, or the coordinator's, cannot be enrolled again.
+    for taken in ["worker-1", "coordinator"] {
+        let response = client()
+            .post(coordinator.url("/v1/cluster/enroll"))
+            .json(&serde_json::json!({ "name": taken }))
+            .send()
+            .unwrap();
+        assert_eq!(response.status(), 409, "{taken}");
+    }
 
     fleet[1].take().unwrap().kill_9();
     eventually("worker-2 declared dead", || names(&coordinator) == ["worker-1", "worker-3"]);

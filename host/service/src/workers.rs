@@ -75,7 +75,8 @@ pub struct Credentials {
 /// with `eddy cluster cert` and start every node with `--tls`.
 #[utoipa::path(post, path = "/v1/cluster/enroll", tag = "cluster",
     request_body = Enrollment,
-    responses((status = 200, body = Credentials), (status = 403, body = Problem), (status = 422, body = Problem)))]
+    responses((status = 200, body = Credentials), (status = 403, body = Problem), (status = 409, body = Problem),
+        (status = 422, body = Problem)))]
 pub async fn enroll(
     State(state): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -96,6 +97,17 @@ pub async fn enroll(
             "enrollment is for workers on the coordinator's machine; {peer} is not: issue a certificate with \
              `eddy cluster cert` and start the worker with --tls"
         )));
+    }
+    // A worker enrolls once (it keeps its certificate in its data directory): a name the
+    // coordinator answers to, or one a live worker holds, is someone else's.
+    if ["coordinator", "localhost"].contains(&request.name.as_str())
+        || cluster.control.workers().iter().any(|w| w.name == request.name)
+    {
+        return Err(ApiError::conflict(format!(
+            "`{}` is taken (the coordinator's name, or a live worker's): choose another --name",
+            request.name
+        ))
+        .at("name"));
     }
     let identity = ca.issue(&request.name).map_err(|e| ApiError::unprocessable(e.to_string()).at("name"))?;
     tracing::info!(worker = %request.name, "enrolled a local worker");

@@ -7,5 +7,7 @@ mod node;
 mod tls;
 
 pub use link::LinkId;
-pub use node::{DroppedPeer, NodeError, QuicNode, RemoteSender, SideHandler, Tuning, dial, endpoint, peer_name};
+pub use node::{
+    DroppedPeer, MAX_DROPPED_KEPT, NodeError, QuicNode, RemoteSender, SideHandler, Tuning, dial, endpoint, peer_name,
+};
 pub use tls::{ALPN, ClusterCa, NodeIdentity, TlsError, check_name};

@@ -200,6 +200,9 @@ pub struct DroppedPeer {
     pub reason: String,
 }
 
+/// How many dropped peers [`QuicNode::dropped_peers`] remembers.
+pub const MAX_DROPPED_KEPT: usize = 1024;
+
 /// Application error codes on the wire.
 const CODE_PROTOCOL: u32 = 1;
 const CODE_STOPPED: u32 = 2;
@@ -246,7 +249,16 @@ impl Shared {
         tracing::warn!(node = %self.name, peer, reason, "dropping peer");
         conn.close(VarInt::from_u32(CODE_PROTOCOL), reason.as_bytes());
         lock(&self.peers).retain(|_, c| c.stable_id() != conn.stable_id());
-        lock(&self.dropped).push(DroppedPeer { peer: peer.to_owned(), reason: reason.to_owned() });
+        self.remember_dropped(peer, reason);
+    }
+
+    /// Keeps the newest [`MAX_DROPPED_KEPT`] drops: anyone who can send UDP can fail handshakes.
+    fn remember_dropped(&self, peer: &str, reason: &str) {
+        let mut dropped = lock(&self.dropped);
+        if dropped.len() >= MAX_DROPPED_KEPT {
+            dropped.remove(0);
+        }
+        dropped.push(DroppedPeer { peer: peer.to_owned(), reason: reason.to_owned() });
     }
 
     fn link_failed(&self, link: &LinkId, reason: &str) {
@@ -303,7 +315,7 @@ impl QuicNode {
         self.shared.endpoint.local_addr()
     }
 
-    /// Peers dropped for breaking the protocol, oldest first.
+    /// Peers dropped for breaking the protocol, oldest first (the newest [`MAX_DROPPED_KEPT`]).
     pub fn dropped_peers(&self) -> Vec<DroppedPeer> {
         lock(&self.shared.dropped).clone()
     }
@@ -397,7 +409,7 @@ async fn accept_loop(shared: Arc<Shared>) {
                 Err(e) => {
                     // A certificate the CA did not sign ends here, inside the handshake.
                     tracing::warn!(node = %shared.name, %remote, reason = %e, "refused a connection");
-                    lock(&shared.dropped).push(DroppedPeer { peer: remote.to_string(), reason: e.to_string() });
+                    shared.remember_dropped(&remote.to_string(), &e.to_string());
                     return;
                 }
             };
