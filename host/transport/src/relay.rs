@@ -29,12 +29,15 @@ pub struct RelayStats {
 pub struct Relay {
     addr: SocketAddr,
     stats: Arc<RelayStats>,
-    task: tokio::task::JoinHandle<()>,
+    /// The front task, and one task per client carrying its replies.
+    tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        self.task.abort();
+        for task in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            task.abort();
+        }
     }
 }
 
@@ -81,7 +84,9 @@ impl Relay {
             to_client: Mutex::new(FaultPlan::new(faults, seed.wrapping_add(1))),
             stats: stats.clone(),
         });
-        let task = tokio::spawn(async move {
+        let tasks: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let client_tasks = tasks.clone();
+        let front_task = tokio::spawn(async move {
             // One socket towards the server per client, so replies find their way back.
             let mut backs: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
             let mut buf = vec![0u8; 65_536];
@@ -93,19 +98,21 @@ impl Relay {
                         let Ok(back) = UdpSocket::bind("127.0.0.1:0").await.map(Arc::new) else { continue };
                         backs.insert(client, back.clone());
                         let (shared, back_rx, front) = (shared.clone(), back.clone(), front.clone());
-                        tokio::spawn(async move {
+                        let replies = tokio::spawn(async move {
                             let mut buf = vec![0u8; 65_536];
                             while let Ok((n, _)) = back_rx.recv_from(&mut buf).await {
                                 shared.forward(&shared.to_client, &front, client, buf[..n].to_vec());
                             }
                         });
+                        client_tasks.lock().unwrap_or_else(|p| p.into_inner()).push(replies.abort_handle());
                         back
                     }
                 };
                 shared.forward(&shared.to_server, &back, server, buf[..n].to_vec());
             }
         });
-        Ok(Relay { addr, stats, task })
+        tasks.lock().unwrap_or_else(|p| p.into_inner()).push(front_task.abort_handle());
+        Ok(Relay { addr, stats, tasks })
     }
 
     /// The address to dial instead of the server's.

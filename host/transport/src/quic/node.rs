@@ -206,6 +206,7 @@ pub const MAX_DROPPED_KEPT: usize = 1024;
 /// Application error codes on the wire.
 const CODE_PROTOCOL: u32 = 1;
 const CODE_STOPPED: u32 = 2;
+const CODE_REFUSED: u32 = 3;
 
 type LinkFailed = Box<dyn Fn(&LinkId, &str) + Send + Sync>;
 /// Where a registered input's messages go.
@@ -315,7 +316,8 @@ impl QuicNode {
         self.shared.endpoint.local_addr()
     }
 
-    /// Peers dropped for breaking the protocol, oldest first (the newest [`MAX_DROPPED_KEPT`]).
+    /// Peers dropped for breaking the protocol, and streams refused (their reason starts with
+    /// `stream refused:`), oldest first (the newest [`MAX_DROPPED_KEPT`]).
     pub fn dropped_peers(&self) -> Vec<DroppedPeer> {
         lock(&self.shared.dropped).clone()
     }
@@ -484,8 +486,7 @@ impl Inbound {
         let into = match into {
             Ok(Ok(into)) => into,
             Ok(Err(Unregistered::Missing)) => {
-                let reason = format!("a stream for {link:?}, which is not registered here");
-                return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+                return self.refuse(&format!("a stream for {link:?}, which is not registered here"));
             }
             Ok(Err(Unregistered::OtherPeer(expected))) => {
                 let reason = format!("a stream for {link:?}, which `{expected}` feeds");
@@ -504,6 +505,15 @@ impl Inbound {
                 let _ = self.recv.stop(VarInt::from_u32(CODE_STOPPED));
             }
         }
+    }
+
+    /// Refuses this stream only: a stream nobody registered may come from a slow or stale peer
+    /// (an earlier attempt of a restarted job), whose other streams are fine.
+    fn refuse(mut self, reason: &str) {
+        tracing::warn!(node = %self.shared.name, peer = %self.peer, reason, "refusing a stream");
+        let _ = self.send.reset(VarInt::from_u32(CODE_REFUSED));
+        let _ = self.recv.stop(VarInt::from_u32(CODE_REFUSED));
+        self.shared.remember_dropped(&self.peer, &format!("stream refused: {reason}"));
     }
 
     /// A side stream: its name, then its handler takes over.
@@ -530,8 +540,7 @@ impl Inbound {
         let handler = match handler {
             Ok(Ok(handler)) => handler,
             Ok(Err(Unregistered::Missing)) => {
-                let reason = format!("a side stream `{name}`, which nobody here expects");
-                return self.shared.drop_peer(&self.conn, &self.peer, &reason);
+                return self.refuse(&format!("a side stream `{name}`, which nobody here expects"));
             }
             Ok(Err(Unregistered::OtherPeer(expected))) => {
                 let reason = format!("a side stream `{name}`, which only `{expected}` may open");
