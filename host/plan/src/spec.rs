@@ -3,12 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::window::WindowKind;
 
 /// A pipeline: sources -> steps -> sink.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSpec {
     /// Shown in logs and summaries.
@@ -46,7 +46,7 @@ pub struct PipelineSpec {
 }
 
 /// Which state backend the steps use.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StateBackendKind {
     /// In memory: fastest, bounded by memory.
@@ -57,7 +57,7 @@ pub enum StateBackendKind {
 }
 
 /// `state:` — the state backend.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StateSpec {
     /// `heap` or `rocksdb`.
@@ -127,7 +127,7 @@ fn default_write_buffer_mb() -> usize {
 }
 
 /// How barriers and in-flight records are handled (`checkpoints.mode`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckpointMode {
     /// A task with several inputs holds each input back from its barrier until all delivered
@@ -142,7 +142,7 @@ pub enum CheckpointMode {
 }
 
 /// `checkpoints:` — periodic checkpoints to a directory or an S3-compatible store.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSpec {
     /// Local directory the checkpoints are written to (relative to the spec file). `eddy run`
@@ -175,7 +175,7 @@ pub struct CheckpointSpec {
 
 /// `checkpoints.s3:` — where in an S3-compatible store. Credentials come from the standard
 /// environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct S3Spec {
     /// The bucket.
@@ -236,7 +236,7 @@ fn default_retained() -> usize {
 }
 
 /// `restart:` — how a failed job is restarted from its latest checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(tag = "strategy", rename_all = "snake_case", deny_unknown_fields)]
 pub enum RestartSpec {
     /// Fail the run on the first task failure.
@@ -316,7 +316,7 @@ fn default_buffer_timeout_ms() -> i64 {
 }
 
 /// A source. `name` identifies it in the plan and in metrics.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceSpec {
     /// A file read line by line (one split, so parallelism 1).
@@ -367,7 +367,7 @@ impl SourceSpec {
 
 /// The generator's event shape: `{"<key_field>": "<key_prefix><k>", "<value_field>": v,
 /// "ts": t, "seq": i}` with event time `t = start_ms + i * interval_ms - disorder(i)`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GeneratorSpec {
     /// Unique among sources.
@@ -442,7 +442,7 @@ fn default_interval_ms() -> i64 {
 /// event time; event `i` is `eddy_nexmark::event(config, i)`.
 /// Every field but `name` is optional; the generator's fields and defaults are those of
 /// `eddy_nexmark::NexmarkConfig`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NexmarkSourceSpec {
     /// Unique among sources.
@@ -529,7 +529,7 @@ impl NexmarkSourceSpec {
 }
 
 /// How a file's lines become records.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceFormat {
     /// Each line is a text value (encoded as a JSON string).
@@ -543,7 +543,7 @@ pub enum SourceFormat {
 }
 
 /// Watermark strategy, applied at every source reader.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WatermarkSpec {
     /// Events arrive at most this much out of order (bounded out-of-orderness).
@@ -566,6 +566,16 @@ pub enum KeyBy {
     Field(String),
 }
 
+impl Serialize for KeyBy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match self {
+            KeyBy::Key => "key",
+            KeyBy::Value => "value",
+            KeyBy::Field(pointer) => pointer,
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for KeyBy {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
@@ -581,7 +591,7 @@ impl<'de> Deserialize<'de> for KeyBy {
 }
 
 /// One operator step: a keyed Wasm operator, or a window whose `wasm` is an aggregate.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepSpec {
     /// Unique within the pipeline; names the operator in errors, logs and metrics.
@@ -612,7 +622,7 @@ pub struct StepSpec {
 }
 
 /// A window step's assigner, lateness and late-data handling.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowSpec {
     /// `tumbling`, `sliding` or `session`.
@@ -643,7 +653,7 @@ fn default_late_output() -> String {
 }
 
 /// Window assigners.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WindowType {
     /// Fixed, non-overlapping.
@@ -674,7 +684,7 @@ impl WindowSpec {
 }
 
 /// The sink.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SinkSpec {
     /// Prints `key => value` lines to stdout (side outputs prefixed with `[name]`).
