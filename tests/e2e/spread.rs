@@ -41,18 +41,8 @@ fn spread_over(query: &str, native: fn(Vec<eddy_nexmark::Event>) -> Vec<Value>, 
     spec.sink = SinkSpec::Blackhole;
 
     let net = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let ca = ClusterCa::generate().expect("ca");
-    let names = ["worker-a", "worker-b"];
-    let nodes: Vec<QuicNode> = names
-        .iter()
-        .map(|n| {
-            let identity = ca.issue(n).expect("certificate");
-            QuicNode::bind(&identity, "127.0.0.1:0".parse().expect("addr"), Tuning::default(), net.handle().clone())
-                .expect("bind")
-        })
-        .collect();
-    let mut addrs: HashMap<String, std::net::SocketAddr> =
-        nodes.iter().map(|n| (n.name().to_owned(), n.local_addr().expect("addr"))).collect();
+    let (nodes, mut addrs) = two_nodes(&net);
+    let names: Vec<&str> = nodes.iter().map(QuicNode::name).collect();
     // Each worker is dialed through its own relay, so traffic both ways crosses a faulty network.
     let relays: Vec<Relay> = match &faults {
         Some((faults, seed)) => {

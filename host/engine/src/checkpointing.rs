@@ -470,30 +470,40 @@ mod tests {
         }
     }
 
+    /// A checkpoint thread over two participants in `dir`, triggering every millisecond; with
+    /// `master`, participant 1 runs in another part.
+    fn two_participants(
+        dir: &std::path::Path,
+        signals: &Arc<Signals>,
+        reports: Receiver<Report>,
+        master: Option<MasterLink>,
+    ) -> CheckpointThread {
+        let spec = CheckpointSpec { timeout_ms: 600_000, retained: 1, ..CheckpointSpec::in_dir(dir.to_path_buf(), 1) };
+        CheckpointThread {
+            job: "j".into(),
+            max_parallelism: 128,
+            spec,
+            store: CheckpointStore::local(dir).expect("store"),
+            participants: 2,
+            first_id: 1,
+            retained: Vec::new(),
+            signals: signals.clone(),
+            reports,
+            cancel: Arc::new(AtomicBool::new(false)),
+            history: Arc::default(),
+            commit_sink: Box::new(|_| Ok(())),
+            faults: None,
+            local: vec![true, master.is_none()],
+            remote: master,
+        }
+    }
+
     #[test]
     fn a_subtask_that_finishes_after_its_part_of_a_checkpoint_leaves_a_restorable_final_checkpoint() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (reports, received) = mpsc::sync_channel(16);
         let signals = Arc::new(Signals::default());
-        let spec =
-            CheckpointSpec { timeout_ms: 600_000, retained: 1, ..CheckpointSpec::in_dir(dir.path().to_path_buf(), 1) };
-        let thread = CheckpointThread {
-            job: "j".into(),
-            max_parallelism: 128,
-            spec,
-            store: CheckpointStore::local(dir.path()).expect("store"),
-            participants: 2,
-            first_id: 1,
-            retained: Vec::new(),
-            signals: signals.clone(),
-            reports: received,
-            cancel: Arc::new(AtomicBool::new(false)),
-            history: Arc::default(),
-            commit_sink: Box::new(|_| Ok(())),
-            faults: None,
-            remote: None,
-            local: vec![true; 2],
-        };
+        let thread = two_participants(dir.path(), &signals, received, None);
         let running = std::thread::spawn(move || thread.run());
         wait_until("checkpoint 1 is triggered", || signals.trigger.load(Ordering::SeqCst) >= 1);
         let id = signals.trigger.load(Ordering::SeqCst);
@@ -531,25 +541,7 @@ mod tests {
         let signals = Arc::new(Signals::default());
         let (master, mut parts) = local_links(1);
         let part = parts.remove(0);
-        let spec =
-            CheckpointSpec { timeout_ms: 600_000, retained: 1, ..CheckpointSpec::in_dir(dir.path().to_path_buf(), 1) };
-        let thread = CheckpointThread {
-            job: "j".into(),
-            max_parallelism: 128,
-            spec,
-            store: CheckpointStore::local(dir.path()).expect("store"),
-            participants: 2,
-            first_id: 1,
-            retained: Vec::new(),
-            signals: signals.clone(),
-            reports: received,
-            cancel: Arc::new(AtomicBool::new(false)),
-            history: Arc::default(),
-            commit_sink: Box::new(|_| Ok(())),
-            faults: None,
-            remote: Some(master),
-            local: vec![true, false],
-        };
+        let thread = two_participants(dir.path(), &signals, received, Some(master));
         let running = std::thread::spawn(move || thread.run());
         let next = || part.commands.recv_timeout(Duration::from_secs(30)).expect("a command");
         let MasterCommand::Trigger { id, .. } = next() else { panic!("the first command triggers") };
