@@ -46,7 +46,6 @@ struct Inner {
     endpoint: Endpoint,
     config: ControlConfig,
     membership: Mutex<Membership>,
-    departures: Mutex<Vec<Departed>>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -71,7 +70,6 @@ impl Inner {
                 }
             }
         }
-        self.departures.lock().unwrap_or_else(|p| p.into_inner()).extend(gone);
     }
 }
 
@@ -85,12 +83,7 @@ impl ControlPlane {
     ) -> Result<Self, NodeError> {
         let endpoint = endpoint(identity, addr, &Tuning::default(), handle)?;
         let timeout_ms = config.heartbeat_timeout.as_millis() as u64;
-        let inner = Arc::new(Inner {
-            endpoint,
-            config,
-            membership: Mutex::new(Membership::new(timeout_ms)),
-            departures: Mutex::default(),
-        });
+        let inner = Arc::new(Inner { endpoint, config, membership: Mutex::new(Membership::new(timeout_ms)) });
         handle.spawn(accept(inner.clone()));
         handle.spawn(clock(inner.clone()));
         Ok(Self { inner })
@@ -109,11 +102,6 @@ impl ControlPlane {
     /// Now on the clock of [`Member`]'s times (monotonic, ms).
     pub fn clock_ms(&self) -> u64 {
         now_ms()
-    }
-
-    /// Workers that left since the last call (for the scheduler to act on).
-    pub fn take_departures(&self) -> Vec<Departed> {
-        std::mem::take(&mut *self.inner.departures.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 

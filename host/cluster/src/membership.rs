@@ -81,11 +81,6 @@ impl Membership {
         Self { members: BTreeMap::new(), timeout_ms, next_incarnation: 1 }
     }
 
-    /// The heartbeat timeout.
-    pub fn timeout_ms(&self) -> u64 {
-        self.timeout_ms
-    }
-
     /// Worker `name` registered: returns its new incarnation, and the previous incarnation if
     /// this replaces one.
     pub fn register(&mut self, name: &str, slots: u32, data_addr: &str, now_ms: u64) -> (u64, Option<Departed>) {

@@ -251,7 +251,7 @@ fn a_sender_let_go_without_end_of_stream_fails_the_receivers_link_at_once() {
     let (a, b) = (node(&ca, "worker-a", &rt, Tuning::default()), node(&ca, "worker-b", &rt, Tuning::default()));
     let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = failed.clone();
-    b.on_link_failed(move |link, reason| seen.lock().unwrap().push((link.clone(), reason.to_owned())));
+    b.on_job_link_failed("job-1", 0, move |link, reason| seen.lock().unwrap().push((link.clone(), reason.to_owned())));
     let (_shared, mut gate, senders) = local_gate(1, ChannelConfig::default(), vec![Default::default()]);
     b.register(link(0), "worker-a", Box::new(senders.into_iter().next().unwrap()));
     let mut tx = a.open_sender("worker-b", b.local_addr().unwrap(), &link(0)).unwrap();

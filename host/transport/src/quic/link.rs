@@ -1,5 +1,6 @@
-//! The header that opens every data stream: which input channel of which subtask the stream
-//! feeds. A receiver looks the link up among the channels it registered and refuses a stream
+//! The headers that open every stream. A data stream names the input channel of the subtask
+//! it feeds ([`LinkId`]); a side stream (control traffic beside the data) names itself
+//! ([`side_header`]). A receiver looks either up among what it registered and refuses a stream
 //! for anything else (a stale attempt of a restarted job, a hostile peer).
 
 /// One logical channel between two subtasks of a job attempt.
@@ -68,6 +69,36 @@ impl LinkId {
     }
 }
 
+/// The first bytes of a side stream (a data stream starts with [`LinkId`]'s `EDL1`).
+pub const SIDE_MAGIC: &[u8; 4] = b"EDS1";
+/// Side stream names are short; a longer one is refused.
+pub const MAX_SIDE_NAME_BYTES: usize = 256;
+
+/// The header of side stream `name` (cut to [`MAX_SIDE_NAME_BYTES`]).
+pub fn side_header(name: &str) -> Vec<u8> {
+    let name = &name.as_bytes()[..name.len().min(MAX_SIDE_NAME_BYTES)];
+    let mut header = SIDE_MAGIC.to_vec();
+    header.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    header.extend_from_slice(name);
+    header
+}
+
+/// Reads a side stream's header from the start of `buf`: the name and the bytes it took,
+/// `Ok(None)` if more bytes are needed, or why this is no side stream header.
+pub fn decode_side_header(buf: &[u8]) -> Result<Option<(String, usize)>, String> {
+    if buf.len() < 6 {
+        return Ok(None);
+    }
+    if &buf[..4] != SIDE_MAGIC {
+        return Err("the stream does not start with a side stream header".into());
+    }
+    let len = usize::from(u16::from_le_bytes([buf[4], buf[5]]));
+    if len > MAX_SIDE_NAME_BYTES {
+        return Err(format!("a side stream name of {len} bytes (at most {MAX_SIDE_NAME_BYTES})"));
+    }
+    Ok(buf.get(6..6 + len).map(|name| (String::from_utf8_lossy(name).into_owned(), 6 + len)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,6 +119,18 @@ mod tests {
         fn hostile_headers_are_errors_not_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = LinkId::decode(&bytes);
         }
+    }
+
+    #[test]
+    fn side_headers_round_trip_wait_for_their_name_and_refuse_a_huge_one() {
+        let wire = side_header("checkpoints/job-1/7");
+        assert_eq!(decode_side_header(&wire), Ok(Some(("checkpoints/job-1/7".to_owned(), wire.len()))));
+        for cut in 0..wire.len() {
+            assert_eq!(decode_side_header(&wire[..cut]), Ok(None));
+        }
+        let mut huge = SIDE_MAGIC.to_vec();
+        huge.extend_from_slice(&u16::MAX.to_le_bytes());
+        assert!(decode_side_header(&huge).expect_err("too long").contains("65535 bytes"));
     }
 
     #[test]

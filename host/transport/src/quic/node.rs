@@ -27,7 +27,7 @@ use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
-use super::link::LinkId;
+use super::link::{LinkId, SIDE_MAGIC, decode_side_header, side_header};
 use super::tls::{NodeIdentity, TlsError};
 use crate::channel::{ChannelSender, Disconnected, Message};
 use crate::credit::{CreditReceiver, CreditSender};
@@ -211,8 +211,8 @@ const CODE_REFUSED: u32 = 3;
 type LinkFailed = Box<dyn Fn(&LinkId, &str) + Send + Sync>;
 /// Where a registered input's messages go.
 type Registered = Box<dyn ChannelSender>;
-/// A job attempt (job, attempt), or `None` for every job.
-type JobScope = Option<(String, u64)>;
+/// A job attempt: (job, attempt).
+type JobScope = (String, u64);
 
 struct Shared {
     name: String,
@@ -224,7 +224,7 @@ struct Shared {
     inbox: Mutex<HashMap<LinkId, (String, Registered)>>,
     registered: Condvar,
     dropped: Mutex<Vec<DroppedPeer>>,
-    /// Hooks told of failed input links: per job attempt, or (`None`) of every job.
+    /// Hooks told of failed input links, per job attempt.
     on_link_failed: Mutex<Vec<(JobScope, LinkFailed)>>,
     /// Handlers of named side streams (control traffic beside the data, such as a spread
     /// job's checkpoint protocol), by name.
@@ -235,11 +235,6 @@ struct Shared {
 /// Takes an accepted side stream: the peer's name, the bytes read past the stream's header,
 /// and the stream's two halves. Runs inside the node's runtime, so it may spawn tasks.
 pub type SideHandler = Box<dyn FnOnce(&str, Vec<u8>, SendStream, RecvStream) + Send>;
-
-/// The first bytes of a side stream (a data stream starts with a [`LinkId`] header).
-const SIDE_MAGIC: &[u8; 4] = b"EDS1";
-/// Side stream names are short; a longer one is refused.
-const MAX_SIDE_NAME_BYTES: usize = 256;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -265,9 +260,7 @@ impl Shared {
     fn link_failed(&self, link: &LinkId, reason: &str) {
         tracing::warn!(node = %self.name, job = %link.job, task = link.task, subtask = link.subtask, channel = link.channel, reason, "input link failed");
         let hooks = lock(&self.on_link_failed);
-        let of_this_job =
-            |job: &JobScope| job.as_ref().is_none_or(|(job, attempt)| *job == link.job && *attempt == link.attempt);
-        for (_, hook) in hooks.iter().filter(|(job, _)| of_this_job(job)) {
+        for (_, hook) in hooks.iter().filter(|((job, attempt), _)| *job == link.job && *attempt == link.attempt) {
             hook(link, reason);
         }
     }
@@ -322,17 +315,11 @@ impl QuicNode {
         lock(&self.shared.dropped).clone()
     }
 
-    /// Called when an input link of any job ends without end-of-stream (peer lost or
-    /// dropped).
-    pub fn on_link_failed(&self, hook: impl Fn(&LinkId, &str) + Send + Sync + 'static) {
-        lock(&self.shared.on_link_failed).push((None, Box::new(hook)));
-    }
-
     /// Called when an input link of `job`'s `attempt` ends without end-of-stream, so the job
     /// can fail instead of waiting for input that will never come. Forgotten by
     /// [`QuicNode::unregister_job`].
     pub fn on_job_link_failed(&self, job: &str, attempt: u64, hook: impl Fn(&LinkId, &str) + Send + Sync + 'static) {
-        lock(&self.shared.on_link_failed).push((Some((job.to_owned(), attempt)), Box::new(hook)));
+        lock(&self.shared.on_link_failed).push(((job.to_owned(), attempt), Box::new(hook)));
     }
 
     /// Registers the receiving end of `link`, fed by node `from`: the stream `from` opens for
@@ -359,19 +346,14 @@ impl QuicNode {
         let conn = self.connect(peer, addr)?;
         let err = |reason: String| NodeError::Connect { peer: peer.to_owned(), addr, reason };
         let (mut send, recv) = self.shared.handle.block_on(conn.open_bi()).map_err(|e| err(e.to_string()))?;
-        let name = &name.as_bytes()[..name.len().min(MAX_SIDE_NAME_BYTES)];
-        let mut header = SIDE_MAGIC.to_vec();
-        header.extend_from_slice(&(name.len() as u16).to_le_bytes());
-        header.extend_from_slice(name);
-        self.shared.handle.block_on(send.write_all(&header)).map_err(|e| err(e.to_string()))?;
+        self.shared.handle.block_on(send.write_all(&side_header(name))).map_err(|e| err(e.to_string()))?;
         Ok((send, recv))
     }
 
     /// Forgets the registrations and hooks of a job's attempt (after it ended or failed).
     pub fn unregister_job(&self, job: &str, attempt: u64) {
         lock(&self.shared.inbox).retain(|l, _| !(l.job == job && l.attempt == attempt));
-        lock(&self.shared.on_link_failed)
-            .retain(|(of, _)| of.as_ref().is_none_or(|(j, a)| !(j == job && *a == attempt)));
+        lock(&self.shared.on_link_failed).retain(|((j, a), _)| !(j == job && *a == attempt));
     }
 
     /// The connection to `peer`, dialing `addr` if there is none. Blocking.
@@ -478,37 +460,58 @@ impl Inbound {
             Err(LinkEnd::Protocol(reason)) => return self.shared.drop_peer(&self.conn, &self.peer, &reason),
             Err(_) => return,
         };
-        let (shared, wanted, peer) = (self.shared.clone(), link.clone(), self.peer.clone());
-        let into = tokio::task::spawn_blocking(move || {
-            take_registered(&shared.inbox, &shared.registered, &wanted, &peer, shared.tuning.registration_timeout)
-        })
-        .await;
-        let into = match into {
-            Ok(Ok(into)) => into,
-            Ok(Err(Unregistered::Missing)) => {
-                return self.refuse(&format!("a stream for {link:?}, which is not registered here"));
-            }
-            Ok(Err(Unregistered::OtherPeer(expected))) => {
-                let reason = format!("a stream for {link:?}, which `{expected}` feeds");
-                return self.shared.drop_peer(&self.conn, &self.peer, &reason);
-            }
-            Err(_) => return,
-        };
-        match self.pump(into).await {
+        let missing = format!("a stream for {link:?}, which is not registered here");
+        let taken_by = |expected: &str| format!("a stream for {link:?}, which `{expected}` feeds");
+        let claimed = self.claim(|s| (&s.inbox, &s.registered), link.clone(), missing, taken_by).await;
+        let Some((mut this, into)) = claimed else { return };
+        match this.pump(into).await {
             Ok(()) => {}
             Err(LinkEnd::Protocol(reason)) => {
-                self.shared.drop_peer(&self.conn, &self.peer, &reason);
-                self.shared.link_failed(&link, &reason);
+                this.shared.drop_peer(&this.conn, &this.peer, &reason);
+                this.shared.link_failed(&link, &reason);
             }
-            Err(LinkEnd::Lost(reason)) => self.shared.link_failed(&link, &reason),
+            Err(LinkEnd::Lost(reason)) => this.shared.link_failed(&link, &reason),
             Err(LinkEnd::Stopped) => {
-                let _ = self.recv.stop(VarInt::from_u32(CODE_STOPPED));
+                let _ = this.recv.stop(VarInt::from_u32(CODE_STOPPED));
             }
         }
     }
 
-    /// Refuses this stream only: a stream nobody registered may come from a slow or stale peer
-    /// (an earlier attempt of a restarted job), whose other streams are fine.
+    /// Waits for the registration of `key` for this stream's peer and takes it. None
+    /// registered: this stream alone is refused (it may come from a slow or stale peer). One
+    /// registered for another node: the peer is dropped.
+    async fn claim<K, T>(
+        self,
+        registry: fn(&Shared) -> Registry<'_, K, T>,
+        key: K,
+        missing: String,
+        taken_by: impl FnOnce(&str) -> String,
+    ) -> Option<(Self, T)>
+    where
+        K: Eq + std::hash::Hash + Send + 'static,
+        T: Send + 'static,
+    {
+        let (shared, peer) = (self.shared.clone(), self.peer.clone());
+        let taken = tokio::task::spawn_blocking(move || {
+            let (map, registered) = registry(&shared);
+            take_registered(map, registered, &key, &peer, shared.tuning.registration_timeout)
+        })
+        .await;
+        match taken {
+            Ok(Ok(value)) => Some((self, value)),
+            Ok(Err(Unregistered::Missing)) => {
+                self.refuse(&missing);
+                None
+            }
+            Ok(Err(Unregistered::OtherPeer(expected))) => {
+                self.shared.drop_peer(&self.conn, &self.peer, &taken_by(&expected));
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Refuses this stream only.
     fn refuse(mut self, reason: &str) {
         tracing::warn!(node = %self.shared.name, peer = %self.peer, reason, "refusing a stream");
         let _ = self.send.reset(VarInt::from_u32(CODE_REFUSED));
@@ -519,37 +522,21 @@ impl Inbound {
     /// A side stream: its name, then its handler takes over.
     async fn side(mut self) {
         let (name, header_len) = loop {
-            if let Some(len) = self.buf.get(4..6).map(|b| usize::from(u16::from_le_bytes([b[0], b[1]]))) {
-                if len > MAX_SIDE_NAME_BYTES {
-                    let reason = format!("a side stream name of {len} bytes (at most {MAX_SIDE_NAME_BYTES})");
-                    return self.shared.drop_peer(&self.conn, &self.peer, &reason);
-                }
-                if let Some(name) = self.buf.get(6..6 + len) {
-                    break (String::from_utf8_lossy(name).into_owned(), 6 + len);
-                }
+            match decode_side_header(&self.buf) {
+                Ok(Some(header)) => break header,
+                Ok(None) => {}
+                Err(reason) => return self.shared.drop_peer(&self.conn, &self.peer, &reason),
             }
             if !matches!(self.read_more().await, Ok(true)) {
                 return;
             }
         };
-        let (shared, wanted, peer) = (self.shared.clone(), name.clone(), self.peer.clone());
-        let handler = tokio::task::spawn_blocking(move || {
-            take_registered(&shared.sides, &shared.side_registered, &wanted, &peer, shared.tuning.registration_timeout)
-        })
-        .await;
-        let handler = match handler {
-            Ok(Ok(handler)) => handler,
-            Ok(Err(Unregistered::Missing)) => {
-                return self.refuse(&format!("a side stream `{name}`, which nobody here expects"));
-            }
-            Ok(Err(Unregistered::OtherPeer(expected))) => {
-                let reason = format!("a side stream `{name}`, which only `{expected}` may open");
-                return self.shared.drop_peer(&self.conn, &self.peer, &reason);
-            }
-            Err(_) => return,
-        };
-        let read_ahead = self.buf.split_off(header_len);
-        handler(&self.peer, read_ahead, self.send, self.recv);
+        let missing = format!("a side stream `{name}`, which nobody here expects");
+        let taken_by = |expected: &str| format!("a side stream `{name}`, which only `{expected}` may open");
+        let claimed = self.claim(|s| (&s.sides, &s.side_registered), name.clone(), missing, taken_by).await;
+        let Some((mut this, handler)) = claimed else { return };
+        let read_ahead = this.buf.split_off(header_len);
+        handler(&this.peer, read_ahead, this.send, this.recv);
     }
 
     async fn read_more(&mut self) -> Result<bool, LinkEnd> {
@@ -652,6 +639,10 @@ impl Inbound {
     }
 }
 
+/// A table of registrations (by key: the node that may open the stream, and what takes it)
+/// and the condition variable told of new ones.
+type Registry<'a, K, T> = (&'a Mutex<HashMap<K, (String, T)>>, &'a Condvar);
+
 /// Why a stream found no registration.
 enum Unregistered {
     /// Nothing registered under its name within the registration timeout.
@@ -740,11 +731,6 @@ impl RemoteSender {
         node.handle.spawn(write_loop(shared.clone(), send));
         node.handle.spawn(credit_loop(shared.clone(), node.clone(), conn, peer.clone(), recv));
         Self { shared, peer }
-    }
-
-    /// Buffers queued for lack of credit.
-    pub fn backlog(&self) -> usize {
-        lock(&self.shared.state).credit.backlog()
     }
 }
 
