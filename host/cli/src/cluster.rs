@@ -36,15 +36,6 @@ pub fn cert(ca: &Path, name: &str, aliases: &[String], out: &Path) -> Result<()>
     Ok(())
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .thread_name("eddy-net")
-        .build()
-        .context("starting the async runtime")
-}
-
 /// Flags of `eddy coordinator`.
 #[derive(Debug)]
 pub struct CoordinatorArgs {
@@ -82,7 +73,7 @@ fn coordinator_identity(tls: Option<&Path>, data_dir: &Path) -> Result<(NodeIden
 
 /// `eddy coordinator`: the service with its control plane on the same host and port.
 pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
-    let runtime = runtime()?;
+    let runtime = crate::serve::runtime()?;
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
     let (identity, enrollment) = coordinator_identity(args.tls.as_deref(), &args.data_dir)?;
     let listener = runtime
@@ -178,7 +169,7 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
     eddy_transport::quic::check_name(&args.name)?;
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
     let identity = worker_identity(&args)?;
-    let runtime = runtime()?;
+    let runtime = crate::serve::runtime()?;
     let data_listen = resolve(&args.data_listen)?;
     let node = QuicNode::bind(&identity, data_listen, Tuning::default(), runtime.handle().clone())?;
     let data_addr = node.local_addr()?;

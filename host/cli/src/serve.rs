@@ -7,12 +7,7 @@ use eddy_service::{Service, ServiceConfig};
 
 /// Runs the server until SIGINT or SIGTERM; running jobs stop and resume at the next start.
 pub fn serve(listen: &str, data_dir: PathBuf, slots: u32, max_artifact_bytes: u64) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .thread_name("eddy-http")
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = runtime()?;
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind(listen))
         .with_context(|| format!("cannot listen on {listen}: is another server using it?"))?;
@@ -20,6 +15,16 @@ pub fn serve(listen: &str, data_dir: PathBuf, slots: u32, max_artifact_bytes: u6
     config.slots = slots;
     config.max_artifact_bytes = max_artifact_bytes;
     run(&runtime, listener, config)
+}
+
+/// The runtime of the service's and the cluster's network I/O.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("eddy-io")
+        .build()
+        .context("starting the async runtime")
 }
 
 /// Opens the service in `config.data_dir` and serves on `listener` until SIGINT or SIGTERM.

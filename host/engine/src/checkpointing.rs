@@ -382,27 +382,16 @@ impl CheckpointThread {
         self.retained.push(meta);
         let excess = self.retained.len().saturating_sub(self.spec.retained);
         self.retained.drain(..excess);
-        let mut live: HashSet<String> =
-            finished.iter().flatten().flat_map(|s| s.files().map(|f| f.path.clone())).collect();
-        if self.remote.is_some() {
-            // Another part may have uploaded a final snapshot (and shared files for it) whose
-            // report is still on its way: keep every final and shared file while parts run.
-            for prefix in ["final/", "shared/"] {
-                match self.store.list(prefix) {
-                    Ok(files) => live.extend(files.into_iter().map(|(path, _)| path)),
-                    Err(e) => {
-                        tracing::warn!(job = %self.job, error = %e, "cannot list the store; garbage collection skipped");
-                        return;
-                    }
-                }
-            }
-        }
-        self.collect_garbage(uploader, &live);
+        let live: HashSet<String> = finished.iter().flatten().flat_map(|s| s.files().map(|f| f.path.clone())).collect();
+        let sweep = if self.remote.is_some() { Sweep::RunningWithParts } else { Sweep::Running };
+        self.collect_garbage(uploader, &live, sweep);
     }
 
     /// Deletes what neither the retained checkpoints nor `live` need.
-    fn collect_garbage(&self, uploader: &mut Uploader, live: &HashSet<String>) {
-        match collect_garbage(&self.store, &self.retained, live, Sweep::Running) {
+    fn collect_garbage(&self, uploader: &mut Uploader, live: &HashSet<String>, sweep: Sweep) {
+        match collect_garbage(&self.store, &self.retained, live, sweep) {
+            // No shared file went: the uploader's knowledge holds.
+            Ok(_) if sweep == Sweep::RunningWithParts => {}
             Ok(_) => {
                 let mut still_there: HashSet<String> =
                     self.retained.iter().flat_map(|m| m.files().map(|f| f.path.clone())).collect();
@@ -438,7 +427,8 @@ impl CheckpointThread {
         self.signals.completed.store(id, Ordering::SeqCst);
         self.tell_parts(MasterCommand::Final { id });
         self.retained = vec![meta];
-        self.collect_garbage(&mut Uploader::default(), &HashSet::new());
+        // Every part finished: nothing is on its way.
+        self.collect_garbage(&mut Uploader::default(), &HashSet::new(), Sweep::Running);
         tracing::info!(job = %self.job, checkpoint = id, "job finished; final checkpoint written");
         Ok(())
     }

@@ -252,6 +252,10 @@ pub fn completed_ids(store: &CheckpointStore) -> Result<Vec<CheckpointId>, Check
 pub enum Sweep {
     /// A checkpoint newer than the newest retained one may be in flight: keep it.
     Running,
+    /// As [`Sweep::Running`], in the master part of a spread job: another part may have
+    /// uploaded a final snapshot (and shared files for it) whose report is still on its way,
+    /// so every final and shared file stays until the job ends.
+    RunningWithParts,
     /// Nothing is in flight: a newer checkpoint without metadata was cut short by a crash.
     Startup,
 }
@@ -312,7 +316,7 @@ pub fn collect_garbage(
         .collect();
     let keep_checkpoint = |id: CheckpointId| {
         retained_ids.contains(&id)
-            || (newest.is_none_or(|newest| id > newest) && (with_metadata.contains(&id) || sweep == Sweep::Running))
+            || (newest.is_none_or(|newest| id > newest) && (with_metadata.contains(&id) || sweep != Sweep::Startup))
     };
     let mut referenced: HashSet<&str> = retained.iter().flat_map(|m| m.files().map(|f| f.path.as_str())).collect();
     referenced.extend(live.iter().map(String::as_str));
@@ -330,6 +334,7 @@ pub fn collect_garbage(
     for (path, _) in &listing {
         let delete = match owned(path) {
             Some(Owned::Checkpoint(id)) => !keep_checkpoint(id) && !referenced.contains(path.as_str()),
+            Some(Owned::Final | Owned::Shared) if sweep == Sweep::RunningWithParts => false,
             Some(Owned::Final) => !referenced.contains(path.as_str()),
             Some(Owned::Shared) => !unreadable_kept && !referenced.contains(path.as_str()),
             None => false,
