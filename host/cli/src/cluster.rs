@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use eddy_cluster::worker::{Registration, SessionEnd, session};
+use eddy_cluster::executor::Executor;
+use eddy_cluster::protocol::CoordinatorMessage;
+use eddy_cluster::worker::{Mailbox, Registration, SessionEnd, session};
 use eddy_cluster::{ControlConfig, ControlPlane};
 use eddy_service::ClusterRole;
 use eddy_transport::quic::{ClusterCa, NodeIdentity, QuicNode, Tuning};
@@ -91,10 +93,13 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
     if let Some(store) = &args.checkpoint_store {
         eprintln!("checkpoint store for jobs on workers: {store}");
     }
+    // The job masters' node: it dials the workers' checkpoint streams, from the listen host.
+    let node = QuicNode::bind(&identity, SocketAddr::new(addr.ip(), 0), Tuning::default(), runtime.handle().clone())
+        .context("binding the coordinator's data plane")?;
     let mut config = eddy_service::ServiceConfig::new(args.data_dir.clone());
     config.slots = args.slots;
     config.max_artifact_bytes = args.max_artifact_bytes;
-    config.cluster = Some(ClusterRole { control, enrollment });
+    config.cluster = Some(ClusterRole { control, enrollment, node });
     crate::serve::run(&runtime, listener, config)
 }
 
@@ -164,7 +169,21 @@ fn worker_identity(args: &WorkerArgs) -> Result<NodeIdentity> {
     Ok(identity)
 }
 
-/// `eddy worker`: registers, beats, and registers again whenever the coordinator restarts.
+/// The worker's runtime for operators: artifacts compiled once per worker, cached by digest.
+fn operator_runtime(data_dir: &Path) -> Result<eddy_runtime::Runtime> {
+    Ok(eddy_runtime::Runtime::new(eddy_runtime::RuntimeConfig {
+        cache_dir: Some(data_dir.join("artifacts").join("compiled")),
+        host_key_path: Some(data_dir.join("host.key")),
+        max_component_bytes: MAX_ARTIFACT_BYTES as usize,
+        ..eddy_runtime::RuntimeConfig::default()
+    })?)
+}
+
+/// The largest artifact a worker fetches (the coordinator's default upload limit).
+const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
+
+/// `eddy worker`: registers, beats, runs the parts deployed to it, and registers again
+/// whenever the coordinator restarts.
 pub fn worker(args: WorkerArgs) -> Result<()> {
     eddy_transport::quic::check_name(&args.name)?;
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
@@ -175,6 +194,16 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
     let data_addr = node.local_addr()?;
     let coordinator = resolve(&args.coordinator)?;
     let coordinator_name = coordinator_name(&args.coordinator);
+    let endpoint =
+        eddy_transport::quic::endpoint(&identity, "0.0.0.0:0".parse()?, &Tuning::default(), runtime.handle())?;
+    let (report, mut outbox) = tokio::sync::mpsc::unbounded_channel();
+    let fetch: eddy_cluster::executor::Fetcher = {
+        let (endpoint, handle, name) = (endpoint.clone(), runtime.handle().clone(), coordinator_name.clone());
+        Box::new(move |digest: &str| {
+            handle.block_on(eddy_cluster::worker::fetch(&endpoint, coordinator, &name, digest, MAX_ARTIFACT_BYTES))
+        })
+    };
+    let executor = Executor::new(node.clone(), operator_runtime(&args.data_dir)?, args.data_dir.clone(), fetch, report);
     let me = Registration {
         name: args.name.clone(),
         slots: args.slots,
@@ -183,19 +212,22 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
     };
     eprintln!("eddy worker `{}`: {} slots, data plane on udp/{data_addr}", args.name, args.slots);
     let control = runtime.block_on(async {
-        let endpoint = eddy_transport::quic::endpoint(
-            &identity,
-            "0.0.0.0:0".parse()?,
-            &Tuning::default(),
-            &tokio::runtime::Handle::current(),
-        )?;
         let announce = |incarnation: u64| {
             eprintln!("registered with the coordinator at {} (incarnation {incarnation})", args.coordinator);
         };
+        let order = |order: CoordinatorMessage| match order {
+            CoordinatorMessage::Deploy(d) => {
+                eprintln!("running job {} attempt {} (tenant {})", d.job, d.attempt, d.tenant);
+                executor.deploy(*d);
+            }
+            CoordinatorMessage::Cancel { job, attempt } => executor.cancel(&job, attempt),
+            _ => {}
+        };
         let mut backoff = Duration::from_millis(200);
         loop {
+            let mailbox = Mailbox { on_registered: &announce, on_order: &order, outbox: &mut outbox };
             let end = tokio::select! {
-                end = session(&endpoint, coordinator, &coordinator_name, &me, &announce) => end,
+                end = session(&endpoint, coordinator, &coordinator_name, &me, mailbox) => end,
                 () = crate::serve::stop_signal() => return Ok::<(), anyhow::Error>(()),
             };
             match end {
@@ -208,6 +240,7 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
             }
         }
     });
+    executor.stop_all();
     node.close();
     control?;
     eprintln!("worker `{}` stopped", args.name);

@@ -7,71 +7,11 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use common::fleet::{Worker, eventually, names, workers};
 use common::{Server, client};
-use serde_json::Value;
-
-/// A worker process, killed when dropped.
-struct Worker {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Worker {
-    fn start(coordinator: &Server, name: &str, dir: &Path, extra: &[&str]) -> Worker {
-        let log = dir.join(format!("{name}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
-            .args(["worker", "--coordinator", &format!("127.0.0.1:{}", coordinator.port()), "--name", name])
-            .args(["--slots", "2", "--data-dir"])
-            .arg(dir.join(name))
-            .args(extra)
-            .env("EDDY_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .spawn()
-            .unwrap();
-        Worker { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn kill_9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-fn workers(server: &Server) -> Vec<Value> {
-    let response = client().get(server.url("/v1/workers")).bearer_auth(server.admin()).send().unwrap();
-    assert_eq!(response.status(), 200);
-    response.json::<Vec<Value>>().unwrap()
-}
-
-fn names(server: &Server) -> Vec<String> {
-    let mut names: Vec<String> = workers(server).iter().map(|w| w["name"].as_str().unwrap().to_owned()).collect();
-    names.sort();
-    names
-}
-
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 fn workers_register_beat_die_when_killed_and_find_a_restarted_coordinator() {

@@ -23,11 +23,12 @@
 
 pub mod checkpoint_link;
 mod control;
+pub mod executor;
 mod membership;
 mod placement;
 pub mod protocol;
 pub mod worker;
 
-pub use control::{ControlConfig, ControlPlane};
-pub use membership::{Departed, Departure, Member, Membership, UnknownIncarnation};
+pub use control::{ArtifactLookup, ControlConfig, ControlPlane};
+pub use membership::{Departed, Departure, Member, Membership, NoSlots, SlotHolder, UnknownIncarnation};
 pub use placement::QuicPlacement;

@@ -67,18 +67,44 @@ pub struct UnknownIncarnation {
     pub incarnation: u64,
 }
 
+/// The cluster has too few free slots for a job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the job needs {needed} slot(s) and the cluster's {workers} live worker(s) have {free} free: start more workers or lower the job's parallelism"
+)]
+pub struct NoSlots {
+    /// Slots the job needs.
+    pub needed: u32,
+    /// Slots free across the cluster.
+    pub free: u32,
+    /// Live workers.
+    pub workers: usize,
+}
+
+/// One slot of a job: the worker incarnation that holds it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SlotHolder {
+    /// The worker's name.
+    pub name: String,
+    /// Its incarnation when the slot was given: a restarted worker holds none of its
+    /// predecessor's slots.
+    pub incarnation: u64,
+}
+
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct Membership {
     members: BTreeMap<String, Member>,
     timeout_ms: u64,
     next_incarnation: u64,
+    /// The slots each job holds, slot `i` first.
+    held: BTreeMap<String, Vec<SlotHolder>>,
 }
 
 impl Membership {
     /// An empty cluster whose workers die after `timeout_ms` without a heartbeat.
     pub fn new(timeout_ms: u64) -> Self {
-        Self { members: BTreeMap::new(), timeout_ms, next_incarnation: 1 }
+        Self { members: BTreeMap::new(), timeout_ms, next_incarnation: 1, held: BTreeMap::new() }
     }
 
     /// Worker `name` registered: returns its new incarnation, and the previous incarnation if
@@ -97,6 +123,52 @@ impl Membership {
         };
         let previous = self.members.insert(name.to_owned(), member);
         (incarnation, previous.map(|member| Departed { member, why: Departure::Restarted }))
+    }
+
+    /// Gives `job` `slots` slots (slot `i` runs subtask `i` of every task), spread over the
+    /// workers so that each takes a share as even as their free slots allow: the worker with
+    /// the most free slots takes the next slot, ties by name. Replaces what `job` held before.
+    pub fn schedule(&mut self, job: &str, slots: u32) -> Result<Vec<SlotHolder>, NoSlots> {
+        self.release(job);
+        let mut free: Vec<(u32, &Member)> = self.members.values().map(|m| (m.free_slots(), m)).collect();
+        let total: u32 = free.iter().map(|(f, _)| f).sum();
+        if total < slots || slots == 0 {
+            return Err(NoSlots { needed: slots, free: total, workers: self.members.len() });
+        }
+        let mut holders = Vec::with_capacity(slots as usize);
+        for _ in 0..slots {
+            // Most free first; among equals the first by name (the map's order), so the
+            // schedule is deterministic.
+            let Some(best) = free.iter_mut().rev().max_by_key(|(f, _)| *f) else { break };
+            best.0 -= 1;
+            holders.push(SlotHolder { name: best.1.name.clone(), incarnation: best.1.incarnation });
+        }
+        self.held.insert(job.to_owned(), holders.clone());
+        self.count_used();
+        Ok(holders)
+    }
+
+    /// `job` no longer holds slots.
+    pub fn release(&mut self, job: &str) {
+        if self.held.remove(job).is_some() {
+            self.count_used();
+        }
+    }
+
+    /// Whether every holder is still the live incarnation it was; else the first one gone.
+    pub fn first_gone<'a>(&self, holders: &'a [SlotHolder]) -> Option<&'a SlotHolder> {
+        holders.iter().find(|h| self.members.get(&h.name).is_none_or(|m| m.incarnation != h.incarnation))
+    }
+
+    fn count_used(&mut self) {
+        for m in self.members.values_mut() {
+            m.used_slots = 0;
+        }
+        for h in self.held.values().flatten() {
+            if let Some(m) = self.members.get_mut(&h.name).filter(|m| m.incarnation == h.incarnation) {
+                m.used_slots += 1;
+            }
+        }
     }
 
     /// A heartbeat from `name`'s `incarnation`.
@@ -179,6 +251,44 @@ mod tests {
         assert!(m.heartbeat("w1", first, 600).is_err());
         m.heartbeat("w1", second, 600).expect("the new one");
         assert_eq!(m.get("w1").map(|w| (w.slots, w.data_addr.as_str())), Some((3, "10.0.0.9:7001")));
+    }
+
+    #[test]
+    fn jobs_spread_over_the_workers_with_most_free_slots_and_release_them() {
+        let mut m = Membership::new(1_000);
+        m.register("a", 2, "h:1", 0);
+        m.register("b", 3, "h:2", 0);
+        m.register("c", 1, "h:3", 0);
+        let names = |h: &[SlotHolder]| h.iter().map(|h| h.name.clone()).collect::<Vec<_>>();
+        // Free (a 2, b 3, c 1): b, then a and b tie at 2 (a by name), then b, c... .
+        assert_eq!(names(&m.schedule("j1", 4).expect("room")), ["b", "a", "b", "a"]);
+        assert_eq!(m.free_slots(), 2);
+        assert_eq!(
+            m.schedule("j2", 3),
+            Err(NoSlots { needed: 3, free: 2, workers: 3 }),
+            "a job that does not fit takes nothing"
+        );
+        assert_eq!(names(&m.schedule("j2", 2).expect("room")), ["b", "c"]);
+        assert_eq!(m.free_slots(), 0);
+        m.release("j1");
+        assert_eq!(m.get("a").map(Member::free_slots), Some(2));
+        assert_eq!(m.free_slots(), 4);
+        // Scheduling a job again replaces its slots rather than adding to them.
+        assert_eq!(names(&m.schedule("j2", 2).expect("room")), ["b", "a"]);
+        assert_eq!(m.free_slots(), 4);
+    }
+
+    #[test]
+    fn a_restarted_worker_holds_no_slots_of_its_predecessor() {
+        let mut m = Membership::new(1_000);
+        m.register("a", 2, "h:1", 0);
+        let held = m.schedule("j", 2).expect("room");
+        assert_eq!(m.first_gone(&held), None);
+        m.register("a", 2, "h:1", 10);
+        assert_eq!(m.first_gone(&held).map(|h| h.name.as_str()), Some("a"));
+        assert_eq!(m.free_slots(), 2, "the new incarnation runs nothing yet");
+        m.expire(5_000);
+        assert_eq!(m.free_slots(), 0);
     }
 
     #[test]

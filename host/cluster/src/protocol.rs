@@ -31,10 +31,70 @@ pub enum WorkerMessage {
         /// The incarnation the coordinator assigned at registration.
         incarnation: u64,
     },
+    /// The first and only message of a fetch stream: send this artifact's bytes.
+    Fetch {
+        /// `sha256:<hex>`.
+        digest: String,
+    },
+    /// This worker's part of a job attempt changed state.
+    Part {
+        /// The job.
+        job: String,
+        /// The attempt.
+        attempt: u64,
+        /// Its new state.
+        state: PartState,
+    },
+}
+
+/// Where a worker's part of a job attempt is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PartState {
+    /// Its subtasks run.
+    Running,
+    /// Every subtask ended and the final checkpoint committed.
+    Finished,
+    /// Cancelled on the coordinator's word.
+    Canceled,
+    /// It failed (or could not start): the attempt is lost.
+    Failed {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A job attempt's part for one worker: everything it needs to run its subtasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Deployment {
+    /// The job's id.
+    pub job: String,
+    /// Its tenant (for logs).
+    pub tenant: String,
+    /// The attempt: links and checkpoint streams are named after it, so a stale attempt's
+    /// stream never feeds a new one.
+    pub attempt: u64,
+    /// The placed spec (paths as the coordinator placed them).
+    pub spec: eddy_plan::PipelineSpec,
+    /// The artifact digest of each step, in step order.
+    pub artifacts: Vec<String>,
+    /// `assignment[task][subtask]`: the worker that runs it.
+    pub assignment: Vec<Vec<String>>,
+    /// Each assigned worker's data plane address.
+    pub addrs: std::collections::BTreeMap<String, String>,
+    /// The node name of the job master (the coordinator), the only node that may open the
+    /// attempt's checkpoint stream.
+    pub master: String,
+    /// The savepoint to start from, when the job's current generation has no checkpoint yet.
+    pub restore_from: Option<std::path::PathBuf>,
+    /// The tenant's CPU share for the job's operators, in millicores.
+    pub cpu_millicores: Option<u32>,
+    /// The linear memory one of the job's instances may hold.
+    pub instance_memory_bytes: Option<u64>,
 }
 
 /// What the coordinator tells a worker.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum CoordinatorMessage {
     /// Registration accepted.
@@ -53,6 +113,20 @@ pub enum CoordinatorMessage {
     Refused {
         /// Why.
         reason: String,
+    },
+    /// Run this part of a job attempt (and stop any older attempt of the job).
+    Deploy(Box<Deployment>),
+    /// Stop this part of a job attempt.
+    Cancel {
+        /// The job.
+        job: String,
+        /// The attempt.
+        attempt: u64,
+    },
+    /// The answer to a fetch: exactly `size` bytes of the artifact follow, then the stream ends.
+    Artifact {
+        /// Its length.
+        size: u64,
     },
 }
 

@@ -33,14 +33,31 @@ pub enum SessionEnd {
     Lost(String),
 }
 
+/// Where a session delivers the coordinator's orders and finds what to tell it.
+pub struct Mailbox<'a> {
+    /// Told the incarnation at each registration.
+    pub on_registered: &'a (dyn Fn(u64) + Sync),
+    /// Deployments and cancellations.
+    pub on_order: &'a (dyn Fn(CoordinatorMessage) + Sync),
+    /// Messages for the coordinator (part states); kept across sessions, so what a part
+    /// said while the coordinator was away reaches the next one.
+    pub outbox: &'a mut tokio::sync::mpsc::UnboundedReceiver<WorkerMessage>,
+}
+
+impl std::fmt::Debug for Mailbox<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox").finish_non_exhaustive()
+    }
+}
+
 /// One session: dial `coordinator` (whose certificate must name `coordinator_name`), register,
-/// then beat until something fails. `on_registered` is told the incarnation.
+/// then beat, take orders and send what the outbox holds until something fails.
 pub async fn session(
     endpoint: &Endpoint,
     coordinator: SocketAddr,
     coordinator_name: &str,
     me: &Registration,
-    on_registered: &(dyn Fn(u64) + Sync),
+    mailbox: Mailbox<'_>,
 ) -> SessionEnd {
     let lost = |e: String| SessionEnd::Lost(e);
     let conn = match dial(endpoint, coordinator_name, coordinator).await {
@@ -70,7 +87,7 @@ pub async fn session(
         Ok(None) => return lost("the coordinator closed the stream".into()),
         Err(e) => return lost(e),
     };
-    on_registered(incarnation);
+    (mailbox.on_registered)(incarnation);
     let mut ticker = tokio::time::interval(interval);
     loop {
         tokio::select! {
@@ -79,13 +96,59 @@ pub async fn session(
                     return lost(e);
                 }
             }
-            reply = protocol::read::<CoordinatorMessage>(&mut recv, &mut buf) => return match reply {
-                Ok(Some(CoordinatorMessage::Refused { reason })) => SessionEnd::Refused(reason),
-                Ok(Some(CoordinatorMessage::Reregister { reason })) => lost(reason),
-                Ok(Some(other)) => lost(format!("unexpected: {other:?}")),
-                Ok(None) => lost("the coordinator closed the stream".into()),
-                Err(e) => lost(e),
+            Some(message) = mailbox.outbox.recv() => {
+                if let Err(e) = protocol::write(&mut send, &message).await {
+                    return lost(e);
+                }
+            }
+            reply = protocol::read::<CoordinatorMessage>(&mut recv, &mut buf) => match reply {
+                Ok(Some(order @ (CoordinatorMessage::Deploy(_) | CoordinatorMessage::Cancel { .. }))) => {
+                    (mailbox.on_order)(order);
+                }
+                Ok(Some(CoordinatorMessage::Refused { reason })) => return SessionEnd::Refused(reason),
+                Ok(Some(CoordinatorMessage::Reregister { reason })) => return lost(reason),
+                Ok(Some(other)) => return lost(format!("unexpected: {other:?}")),
+                Ok(None) => return lost("the coordinator closed the stream".into()),
+                Err(e) => return lost(e),
             },
         }
     }
+}
+
+/// Fetches artifact `digest` from the coordinator and checks that its bytes hash to it; at
+/// most `limit` bytes.
+pub async fn fetch(
+    endpoint: &Endpoint,
+    coordinator: SocketAddr,
+    coordinator_name: &str,
+    digest: &str,
+    limit: u64,
+) -> Result<Vec<u8>, String> {
+    let conn = dial(endpoint, coordinator_name, coordinator).await.map_err(|e| e.to_string())?;
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    protocol::write(&mut send, &WorkerMessage::Fetch { digest: digest.to_owned() }).await?;
+    let _ = send.finish();
+    let mut buf = Vec::new();
+    let size = match protocol::read::<CoordinatorMessage>(&mut recv, &mut buf).await? {
+        Some(CoordinatorMessage::Artifact { size }) if size <= limit => size,
+        Some(CoordinatorMessage::Artifact { size }) => {
+            return Err(format!("artifact {digest} has {size} bytes, more than the {limit} this worker takes"));
+        }
+        Some(CoordinatorMessage::Refused { reason }) => return Err(reason),
+        other => return Err(format!("unexpected answer to a fetch: {other:?}")),
+    };
+    let rest = recv
+        .read_to_end((size as usize).saturating_sub(buf.len()))
+        .await
+        .map_err(|e| format!("fetching {digest}: {e}"))?;
+    buf.extend_from_slice(&rest);
+    conn.close(0u32.into(), b"fetched");
+    if buf.len() as u64 != size {
+        return Err(format!("artifact {digest}: {} bytes arrived, {size} announced", buf.len()));
+    }
+    let actual = format!("sha256:{}", eddy_runtime::digest_of(&buf));
+    if actual != digest {
+        return Err(format!("artifact {digest} arrived with digest {actual}: refused"));
+    }
+    Ok(buf)
 }

@@ -878,9 +878,11 @@ impl Job {
         self.plan.tasks.iter().map(|t| t.parallelism).collect()
     }
 
-    /// Whether every subtask has ended.
+    /// Whether every subtask has ended, and the checkpoint thread with them (the job master of
+    /// a spread job may run no subtask at all).
     pub fn is_done(&self) -> bool {
         self.threads.iter().all(|(_, _, h)| h.is_finished())
+            && (!self.threads.is_empty() || self.checkpoints.as_ref().is_none_or(JoinHandle::is_finished))
     }
 
     /// Stops every subtask without flushing windows (bounded inputs end by themselves).

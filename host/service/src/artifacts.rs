@@ -65,7 +65,12 @@ fn key(tenant: &str, digest: &str) -> String {
 
 /// Where the bytes of `digest` (`sha256:<hex>`) live.
 pub fn wasm_path(state: &AppState, digest: &str) -> PathBuf {
-    state.data_dir.join("artifacts").join(format!("{}.wasm", digest.replace(':', "-")))
+    wasm_file(&state.data_dir, digest)
+}
+
+/// Where the service under `data_dir` keeps the bytes of artifact `digest`.
+pub fn wasm_file(data_dir: &std::path::Path, digest: &str) -> PathBuf {
+    data_dir.join("artifacts").join(format!("{}.wasm", digest.replace(':', "-")))
 }
 
 /// The digest a step's `wasm:` names for `tenant`: `sha256:<hex>` or `name@version`.

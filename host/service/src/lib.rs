@@ -58,6 +58,7 @@ pub mod placement;
 pub mod problem;
 pub mod quotas;
 pub mod secret;
+mod spread;
 pub mod store;
 pub mod supervisor;
 pub mod tenants;
@@ -93,6 +94,9 @@ pub struct ClusterRole {
     pub control: eddy_cluster::ControlPlane,
     /// The CA that enrolls workers on this machine, when the coordinator runs its own.
     pub enrollment: Option<Arc<eddy_transport::quic::ClusterCa>>,
+    /// The coordinator's node on the data plane: as each job's master it dials the workers'
+    /// checkpoint streams.
+    pub node: eddy_transport::quic::QuicNode,
 }
 
 impl ServiceConfig {
@@ -245,7 +249,13 @@ impl Service {
             ..RuntimeConfig::default()
         })
         .map_err(|e| StartError::Runtime(e.to_string()))?;
-        let supervisor = Supervisor::new(config.slots);
+        // A coordinator without slots of its own runs every job on its workers.
+        let workers = config.cluster.as_ref().filter(|_| config.slots == 0).map(|c| c.control.clone());
+        if let Some(control) = &workers {
+            let dir = data_dir.clone();
+            control.serve_artifacts(Box::new(move |digest: &str| Some(artifacts::wasm_file(&dir, digest))));
+        }
+        let supervisor = Supervisor::new(config.slots, workers);
         let state = Arc::new(AppState { config, data_dir: data_dir.clone(), store, runtime, supervisor });
         let admin_path = data_dir.join("admin.token");
         let admin_token = if admin_path.exists() {

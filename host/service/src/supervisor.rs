@@ -58,6 +58,9 @@ pub struct TaskView {
     pub late_records: u64,
     /// Linear memory its Wasm instances hold, summed over subtasks.
     pub wasm_memory_bytes: u64,
+    /// The worker each subtask runs on, by subtask index (empty when the job runs in the
+    /// server's own process).
+    pub workers: Vec<String>,
 }
 
 /// A completed checkpoint.
@@ -93,7 +96,7 @@ pub struct LiveView {
 }
 
 impl LiveView {
-    fn of(job: &Job, now: &MetricsSnapshot, before: &MetricsSnapshot) -> Self {
+    fn of(job: &Job, now: &MetricsSnapshot, before: &MetricsSnapshot, assignment: &[Vec<String>]) -> Self {
         let secs = now.elapsed.saturating_sub(before.elapsed).as_secs_f64().max(1e-3);
         let parallelisms = job.parallelisms();
         let backpressure = now.task_backpressure_since(before, &parallelisms);
@@ -115,6 +118,7 @@ impl LiveView {
                     backpressure: backpressure.get(i).copied().unwrap_or(0.0),
                     late_records: t.late_records,
                     wasm_memory_bytes: t.wasm_memory_bytes,
+                    workers: assignment.get(i).cloned().unwrap_or_default(),
                 }
             })
             .collect();
@@ -158,6 +162,11 @@ impl Live {
         answer
     }
 
+    /// Whether a client asked to cancel the job.
+    pub fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+
     /// The newest live view, if an attempt runs.
     pub fn view(&self) -> Option<LiveView> {
         lock(&self.view).clone()
@@ -172,6 +181,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct Supervisor {
     slots: u32,
+    /// The cluster whose workers run the jobs (a coordinator without slots of its own).
+    workers: Option<eddy_cluster::ControlPlane>,
     live: Mutex<HashMap<String, Arc<Live>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     stopping: AtomicBool,
@@ -191,10 +202,11 @@ pub fn slots_of(spec: &PipelineSpec) -> u32 {
 }
 
 impl Supervisor {
-    /// A supervisor with `slots` slots.
-    pub fn new(slots: u32) -> Self {
+    /// A supervisor with `slots` slots, or one that runs jobs on the live `workers`.
+    pub fn new(slots: u32, workers: Option<eddy_cluster::ControlPlane>) -> Self {
         Self {
             slots,
+            workers,
             live: Mutex::default(),
             threads: Mutex::default(),
             stopping: AtomicBool::new(false),
@@ -222,9 +234,12 @@ impl Supervisor {
         }
     }
 
-    /// Total slots.
+    /// Total slots: its own, or those of the live workers.
     pub fn slots(&self) -> u32 {
-        self.slots
+        match &self.workers {
+            Some(control) => control.workers().iter().map(|w| w.slots).sum(),
+            None => self.slots,
+        }
     }
 
     /// Slots held by running jobs.
@@ -240,13 +255,15 @@ impl Supervisor {
     /// Stores `record` and starts it, if its slots are free; atomically, so two submissions
     /// cannot both take the last slot.
     pub fn admit(&self, state: &Arc<AppState>, record: JobRecord) -> Result<(), ApiError> {
+        let total = self.slots();
         let mut live = lock(&self.live);
         let used = held(&live);
-        let free = self.slots.saturating_sub(used);
+        let free = total.saturating_sub(used);
         if record.slots > free {
+            let next = if self.workers.is_some() { "start more workers" } else { "wait for a job to end" };
             return Err(ApiError::conflict(format!(
-                "the job needs {} slot(s) and {free} of {} are free: wait for a job to end, or lower its parallelism",
-                record.slots, self.slots
+                "the job needs {} slot(s) and {free} of {total} are free: {next}, or lower its parallelism",
+                record.slots
             ))
             .at("parallelism"));
         }
@@ -257,14 +274,14 @@ impl Supervisor {
 
     /// Reserves the slots a running job needs at a new parallelism, or refuses with 409.
     pub fn reserve(&self, job: &str, slots: u32) -> Result<(), ApiError> {
+        let total = self.slots();
         let live = lock(&self.live);
         let Some(own) = live.get(job) else { return Err(ApiError::conflict(format!("job {job} is not running"))) };
         let used = held(&live);
-        let free = self.slots.saturating_sub(used) + own.slots.load(Ordering::SeqCst);
+        let free = total.saturating_sub(used) + own.slots.load(Ordering::SeqCst);
         if slots > free {
             return Err(ApiError::conflict(format!(
-                "at that parallelism the job needs {slots} slot(s) and {free} of {} are free to it",
-                self.slots
+                "at that parallelism the job needs {slots} slot(s) and {free} of {total} are free to it"
             ))
             .at("parallelism"));
         }
@@ -386,7 +403,7 @@ pub struct Request {
 }
 
 /// How one attempt ended.
-enum Outcome {
+pub(crate) enum Outcome {
     Finished,
     Canceled,
     Failed(String),
@@ -426,26 +443,43 @@ fn stop_with_savepoint(state: &AppState, record: &JobRecord, job: Job, reason: &
     Ok(savepoint)
 }
 
-/// Runs one attempt until it ends, publishing its live view and serving control requests.
-fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, live: &Live) -> Outcome {
-    let mut options = JobOptions::default();
-    match crate::quotas::of(state, &record.tenant) {
-        Ok(q) => {
-            options.cpu_share = Some(state.supervisor.cpu_share(&record.tenant, q.cpu_millicores));
-            let mut limits = state.runtime.config().limits.clone();
-            limits.memory_bytes =
-                usize::try_from(q.instance_memory_bytes).unwrap_or(usize::MAX).min(limits.memory_bytes);
-            options.sandbox_limits = Some(limits);
-        }
+/// Runs one attempt until it ends, publishing its live view and serving control requests: on
+/// the live workers when the supervisor has them, else in this process.
+fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, digests: &[String], live: &Live) -> Outcome {
+    let quotas = match crate::quotas::of(state, &record.tenant) {
+        Ok(q) => q,
         Err(e) => return Outcome::Failed(format!("cannot read the tenant's quotas: {}", e.detail)),
+    };
+    let restore_from = restore_point(state, record, spec);
+    if let Some(control) = &state.supervisor.workers {
+        let context = crate::spread::Attempt { record, spec, digests, quotas: &quotas, restore_from };
+        return crate::spread::attempt(state, control, &context, live);
     }
-    if let Some(from) = restore_point(state, record, spec) {
-        options.restore_from = Some(from);
-    }
+    let mut limits = state.runtime.config().limits.clone();
+    limits.memory_bytes = usize::try_from(quotas.instance_memory_bytes).unwrap_or(usize::MAX).min(limits.memory_bytes);
+    let options = JobOptions {
+        cpu_share: Some(state.supervisor.cpu_share(&record.tenant, quotas.cpu_millicores)),
+        sandbox_limits: Some(limits),
+        restore_from,
+        ..JobOptions::default()
+    };
     let job = match Job::start(spec, &state.runtime, options) {
         Ok(job) => job,
         Err(e) => return Outcome::Failed(e.to_string()),
     };
+    watch(state, record, live, job, &[], || None)
+}
+
+/// Watches a started attempt until it ends: serves control requests, publishes the live view
+/// (naming each subtask's worker from `assignment`), and fails it when `lost` names a reason.
+pub(crate) fn watch(
+    state: &AppState,
+    record: &JobRecord,
+    live: &Live,
+    job: Job,
+    assignment: &[Vec<String>],
+    mut lost: impl FnMut() -> Option<String>,
+) -> Outcome {
     let mut before = job.metrics();
     let mut last = Instant::now();
     while !job.is_done() {
@@ -478,10 +512,15 @@ fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, live: &Liv
                 }
             };
         }
+        if let Some(reason) = lost() {
+            job.cancel();
+            let _ = job.wait();
+            return Outcome::Failed(reason);
+        }
         if last.elapsed() >= REFRESH {
             last = Instant::now();
             let now = job.metrics();
-            *lock(&live.view) = Some(LiveView::of(&job, &now, &before));
+            *lock(&live.view) = Some(LiveView::of(&job, &now, &before, assignment));
             before = now;
         }
     }
@@ -536,8 +575,8 @@ fn supervise(state: &AppState, id: &str, live: &Live) {
         };
         let span = tracing::info_span!("job", tenant = %record.tenant, job = %record.id, name = %record.name);
         let _entered = span.enter();
-        let spec = match place(state, &record) {
-            Ok((spec, _)) => spec,
+        let (spec, digests) = match place(state, &record) {
+            Ok(placed) => placed,
             Err(e) => {
                 tracing::warn!(error = %e.detail, "the job's spec no longer places");
                 return update(state, id, |r| {
@@ -548,7 +587,7 @@ fn supervise(state: &AppState, id: &str, live: &Live) {
         };
         update(state, id, |r| r.status = JobStatus::Running);
         tracing::info!(generation = record.generation, "job running");
-        let outcome = attempt(state, &record, &spec, live);
+        let outcome = attempt(state, &record, &spec, &digests, live);
         *lock(&live.view) = None;
         match outcome {
             Outcome::Finished => {

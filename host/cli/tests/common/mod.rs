@@ -5,6 +5,8 @@
 // Helpers outside `#[test]` functions fail the test they serve when they panic.
 #![allow(clippy::unwrap_used)]
 
+pub mod fleet;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

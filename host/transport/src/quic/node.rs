@@ -358,7 +358,10 @@ impl QuicNode {
 
     /// The connection to `peer`, dialing `addr` if there is none. Blocking.
     pub fn connect(&self, peer: &str, addr: SocketAddr) -> Result<Connection, NodeError> {
-        if let Some(conn) = lock(&self.shared.peers).get(peer).filter(|c| c.close_reason().is_none()) {
+        // A peer that restarted listens elsewhere (or answers the old connection with a
+        // stateless reset): only a live connection to the address asked for is reused.
+        let live = |c: &&Connection| c.close_reason().is_none() && c.remote_address() == addr;
+        if let Some(conn) = lock(&self.shared.peers).get(peer).filter(live) {
             return Ok(conn.clone());
         }
         let conn = self.shared.handle.block_on(dial(&self.shared.endpoint, peer, addr))?;
@@ -401,7 +404,9 @@ async fn accept_loop(shared: Arc<Shared>) {
                 shared.drop_peer(&conn, &remote.to_string(), "the client certificate names no node");
                 return;
             };
-            lock(&shared.peers).entry(peer.clone()).or_insert_with(|| conn.clone());
+            // The newest connection from a peer wins: an older one may belong to its
+            // previous process.
+            lock(&shared.peers).insert(peer.clone(), conn.clone());
             serve_connection(shared, conn, peer).await;
         });
     }

@@ -1,0 +1,255 @@
+//! The worker's side of a deployment: it runs the subtasks of a job attempt the coordinator
+//! assigned to this worker as one part of a spread job, and reports how the part ends.
+//!
+//! Per deployment, on a thread of its own: the part's end of the checkpoint protocol is
+//! registered first (the coordinator, which runs the job master, dials it at once), an older
+//! attempt of the same job is stopped and waited for (it holds the RocksDB directories), the
+//! artifacts are fetched by digest unless this worker holds them already (each checked
+//! against its sha256; the runtime then compiles each digest once per worker), and the part
+//! runs until it ends or the coordinator cancels it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use eddy_engine::{CheckpointRole, Job, JobOptions};
+use eddy_runtime::{CpuShare, Runtime};
+use eddy_transport::quic::QuicNode;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::checkpoint_link::part_link;
+use crate::placement::QuicPlacement;
+use crate::protocol::{Deployment, PartState, WorkerMessage};
+
+/// CPU time a tenant may save up and spend at once beyond its share (as on the coordinator).
+const CPU_BURST: Duration = Duration::from_millis(500);
+
+/// Fetches an artifact's verified bytes by digest. Blocking.
+pub type Fetcher = Box<dyn Fn(&str) -> Result<Vec<u8>, String> + Send + Sync>;
+
+/// Runs the parts deployed to this worker. Cheap to clone.
+#[derive(Clone)]
+pub struct Executor {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node: QuicNode,
+    runtime: Runtime,
+    dir: PathBuf,
+    fetch: Fetcher,
+    report: UnboundedSender<WorkerMessage>,
+    parts: Mutex<HashMap<String, Running>>,
+    shares: Mutex<HashMap<(String, u32), Arc<CpuShare>>>,
+}
+
+/// A part that runs (or is being started).
+struct Running {
+    attempt: u64,
+    cancel: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor").field("dir", &self.inner.dir).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Executor {
+    /// An executor running parts on `node`'s data plane and `runtime`, keeping artifacts and
+    /// state under `dir`, fetching with `fetch` and reporting part states to `report`.
+    pub fn new(
+        node: QuicNode,
+        runtime: Runtime,
+        dir: PathBuf,
+        fetch: Fetcher,
+        report: UnboundedSender<WorkerMessage>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                node,
+                runtime,
+                dir,
+                fetch,
+                report,
+                parts: Mutex::default(),
+                shares: Mutex::default(),
+            }),
+        }
+    }
+
+    /// Starts `deployment`'s part, stopping an older attempt of its job first.
+    pub fn deploy(&self, deployment: Deployment) {
+        let job = deployment.job.clone();
+        let attempt = deployment.attempt;
+        let mut parts = lock(&self.inner.parts);
+        if parts.get(&job).is_some_and(|r| r.attempt >= attempt) {
+            return tracing::warn!(job, attempt, "ignoring a deployment older than the attempt that runs");
+        }
+        let previous = parts.remove(&job);
+        if let Some(p) = &previous {
+            p.cancel.store(true, Ordering::SeqCst);
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        let key = job.clone();
+        let inner = self.inner.clone();
+        let flag = cancel.clone();
+        let span = tracing::info_span!("part", tenant = %deployment.tenant, job = %job, attempt);
+        let thread = std::thread::Builder::new().name(format!("part-{job}")).spawn(move || {
+            let _span = span.entered();
+            // The checkpoint stream first: the job master dials it as soon as it deployed.
+            let link = deployment
+                .spec
+                .checkpoints
+                .is_some()
+                .then(|| part_link(&inner.node, &deployment.job, deployment.attempt, &deployment.master));
+            if let Some(previous) = previous {
+                let _ = previous.thread.join();
+            }
+            let state = match inner.run(deployment, link, &flag) {
+                Ok(state) => state,
+                Err(reason) => PartState::Failed { reason },
+            };
+            tracing::info!(state = ?state, "part ended");
+            let _ = inner.report.send(WorkerMessage::Part { job: job.clone(), attempt, state });
+        });
+        match thread {
+            Ok(thread) => {
+                parts.insert(key, Running { attempt, cancel, thread });
+            }
+            Err(e) => {
+                let reason = format!("cannot start a thread: {e}");
+                let _ = self.inner.report.send(WorkerMessage::Part {
+                    job: key,
+                    attempt,
+                    state: PartState::Failed { reason },
+                });
+            }
+        }
+    }
+
+    /// Cancels `job`'s `attempt` if it runs here.
+    pub fn cancel(&self, job: &str, attempt: u64) {
+        if let Some(r) = lock(&self.inner.parts).get(job).filter(|r| r.attempt == attempt) {
+            r.cancel.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Cancels every part and waits for them to stop.
+    pub fn stop_all(&self) {
+        let parts: Vec<Running> = lock(&self.inner.parts).drain().map(|(_, r)| r).collect();
+        for r in &parts {
+            r.cancel.store(true, Ordering::SeqCst);
+        }
+        for r in parts {
+            let _ = r.thread.join();
+        }
+    }
+
+    /// The attempts that run, by job.
+    pub fn running(&self) -> Vec<(String, u64)> {
+        lock(&self.inner.parts)
+            .iter()
+            .filter(|(_, r)| !r.thread.is_finished())
+            .map(|(job, r)| (job.clone(), r.attempt))
+            .collect()
+    }
+}
+
+impl Inner {
+    /// Runs one part to its end; `Err`: it failed, for this reason.
+    fn run(
+        &self,
+        mut d: Deployment,
+        link: Option<eddy_engine::PartLink>,
+        cancel: &AtomicBool,
+    ) -> Result<PartState, String> {
+        for (step, digest) in d.spec.steps.iter_mut().zip(&d.artifacts) {
+            step.wasm = self.artifact(digest)?;
+        }
+        // RocksDB and checkpoint staging live on this worker, whatever the coordinator's paths.
+        d.spec.state.dir = Some(self.dir.join("jobs").join(&d.job).join("state"));
+        let addrs = d
+            .addrs
+            .iter()
+            .map(|(name, addr)| {
+                let parsed: SocketAddr =
+                    addr.parse().map_err(|e| format!("worker `{name}`'s address `{addr}` does not parse: {e}"))?;
+                Ok((name.clone(), parsed))
+            })
+            .collect::<Result<HashMap<_, _>, String>>()?;
+        let placement = QuicPlacement::new(self.node.clone(), d.job.clone(), d.attempt, d.assignment.clone(), addrs);
+        let mut options = JobOptions {
+            placement: Some(Arc::new(placement)),
+            checkpoint_role: link.map(CheckpointRole::Part),
+            cpu_share: d.cpu_millicores.map(|m| self.share(&d.tenant, m)),
+            restore_from: d.restore_from.clone(),
+            ..JobOptions::default()
+        };
+        if let Some(memory) = d.instance_memory_bytes {
+            let mut limits = self.runtime.config().limits.clone();
+            limits.memory_bytes = usize::try_from(memory).unwrap_or(usize::MAX).min(limits.memory_bytes);
+            options.sandbox_limits = Some(limits);
+        }
+        let job = Job::start(&d.spec, &self.runtime, options).map_err(|e| e.to_string())?;
+        let _ =
+            self.report.send(WorkerMessage::Part { job: d.job.clone(), attempt: d.attempt, state: PartState::Running });
+        while !job.is_done() {
+            if cancel.load(Ordering::SeqCst) {
+                job.cancel();
+                let _ = job.wait();
+                return Ok(PartState::Canceled);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        match job.wait() {
+            Ok(summary) if summary.finished => Ok(PartState::Finished),
+            Ok(_) if cancel.load(Ordering::SeqCst) => Ok(PartState::Canceled),
+            Ok(_) => Err("the part stopped before its inputs ended".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The local file of artifact `digest`, fetched and checked unless already here.
+    fn artifact(&self, digest: &str) -> Result<PathBuf, String> {
+        let well_formed =
+            digest.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+        if !well_formed {
+            return Err(format!("`{digest}` is no artifact digest"));
+        }
+        let dir = self.dir.join("artifacts");
+        let path = dir.join(format!("{}.wasm", digest.replace(':', "-")));
+        if path.exists() {
+            return Ok(path);
+        }
+        let bytes = (self.fetch)(digest).map_err(|e| format!("fetching artifact {digest}: {e}"))?;
+        write_atomically(&dir, &path, &bytes).map_err(|e| format!("saving artifact {digest}: {e}"))?;
+        tracing::info!(digest, bytes = bytes.len(), "fetched an artifact");
+        Ok(path)
+    }
+
+    fn share(&self, tenant: &str, millicores: u32) -> Arc<CpuShare> {
+        lock(&self.shares)
+            .entry((tenant.to_owned(), millicores))
+            .or_insert_with(|| Arc::new(CpuShare::new(f64::from(millicores) / 1000.0, CPU_BURST)))
+            .clone()
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in `dir`, so a crash leaves no half file.
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::fs::write(tmp.path(), bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
