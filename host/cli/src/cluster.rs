@@ -65,7 +65,17 @@ fn coordinator_identity(tls: Option<&Path>, data_dir: &Path) -> Result<(NodeIden
     }
     let dir = data_dir.join("tls");
     let ca = ClusterCa::load_or_create(&dir).with_context(|| format!("the coordinator's CA in {}", dir.display()))?;
-    let identity = ca.issue_with_aliases(COORDINATOR_NAME, &["localhost".to_owned()])?;
+    // Kept across restarts: the endpoints' stateless-reset key derives from its private key, so
+    // a restarted coordinator ends its workers' stale connections at once.
+    let own = dir.join(COORDINATOR_NAME);
+    let identity = match NodeIdentity::load(&own, Some(COORDINATOR_NAME)) {
+        Ok(identity) => identity,
+        Err(_) => {
+            let identity = ca.issue_with_aliases(COORDINATOR_NAME, &["localhost".to_owned()])?;
+            identity.save(&own)?;
+            identity
+        }
+    };
     tracing::warn!(
         ca = %dir.display(),
         "no --tls: this coordinator runs its own CA and enrolls workers on this machine only; across machines use `eddy cluster init` and --tls"
@@ -195,7 +205,7 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
     let coordinator = resolve(&args.coordinator)?;
     let coordinator_name = coordinator_name(&args.coordinator);
     let endpoint =
-        eddy_transport::quic::endpoint(&identity, "0.0.0.0:0".parse()?, &Tuning::default(), runtime.handle())?;
+        eddy_transport::quic::endpoint(&identity, "0.0.0.0:0".parse()?, &Tuning::control(), runtime.handle())?;
     let (report, mut outbox) = tokio::sync::mpsc::unbounded_channel();
     let fetch: eddy_cluster::executor::Fetcher = {
         let (endpoint, handle, name) = (endpoint.clone(), runtime.handle().clone(), coordinator_name.clone());

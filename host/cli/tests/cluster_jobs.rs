@@ -96,3 +96,92 @@ fn nexmark_q5_and_q8_on_three_workers_equal_the_native_baseline() {
         assert_eq!(job(&coordinator, &token, &id)["restarts"], 0);
     }
 }
+
+/// A running count per user over `events` generated events paced at `rate` per second, at
+/// parallelism 3 (one slot on each worker), checkpointed every 200 ms into an exactly-once
+/// files sink, restarting after every failure.
+fn crash_job(events: u64, rate: u64) -> String {
+    format!(
+        "name: counts\nparallelism: 3\nsources:\n  - {{type: generator, name: g, seed: 7, events: {events}, keys: 30, \
+         key_field: user, key_prefix: u-, value_field: v, min_value: 1, max_value: 9, start_ms: 0, interval_ms: 5, \
+         rate_per_sec: {rate}}}\nsteps:\n  - {{name: count, wasm: count@1, key_by: /user}}\n\
+         checkpoints: {{interval_ms: 200}}\nrestart: {{strategy: fixed_delay, attempts: 1000, delay_ms: 100}}\n\
+         sink: {{type: files, dir: out}}\n"
+    )
+}
+
+/// A small seeded generator (xorshift), so a failing schedule of kills can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// The distributed crash test: SIGKILL a random worker 30 times while the job runs (each time
+/// after the running attempt completed a checkpoint, so the job makes progress), and the
+/// coordinator three times (it restarts on its address and resumes the job from its store).
+/// The committed output holds each user's running counts 1..=n exactly once, the n summing
+/// to the events generated: nothing lost, nothing counted twice. `EDDY_CRASH_SEED` replays a
+/// schedule; the seed is printed.
+#[test]
+fn a_counting_job_survives_thirty_worker_kills_and_three_coordinator_kills_exactly_once() {
+    const WORKER_KILLS: usize = 30;
+    const COORDINATOR_KILLS: [usize; 3] = [8, 17, 26];
+    let seed = std::env::var("EDDY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
+    println!("crash schedule seed {seed} (EDDY_CRASH_SEED={seed} replays it)");
+    let mut rng = Rng(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("coordinator");
+    let (mut coordinator, mut fleet) = cluster(dir.path());
+    assert!(data.is_dir());
+    let (_, token) = tenant(&coordinator, "acme");
+    expect(upload(&coordinator, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+    // ~80 s at 1 500 events/s: the kills (about a second each) end long before it does.
+    let events = 120_000;
+    let id = expect(submit(&coordinator, &token, &crash_job(events, 1_500)), 201)["id"].as_str().unwrap().to_owned();
+    let started = std::time::Instant::now();
+    let (mut kills, mut restarts) = (0, 0);
+    let mut coordinator_kills = Vec::new();
+    while kills < WORKER_KILLS {
+        // Progress first: the failure of the last kill was seen, and the attempt that runs now
+        // completed a checkpoint.
+        let j = wait_job(&coordinator, &token, &id, "checkpointing again", |j| {
+            j["status"] == "finished"
+                || (j["restarts"].as_u64() >= Some(restarts)
+                    && j["live"]["checkpoints"].as_array().is_some_and(|c| !c.is_empty()))
+        });
+        assert_ne!(j["status"], "finished", "the job ended after {kills} kills: make it longer");
+        std::thread::sleep(std::time::Duration::from_millis(rng.below(400)));
+        if COORDINATOR_KILLS.contains(&kills) && !coordinator_kills.contains(&kills) {
+            let port = coordinator.port();
+            coordinator.kill_9();
+            coordinator = Server::start_on("coordinator", port, &data, &["--heartbeat-timeout-ms", "2000"]).unwrap();
+            println!("killed and restarted the coordinator after {kills} worker kills");
+            coordinator_kills.push(kills);
+            continue;
+        }
+        let victim = rng.below(fleet.len() as u64) as usize;
+        fleet.remove(victim).kill_9();
+        fleet.insert(victim, Worker::start(&coordinator, &format!("worker-{}", victim + 1), dir.path(), &[]));
+        kills += 1;
+        restarts = j["restarts"].as_u64().unwrap() + 1;
+        println!("kill {kills} of worker-{} at {:.1} s", victim + 1, started.elapsed().as_secs_f64());
+    }
+    println!("{kills} worker kills in {:.1} s", started.elapsed().as_secs_f64());
+    let done = wait_job(&coordinator, &token, &id, "ended", |j| {
+        !["created", "running", "restarting"].contains(&j["status"].as_str().unwrap())
+    });
+    assert_eq!(done["status"], "finished", "{done}");
+    common::assert_counted_once(&coordinator, &token, &id, events);
+    assert!(
+        done["restarts"].as_u64().unwrap() >= WORKER_KILLS as u64 - 3,
+        "every worker kill cost the attempt: {done}"
+    );
+}

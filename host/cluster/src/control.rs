@@ -98,7 +98,7 @@ impl ControlPlane {
         config: ControlConfig,
         handle: &Handle,
     ) -> Result<Self, NodeError> {
-        let endpoint = endpoint(identity, addr, &Tuning::default(), handle)?;
+        let endpoint = endpoint(identity, addr, &Tuning::control(), handle)?;
         let timeout_ms = config.heartbeat_timeout.as_millis() as u64;
         let inner = Arc::new(Inner {
             endpoint,

@@ -72,6 +72,10 @@ impl Placement for QuicPlacement {
         });
     }
 
+    fn cancel(&self) {
+        self.node.close_senders(&self.job, self.attempt, "the job was cancelled");
+    }
+
     fn open_output(&self, task: usize, subtask: u32, channel: u32) -> Result<Box<dyn ChannelSender>, String> {
         let peer = self.worker(task, subtask).ok_or_else(|| format!("no worker runs task {task} subtask {subtask}"))?;
         let addr = self.addrs.get(peer).ok_or_else(|| format!("no address for worker `{peer}`"))?;

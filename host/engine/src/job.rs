@@ -260,6 +260,7 @@ pub struct RunSummary {
 struct Control {
     cancel: Arc<AtomicBool>,
     gates: Mutex<Vec<Arc<LocalGateShared>>>,
+    placement: Option<Arc<dyn Placement>>,
 }
 
 impl Control {
@@ -268,6 +269,9 @@ impl Control {
         let gates = self.gates.lock().map(|g| g.clone()).unwrap_or_default();
         for gate in gates {
             gate.close();
+        }
+        if let Some(p) = &self.placement {
+            p.cancel();
         }
     }
 }
@@ -500,7 +504,11 @@ impl Job {
         let subtask_metrics: Vec<Vec<Arc<SubtaskMetrics>>> =
             plan.tasks.iter().map(|t| (0..t.parallelism).map(|i| metrics.register(t.id, i)).collect()).collect();
         let metrics = Arc::new(metrics);
-        let control = Arc::new(Control { cancel: Arc::new(AtomicBool::new(false)), gates: Mutex::new(Vec::new()) });
+        let control = Arc::new(Control {
+            cancel: Arc::new(AtomicBool::new(false)),
+            gates: Mutex::new(Vec::new()),
+            placement: options.placement.clone(),
+        });
 
         let placement = options.placement.as_deref();
         let checkpoint_role = options.checkpoint_role.take();

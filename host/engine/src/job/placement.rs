@@ -18,4 +18,7 @@ pub trait Placement: Send + Sync {
     /// Calls `failed` with the reason when an input from another process breaks (its peer
     /// died or was dropped): the job must fail, since that input will never end.
     fn on_input_failed(&self, failed: Box<dyn Fn(&str) + Send + Sync>);
+    /// The job is cancelled: close its outputs to other processes, so a subtask blocked on
+    /// their credit (a peer that died answers none) stops now rather than at a timeout.
+    fn cancel(&self);
 }

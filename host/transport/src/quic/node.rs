@@ -59,6 +59,15 @@ pub struct Tuning {
     pub registration_timeout: Duration,
 }
 
+impl Tuning {
+    /// For the control plane between workers and the coordinator: a short idle timeout, so
+    /// a worker notices a coordinator that died (and one restarted in its place) within
+    /// seconds; its heartbeats keep the connection busy meanwhile.
+    pub fn control() -> Self {
+        Self { idle_timeout: Duration::from_secs(3), ..Self::default() }
+    }
+}
+
 impl Default for Tuning {
     fn default() -> Self {
         Self {
@@ -145,7 +154,7 @@ pub fn endpoint(
     // The largest datagram an endpoint takes is a transport parameter it announces, and a
     // peer's MTU discovery stops there: left at quinn's 1472 bytes, `max_udp_payload` would
     // never be reached.
-    let mut config = quinn::EndpointConfig::default();
+    let mut config = quinn::EndpointConfig::new(Arc::new(reset_key(identity)));
     config.max_udp_payload_size(tuning.max_udp_payload.clamp(1200, 65527)).map_err(|e| config_error(&e))?;
     let socket = std::net::UdpSocket::bind(addr).map_err(|source| NodeError::Bind { addr, source })?;
     size_buffers(&socket, addr);
@@ -156,6 +165,16 @@ pub fn endpoint(
     };
     endpoint.set_default_client_config(client);
     Ok(endpoint)
+}
+
+/// The key of the endpoint's stateless resets, derived from the node's private key so that it
+/// survives a restart: a restarted node answers a peer still talking to its previous process
+/// with a reset the peer can verify, and the peer's stale connection ends at once instead of
+/// at its idle timeout.
+fn reset_key(identity: &NodeIdentity) -> ring::hmac::Key {
+    let secret =
+        ring::digest::digest(&ring::digest::SHA256, format!("eddy stateless reset\n{}", identity.key_pem).as_bytes());
+    ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_ref())
 }
 
 /// Dials `peer` at `addr`, checking its certificate names `peer`. Blocking is the caller's
@@ -230,6 +249,8 @@ struct Shared {
     /// job's checkpoint protocol), by name.
     sides: Mutex<HashMap<String, (String, SideHandler)>>,
     side_registered: Condvar,
+    /// The senders of each job attempt, so cancelling it can wake a task blocked on credit.
+    senders: Mutex<Vec<(JobScope, std::sync::Weak<SenderShared>)>>,
 }
 
 /// Takes an accepted side stream: the peer's name, the bytes read past the stream's header,
@@ -293,6 +314,7 @@ impl QuicNode {
             dropped: Mutex::default(),
             on_link_failed: Mutex::default(),
             sides: Mutex::default(),
+            senders: Mutex::default(),
             side_registered: Condvar::new(),
         });
         handle.spawn(accept_loop(shared.clone()));
@@ -354,6 +376,7 @@ impl QuicNode {
     pub fn unregister_job(&self, job: &str, attempt: u64) {
         lock(&self.shared.inbox).retain(|l, _| !(l.job == job && l.attempt == attempt));
         lock(&self.shared.on_link_failed).retain(|((j, a), _)| !(j == job && *a == attempt));
+        lock(&self.shared.senders).retain(|((j, a), _)| !(j == job && *a == attempt));
     }
 
     /// The connection to `peer`, dialing `addr` if there is none. Blocking.
@@ -377,7 +400,20 @@ impl QuicNode {
         let err = |reason: String| NodeError::Connect { peer: peer.to_owned(), addr, reason };
         let (mut send, recv) = self.shared.handle.block_on(conn.open_bi()).map_err(|e| err(e.to_string()))?;
         self.shared.handle.block_on(send.write_all(&link.encode())).map_err(|e| err(e.to_string()))?;
-        Ok(RemoteSender::start(&self.shared, conn, peer.to_owned(), send, recv))
+        let sender = RemoteSender::start(&self.shared, conn, peer.to_owned(), send, recv);
+        let mut senders = lock(&self.shared.senders);
+        senders.retain(|(_, s)| s.strong_count() > 0);
+        senders.push(((link.job.clone(), link.attempt), Arc::downgrade(&sender.shared)));
+        Ok(sender)
+    }
+
+    /// Closes every sender of `job`'s `attempt` opened here, for `reason`: a task blocked on
+    /// one's credit returns at once with a disconnect.
+    pub fn close_senders(&self, job: &str, attempt: u64, reason: &str) {
+        let senders = lock(&self.shared.senders);
+        for shared in senders.iter().filter(|((j, a), _)| j == job && *a == attempt).filter_map(|(_, s)| s.upgrade()) {
+            shared.close(reason.to_owned());
+        }
     }
 
     /// Closes every connection and the endpoint.
