@@ -103,3 +103,62 @@ impl eddy_engine::Sink for MemorySink {
         Ok(())
     }
 }
+
+/// A local S3-compatible service (moto, installed by `deploy/setup.sh`), stopped on drop.
+#[derive(Debug)]
+pub struct S3Service {
+    process: std::process::Child,
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+}
+
+impl Drop for S3Service {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+impl S3Service {
+    /// Starts moto on a free port and waits until it listens.
+    pub fn start() -> S3Service {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let process = std::process::Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start moto_server ({e}): run deploy/setup.sh (pip install 'moto[server]')")
+            });
+        let service = S3Service { process, endpoint: format!("http://127.0.0.1:{port}") };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "moto_server did not start listening on port {port}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        service
+    }
+
+    /// Creates `bucket`.
+    pub fn create_bucket(&self, bucket: &str) {
+        self.request(&format!("PUT /{bucket}"), "200", &format!("creating bucket {bucket}"));
+    }
+
+    /// The raw listing (XML) of the keys under `prefix` in `bucket`.
+    pub fn list(&self, bucket: &str, prefix: &str) -> String {
+        self.request(&format!("GET /{bucket}?list-type=2&prefix={prefix}"), "200", "listing")
+    }
+
+    fn request(&self, line: &str, status: &str, what: &str) -> String {
+        use std::io::{Read, Write};
+        let host = self.endpoint.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(host).expect("connect");
+        write!(stream, "{line} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        assert!(response.starts_with(&format!("HTTP/1.1 {status}")), "{what}: {response}");
+        response
+    }
+}

@@ -20,6 +20,7 @@ use eddy_engine::checkpoint::store::StoreOp;
 use eddy_engine::connectors::generator_event;
 use eddy_engine::{FaultPoint, Job, JobOptions, RunError};
 use eddy_plan::{PipelineSpec, SourceSpec};
+use eddy_tests::S3Service;
 use eddy_tests::runtime;
 use serde_json::Value;
 
@@ -688,65 +689,20 @@ fn an_upsert_sink_converges_to_the_fault_free_table_across_a_restart() {
     assert_eq!(got, expected);
 }
 
-/// A local S3-compatible service (moto, installed by `deploy/setup.sh`), stopped on drop.
-struct S3Service {
-    process: std::process::Child,
-    endpoint: String,
-}
-
-impl Drop for S3Service {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
-}
-
-impl S3Service {
-    fn start() -> S3Service {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        let process = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start moto_server ({e}): run deploy/setup.sh (pip install 'moto[server]')")
-            });
-        let service = S3Service { process, endpoint: format!("http://127.0.0.1:{port}") };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not start listening on port {port}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        service
-    }
-
-    fn create_bucket(&self, bucket: &str) {
-        use std::io::{Read, Write};
-        let host = self.endpoint.trim_start_matches("http://");
-        let mut stream = std::net::TcpStream::connect(host).expect("connect");
-        write!(stream, "PUT /{bucket} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            .expect("request");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("response");
-        assert!(response.starts_with("HTTP/1.1 200"), "creating bucket {bucket}: {response}");
-    }
-
-    /// The object keys under `prefix`, read with the same credentials the job gets.
-    fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
-        let store = object_store::aws::AmazonS3Builder::new()
-            .with_bucket_name(bucket)
-            .with_region("us-east-1")
-            .with_endpoint(&self.endpoint)
-            .with_allow_http(true)
-            .with_access_key_id("test")
-            .with_secret_access_key("test")
-            .build()
-            .expect("s3 client");
-        let store =
-            eddy_engine::checkpoint::CheckpointStore::over(std::sync::Arc::new(store), "moto".into()).expect("store");
-        store.list(prefix).expect("list").into_iter().map(|(k, _)| k).collect()
-    }
+/// The object keys under `prefix` of `s3`'s `bucket`, read with the same credentials the job gets.
+fn keys(s3: &S3Service, bucket: &str, prefix: &str) -> Vec<String> {
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(bucket)
+        .with_region("us-east-1")
+        .with_endpoint(&s3.endpoint)
+        .with_allow_http(true)
+        .with_access_key_id("test")
+        .with_secret_access_key("test")
+        .build()
+        .expect("s3 client");
+    let store =
+        eddy_engine::checkpoint::CheckpointStore::over(std::sync::Arc::new(store), "moto".into()).expect("store");
+    store.list(prefix).expect("list").into_iter().map(|(k, _)| k).collect()
 }
 
 /// Checkpoints to an S3-compatible store: the job (in a child process, credentials from its
@@ -770,7 +726,7 @@ fn checkpoints_in_an_s3_compatible_store_survive_a_kill() {
     let credentials = [("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test")];
     let mut child = start_child_with(&path, &credentials);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !s3.keys("eddy-checkpoints", "exactly-once-test").iter().any(|k| k.ends_with("_metadata")) {
+    while !keys(&s3, "eddy-checkpoints", "exactly-once-test").iter().any(|k| k.ends_with("_metadata")) {
         assert!(Instant::now() < deadline, "no checkpoint completed in the bucket");
         assert!(child.try_wait().expect("poll").is_none(), "the job ended before its first checkpoint");
         std::thread::sleep(Duration::from_millis(50));
@@ -780,7 +736,7 @@ fn checkpoints_in_an_s3_compatible_store_survive_a_kill() {
     let status = start_child_with(&path, &credentials).wait().expect("second run");
     assert!(status.success(), "the resumed job failed");
     assert!(!dir.path().join("checkpoints").exists(), "nothing checkpointed locally");
-    assert!(s3.keys("eddy-checkpoints", "exactly-once-test").iter().any(|k| k.ends_with("_metadata")));
+    assert!(keys(&s3, "eddy-checkpoints", "exactly-once-test").iter().any(|k| k.ends_with("_metadata")));
     assert_exactly_once(&path, "s3 checkpoints");
 }
 

@@ -100,9 +100,21 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
         identity.name,
         args.heartbeat_timeout.as_millis()
     );
-    if let Some(store) = &args.checkpoint_store {
-        eprintln!("checkpoint store for jobs on workers: {store}");
-    }
+    let checkpoint_store = match &args.checkpoint_store {
+        Some(text) => {
+            let store = eddy_service::placement::CheckpointLocation::parse(text, |name| std::env::var(name).ok())
+                .map_err(|e| anyhow::anyhow!("--checkpoint-store {e}"))?;
+            eprintln!("jobs' checkpoints go to {text}");
+            Some(store)
+        }
+        None => {
+            eprintln!(
+                "jobs' checkpoints go to {} (give --checkpoint-store when workers run on other machines)",
+                args.data_dir.display()
+            );
+            None
+        }
+    };
     // The job masters' node: it dials the workers' checkpoint streams, from the listen host.
     let node = QuicNode::bind(&identity, SocketAddr::new(addr.ip(), 0), Tuning::default(), runtime.handle().clone())
         .context("binding the coordinator's data plane")?;
@@ -110,6 +122,7 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
     config.slots = args.slots;
     config.max_artifact_bytes = args.max_artifact_bytes;
     config.cluster = Some(ClusterRole { control, enrollment, node });
+    config.checkpoint_store = checkpoint_store;
     crate::serve::run(&runtime, listener, config)
 }
 

@@ -85,6 +85,9 @@ pub struct ServiceConfig {
     pub default_quotas: quotas::Quotas,
     /// The cluster this service coordinates (`eddy coordinator`); none for `eddy serve`.
     pub cluster: Option<ClusterRole>,
+    /// Where jobs' checkpoints go when not in the data directory: a store every worker
+    /// reaches (see [`placement::CheckpointLocation`]).
+    pub checkpoint_store: Option<placement::CheckpointLocation>,
 }
 
 /// What a coordinating service holds of its cluster.
@@ -109,6 +112,7 @@ impl ServiceConfig {
             max_file_bytes: 1 << 30,
             default_quotas: quotas::Quotas::default(),
             cluster: None,
+            checkpoint_store: None,
         }
     }
 }

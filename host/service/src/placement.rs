@@ -22,6 +22,53 @@ use crate::artifacts::{resolve, wasm_path};
 use crate::model::JobRecord;
 use crate::problem::ApiError;
 
+/// Where a service keeps its jobs' checkpoints, when not under its data directory: a
+/// directory every worker mounts, or an S3-compatible bucket. Each job's checkpoints go under
+/// `tenants/<tenant>/jobs/<job>/checkpoints/<generation>` there.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CheckpointLocation {
+    /// A shared directory.
+    Dir(PathBuf),
+    /// A bucket and key prefix.
+    S3(eddy_plan::S3Spec),
+}
+
+impl CheckpointLocation {
+    /// `s3://bucket/prefix` (endpoint, region and `allow_http` from `AWS_ENDPOINT_URL`,
+    /// `AWS_REGION` and `AWS_ALLOW_HTTP`; keys from the usual AWS variables) or a directory.
+    pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let Some(rest) = text.strip_prefix("s3://") else {
+            if text.contains("://") {
+                return Err(format!("`{text}`: give s3://bucket/prefix or a directory"));
+            }
+            return Ok(Self::Dir(PathBuf::from(text)));
+        };
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(format!("`{text}` names no bucket: give s3://bucket/prefix"));
+        }
+        Ok(Self::S3(eddy_plan::S3Spec {
+            bucket: bucket.to_owned(),
+            prefix: prefix.trim_matches('/').to_owned(),
+            endpoint: env("AWS_ENDPOINT_URL"),
+            region: env("AWS_REGION").unwrap_or_else(|| "us-east-1".into()),
+            allow_http: env("AWS_ALLOW_HTTP").is_some_and(|v| v == "true"),
+        }))
+    }
+
+    /// The checkpoints of `job`'s `generation`: (directory, bucket) as a `checkpoints:` has them.
+    fn of(&self, tenant: &str, job: &str, generation: u32) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
+        let relative = format!("tenants/{tenant}/jobs/{job}/checkpoints/{generation}");
+        match self {
+            Self::Dir(dir) => (Some(dir.join(relative)), None),
+            Self::S3(s3) => {
+                let prefix = if s3.prefix.is_empty() { relative } else { format!("{}/{relative}", s3.prefix) };
+                (None, Some(eddy_plan::S3Spec { prefix, ..s3.clone() }))
+            }
+        }
+    }
+}
+
 /// How often a job whose spec sets no `checkpoints` is checkpointed.
 pub const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 5_000;
 
@@ -175,8 +222,11 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
         Some(c) => c,
         None => CheckpointSpec::in_dir(PathBuf::new(), DEFAULT_CHECKPOINT_INTERVAL_MS),
     };
-    let generation = dir.join("checkpoints").join(record.generation.to_string());
-    spec.checkpoints = Some(CheckpointSpec { dir: Some(generation), ..checkpoints });
+    let (dir, s3) = match &state.config.checkpoint_store {
+        Some(store) => store.of(tenant, job, record.generation),
+        None => (Some(dir.join("checkpoints").join(record.generation.to_string())), None),
+    };
+    spec.checkpoints = Some(CheckpointSpec { dir, s3, ..checkpoints });
     spec.validate().map_err(refused)?;
     Ok((spec, digests))
 }
@@ -184,6 +234,31 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_store_is_a_bucket_or_a_directory_and_each_job_gets_its_own_place() {
+        let env = |name: &str| match name {
+            "AWS_ENDPOINT_URL" => Some("http://127.0.0.1:5000".to_owned()),
+            "AWS_ALLOW_HTTP" => Some("true".to_owned()),
+            _ => None,
+        };
+        let s3 = CheckpointLocation::parse("s3://eddy/prod/", env).expect("valid");
+        let (dir, bucket) = s3.of("t1", "j1", 2);
+        assert_eq!(dir, None);
+        let bucket = bucket.expect("a bucket");
+        assert_eq!(
+            (bucket.bucket.as_str(), bucket.prefix.as_str(), bucket.endpoint.as_deref(), bucket.allow_http),
+            ("eddy", "prod/tenants/t1/jobs/j1/checkpoints/2", Some("http://127.0.0.1:5000"), true)
+        );
+        assert_eq!(bucket.region, "us-east-1");
+        let bare = CheckpointLocation::parse("s3://eddy", |_| None).expect("valid");
+        assert_eq!(bare.of("t", "j", 0).1.map(|b| b.prefix), Some("tenants/t/jobs/j/checkpoints/0".to_owned()));
+        let shared = CheckpointLocation::parse("/mnt/eddy", |_| None).expect("valid");
+        assert_eq!(shared.of("t", "j", 1).0, Some(PathBuf::from("/mnt/eddy/tenants/t/jobs/j/checkpoints/1")));
+        for bad in ["s3:///x", "gs://bucket/x"] {
+            assert!(CheckpointLocation::parse(bad, |_| None).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn flow_depth_counts_brackets_outside_strings_and_comments() {

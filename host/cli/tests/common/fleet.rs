@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{Server, client};
+use super::{Server, client, upload};
 
 /// A worker process, killed when dropped.
 pub struct Worker {
@@ -22,14 +22,25 @@ impl Drop for Worker {
 }
 
 impl Worker {
+    /// A worker with 2 slots.
     pub fn start(coordinator: &Server, name: &str, dir: &Path, extra: &[&str]) -> Worker {
+        Self::start_with(coordinator, name, dir, "2", extra)
+    }
+
+    /// A worker with `slots` slots.
+    pub fn start_with_slots(coordinator: &Server, name: &str, dir: &Path, slots: &str) -> Worker {
+        Self::start_with(coordinator, name, dir, slots, &[])
+    }
+
+    fn start_with(coordinator: &Server, name: &str, dir: &Path, slots: &str, extra: &[&str]) -> Worker {
         let log = dir.join(format!("{name}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
             .args(["worker", "--coordinator", &format!("127.0.0.1:{}", coordinator.port()), "--name", name])
-            .args(["--slots", "2", "--data-dir"])
+            .args(["--slots", slots, "--data-dir"])
             .arg(dir.join(name))
             .args(extra)
             .env("EDDY_LOG", "info")
+            .envs(super::S3_CREDENTIALS)
             .stdout(Stdio::null())
             // Appended: a restarted worker's log follows its predecessor's.
             .stderr(Stdio::from(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap()))
@@ -66,4 +77,31 @@ pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The shipped Nexmark `query` (`q5`, `q8`, ...) at `parallelism` over `events` events, each
+/// step's component uploaded and named by its digest.
+pub fn nexmark_query(
+    server: &Server,
+    token: &str,
+    query: &str,
+    parallelism: u32,
+    events: u64,
+) -> eddy_plan::PipelineSpec {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../examples/nexmark/{query}.yaml"));
+    let mut spec = eddy_plan::PipelineSpec::from_file(&path).unwrap();
+    spec.parallelism = parallelism;
+    for step in &mut spec.steps {
+        step.parallelism = None;
+        let uploaded = upload(server, token, step.wasm.to_str().unwrap(), None);
+        let digest = uploaded.json::<Value>().unwrap()["digest"].as_str().unwrap().to_owned();
+        step.wasm = digest.into();
+    }
+    for source in &mut spec.sources {
+        if let eddy_plan::SourceSpec::Nexmark(s) = source {
+            s.events = Some(events);
+            s.parallelism = parallelism;
+        }
+    }
+    spec
 }

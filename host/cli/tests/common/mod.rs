@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 use reqwest::blocking::{Client, Response};
 use serde_json::{Value, json};
 
+/// Every process a test starts gets these: the local S3 service (moto) takes any keys, and a
+/// process that uses no bucket ignores them.
+pub const S3_CREDENTIALS: [(&str, &str); 2] = [("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test")];
+
 /// A server process on a free port over `dir`, killed when dropped.
 pub struct Server {
     pub child: Child,
@@ -30,10 +34,15 @@ impl Server {
     /// `eddy <command> --listen 127.0.0.1:<free port> --data-dir <dir> <extra>` (`serve` or
     /// `coordinator`), its log in `<dir>.log`.
     pub fn start_as(command: &str, dir: &Path, extra: &[&str]) -> Server {
+        Self::start_with_env(command, dir, extra, &[])
+    }
+
+    /// As [`Server::start_as`], with `env` in the process's environment.
+    pub fn start_with_env(command: &str, dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         // A port the OS just handed out and released: free unless raced, which the retry covers.
         for _ in 0..5 {
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-            if let Some(server) = Self::start_on(command, port, dir, extra) {
+            if let Some(server) = Self::start_on_with_env(command, port, dir, extra, env) {
                 return server;
             }
         }
@@ -42,12 +51,25 @@ impl Server {
 
     /// As [`Server::start_as`] on a given port (a restart on the address clients know).
     pub fn start_on(command: &str, port: u16, dir: &Path, extra: &[&str]) -> Option<Server> {
+        Self::start_on_with_env(command, port, dir, extra, &[])
+    }
+
+    /// As [`Server::start_on`], with `env` in the process's environment.
+    pub fn start_on_with_env(
+        command: &str,
+        port: u16,
+        dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Option<Server> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.with_extension("log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
             .args([command, "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(dir)
             .args(extra)
             .env("EDDY_LOG", "info")
+            .envs(S3_CREDENTIALS)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
