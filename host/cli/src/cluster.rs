@@ -141,8 +141,19 @@ pub struct WorkerArgs {
     pub tls: Option<PathBuf>,
     /// The data plane's UDP address.
     pub data_listen: String,
-    /// The host other workers dial.
+    /// The host, or `host:port`, other workers dial.
     pub advertise: Option<String>,
+}
+
+/// `--advertise` as (host, port): a `host:port` (or `[v6]:port`) names both, anything else
+/// (a name, an IPv4 or a bare IPv6 address) only the host, at the data plane's own port.
+fn advertised(advertise: &str, data_port: u16) -> (String, u16) {
+    let split =
+        advertise.rsplit_once(':').filter(|(host, _)| !host.is_empty() && (!host.contains(':') || host.ends_with(']')));
+    match split.and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?))) {
+        Some((host, port)) => (host.trim_matches(['[', ']']).to_owned(), port),
+        None => (advertise.to_owned(), data_port),
+    }
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr> {
@@ -227,12 +238,14 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
         })
     };
     let executor = Executor::new(node.clone(), operator_runtime(&args.data_dir)?, args.data_dir.clone(), fetch, report);
-    let me = Registration {
-        name: args.name.clone(),
-        slots: args.slots,
-        advertise: args.advertise.clone(),
-        data_port: data_addr.port(),
+    let (advertise, data_port) = match &args.advertise {
+        Some(a) => {
+            let (host, port) = advertised(a, data_addr.port());
+            (Some(host), port)
+        }
+        None => (None, data_addr.port()),
     };
+    let me = Registration { name: args.name.clone(), slots: args.slots, advertise, data_port };
     eprintln!("eddy worker `{}`: {} slots, data plane on udp/{data_addr}", args.name, args.slots);
     let control = runtime.block_on(async {
         let announce = |incarnation: u64| {
@@ -268,4 +281,25 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
     control?;
     eprintln!("worker `{}` stopped", args.name);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertised;
+
+    #[test]
+    fn advertise_names_a_host_and_maybe_a_port() {
+        let cases = [
+            ("10.0.0.5", ("10.0.0.5", 7000)),
+            ("worker-a.example", ("worker-a.example", 7000)),
+            ("10.0.0.5:9000", ("10.0.0.5", 9000)),
+            ("relay.example:9001", ("relay.example", 9001)),
+            ("[fd00::5]:9000", ("fd00::5", 9000)),
+            ("fd00::5", ("fd00::5", 7000)),
+            ("host:notaport", ("host:notaport", 7000)),
+        ];
+        for (given, (host, port)) in cases {
+            assert_eq!(advertised(given, 7000), (host.to_owned(), port), "{given}");
+        }
+    }
 }

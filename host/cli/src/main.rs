@@ -165,7 +165,8 @@ enum Command {
         /// The data plane's UDP address.
         #[arg(long, env = "EDDY_DATA_LISTEN", default_value = "0.0.0.0:0")]
         data_listen: String,
-        /// The host other workers dial (default: the address the coordinator sees).
+        /// The host (or host:port, behind a NAT or relay) other workers dial (default: the
+        /// address the coordinator sees, at the data plane's port).
         #[arg(long, env = "EDDY_ADVERTISE")]
         advertise: Option<String>,
     },

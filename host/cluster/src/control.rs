@@ -205,10 +205,7 @@ async fn accept(inner: Arc<Inner>) {
 /// Answers a fetch: the artifact's bytes after an [`CoordinatorMessage::Artifact`] header, or
 /// a refusal naming why.
 async fn send_artifact(inner: &Inner, digest: &str, mut send: SendStream) {
-    let well_formed = digest
-        .strip_prefix("sha256:")
-        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
-    let path = inner.artifacts.get().filter(|_| well_formed).and_then(|lookup| lookup(digest));
+    let path = inner.artifacts.get().filter(|_| protocol::is_digest(digest)).and_then(|lookup| lookup(digest));
     let bytes = match path {
         Some(path) => tokio::fs::read(&path).await.map_err(|e| format!("cannot read artifact {digest}: {e}")),
         None => Err(format!("no artifact {digest} here")),

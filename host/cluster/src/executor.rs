@@ -92,6 +92,8 @@ impl Executor {
         let job = deployment.job.clone();
         let attempt = deployment.attempt;
         let mut parts = lock(&self.inner.parts);
+        // Forget parts of other jobs that ended; this job's last part is stopped below.
+        parts.retain(|j, r| *j == job || !r.thread.is_finished());
         if parts.get(&job).is_some_and(|r| r.attempt >= attempt) {
             return tracing::warn!(job, attempt, "ignoring a deployment older than the attempt that runs");
         }
@@ -154,15 +156,6 @@ impl Executor {
             let _ = r.thread.join();
         }
     }
-
-    /// The attempts that run, by job.
-    pub fn running(&self) -> Vec<(String, u64)> {
-        lock(&self.inner.parts)
-            .iter()
-            .filter(|(_, r)| !r.thread.is_finished())
-            .map(|(job, r)| (job.clone(), r.attempt))
-            .collect()
-    }
 }
 
 impl Inner {
@@ -221,9 +214,7 @@ impl Inner {
 
     /// The local file of artifact `digest`, fetched and checked unless already here.
     fn artifact(&self, digest: &str) -> Result<PathBuf, String> {
-        let well_formed =
-            digest.strip_prefix("sha256:").is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-        if !well_formed {
+        if !crate::protocol::is_digest(digest) {
             return Err(format!("`{digest}` is no artifact digest"));
         }
         let dir = self.dir.join("artifacts");

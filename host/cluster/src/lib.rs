@@ -3,9 +3,13 @@
 //! Workers register with the coordinator over QUIC (mutual TLS with the cluster CA: a worker
 //! whose certificate the CA did not sign never gets a stream), offer their slots, and beat; the
 //! coordinator declares a worker dead once it has been silent for the heartbeat timeout, or
-//! when it registers again under its name. The membership is an I/O-free state machine
-//! ([`Membership`]); the control protocol is typed messages with a length-prefixed JSON
-//! encoding ([`protocol`]); [`ControlPlane`] and [`worker::session`] are the thin async shells.
+//! when it registers again under its name. The membership, with the slots each job holds, is
+//! an I/O-free state machine ([`Membership`]); the control protocol is typed messages with a
+//! length-prefixed JSON encoding ([`protocol`]); [`ControlPlane`] and [`worker::session`] are
+//! the thin async shells. The coordinator deploys a job's parts with
+//! [`protocol::Deployment`]s; a worker's [`executor::Executor`] runs them over
+//! [`QuicPlacement`], fetching artifacts by digest ([`worker::fetch`]), and the job master
+//! talks to the parts over [`checkpoint_link`].
 //!
 //! ```
 //! use eddy_cluster::{Departure, Membership};
@@ -18,6 +22,10 @@
 //! assert_eq!(dead[0].member.name, "worker-2");
 //! assert_eq!(dead[0].why, Departure::MissedHeartbeats { silent_ms: 3_001 });
 //! assert_eq!(cluster.free_slots(), 2);
+//! // A job at parallelism 2 takes both of worker-1's slots; a third slot is not there.
+//! let slots = cluster.schedule("job-1", 2).expect("room");
+//! assert!(slots.iter().all(|s| s.name == "worker-1"));
+//! assert!(cluster.schedule("job-2", 1).is_err());
 //! # Ok::<(), eddy_cluster::UnknownIncarnation>(())
 //! ```
 

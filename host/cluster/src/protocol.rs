@@ -141,6 +141,14 @@ pub enum ProtocolError {
     Malformed(String),
 }
 
+/// Whether `digest` has the form of an artifact digest: `sha256:` and 64 lowercase hex digits
+/// (so that it can name a file, and nothing else).
+pub fn is_digest(digest: &str) -> bool {
+    digest
+        .strip_prefix("sha256:")
+        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
 /// Appends `message` to `out`.
 pub fn encode<T: Serialize>(message: &T, out: &mut Vec<u8>) {
     // Serializing these plain enums cannot fail.
@@ -240,6 +248,22 @@ mod tests {
         encode(&CoordinatorMessage::Refused { reason: "x".into() }, &mut wire);
         let err = decode::<WorkerMessage>(&wire).expect_err("a coordinator message is no worker message");
         assert!(err.to_string().contains("unknown variant `refused`"), "{err}");
+    }
+
+    #[test]
+    fn only_sha256_digests_name_artifacts() {
+        let good = format!("sha256:{}", "0123456789abcdef".repeat(4));
+        assert!(is_digest(&good));
+        for bad in [
+            "sha256:".to_owned(),
+            good.to_uppercase(),
+            format!("sha256:{}", "a".repeat(63)),
+            format!("sha256:{}/", "a".repeat(63)),
+            format!("md5:{}", "a".repeat(64)),
+            "sha256:../../etc/passwd".to_owned(),
+        ] {
+            assert!(!is_digest(&bad), "{bad}");
+        }
     }
 
     proptest! {

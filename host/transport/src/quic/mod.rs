@@ -3,6 +3,7 @@
 //! [`crate::Frame`].
 
 mod link;
+mod log_budget;
 mod node;
 mod tls;
 

@@ -28,6 +28,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
 use super::link::{LinkId, SIDE_MAGIC, decode_side_header, side_header};
+use super::log_budget::LogBudget;
 use super::tls::{NodeIdentity, TlsError};
 use crate::channel::{ChannelSender, Disconnected, Message};
 use crate::credit::{CreditReceiver, CreditSender};
@@ -251,6 +252,8 @@ struct Shared {
     side_registered: Condvar,
     /// The senders of each job attempt, so cancelling it can wake a task blocked on credit.
     senders: Mutex<Vec<(JobScope, std::sync::Weak<SenderShared>)>>,
+    /// Warnings strangers can trigger, rate-limited.
+    warnings: Mutex<LogBudget>,
 }
 
 /// Takes an accepted side stream: the peer's name, the bytes read past the stream's header,
@@ -263,10 +266,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     fn drop_peer(&self, conn: &Connection, peer: &str, reason: &str) {
-        tracing::warn!(node = %self.name, peer, reason, "dropping peer");
+        if let Some(left_out) = self.log_budget() {
+            tracing::warn!(node = %self.name, peer, reason, left_out, "dropping peer");
+        }
         conn.close(VarInt::from_u32(CODE_PROTOCOL), reason.as_bytes());
         lock(&self.peers).retain(|_, c| c.stable_id() != conn.stable_id());
         self.remember_dropped(peer, reason);
+    }
+
+    /// Whether a warning about a refused or dropped peer may be logged now, and how many
+    /// were left out before it (see [`LogBudget`]).
+    fn log_budget(&self) -> Option<u64> {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let now_ms = START.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64;
+        lock(&self.warnings).admit(now_ms)
     }
 
     /// Keeps the newest [`MAX_DROPPED_KEPT`] drops: anyone who can send UDP can fail handshakes.
@@ -315,6 +328,7 @@ impl QuicNode {
             on_link_failed: Mutex::default(),
             sides: Mutex::default(),
             senders: Mutex::default(),
+            warnings: Mutex::default(),
             side_registered: Condvar::new(),
         });
         handle.spawn(accept_loop(shared.clone()));
@@ -431,7 +445,9 @@ async fn accept_loop(shared: Arc<Shared>) {
                 Ok(conn) => conn,
                 Err(e) => {
                     // A certificate the CA did not sign ends here, inside the handshake.
-                    tracing::warn!(node = %shared.name, %remote, reason = %e, "refused a connection");
+                    if let Some(left_out) = shared.log_budget() {
+                        tracing::warn!(node = %shared.name, %remote, reason = %e, left_out, "refused a connection");
+                    }
                     shared.remember_dropped(&remote.to_string(), &e.to_string());
                     return;
                 }
