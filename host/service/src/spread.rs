@@ -73,7 +73,7 @@ pub(crate) fn attempt(state: &AppState, control: &ControlPlane, a: &Attempt<'_>,
         return Outcome::Failed("this server coordinates no cluster".into());
     };
     let slots = crate::supervisor::slots_of(spec);
-    let holders = match schedule(control, &record.id, slots, live) {
+    let holders = match schedule(control, &record.id, slots, live, || state.supervisor.is_stopping()) {
         Ok(holders) => holders,
         Err(outcome) => return outcome,
     };
@@ -104,7 +104,13 @@ pub(crate) fn attempt(state: &AppState, control: &ControlPlane, a: &Attempt<'_>,
 }
 
 /// Takes the job's slots, waiting for workers while none are free.
-fn schedule(control: &ControlPlane, job: &str, slots: u32, live: &Live) -> Result<Vec<SlotHolder>, Outcome> {
+fn schedule(
+    control: &ControlPlane,
+    job: &str,
+    slots: u32,
+    live: &Live,
+    stopping: impl Fn() -> bool,
+) -> Result<Vec<SlotHolder>, Outcome> {
     let since = Instant::now();
     let mut logged = false;
     loop {
@@ -120,6 +126,10 @@ fn schedule(control: &ControlPlane, job: &str, slots: u32, live: &Live) -> Resul
         }
         if live.cancelled() {
             return Err(Outcome::Canceled);
+        }
+        if stopping() {
+            // The server stops: the job stays recorded as running and resumes at the next start.
+            return Err(Outcome::Savepointed(None));
         }
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -242,6 +242,11 @@ impl Supervisor {
         }
     }
 
+    /// Whether the server is stopping (its jobs stop and resume at the next start).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
     /// Slots held by running jobs.
     pub fn used_slots(&self) -> u32 {
         held(&lock(&self.live))
