@@ -207,7 +207,8 @@ fn a_counting_job_survives_thirty_worker_kills_and_three_coordinator_kills_exact
 }
 
 /// Savepoints of a job on workers: taken while it runs, and a rescale from 1 to 3 restarts it
-/// from one, spread over the three workers; every count is still committed exactly once.
+/// from one, spread over the three workers (whose record counts the job's live view shows);
+/// every count is still committed exactly once.
 #[test]
 fn a_job_on_workers_takes_savepoints_and_rescales_over_more_workers_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -222,9 +223,13 @@ fn a_job_on_workers_takes_savepoints_and_rescales_over_more_workers_exactly_once
     assert_eq!(expect(common::post(&coordinator, &token, &path, serde_json::json!({})), 201)["reason"], "requested");
     let path = format!("/v1/jobs/{id}/rescale");
     expect(common::post(&coordinator, &token, &path, serde_json::json!({"parallelism": 3})), 200);
-    let rescaled = wait_job(&coordinator, &token, &id, "running on three workers", |j| {
+    // Spread over the three workers, whose records the job's live view counts.
+    let rescaled = wait_job(&coordinator, &token, &id, "counting on three workers", |j| {
         j["live"]["tasks"].as_array().is_some_and(|t| {
-            t.iter().any(|t| t["workers"].as_array().is_some_and(|w| w.len() == 3 && w[0] != w[1] && w[1] != w[2]))
+            t.iter().any(|t| {
+                t["workers"].as_array().is_some_and(|w| w.len() == 3 && w[0] != w[1] && w[1] != w[2])
+                    && t["records_in"].as_u64() > Some(0)
+            })
         })
     });
     assert_eq!(rescaled["generation"], 1);

@@ -58,6 +58,8 @@ struct Inner {
     outboxes: Mutex<HashMap<String, Outbox>>,
     /// What each worker last said about its part of each job attempt.
     parts: Mutex<HashMap<(String, u64), BTreeMap<String, PartState>>>,
+    /// The newest metrics of each worker's part of each job attempt.
+    metrics: Mutex<HashMap<(String, u64), BTreeMap<String, eddy_engine::MetricsSnapshot>>>,
     artifacts: OnceLock<ArtifactLookup>,
 }
 
@@ -106,6 +108,7 @@ impl ControlPlane {
             membership: Mutex::new(Membership::new(timeout_ms)),
             outboxes: Mutex::default(),
             parts: Mutex::default(),
+            metrics: Mutex::default(),
             artifacts: OnceLock::new(),
         });
         handle.spawn(accept(inner.clone()));
@@ -168,9 +171,19 @@ impl ControlPlane {
         lock(&self.inner.parts).get(&(job.to_owned(), attempt)).cloned().unwrap_or_default()
     }
 
+    /// The newest metrics of each worker's part of `job`'s `attempt`.
+    pub fn part_metrics(&self, job: &str, attempt: u64) -> Vec<eddy_engine::MetricsSnapshot> {
+        lock(&self.inner.metrics)
+            .get(&(job.to_owned(), attempt))
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Forgets the reports of `job`'s `attempt` (it ended).
     pub fn forget_parts(&self, job: &str, attempt: u64) {
-        lock(&self.inner.parts).remove(&(job.to_owned(), attempt));
+        let key = (job.to_owned(), attempt);
+        lock(&self.inner.parts).remove(&key);
+        lock(&self.inner.metrics).remove(&key);
     }
 }
 
@@ -304,6 +317,12 @@ async fn session(
                 // Only attempts the coordinator deployed: a worker cannot grow this map at will.
                 if let Some(parts) = lock(&inner.parts).get_mut(&(job, attempt)) {
                     parts.insert(name.to_owned(), state);
+                }
+            }
+            Ok(Some(WorkerMessage::Metrics { job, attempt, metrics })) => {
+                let key = (job, attempt);
+                if lock(&inner.parts).contains_key(&key) {
+                    lock(&inner.metrics).entry(key).or_default().insert(name.to_owned(), metrics);
                 }
             }
             Ok(Some(other)) => return Err(format!("unexpected on a registered stream: {other:?}")),

@@ -28,6 +28,9 @@ use crate::protocol::{Deployment, PartState, WorkerMessage};
 /// CPU time a tenant may save up and spend at once beyond its share (as on the coordinator).
 const CPU_BURST: Duration = Duration::from_millis(500);
 
+/// How often a running part sends its metrics to the coordinator.
+const METRICS_EVERY: Duration = Duration::from_secs(1);
+
 /// Fetches an artifact's verified bytes by digest. Blocking.
 pub type Fetcher = Box<dyn Fn(&str) -> Result<Vec<u8>, String> + Send + Sync>;
 
@@ -196,11 +199,17 @@ impl Inner {
         let job = Job::start(&d.spec, &self.runtime, options).map_err(|e| e.to_string())?;
         let _ =
             self.report.send(WorkerMessage::Part { job: d.job.clone(), attempt: d.attempt, state: PartState::Running });
+        let mut reported = std::time::Instant::now();
         while !job.is_done() {
             if cancel.load(Ordering::SeqCst) {
                 job.cancel();
                 let _ = job.wait();
                 return Ok(PartState::Canceled);
+            }
+            if reported.elapsed() >= METRICS_EVERY {
+                reported = std::time::Instant::now();
+                let metrics = job.metrics();
+                let _ = self.report.send(WorkerMessage::Metrics { job: d.job.clone(), attempt: d.attempt, metrics });
             }
             std::thread::sleep(Duration::from_millis(20));
         }

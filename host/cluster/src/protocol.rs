@@ -36,6 +36,15 @@ pub enum WorkerMessage {
         /// `sha256:<hex>`.
         digest: String,
     },
+    /// The metrics of this worker's part of a job attempt, now (sent every second).
+    Metrics {
+        /// The job.
+        job: String,
+        /// The attempt.
+        attempt: u64,
+        /// Its subtasks' counters, by task of the plan.
+        metrics: eddy_engine::MetricsSnapshot,
+    },
     /// This worker's part of a job attempt changed state.
     Part {
         /// The job.

@@ -501,8 +501,25 @@ impl Job {
         let source_tasks = plan.tasks.iter().filter(|t| t.source().is_some()).map(|t| t.id).collect();
         let labels = (0..plan.tasks.len()).map(|t| plan.task_label(t)).collect();
         let mut metrics = JobMetrics::new(labels, source_tasks, sink_task);
-        let subtask_metrics: Vec<Vec<Arc<SubtaskMetrics>>> =
-            plan.tasks.iter().map(|t| (0..t.parallelism).map(|i| metrics.register(t.id, i)).collect()).collect();
+        // Only this part's subtasks count in its snapshot: another part reports its own, and
+        // the coordinator adds them up (`MetricsSnapshot::absorb`).
+        let runs_here =
+            |task: usize, subtask: u32| options.placement.as_ref().is_none_or(|p| p.is_local(task, subtask));
+        let subtask_metrics: Vec<Vec<Arc<SubtaskMetrics>>> = plan
+            .tasks
+            .iter()
+            .map(|t| {
+                (0..t.parallelism)
+                    .map(|i| {
+                        if runs_here(t.id, i) {
+                            metrics.register(t.id, i)
+                        } else {
+                            Arc::new(SubtaskMetrics::new(t.id, i))
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
         let metrics = Arc::new(metrics);
         let control = Arc::new(Control {
             cancel: Arc::new(AtomicBool::new(false)),

@@ -50,7 +50,7 @@ impl SubtaskMetrics {
 }
 
 /// Totals of one task at one moment.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TaskSnapshot {
     /// The chain's label.
     pub label: String,
@@ -58,7 +58,7 @@ pub struct TaskSnapshot {
     pub records_in: u64,
     /// Summed over subtasks.
     pub records_out: u64,
-    /// Minimum over subtasks.
+    /// Minimum over subtasks (`i64::MAX` when none of the task's subtasks runs in this part).
     pub watermark: i64,
     /// Summed over subtasks.
     pub blocked_ns: u64,
@@ -68,8 +68,8 @@ pub struct TaskSnapshot {
     pub wasm_memory_bytes: u64,
 }
 
-/// The whole job at one moment.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The whole job (or one part of a spread job) at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MetricsSnapshot {
     /// Since the job started.
     pub elapsed: Duration,
@@ -82,9 +82,24 @@ pub struct MetricsSnapshot {
 }
 
 impl MetricsSnapshot {
+    /// Adds another part's snapshot of the same plan: counters sum, watermarks take the
+    /// minimum, and the elapsed time stays this one's.
+    pub fn absorb(&mut self, part: &MetricsSnapshot) {
+        for (t, p) in self.tasks.iter_mut().zip(&part.tasks) {
+            t.records_in += p.records_in;
+            t.records_out += p.records_out;
+            t.watermark = t.watermark.min(p.watermark);
+            t.blocked_ns += p.blocked_ns;
+            t.late_records += p.late_records;
+            t.wasm_memory_bytes += p.wasm_memory_bytes;
+        }
+        self.source_records += part.source_records;
+        self.sink_records += part.sink_records;
+    }
+
     /// Lowest watermark of any task that has one (where event time stands in the job).
     pub fn watermark(&self) -> Option<i64> {
-        self.tasks.iter().map(|t| t.watermark).filter(|w| *w > WATERMARK_MIN).min()
+        self.tasks.iter().map(|t| t.watermark).filter(|w| *w > WATERMARK_MIN && *w < i64::MAX).min()
     }
 
     /// Late records over all window steps.
@@ -161,5 +176,39 @@ impl JobMetrics {
         let source_records = self.source_tasks.iter().filter_map(|&i| tasks.get(i)).map(|t| t.records_in).sum();
         let sink_records = tasks.get(self.sink_task).map_or(0, |t| t.records_out);
         MetricsSnapshot { elapsed: self.started.elapsed(), tasks, source_records, sink_records }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(records_in: u64, watermark: i64) -> TaskSnapshot {
+        TaskSnapshot { label: "t".into(), records_in, records_out: records_in, watermark, ..TaskSnapshot::default() }
+    }
+
+    #[test]
+    fn parts_add_up_and_a_task_without_subtasks_in_a_part_does_not_hold_back_the_watermark() {
+        // The master runs no subtask: every task's watermark is `i64::MAX` there.
+        let mut master = MetricsSnapshot { tasks: vec![task(0, i64::MAX), task(0, i64::MAX)], ..Default::default() };
+        let a = MetricsSnapshot {
+            tasks: vec![task(10, 500), task(3, i64::MAX)],
+            source_records: 10,
+            sink_records: 3,
+            ..Default::default()
+        };
+        let b = MetricsSnapshot {
+            tasks: vec![task(7, 400), task(5, 350)],
+            source_records: 7,
+            sink_records: 5,
+            ..Default::default()
+        };
+        master.absorb(&a);
+        master.absorb(&b);
+        assert_eq!(master.tasks.iter().map(|t| (t.records_in, t.watermark)).collect::<Vec<_>>(), [(17, 400), (8, 350)]);
+        assert_eq!((master.source_records, master.sink_records), (17, 8));
+        assert_eq!(master.watermark(), Some(350));
+        let idle = MetricsSnapshot { tasks: vec![task(0, i64::MAX)], ..Default::default() };
+        assert_eq!(idle.watermark(), None, "no subtask, no watermark");
     }
 }

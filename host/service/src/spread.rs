@@ -188,7 +188,8 @@ fn run(
             return Outcome::Failed(format!("cannot deploy: {e}"));
         }
     }
-    watch(state, record, live, job, assignment, || lost(control, &record.id, attempt, &layout.workers))
+    let parts = || control.part_metrics(&record.id, attempt);
+    watch(state, record, live, job, assignment, parts, || lost(control, &record.id, attempt, &layout.workers))
 }
 
 /// Why the attempt is lost, if it is: a worker it runs on died or restarted, or a part failed.

@@ -114,7 +114,7 @@ impl LiveView {
                     records_out: t.records_out,
                     records_in_per_sec: t.records_in.saturating_sub(prev.records_in) as f64 / secs,
                     records_out_per_sec: t.records_out.saturating_sub(prev.records_out) as f64 / secs,
-                    watermark: (t.watermark > WATERMARK_MIN).then_some(t.watermark),
+                    watermark: (t.watermark > WATERMARK_MIN && t.watermark < i64::MAX).then_some(t.watermark),
                     backpressure: backpressure.get(i).copied().unwrap_or(0.0),
                     late_records: t.late_records,
                     wasm_memory_bytes: t.wasm_memory_bytes,
@@ -472,20 +472,29 @@ fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, digests: &
         Ok(job) => job,
         Err(e) => return Outcome::Failed(e.to_string()),
     };
-    watch(state, record, live, job, &[], || None)
+    watch(state, record, live, job, &[], Vec::new, || None)
 }
 
 /// Watches a started attempt until it ends: serves control requests, publishes the live view
-/// (naming each subtask's worker from `assignment`), and fails it when `lost` names a reason.
+/// (naming each subtask's worker from `assignment`, and adding the metrics of the `parts` in
+/// other processes to the job's own), and fails it when `lost` names a reason.
 pub(crate) fn watch(
     state: &AppState,
     record: &JobRecord,
     live: &Live,
     job: Job,
     assignment: &[Vec<String>],
+    parts: impl Fn() -> Vec<MetricsSnapshot>,
     mut lost: impl FnMut() -> Option<String>,
 ) -> Outcome {
-    let mut before = job.metrics();
+    let metrics = || {
+        let mut all = job.metrics();
+        for part in parts() {
+            all.absorb(&part);
+        }
+        all
+    };
+    let mut before = metrics();
     let mut last = Instant::now();
     while !job.is_done() {
         std::thread::sleep(Duration::from_millis(20));
@@ -524,7 +533,7 @@ pub(crate) fn watch(
         }
         if last.elapsed() >= REFRESH {
             last = Instant::now();
-            let now = job.metrics();
+            let now = metrics();
             *lock(&live.view) = Some(LiveView::of(&job, &now, &before, assignment));
             before = now;
         }
