@@ -5,8 +5,10 @@
 //! while another thread writes the snapshot to a local checkpoint store (the checkpoint
 //! thread). Reported per backend and state size: fill rate, the synchronous pause, the
 //! asynchronous phase, the writer's throughput before and during the asynchronous phase, the
-//! checkpoint's full size, and the bytes a second checkpoint writes after 1% of the keys
-//! changed (incremental for RocksDB, a full copy for the heap).
+//! checkpoint's full size, the bytes a second checkpoint writes after 1% of the keys
+//! changed (incremental for RocksDB, a full copy for the heap), and what restoring the second
+//! checkpoint into a fresh backend costs (the part of a failover that grows with the state):
+//! fetching its files from the store, then loading the subtask's key groups.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -30,6 +32,8 @@ pub struct CheckpointRow {
     writes_per_sec_during: f64,
     full_bytes: u64,
     second_checkpoint_bytes: u64,
+    restore_fetch_ms: f64,
+    restore_load_ms: f64,
 }
 
 struct Writer {
@@ -44,7 +48,7 @@ impl Writer {
     fn put(&mut self, i: u64) -> Result<()> {
         let user = format!("\"user-{i}\"");
         self.value[..8].copy_from_slice(&self.rng.to_le_bytes());
-        let entry = self.key.encode(HashedKey::new(user.as_bytes(), 128), state_id("total"), b"");
+        let entry = self.key.encode(HashedKey::new(user.as_bytes(), MAX_PARALLELISM), state_id("total"), b"");
         self.backend.put(entry, &self.value)?;
         Ok(())
     }
@@ -70,7 +74,7 @@ impl Writer {
     }
 
     /// Random updates until `done` says stop; returns updates per second.
-    fn write_while(&mut self, running: &std::thread::JoinHandle<Result<(u64, f64)>>) -> Result<f64> {
+    fn write_while<T>(&mut self, running: &std::thread::JoinHandle<T>) -> Result<f64> {
         let started = Instant::now();
         let mut n = 0u64;
         while !running.is_finished() {
@@ -83,15 +87,23 @@ impl Writer {
     }
 }
 
-/// Takes a checkpoint of `writer`'s state while it keeps writing; returns (sync ms, async ms,
-/// bytes written, writes/s during the asynchronous phase).
+/// What one checkpoint cost.
+struct Taken {
+    sync_ms: f64,
+    async_ms: f64,
+    written_bytes: u64,
+    writes_per_sec_during: f64,
+    state: eddy_engine::checkpoint::metadata::SubtaskState,
+}
+
+/// Takes a checkpoint of `writer`'s state while it keeps writing.
 fn checkpoint(
     writer: &mut Writer,
     store: &std::sync::Arc<CheckpointStore>,
     uploader: &std::sync::Arc<std::sync::Mutex<Uploader>>,
     staging_root: &Path,
     id: u64,
-) -> Result<(f64, f64, u64, f64)> {
+) -> Result<Taken> {
     let staging = tempfile::tempdir_in(staging_root)?;
     let sync_started = Instant::now();
     let state = writer.backend.snapshot(staging.path())?;
@@ -99,25 +111,63 @@ fn checkpoint(
     let operators = vec![("totals".into(), OperatorSnapshot { timers: Vec::new(), state })];
     let taken = TakenSnapshot { sync_ms, staging: Some(staging), ..TakenSnapshot::of_keyed_subtask(0, 1, operators) };
     let (store, uploader) = (store.clone(), uploader.clone());
-    let upload = std::thread::spawn(move || -> Result<(u64, f64)> {
+    let upload = std::thread::spawn(move || -> Result<(eddy_engine::checkpoint::upload::Uploaded, f64)> {
         let started = Instant::now();
         let mut uploader = uploader.lock().map_err(|_| anyhow::anyhow!("uploader lock poisoned"))?;
         let done = uploader.upload(&store, Some(id), taken)?;
-        Ok((done.written_bytes, started.elapsed().as_secs_f64() * 1e3))
+        Ok((done, started.elapsed().as_secs_f64() * 1e3))
     });
-    let during = writer.write_while(&upload)?;
-    let (bytes, async_ms) = upload.join().map_err(|_| anyhow::anyhow!("upload thread panicked"))??;
-    Ok((sync_ms, async_ms, bytes, during))
+    let writes_per_sec_during = writer.write_while(&upload)?;
+    let (done, async_ms) = upload.join().map_err(|_| anyhow::anyhow!("upload thread panicked"))??;
+    Ok(Taken { sync_ms, async_ms, written_bytes: done.written_bytes, writes_per_sec_during, state: done.state })
+}
+
+/// Restores checkpoint `id` (one subtask, `state`) from `store` into a fresh `backend` under
+/// `dir`, as a failover at the same parallelism does: returns (fetch ms, load ms).
+fn restore(
+    backend: &str,
+    store: &CheckpointStore,
+    id: u64,
+    state: eddy_engine::checkpoint::metadata::SubtaskState,
+    dir: &Path,
+) -> Result<(f64, f64)> {
+    use eddy_engine::checkpoint::metadata::{CheckpointMetadata, FORMAT_VERSION};
+    use eddy_engine::checkpoint::restore::{RestorePoint, Share};
+    let meta = CheckpointMetadata {
+        version: FORMAT_VERSION,
+        job: "bench".into(),
+        max_parallelism: Some(MAX_PARALLELISM),
+        id,
+        completed_ms: 0,
+        finished: false,
+        subtasks: vec![state],
+        stats: Default::default(),
+    };
+    let started = Instant::now();
+    let point = RestorePoint::fetch(store, meta)?;
+    let fetch_ms = started.elapsed().as_secs_f64() * 1e3;
+    let mut target = open_backend(backend, &dir.join("restored"))?;
+    let started = Instant::now();
+    let all = Share::KeyGroups(eddy_core::KeyGroupRange::all(MAX_PARALLELISM));
+    point.restore_operator("totals", all, target.as_mut(), &mut |_| {})?;
+    Ok((fetch_ms, started.elapsed().as_secs_f64() * 1e3))
+}
+
+/// Key groups of the bench's keys.
+const MAX_PARALLELISM: u32 = 128;
+
+fn open_backend(backend: &str, dir: &Path) -> Result<Box<dyn StateBackend>> {
+    Ok(match backend {
+        "heap" => Box::new(HeapStateBackend::default()),
+        "rocksdb" => Box::new(RocksDbBackend::open(dir, RocksDbConfig::default())?),
+        other => anyhow::bail!("no backend `{other}` (heap, rocksdb)"),
+    })
 }
 
 /// Measures one backend at one state size.
 fn measure(backend: &str, keys: u64, work: &Path) -> Result<CheckpointRow> {
     let dir = tempfile::tempdir_in(work)?;
-    let state: Box<dyn StateBackend> = match backend {
-        "heap" => Box::new(HeapStateBackend::default()),
-        "rocksdb" => Box::new(RocksDbBackend::open(&dir.path().join("db"), RocksDbConfig::default())?),
-        other => anyhow::bail!("no backend `{other}` (heap, rocksdb)"),
-    };
+    let state = open_backend(backend, &dir.path().join("db"))?;
     let mut writer =
         Writer { backend: state, key: StateKey::default(), rng: 0x9E37_79B9_7F4A_7C15, keys, value: vec![7u8; 64] };
     let started = Instant::now();
@@ -128,21 +178,25 @@ fn measure(backend: &str, keys: u64, work: &Path) -> Result<CheckpointRow> {
     let before = writer.write_for(Duration::from_secs(1))?;
     let store = std::sync::Arc::new(CheckpointStore::local(&dir.path().join("checkpoints"))?);
     let uploader = std::sync::Arc::new(std::sync::Mutex::new(Uploader::default()));
-    let (sync_ms, async_ms, full_bytes, during) = checkpoint(&mut writer, &store, &uploader, dir.path(), 1)?;
+    let first = checkpoint(&mut writer, &store, &uploader, dir.path(), 1)?;
     for _ in 0..keys / 100 {
         writer.random_put()?;
     }
-    let (_, _, second, _) = checkpoint(&mut writer, &store, &uploader, dir.path(), 2)?;
+    let second = checkpoint(&mut writer, &store, &uploader, dir.path(), 2)?;
+    drop(writer);
+    let (restore_fetch_ms, restore_load_ms) = restore(backend, &store, 2, second.state, dir.path())?;
     Ok(CheckpointRow {
         backend: backend.to_owned(),
         keys,
         fill_per_sec,
-        sync_ms,
-        async_ms,
+        sync_ms: first.sync_ms,
+        async_ms: first.async_ms,
         writes_per_sec_before: before,
-        writes_per_sec_during: during,
-        full_bytes,
-        second_checkpoint_bytes: second,
+        writes_per_sec_during: first.writes_per_sec_during,
+        full_bytes: first.written_bytes,
+        second_checkpoint_bytes: second.written_bytes,
+        restore_fetch_ms,
+        restore_load_ms,
     })
 }
 
@@ -159,13 +213,13 @@ pub fn run(backends: &[String], keys: &[u64], work: &Path, report: &Path) -> Res
         }
     }
     println!(
-        "| backend | keys | fill keys/s | sync pause ms | async ms | writes/s before | writes/s during async | checkpoint MiB | 2nd checkpoint MiB (1% changed) |"
+        "| backend | keys | fill keys/s | sync pause ms | async ms | writes/s before | writes/s during async | checkpoint MiB | 2nd checkpoint MiB (1% changed) | restore: fetch ms | restore: load ms |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         let mib = |b: u64| b as f64 / 1048576.0;
         println!(
-            "| {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} |",
+            "| {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.0} |",
             r.backend,
             r.keys,
             r.fill_per_sec,
@@ -174,7 +228,9 @@ pub fn run(backends: &[String], keys: &[u64], work: &Path, report: &Path) -> Res
             r.writes_per_sec_before,
             r.writes_per_sec_during,
             mib(r.full_bytes),
-            mib(r.second_checkpoint_bytes)
+            mib(r.second_checkpoint_bytes),
+            r.restore_fetch_ms,
+            r.restore_load_ms
         );
     }
     std::fs::write(report, serde_json::to_vec_pretty(&rows)?)
