@@ -8,7 +8,9 @@
 //! checkpoint's full size, the bytes a second checkpoint writes after 1% of the keys
 //! changed (incremental for RocksDB, a full copy for the heap), and what restoring the second
 //! checkpoint into a fresh backend costs (the part of a failover that grows with the state):
-//! fetching its files from the store, then loading the subtask's key groups.
+//! fetching its files from the store, then loading the subtask's key groups the way a task
+//! does (for RocksDB at an unchanged key-group range, opening the fetched database) and
+//! counting them for the state quota.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -146,10 +148,26 @@ fn restore(
     let started = Instant::now();
     let point = RestorePoint::fetch(store, meta)?;
     let fetch_ms = started.elapsed().as_secs_f64() * 1e3;
-    let mut target = open_backend(backend, &dir.join("restored"))?;
     let started = Instant::now();
     let all = Share::KeyGroups(eddy_core::KeyGroupRange::all(MAX_PARALLELISM));
-    point.restore_operator("totals", all, target.as_mut(), &mut |_| {})?;
+    let restored = dir.join("restored");
+    // As a task does: a RocksDB subtask restarting at its key-group range opens its
+    // checkpointed database; anything else is loaded entry by entry.
+    let target = match point.own_database("totals", all) {
+        Some(own) => Box::new(RocksDbBackend::open_checkpoint(&own, &restored, RocksDbConfig::default())?),
+        None => {
+            let mut target = open_backend(backend, &restored)?;
+            point.restore_operator("totals", all, target.as_mut(), &mut |_| {})?;
+            target
+        }
+    };
+    // The state quota counts the restored entries, as a task's backend does when it opens.
+    let counted = eddy_state::BoundedBackend::new(
+        target,
+        eddy_state::StateLimits { max_bytes: u64::MAX, max_entries: u64::MAX },
+        "",
+    )?;
+    drop(counted);
     Ok((fetch_ms, started.elapsed().as_secs_f64() * 1e3))
 }
 

@@ -404,6 +404,12 @@ impl StepContext<'_> {
         slot: Slot,
         timers: &mut dyn TimerService,
     ) -> Result<Box<dyn StateBackend>, RunError> {
+        // A restart at the same parallelism opens its checkpointed database instead of
+        // re-putting every entry: the restore then costs the fetch, not a rewrite of the state.
+        let own = match self.spec.state.backend {
+            StateBackendKind::Rocksdb => self.restore.and_then(|p| p.own_database(&s.name, slot.share)),
+            StateBackendKind::Heap => None,
+        };
         let storage: Box<dyn StateBackend> = match self.spec.state.backend {
             StateBackendKind::Heap => Box::new(HeapStateBackend::default()),
             StateBackendKind::Rocksdb => {
@@ -413,7 +419,11 @@ impl StepContext<'_> {
                     write_buffer_bytes: self.spec.state.write_buffer_mb << 20,
                     max_write_buffers: 2,
                 };
-                Box::new(RocksDbBackend::open(&dir, config).map_err(|e| Self::state_error(s, e))?)
+                let db = match &own {
+                    Some(checkpoint) => RocksDbBackend::open_checkpoint(checkpoint, &dir, config),
+                    None => RocksDbBackend::open(&dir, config),
+                };
+                Box::new(db.map_err(|e| Self::state_error(s, e))?)
             }
         };
         // Under TTL and the restore below, so purges and restored entries count too.
@@ -428,9 +438,12 @@ impl StepContext<'_> {
             Box::new(BoundedBackend::new(storage, limits, how_to_raise).map_err(|e| Self::state_error(s, e))?);
         if let Some(point) = self.restore {
             let mut restored_timers = Vec::new();
-            point
-                .restore_operator(&s.name, slot.share, backend.raw_mut(), &mut |t| restored_timers.push(t.clone()))
-                .map_err(RunError::Checkpoint)?;
+            let mut timer = |t: &crate::checkpoint::metadata::TimerState| restored_timers.push(t.clone());
+            let restored = match own {
+                Some(_) => point.restore_timers(&s.name, slot.share, &mut timer),
+                None => point.restore_operator(&s.name, slot.share, backend.raw_mut(), &mut timer),
+            };
+            restored.map_err(RunError::Checkpoint)?;
             for t in restored_timers {
                 let domain = if t.event_time { TimeDomain::EventTime } else { TimeDomain::ProcessingTime };
                 timers.register(domain, t.key_group, &t.key, t.timestamp);

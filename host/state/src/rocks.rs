@@ -90,6 +90,25 @@ impl RocksDbBackend {
         self.db.flush_wal(true).map_err(storage)
     }
 
+    /// Opens, in `path`, a copy of the database checkpoint in `checkpoint` (one fetched from a
+    /// checkpoint store): its immutable SST files hard-linked where the file system allows
+    /// (copied otherwise), the small rest copied, since the opened database rewrites those.
+    /// What a restore at an unchanged key-group range does instead of re-putting every entry.
+    pub fn open_checkpoint(checkpoint: &Path, path: &Path, config: RocksDbConfig) -> Result<Self, StateError> {
+        let io =
+            |e: std::io::Error| StateError::Storage(format!("copying the checkpoint {}: {e}", checkpoint.display()));
+        std::fs::create_dir_all(path).map_err(io)?;
+        for entry in std::fs::read_dir(checkpoint).map_err(io)? {
+            let entry = entry.map_err(io)?;
+            let target = path.join(entry.file_name());
+            let immutable = entry.path().extension().is_some_and(|e| e == "sst");
+            if !(immutable && std::fs::hard_link(entry.path(), &target).is_ok()) {
+                std::fs::copy(entry.path(), &target).map_err(io)?;
+            }
+        }
+        Self::open(path, config)
+    }
+
     /// Opens a database read-only (a downloaded checkpoint being restored from).
     pub fn open_read_only(path: &Path) -> Result<Self, StateError> {
         let db = DB::open_for_read_only(&Options::default(), path, false).map_err(storage)?;
@@ -215,6 +234,31 @@ mod tests {
 
     fn small() -> RocksDbConfig {
         RocksDbConfig { block_cache_bytes: 1 << 20, write_buffer_bytes: 256 << 10, max_write_buffers: 2 }
+    }
+
+    #[test]
+    fn a_checkpoint_opens_as_a_database_of_its_own_and_stays_as_it_was() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut db = RocksDbBackend::open(&dir.path().join("db"), small()).expect("open");
+        for i in 0..1_000u32 {
+            db.put(&i.to_be_bytes(), b"before").expect("put");
+        }
+        let staging = dir.path().join("staging");
+        std::fs::create_dir_all(&staging).expect("staging");
+        let BackendSnapshot::Directory(checkpoint) = db.snapshot(&staging).expect("snapshot") else {
+            panic!("RocksDB snapshots a directory")
+        };
+        let mut restored =
+            RocksDbBackend::open_checkpoint(&checkpoint, &dir.path().join("restored"), small()).expect("adopt");
+        assert_eq!(restored.get(&7u32.to_be_bytes()).expect("get").as_deref(), Some(&b"before"[..]));
+        restored.put(&7u32.to_be_bytes(), b"after").expect("put");
+        drop(restored);
+        // The restored copy's writes never reach the checkpoint it came from.
+        let again = RocksDbBackend::open_read_only(&checkpoint).expect("reopen");
+        assert_eq!(again.get(&7u32.to_be_bytes()).expect("get").as_deref(), Some(&b"before"[..]));
+        let mut n = 0;
+        again.scan_prefix(b"", &mut |_, _| n += 1).expect("scan");
+        assert_eq!(n, 1_000);
     }
 
     #[test]

@@ -241,6 +241,43 @@ impl RestorePoint {
         target: &mut dyn StateBackend,
         timer: &mut dyn FnMut(&TimerState),
     ) -> Result<(), CheckpointError> {
+        self.restore(step, share, Some(target), timer)
+    }
+
+    /// The fetched RocksDB database of step `step` that the new subtask of `share` may open as
+    /// its own: one old subtask owned exactly the key groups of `share` (a restart at the same
+    /// parallelism, as after a failover), so its database holds exactly the entries to restore
+    /// and nothing needs re-putting. `None`: restore entry by entry.
+    pub fn own_database(&self, step: &str, share: Share) -> Option<PathBuf> {
+        let Share::KeyGroups(range) = share else { return None };
+        let max = self.meta.max_parallelism?;
+        self.meta.subtasks.iter().find_map(|state| {
+            let (i, op) = state.operators.iter().enumerate().find(|(_, o)| o.step == step)?;
+            let sane = (1..=max).contains(&state.parallelism) && state.subtask < state.parallelism;
+            let owned = sane && KeyGroupRange::for_subtask(max, state.parallelism, state.subtask) == range;
+            (owned && matches!(op.state, StoredState::Rocksdb(_))).then(|| local_path(self.local.path(), state, i))
+        })
+    }
+
+    /// Hands step `step`'s timers of `share` to `timer`, and none of its entries (a subtask
+    /// that opened [`RestorePoint::own_database`] has them already).
+    pub fn restore_timers(
+        &self,
+        step: &str,
+        share: Share,
+        timer: &mut dyn FnMut(&TimerState),
+    ) -> Result<(), CheckpointError> {
+        self.restore(step, share, None, timer)
+    }
+
+    /// [`RestorePoint::restore_operator`], the entries only into `target` if given.
+    fn restore(
+        &self,
+        step: &str,
+        share: Share,
+        mut target: Option<&mut dyn StateBackend>,
+        timer: &mut dyn FnMut(&TimerState),
+    ) -> Result<(), CheckpointError> {
         for state in &self.meta.subtasks {
             for (i, op) in state.operators.iter().enumerate().filter(|(_, o)| o.step == step) {
                 let range = match share {
@@ -267,6 +304,7 @@ impl RestorePoint {
                 for t in op.timers.iter().filter(|t| in_range(t.key_group)) {
                     timer(t);
                 }
+                let Some(target) = target.as_deref_mut() else { continue };
                 let path = local_path(self.local.path(), state, i);
                 let mut failed = None;
                 let mut put = |k: &[u8], v: &[u8]| {
