@@ -184,18 +184,16 @@ impl Inner {
             })
             .collect::<Result<HashMap<_, _>, String>>()?;
         let placement = QuicPlacement::new(self.node.clone(), d.job.clone(), d.attempt, d.assignment.clone(), addrs);
-        let mut options = JobOptions {
+        let options = JobOptions {
             placement: Some(Arc::new(placement)),
             checkpoint_role: link.map(CheckpointRole::Part),
             cpu_share: d.cpu_millicores.map(|m| self.share(&d.tenant, m)),
+            sandbox_limits: d
+                .instance_memory_bytes
+                .map(|m| self.runtime.config().limits.clone().with_memory_at_most(m)),
             restore_from: d.restore_from.clone(),
             ..JobOptions::default()
         };
-        if let Some(memory) = d.instance_memory_bytes {
-            let mut limits = self.runtime.config().limits.clone();
-            limits.memory_bytes = usize::try_from(memory).unwrap_or(usize::MAX).min(limits.memory_bytes);
-            options.sandbox_limits = Some(limits);
-        }
         let job = Job::start(&d.spec, &self.runtime, options).map_err(|e| e.to_string())?;
         let _ =
             self.report.send(WorkerMessage::Part { job: d.job.clone(), attempt: d.attempt, state: PartState::Running });

@@ -46,6 +46,14 @@ pub struct SandboxLimits {
     pub log_burst_lines: u32,
 }
 
+impl SandboxLimits {
+    /// These limits with an instance's memory held to at most `bytes` (a tenant's quota).
+    pub fn with_memory_at_most(mut self, bytes: u64) -> Self {
+        self.memory_bytes = usize::try_from(bytes).unwrap_or(usize::MAX).min(self.memory_bytes);
+        self
+    }
+}
+
 impl Default for SandboxLimits {
     fn default() -> Self {
         Self {

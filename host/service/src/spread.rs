@@ -59,11 +59,12 @@ pub(crate) struct Attempt<'a> {
 }
 
 /// Where an attempt's parts run.
-struct Layout<'a> {
+struct Layout {
     attempt: u64,
     assignment: Vec<Vec<String>>,
     addrs: BTreeMap<String, String>,
-    workers: Vec<&'a SlotHolder>,
+    /// Each worker of the attempt once.
+    workers: Vec<SlotHolder>,
 }
 
 /// Runs one attempt on the workers.
@@ -79,13 +80,14 @@ pub(crate) fn attempt(state: &AppState, control: &ControlPlane, a: &Attempt<'_>,
     };
     let attempt = next_attempt();
     let plan = PhysicalPlan::new(spec);
-    let assignment: Vec<Vec<String>> =
-        plan.tasks.iter().map(|t| (0..t.parallelism).map(|i| holders[i as usize].name.clone()).collect()).collect();
+    // The job holds as many slots as its widest task: every subtask index has its slot.
+    let slot_of = |i: u32| holders.get(i as usize).map(|h| h.name.clone()).unwrap_or_default();
+    let assignment: Vec<Vec<String>> = plan.tasks.iter().map(|t| (0..t.parallelism).map(slot_of).collect()).collect();
     let members: HashMap<String, String> = control.workers().into_iter().map(|m| (m.name, m.data_addr)).collect();
-    let mut workers: Vec<&SlotHolder> = Vec::new();
+    let mut workers: Vec<SlotHolder> = Vec::new();
     for h in &holders {
         if !workers.iter().any(|w| w.name == h.name) {
-            workers.push(h);
+            workers.push(h.clone());
         }
     }
     let addrs: BTreeMap<String, String> =
@@ -141,7 +143,7 @@ fn run(
     control: &ControlPlane,
     node: &eddy_transport::quic::QuicNode,
     a: &Attempt<'_>,
-    layout: &Layout<'_>,
+    layout: &Layout,
     live: &Live,
 ) -> Outcome {
     let (record, attempt, assignment) = (a.record, layout.attempt, &layout.assignment);
@@ -193,9 +195,8 @@ fn run(
 }
 
 /// Why the attempt is lost, if it is: a worker it runs on died or restarted, or a part failed.
-fn lost(control: &ControlPlane, job: &str, attempt: u64, workers: &[&SlotHolder]) -> Option<String> {
-    let holders: Vec<SlotHolder> = workers.iter().map(|w| (*w).clone()).collect();
-    if let Some(gone) = control.first_gone(&holders) {
+fn lost(control: &ControlPlane, job: &str, attempt: u64, workers: &[SlotHolder]) -> Option<String> {
+    if let Some(gone) = control.first_gone(workers) {
         return Some(format!("worker `{}` was lost (declared dead, or restarted)", gone.name));
     }
     control.part_states(job, attempt).into_iter().find_map(|(worker, state)| match state {

@@ -460,8 +460,7 @@ fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, digests: &
         let context = crate::spread::Attempt { record, spec, digests, quotas: &quotas, restore_from };
         return crate::spread::attempt(state, control, &context, live);
     }
-    let mut limits = state.runtime.config().limits.clone();
-    limits.memory_bytes = usize::try_from(quotas.instance_memory_bytes).unwrap_or(usize::MAX).min(limits.memory_bytes);
+    let limits = state.runtime.config().limits.clone().with_memory_at_most(quotas.instance_memory_bytes);
     let options = JobOptions {
         cpu_share: Some(state.supervisor.cpu_share(&record.tenant, quotas.cpu_millicores)),
         sandbox_limits: Some(limits),
