@@ -344,7 +344,12 @@ pub fn collect_garbage(
             deleted += 1;
         }
     }
-    store.prune_empty_dirs();
+    // Another part may be creating a directory for its upload right now, and removing its
+    // still-empty parent would fail that upload: with parts running, empty directories wait
+    // for the job's final sweep.
+    if sweep != Sweep::RunningWithParts {
+        store.prune_empty_dirs();
+    }
     Ok(deleted)
 }
 
@@ -363,6 +368,20 @@ mod tests {
             subtasks: Vec::new(),
             stats: CheckpointStats::default(),
         }
+    }
+
+    #[test]
+    fn with_parts_running_a_sweep_leaves_empty_directories_where_a_part_may_be_uploading() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckpointStore::local(dir.path()).expect("store");
+        // A part has just created the directory of its upload and not yet written the file.
+        let uploading = dir.path().join("final").join("run-7");
+        std::fs::create_dir_all(&uploading).expect("dir");
+        let none = std::collections::HashSet::new();
+        collect_garbage(&store, &[], &none, Sweep::RunningWithParts).expect("sweep");
+        assert!(uploading.is_dir(), "pruned under a part's upload");
+        collect_garbage(&store, &[], &none, Sweep::Running).expect("sweep");
+        assert!(!uploading.exists(), "alone, the job prunes what its deletions left empty");
     }
 
     #[test]
