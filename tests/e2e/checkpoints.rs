@@ -647,6 +647,53 @@ fn stop_with_savepoint_then_resume_with_new_wasm_at_another_parallelism() {
     });
 }
 
+/// A RocksDB subtask resuming at its key-group range opens its checkpointed database and takes
+/// the state quota's count from the checkpoint instead of scanning: the quota must bite
+/// exactly where it would have without the restart. 10 words are counted (one `count` entry
+/// each) under `state_max_entries: 12`; after the resume two new words fit and the third
+/// fails the job. A count lost on the way (0) would let the third through; one counted twice
+/// (20) would refuse the first.
+#[test]
+fn the_state_quota_holds_across_a_resume_that_opens_the_checkpointed_database() {
+    use eddy_engine::checkpoint::{CheckpointStore, metadata::CheckpointMetadata};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "name: wc-quota\nbatch_size: 1\nsources: [{{type: file, name: lines, path: input.txt, follow: true}}]\n\
+         steps:\n  - {{name: split, wasm: {split}}}\n  - {{name: count, wasm: {count}, key_by: key, state_max_entries: 12}}\n\
+         state: {{backend: rocksdb, dir: state}}\ncheckpoints: {{dir: checkpoints, interval_ms: 50}}\nsink: {{type: print}}\n",
+        split = eddy_guest_artifacts::WORDCOUNT_SPLIT,
+        count = eddy_guest_artifacts::WORDCOUNT_COUNT,
+    );
+    let words = |range: std::ops::Range<u32>| range.map(|i| format!("w{i}\n")).collect::<String>();
+    std::fs::write(dir.path().join("input.txt"), words(0..10)).expect("input");
+    let (job, received) = start_wordcount(dir.path(), &yaml, None);
+    wait_for(&received, 10);
+    let savepoint = dir.path().join("savepoint");
+    let (id, _) = job.stop_with_savepoint(&savepoint, Duration::from_secs(30)).expect("savepoint");
+    let meta = CheckpointMetadata::read(&CheckpointStore::local(&savepoint).expect("store"), id).expect("metadata");
+    let count = meta.subtasks.iter().flat_map(|s| &s.operators).find(|o| o.step == "count").expect("count state");
+    assert_eq!(count.usage.map(|u| u.entries), Some(10), "the savepoint carries the quota's count");
+
+    std::fs::remove_dir_all(dir.path().join("checkpoints")).expect("fresh checkpoint dir");
+    std::fs::write(dir.path().join("input.txt"), words(0..12)).expect("two new words");
+    let (job, received) = start_wordcount(dir.path(), &yaml, Some(savepoint));
+    assert_eq!(job.restored_from(), Some(id));
+    wait_for(&received, 2);
+    std::fs::write(dir.path().join("input.txt"), words(0..13)).expect("a third new word");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !job.is_done() {
+        assert!(Instant::now() < deadline, "the 13th entry must fail the job");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let err = job.wait().expect_err("over the quota").to_string();
+    assert!(err.contains("13 entries, over its limit of 12 entries"), "{err}");
+    assert_eq!(
+        last_counts(&received).keys().cloned().collect::<Vec<_>>(),
+        ["w10", "w11"],
+        "both fitting words counted"
+    );
+}
+
 /// The highest count emitted per word.
 fn last_counts(received: &eddy_tests::Received) -> BTreeMap<String, u64> {
     let mut last = BTreeMap::new();

@@ -420,7 +420,7 @@ impl StepContext<'_> {
                     max_write_buffers: 2,
                 };
                 let db = match &own {
-                    Some(checkpoint) => RocksDbBackend::open_checkpoint(checkpoint, &dir, config),
+                    Some(checkpoint) => RocksDbBackend::open_checkpoint(&checkpoint.path, &dir, config),
                     None => RocksDbBackend::open(&dir, config),
                 };
                 Box::new(db.map_err(|e| Self::state_error(s, e))?)
@@ -434,8 +434,12 @@ impl StepContext<'_> {
              `state.max_bytes_per_subtask` / `state.max_entries_per_subtask` for every step)",
             s.name
         );
-        let mut backend: Box<dyn StateBackend> =
-            Box::new(BoundedBackend::new(storage, limits, how_to_raise).map_err(|e| Self::state_error(s, e))?);
+        // An opened checkpoint carries its count: scanning 1 GB would double a failover.
+        let bounded = match own.as_ref().and_then(|o| o.usage) {
+            Some(usage) => BoundedBackend::counted(storage, limits, how_to_raise, usage),
+            None => BoundedBackend::new(storage, limits, how_to_raise).map_err(|e| Self::state_error(s, e))?,
+        };
+        let mut backend: Box<dyn StateBackend> = Box::new(bounded);
         if let Some(point) = self.restore {
             let mut restored_timers = Vec::new();
             let mut timer = |t: &crate::checkpoint::metadata::TimerState| restored_timers.push(t.clone());

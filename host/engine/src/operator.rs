@@ -9,7 +9,7 @@ use std::path::Path;
 
 use eddy_core::{FiredTimer, RecordBatch};
 use eddy_runtime::{CallError, Output};
-use eddy_state::{BackendSnapshot, StateError};
+use eddy_state::{BackendSnapshot, StateError, StateUsage};
 
 /// Why an operator failed.
 #[derive(Debug, thiserror::Error)]
@@ -70,4 +70,6 @@ pub struct OperatorSnapshot {
     pub timers: Vec<FiredTimer>,
     /// The state backend's picture.
     pub state: BackendSnapshot,
+    /// What the state quota counted in that picture ([`eddy_state::StateBackend::usage`]).
+    pub usage: Option<StateUsage>,
 }

@@ -76,11 +76,10 @@ impl StreamOperator for WasmOperator {
 
     fn snapshot(&mut self, staging: &std::path::Path) -> Result<OperatorSnapshot, OperatorError> {
         let timers = self.instance.timer_service().pending();
-        let state = self
-            .instance
-            .state_backend_mut()
-            .snapshot(staging)
-            .map_err(|source| OperatorError::State { operator: self.name.clone(), source })?;
-        Ok(OperatorSnapshot { timers, state })
+        let backend = self.instance.state_backend_mut();
+        let usage = backend.usage();
+        let state =
+            backend.snapshot(staging).map_err(|source| OperatorError::State { operator: self.name.clone(), source })?;
+        Ok(OperatorSnapshot { timers, state, usage })
     }
 }

@@ -875,7 +875,8 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
 
     /// State only: the timers are rebuilt from it on restore (see [`Timers`]).
     fn snapshot(&mut self, staging: &std::path::Path) -> Result<OperatorSnapshot, OperatorError> {
+        let usage = self.store.backend.usage();
         let state = self.store.backend.snapshot(staging).map_err(|e| self.store.error(e))?;
-        Ok(OperatorSnapshot { timers: Vec::new(), state })
+        Ok(OperatorSnapshot { timers: Vec::new(), state, usage })
     }
 }

@@ -104,6 +104,13 @@ pub trait StateBackend: Send {
 
     /// The backend under wrappers (such as TTL), where restored entries go as stored.
     fn raw_mut(&mut self) -> &mut dyn StateBackend;
+
+    /// What the state quota ([`crate::BoundedBackend`]) counts now, if this backend is or
+    /// wraps one: a snapshot carries it so a restore that opens the checkpointed database as
+    /// its own need not count every entry again.
+    fn usage(&self) -> Option<crate::StateUsage> {
+        None
+    }
 }
 
 /// What [`StateBackend::snapshot`] took.

@@ -71,12 +71,19 @@ impl BoundedBackend {
             usage.bytes += entry_bytes(k, v.len());
             usage.entries += 1;
         })?;
-        Ok(Self { inner, limits, how_to_raise: how_to_raise.into(), usage })
+        Ok(Self::counted(inner, limits, how_to_raise, usage))
     }
 
-    /// What the state holds now.
-    pub fn usage(&self) -> StateUsage {
-        self.usage
+    /// Wraps `inner`, which holds `usage` as counted when it was checkpointed (its
+    /// [`StateBackend::usage`] at the snapshot): no scan, so opening a large checkpointed
+    /// database costs the open alone. A wrong count only moves where the quota bites.
+    pub fn counted(
+        inner: Box<dyn StateBackend>,
+        limits: StateLimits,
+        how_to_raise: impl Into<String>,
+        usage: StateUsage,
+    ) -> Self {
+        Self { inner, limits, how_to_raise: how_to_raise.into(), usage }
     }
 
     /// The usage after removing the entry under `key`, if there is one.
@@ -182,6 +189,10 @@ impl StateBackend for BoundedBackend {
         // Restored entries are stored as given: they go through the count like any write.
         self
     }
+
+    fn usage(&self) -> Option<StateUsage> {
+        Some(self.usage)
+    }
 }
 
 #[cfg(test)]
@@ -231,7 +242,7 @@ mod tests {
                     Op::Delete(k) => { backend.delete(&k).unwrap(); oracle.remove(&k); }
                     Op::DeletePrefix(p) => { backend.delete_prefix(&p).unwrap(); oracle.retain(|k, _| !k.starts_with(&p)); }
                 }
-                prop_assert_eq!(backend.usage(), usage_of(&oracle));
+                prop_assert_eq!(backend.usage(), Some(usage_of(&oracle)));
                 let mut stored = BTreeMap::new();
                 backend.scan_prefix(b"", &mut |k, v| { stored.insert(k.to_vec(), v.to_vec()); }).unwrap();
                 prop_assert_eq!(&stored, &oracle);
@@ -249,7 +260,7 @@ mod tests {
         // Overwriting with fewer bytes, and deleting, always pass.
         backend.put(b"ab", b"c").unwrap();
         backend.put(b"x", b"yz").unwrap();
-        assert_eq!(backend.usage(), StateUsage { bytes: 6, entries: 2 });
+        assert_eq!(backend.usage(), Some(StateUsage { bytes: 6, entries: 2 }));
     }
 
     #[test]
@@ -258,12 +269,26 @@ mod tests {
         inner.put(b"old", b"12345").unwrap();
         let mut backend =
             BoundedBackend::new(Box::new(inner), StateLimits { max_bytes: 100, max_entries: 2 }, "raise it").unwrap();
-        assert_eq!(backend.usage(), StateUsage { bytes: 8, entries: 1 });
+        assert_eq!(backend.usage(), Some(StateUsage { bytes: 8, entries: 1 }));
         // A restore writes through `raw_mut`.
         backend.raw_mut().put(b"restored", b"1").unwrap();
-        assert_eq!(backend.usage(), StateUsage { bytes: 17, entries: 2 });
+        assert_eq!(backend.usage(), Some(StateUsage { bytes: 17, entries: 2 }));
         let err = backend.raw_mut().put(b"third", b"").unwrap_err();
         assert!(err.to_string().contains("3 entries, over its limit of 2 entries"), "{err}");
+    }
+
+    #[test]
+    fn a_carried_count_is_trusted_without_a_scan() {
+        let mut inner = HeapStateBackend::default();
+        inner.put(b"a", b"1").unwrap();
+        let limits = StateLimits { max_bytes: 100, max_entries: 2 };
+        let mut backend =
+            BoundedBackend::counted(Box::new(inner), limits, "raise it", StateUsage { bytes: 2, entries: 1 });
+        backend.put(b"b", b"2").unwrap();
+        let err = backend.put(b"c", b"3").unwrap_err();
+        assert!(err.to_string().contains("3 entries, over its limit of 2 entries"), "{err}");
+        backend.delete(b"a").unwrap();
+        assert_eq!(backend.usage(), Some(StateUsage { bytes: 2, entries: 1 }));
     }
 
     #[test]
@@ -272,7 +297,7 @@ mod tests {
         for i in 0..1_000u32 {
             backend.put(&i.to_be_bytes(), b"v").unwrap();
         }
-        assert_eq!(backend.usage(), StateUsage { bytes: 5_000, entries: 1_000 });
+        assert_eq!(backend.usage(), Some(StateUsage { bytes: 5_000, entries: 1_000 }));
         assert_eq!(backend.approximate_len(), 1_000);
     }
 }

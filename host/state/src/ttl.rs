@@ -292,6 +292,10 @@ impl StateBackend for TtlBackend {
     fn raw_mut(&mut self) -> &mut dyn StateBackend {
         self.inner.raw_mut()
     }
+
+    fn usage(&self) -> Option<crate::StateUsage> {
+        self.inner.usage()
+    }
 }
 
 #[cfg(test)]

@@ -63,6 +63,20 @@ pub struct OperatorState {
     pub timers: Vec<TimerState>,
     /// Its keyed state.
     pub state: StoredState,
+    /// What the step's state quota counted in it: a subtask that opens this state as its
+    /// own database starts its count here instead of scanning every entry. Absent in
+    /// checkpoints written before it existed (such a restore counts by scanning).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<StoredUsage>,
+}
+
+/// An operator's state quota count ([`eddy_state::StateUsage`]) as a checkpoint stores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredUsage {
+    /// Key plus value bytes of every entry.
+    pub bytes: u64,
+    /// Number of entries.
+    pub entries: u64,
 }
 
 impl OperatorState {

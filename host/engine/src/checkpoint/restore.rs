@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use eddy_core::KeyGroupRange;
-use eddy_state::{RocksDbBackend, StateBackend};
+use eddy_state::{RocksDbBackend, StateBackend, StateUsage};
 
 use super::format::{InFlightBatch, decode_entries, decode_in_flight, unseal};
 use super::metadata::{CheckpointMetadata, FileRef, StoredState, SubtaskState, TimerState, completed_ids};
@@ -55,6 +55,16 @@ fn fetch_verified(store: &CheckpointStore, file: &FileRef) -> Result<Vec<u8>, Ch
         });
     }
     Ok(bytes)
+}
+
+/// A fetched RocksDB checkpoint a new subtask opens as its database
+/// ([`RestorePoint::own_database`]).
+#[derive(Debug, Clone)]
+pub struct OwnDatabase {
+    /// The fetched checkpoint directory.
+    pub path: PathBuf,
+    /// What the state quota counted in it, if the checkpoint recorded that.
+    pub usage: Option<StateUsage>,
 }
 
 impl RestorePoint {
@@ -248,14 +258,17 @@ impl RestorePoint {
     /// its own: one old subtask owned exactly the key groups of `share` (a restart at the same
     /// parallelism, as after a failover), so its database holds exactly the entries to restore
     /// and nothing needs re-putting. `None`: restore entry by entry.
-    pub fn own_database(&self, step: &str, share: Share) -> Option<PathBuf> {
+    pub fn own_database(&self, step: &str, share: Share) -> Option<OwnDatabase> {
         let Share::KeyGroups(range) = share else { return None };
         let max = self.meta.max_parallelism?;
         self.meta.subtasks.iter().find_map(|state| {
             let (i, op) = state.operators.iter().enumerate().find(|(_, o)| o.step == step)?;
             let sane = (1..=max).contains(&state.parallelism) && state.subtask < state.parallelism;
             let owned = sane && KeyGroupRange::for_subtask(max, state.parallelism, state.subtask) == range;
-            (owned && matches!(op.state, StoredState::Rocksdb(_))).then(|| local_path(self.local.path(), state, i))
+            (owned && matches!(op.state, StoredState::Rocksdb(_))).then(|| OwnDatabase {
+                path: local_path(self.local.path(), state, i),
+                usage: op.usage.map(|u| StateUsage { bytes: u.bytes, entries: u.entries }),
+            })
         })
     }
 
@@ -377,7 +390,7 @@ mod tests {
                 }
                 entries.sort();
                 let state = BackendSnapshot::Frozen(Box::new(entries));
-                (step.to_string(), OperatorSnapshot { timers: Vec::new(), state })
+                (step.to_string(), OperatorSnapshot { timers: Vec::new(), state, usage: None })
             })
             .collect();
         TakenSnapshot { keyed, ..TakenSnapshot::of_keyed_subtask(subtask, parallelism, operators) }

@@ -13,7 +13,7 @@ use eddy_state::BackendSnapshot;
 use sha2::{Digest, Sha256};
 
 use super::format::{InFlightBatch, encode_chunks, encode_in_flight, seal};
-use super::metadata::{FileRef, OperatorState, StoredState, SubtaskState, TimerState};
+use super::metadata::{FileRef, OperatorState, StoredState, StoredUsage, SubtaskState, TimerState};
 use super::store::CheckpointStore;
 use super::{CheckpointError, CheckpointId};
 use crate::connectors::SourcePosition;
@@ -149,7 +149,8 @@ impl Uploader {
                     StoredState::Rocksdb(files)
                 }
             };
-            operators.push(OperatorState { step, timers, state });
+            let usage = snapshot.usage.map(|u| StoredUsage { bytes: u.bytes, entries: u.entries });
+            operators.push(OperatorState { step, timers, state, usage });
         }
         drop(taken.staging);
         let mut in_flight = Vec::new();
@@ -247,6 +248,7 @@ mod tests {
         let snapshot = crate::operator::OperatorSnapshot {
             timers: Vec::new(),
             state: BackendSnapshot::Directory(dir.path().to_path_buf()),
+            usage: None,
         };
         TakenSnapshot { staging: Some(dir), ..TakenSnapshot::of_keyed_subtask(0, 1, vec![("count".into(), snapshot)]) }
     }
