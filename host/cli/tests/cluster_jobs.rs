@@ -38,7 +38,7 @@ fn query(
     let mut expected: Vec<String> = native(events).iter().map(Value::to_string).collect();
     expected.sort();
     assert!(!expected.is_empty(), "{name}: the baseline must produce rows");
-    spec.sink = SinkSpec::Files { dir: "out".into() };
+    spec.sink = SinkSpec::Files { dir: Some("out".into()), s3: None };
     // JSON is YAML too.
     (serde_json::to_string(&spec).unwrap(), expected)
 }
@@ -196,10 +196,18 @@ fn a_counting_job_survives_thirty_worker_kills_and_three_coordinator_kills_exact
     });
     assert_eq!(done["status"], "finished", "{done}");
     common::assert_counted_once(&coordinator, &token, &id, events);
-    // The checkpoints were objects in the bucket, not files in the coordinator's directory.
-    assert!(s3.list("eddy", "cluster/tenants/").contains("_metadata"), "no checkpoint metadata in the bucket");
-    let local = data.join("tenants").join(&tenant_id).join("jobs").join(&id).join("checkpoints");
-    assert!(!local.exists(), "checkpoints were written locally to {}", local.display());
+    // The checkpoints and the committed output were objects in the bucket, which workers on
+    // other machines reach too, not files in the coordinator's directory.
+    let job_objects = format!("cluster/tenants/{tenant_id}/jobs/{id}");
+    assert!(
+        s3.list("eddy", &format!("{job_objects}/checkpoints/")).contains("_metadata"),
+        "no checkpoint in the bucket"
+    );
+    assert!(s3.list("eddy", &format!("{job_objects}/output/part-")).contains("<Key>"), "no output in the bucket");
+    for kept_elsewhere in ["checkpoints", "output"] {
+        let local = data.join("tenants").join(&tenant_id).join("jobs").join(&id).join(kept_elsewhere);
+        assert!(!local.exists(), "{kept_elsewhere} written locally to {}", local.display());
+    }
     assert!(
         done["restarts"].as_u64().unwrap() >= WORKER_KILLS as u64 - 3,
         "every worker kill cost the attempt: {done}"

@@ -26,13 +26,13 @@ use eddy_state::{
 use crate::checkpoint::restore::Share;
 use crate::checkpoint::store::StoreFaults;
 use crate::checkpoint::upload::Uploader;
-use crate::checkpoint::{BarrierHandler, BarrierMode, CheckpointError, CheckpointId, RestorePoint};
+use crate::checkpoint::{BarrierHandler, BarrierMode, CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
 use crate::checkpoint_parts::{CheckpointRole, PartThread};
 use crate::checkpointing::{
     CheckpointThread, CompletedCheckpoint, FaultHook, SavepointRequest, Signals, SinkCommitter,
 };
 use crate::connectors::{SourceError, open_source};
-use crate::files_sink::{FilesSink, FilesSinkState};
+use crate::files_sink::{FilesSink, FilesSinkState, LocalDir, OutputDir, StoreDir};
 use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
 use crate::operator::StreamOperator;
 use crate::router::OutputRouter;
@@ -308,15 +308,34 @@ fn recover_spec_sink(
     spec: &SinkSpec,
     restored: Option<(CheckpointId, Vec<&serde_json::Value>)>,
 ) -> Result<(), RunError> {
-    let SinkSpec::Files { dir } = spec else { return Ok(()) };
-    let sink_error = |error| RunError::Sink { path: dir.display().to_string(), error };
+    let Some(out) = files_output(spec)? else { return Ok(()) };
+    let sink_error = |error| RunError::Sink { path: out.describe(), error };
     let restored = match restored {
         Some((id, states)) => {
             Some((id, states.into_iter().map(files_sink_state).collect::<Result<Vec<_>, _>>().map_err(sink_error)?))
         }
         None => None,
     };
-    FilesSink::recover(dir, restored.as_ref().map(|(id, states)| (*id, &states[..]))).map_err(sink_error)
+    FilesSink::recover(out.as_ref(), restored.as_ref().map(|(id, states)| (*id, &states[..]))).map_err(sink_error)
+}
+
+/// Where a files sink's output lives: its directory or its bucket. `None`: another sink.
+pub fn files_output(spec: &SinkSpec) -> Result<Option<Arc<dyn OutputDir>>, RunError> {
+    let SinkSpec::Files { dir, s3 } = spec else { return Ok(None) };
+    let out: Arc<dyn OutputDir> = match (dir, s3) {
+        (Some(dir), None) => Arc::new(LocalDir::new(dir)),
+        (None, Some(s3)) => Arc::new(StoreDir::new(CheckpointStore::s3(s3).map_err(|e| RunError::Sink {
+            path: format!("s3://{}/{}", s3.bucket, s3.prefix),
+            error: std::io::Error::other(e.to_string()),
+        })?)),
+        _ => {
+            return Err(RunError::Sink {
+                path: "sink".into(),
+                error: std::io::Error::other("a files sink needs exactly one of `dir` and `s3`"),
+            });
+        }
+    };
+    Ok(Some(out))
 }
 
 /// Subtask `subtask`'s sink of the spec (the run's sink was recovered already); `run` names
@@ -330,10 +349,12 @@ fn open_spec_sink(spec: &SinkSpec, run: &str, subtask: u32, checkpointing: bool)
                 .map_err(|source| RunError::Sink { path: path.display().to_string(), error: source })?;
             Box::new(JsonLinesSink(BufWriter::new(file)))
         }
-        SinkSpec::Files { dir } => Box::new(
-            FilesSink::open(dir, run, subtask, checkpointing)
-                .map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?,
-        ),
+        SinkSpec::Files { .. } => match files_output(spec)? {
+            Some(out) => Box::new(FilesSink::open(out, run, subtask, checkpointing)),
+            None => {
+                return Err(RunError::Sink { path: "sink".into(), error: std::io::Error::other("not a files sink") });
+            }
+        },
         SinkSpec::Upsert { dir } => {
             Box::new(UpsertSink::open(dir).map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?)
         }
@@ -346,14 +367,11 @@ fn files_sink_state(value: &serde_json::Value) -> std::io::Result<FilesSinkState
 }
 
 /// Commits what a checkpoint's sink state lists (the final checkpoint's last files).
-fn sink_committer(spec: &SinkSpec) -> SinkCommitter {
-    match spec {
-        SinkSpec::Files { dir } => {
-            let dir = dir.clone();
-            Box::new(move |value| FilesSink::commit(&dir, &files_sink_state(value)?.pending))
-        }
-        SinkSpec::Print | SinkSpec::File { .. } | SinkSpec::Blackhole | SinkSpec::Upsert { .. } => Box::new(|_| Ok(())),
-    }
+fn sink_committer(spec: &SinkSpec) -> Result<SinkCommitter, RunError> {
+    Ok(match files_output(spec)? {
+        Some(out) => Box::new(move |value| FilesSink::commit(out.as_ref(), &files_sink_state(value)?.pending)),
+        None => Box::new(|_| Ok(())),
+    })
 }
 
 fn load_step(runtime: &Runtime, step: &StepSpec) -> Result<Component, RunError> {
@@ -786,7 +804,7 @@ impl Job {
             (Some(recovery), Some(checkpoints)) => {
                 let first_id = recovery.next_id;
                 let retained = recovery.retained;
-                let commit_sink = sink_committer(&spec.sink);
+                let commit_sink = sink_committer(&spec.sink)?;
                 let thread: Box<dyn FnOnce() -> Result<(), CheckpointError> + Send> = match checkpoint_role {
                     Some(CheckpointRole::Part(link)) => {
                         let part = PartThread {

@@ -33,8 +33,8 @@ pub mod window_operator;
 
 pub use checkpoint_parts::{CheckpointRole, MasterCommand, MasterLink, PartLink, PartReport, local_links};
 pub use checkpointing::{CompletedCheckpoint, FaultHook, FaultPoint};
-pub use files_sink::{FilesSink, FilesSinkState};
-pub use job::{Job, JobOptions, Placement, RunError, RunSummary, SinkFactory};
+pub use files_sink::{FilesSink, FilesSinkState, LocalDir, OutputDir, StoreDir};
+pub use job::{Job, JobOptions, Placement, RunError, RunSummary, SinkFactory, files_output};
 pub use metrics::MetricsSnapshot;
 pub use operator::{OperatorError, OperatorSnapshot, StreamOperator};
 pub use sink::{Blackhole, JsonLinesSink, PrintSink, Sink};

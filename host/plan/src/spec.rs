@@ -701,7 +701,11 @@ pub enum SinkSpec {
     /// completes; after a failure, uncommitted files are discarded and their records replayed.
     Files {
         /// The directory, relative to the spec file.
-        dir: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dir: Option<PathBuf>,
+        /// Or an S3-compatible bucket (a cluster's workers on several machines all reach it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        s3: Option<S3Spec>,
     },
     /// An idempotent upsert table (RocksDB) keyed by record key, the last value winning:
     /// exactly-once in effect, because a replay writes the same values again.
@@ -784,10 +788,10 @@ impl PipelineSpec {
             step.wasm = base.join(&step.wasm);
         }
         match &mut self.sink {
-            SinkSpec::File { path } | SinkSpec::Files { dir: path } | SinkSpec::Upsert { dir: path } => {
+            SinkSpec::File { path } | SinkSpec::Files { dir: Some(path), .. } | SinkSpec::Upsert { dir: path } => {
                 *path = base.join(&*path)
             }
-            SinkSpec::Print | SinkSpec::Blackhole => {}
+            SinkSpec::Print | SinkSpec::Blackhole | SinkSpec::Files { dir: None, .. } => {}
         }
         if let Some(dir) = &mut self.state.dir {
             *dir = base.join(&*dir);
@@ -881,6 +885,11 @@ impl PipelineSpec {
                     ));
                 }
             }
+        }
+        if let SinkSpec::Files { dir, s3 } = &self.sink
+            && dir.is_some() == s3.is_some()
+        {
+            return Err(invalid("sink", "a files sink needs exactly one of `dir` and `s3`"));
         }
         for (i, source) in self.sources.iter().enumerate() {
             let field = |f: &str| format!("sources[{i}].{f}");
@@ -1052,6 +1061,8 @@ mod tests {
             (step("{name: a, wasm: a.wasm, state_ttl_ms: 0}"), "steps[0].state_ttl_ms"),
             (OK.replace("type: print", "type: kafka"), "kafka"),
             (OK.replace("sink: {type: print}\n", ""), "sink"),
+            (OK.replace("type: print", "type: files"), "exactly one of `dir` and `s3`"),
+            (OK.replace("type: print", "type: files, dir: out, s3: {bucket: b}"), "exactly one of `dir` and `s3`"),
             (OK.replace("path: in.txt}", "path: in.txt, timestamp: ts}"), "sources[0].timestamp"),
             (OK.replace("steps:", "watermarks: {idleness_ms: 0}\nsteps:"), "watermarks.idleness_ms"),
             (

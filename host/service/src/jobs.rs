@@ -7,7 +7,6 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -15,7 +14,7 @@ use crate::AppState;
 use crate::artifacts::resolve;
 use crate::auth::Caller;
 use crate::model::{Failure, JobRecord, JobStatus, Overrides, Savepoint, now_ms};
-use crate::placement::{FILE_SINK_NAME, output_dir, place};
+use crate::placement::{self, FILE_SINK_NAME, output_dir, place};
 use crate::problem::{ApiError, ApiResult, Checked, Problem};
 use crate::quotas;
 use crate::secret::new_id;
@@ -244,8 +243,38 @@ pub async fn output(State(state): State<Arc<AppState>>, caller: Caller, Path(id)
         let lines = tokio::task::spawn_blocking(move || upsert_lines(&table)).await.map_err(ApiError::internal)??;
         return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], lines).into_response());
     }
-    let files = tokio::task::spawn_blocking(move || committed_files(&dir)).await.map_err(ApiError::internal)??;
-    let stream = futures_util::stream::iter(files).then(|path| async move { tokio::fs::read(path).await });
+    let file = dir.join(FILE_SINK_NAME);
+    if file.is_file() {
+        let bytes = tokio::fs::read(&file).await.map_err(ApiError::internal)?;
+        return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], bytes).into_response());
+    }
+    // A files sink's output may be in a bucket, whose client blocks: one blocking thread
+    // opens it, reads the committed files in commit order and hands each to the response.
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(2);
+    let listed = tokio::sync::oneshot::channel::<Result<(), String>>();
+    let (state, tenant, job_id) = (state.clone(), job.tenant.clone(), job.id.clone());
+    tokio::task::spawn_blocking(move || {
+        let out = match placement::files_output_place(&state, &tenant, &job_id) {
+            Ok(out) => out,
+            Err(e) => return drop(listed.0.send(Err(e))),
+        };
+        let names = match eddy_engine::FilesSink::committed(out.as_ref()) {
+            Ok(names) => names,
+            Err(e) => return drop(listed.0.send(Err(e.to_string()))),
+        };
+        let _ = listed.0.send(Ok(()));
+        for name in names {
+            if tx.blocking_send(out.read(&name)).is_err() {
+                break;
+            }
+        }
+    });
+    listed
+        .1
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(|e| ApiError::conflict(format!("the output cannot be listed now ({e}); try again")))?;
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
 }
 
@@ -262,16 +291,6 @@ fn upsert_lines(table: &std::path::Path) -> ApiResult<Vec<u8>> {
         out.extend_from_slice(b"}\n");
     }
     Ok(out)
-}
-
-/// The sink's committed files in commit order: those of a files sink (never the in-progress
-/// ones), or the one file of a file sink.
-fn committed_files(dir: &std::path::Path) -> ApiResult<Vec<std::path::PathBuf>> {
-    let file = dir.join(FILE_SINK_NAME);
-    if file.is_file() {
-        return Ok(vec![file]);
-    }
-    eddy_engine::FilesSink::committed_paths(dir).map_err(ApiError::internal)
 }
 
 /// Sends `control` to the running job `id` of the caller's and waits for its savepoint.

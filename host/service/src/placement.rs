@@ -14,7 +14,9 @@
 //! ```
 
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
+use eddy_engine::OutputDir;
 use eddy_plan::{CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec};
 
 use crate::AppState;
@@ -58,7 +60,16 @@ impl CheckpointLocation {
 
     /// The checkpoints of `job`'s `generation`: (directory, bucket) as a `checkpoints:` has them.
     fn of(&self, tenant: &str, job: &str, generation: u32) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
-        let relative = format!("tenants/{tenant}/jobs/{job}/checkpoints/{generation}");
+        self.at(format!("tenants/{tenant}/jobs/{job}/checkpoints/{generation}"))
+    }
+
+    /// `job`'s files sink output: (directory, bucket) as a files sink has them. Beside its
+    /// checkpoints, so every worker writes it and the job master recovers it.
+    pub fn output_of(&self, tenant: &str, job: &str) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
+        self.at(format!("tenants/{tenant}/jobs/{job}/output"))
+    }
+
+    fn at(&self, relative: String) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
         match self {
             Self::Dir(dir) => (Some(dir.join(relative)), None),
             Self::S3(s3) => {
@@ -145,6 +156,27 @@ fn flow_depth(text: &str) -> usize {
 /// The file a `file` sink writes in the job's output directory.
 pub const FILE_SINK_NAME: &str = "output.jsonl";
 
+/// Where a job's files sink writes: beside its checkpoints in `--checkpoint-store` (which
+/// every worker reaches), else in the job's directory.
+fn files_output(state: &AppState, tenant: &str, job: &str) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
+    match &state.config.checkpoint_store {
+        Some(store) => store.output_of(tenant, job),
+        None => (Some(output_dir(state, tenant, job)), None),
+    }
+}
+
+/// A job's files sink output, to read its committed files (blocking: a bucket's client
+/// drives its own runtime, so open and drop it off the async threads).
+pub fn files_output_place(state: &AppState, tenant: &str, job: &str) -> Result<Arc<dyn OutputDir>, String> {
+    let (dir, s3) = files_output(state, tenant, job);
+    let spec = SinkSpec::Files { dir, s3 };
+    match eddy_engine::files_output(&spec) {
+        Ok(Some(out)) => Ok(out),
+        Ok(None) => Err("not a files sink".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// A spec error as a 422 naming the field.
 fn refused(e: eddy_plan::SpecError) -> ApiError {
     {
@@ -206,7 +238,10 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
     let dir = job_dir(state, tenant, job);
     let output = dir.join("output");
     spec.sink = match &spec.sink {
-        SinkSpec::Print | SinkSpec::Files { .. } => SinkSpec::Files { dir: output },
+        SinkSpec::Print | SinkSpec::Files { .. } => {
+            let (dir, s3) = files_output(state, tenant, job);
+            SinkSpec::Files { dir, s3 }
+        }
         SinkSpec::File { .. } => SinkSpec::File { path: output.join(FILE_SINK_NAME) },
         SinkSpec::Upsert { .. } => SinkSpec::Upsert { dir: output.join("table") },
         SinkSpec::Blackhole => SinkSpec::Blackhole,

@@ -32,7 +32,17 @@ impl Worker {
         Self::start_with(coordinator, name, dir, slots, &[])
     }
 
+    /// A worker with `slots` slots whose standard output (a print sink's records) is
+    /// `child.stdout`, for the caller to read.
+    pub fn start_piped(coordinator: &Server, name: &str, dir: &Path, slots: &str) -> Worker {
+        Self::spawn(coordinator, name, dir, slots, &[], Stdio::piped())
+    }
+
     fn start_with(coordinator: &Server, name: &str, dir: &Path, slots: &str, extra: &[&str]) -> Worker {
+        Self::spawn(coordinator, name, dir, slots, extra, Stdio::null())
+    }
+
+    fn spawn(coordinator: &Server, name: &str, dir: &Path, slots: &str, extra: &[&str], stdout: Stdio) -> Worker {
         let log = dir.join(format!("{name}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
             .args(["worker", "--coordinator", &format!("127.0.0.1:{}", coordinator.port()), "--name", name])
@@ -41,7 +51,7 @@ impl Worker {
             .args(extra)
             .env("EDDY_LOG", "info")
             .envs(super::S3_CREDENTIALS)
-            .stdout(Stdio::null())
+            .stdout(stdout)
             // Appended: a restarted worker's log follows its predecessor's.
             .stderr(Stdio::from(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap()))
             .spawn()

@@ -154,6 +154,14 @@ impl CheckpointStore {
         }
     }
 
+    /// Moves `from` to `to`, replacing `to` (atomic in a directory; a copy and a delete on S3).
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), CheckpointError> {
+        self.fault(StoreOp::Put, to, "writing")?;
+        self.runtime
+            .block_on(self.inner.rename(&StorePath::from(from), &StorePath::from(to)))
+            .map_err(io(format!("renaming {from} to {to} in {}", self.describe)))
+    }
+
     /// Deletes `path` (absent is fine).
     pub fn delete(&self, path: &str) -> Result<(), CheckpointError> {
         match self.runtime.block_on(self.inner.delete(&StorePath::from(path))) {

@@ -11,7 +11,7 @@ use crate::checkpoint::restore::Skipped;
 use crate::checkpoint::store::StoreFaults;
 use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint};
 use crate::files_sink::FilesSink;
-use eddy_plan::{PipelineSpec, SinkSpec};
+use eddy_plan::PipelineSpec;
 
 /// The checkpoint store, the checkpoint to restore from, and the retained checkpoints.
 pub(super) struct Recovery {
@@ -64,7 +64,7 @@ pub(super) fn recover(
         && point.metadata().finished
     {
         for state in point.sink_states().into_iter().filter(|_| lead) {
-            sink_committer(&spec.sink)(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
+            sink_committer(&spec.sink)?(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
         }
         return Err(RunError::AlreadyFinished { job: spec.name.clone(), id: point.id(), dir: checkpoints.location() });
     }
@@ -86,11 +86,11 @@ fn refuse_to_start_over(spec: &PipelineSpec, checkpoints: &str, skipped: &Skippe
     if let Some((id, error)) = skipped.first() {
         found.push(format!("{} checkpoint(s) in {checkpoints} are damaged (newest, {id}: {error})", skipped.len()));
     }
-    if let SinkSpec::Files { dir } = &spec.sink {
-        let committed = FilesSink::committed_files(dir)
-            .map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?;
+    if let Some(out) = super::files_output(&spec.sink)? {
+        let committed =
+            FilesSink::committed(out.as_ref()).map_err(|error| RunError::Sink { path: out.describe(), error })?.len();
         if committed > 0 {
-            found.push(format!("{committed} committed file(s) in {}", dir.display()));
+            found.push(format!("{committed} committed file(s) in {}", out.describe()));
         }
     }
     if found.is_empty() {
