@@ -150,7 +150,7 @@ fn restore(
         stats: Default::default(),
     };
     let started = Instant::now();
-    let point = RestorePoint::fetch(store, meta)?;
+    let point = RestorePoint::fetch(store, meta, dir)?;
     let fetch_ms = started.elapsed().as_secs_f64() * 1e3;
     let started = Instant::now();
     let all = Share::KeyGroups(eddy_core::KeyGroupRange::all(MAX_PARALLELISM));

@@ -630,12 +630,12 @@ impl Job {
         // The master part of a spread job (or the job itself) recovers the store and the sink
         // for every part; the other parts only read what to restore.
         let lead = !matches!(checkpoint_role, Some(CheckpointRole::Part(_)));
-        let recovery = recover(spec, options.restore_from.as_deref(), options.store_faults.take(), lead)?;
-        let restore = recovery.as_ref().and_then(|r| r.point.as_ref());
         let needs_local_dir = spec.checkpoints.is_some() || spec.state.backend == StateBackendKind::Rocksdb;
         let local_state = if needs_local_dir { Some(local_state_dir(spec)?) } else { None };
         let state_dir =
             local_state.as_ref().map_or_else(|| Path::new(".").to_path_buf(), |d| d.dir.path().to_path_buf());
+        let recovery = recover(spec, options.restore_from.as_deref(), options.store_faults.take(), lead, &state_dir)?;
+        let restore = recovery.as_ref().and_then(|r| r.point.as_ref());
         let ttl_clock = TtlClock::new(now_ms());
         let steps =
             StepContext { spec, components: &components, ttl_clock: &ttl_clock, restore, state_dir: &state_dir };

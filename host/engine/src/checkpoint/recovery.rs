@@ -118,14 +118,15 @@ pub fn next_id(store: &CheckpointStore, retry: &ReadRetry) -> Result<CheckpointI
     Ok(checkpoint_dirs(&listing).max().map_or(1, |id| id.saturating_add(1)))
 }
 
-/// Finds the newest checkpoint in `store` that passes its checks and matches `expected`, and
-/// up to `retained - 1` older valid ones. Damaged checkpoints are skipped; any other failure
+/// Finds the newest checkpoint in `store` that passes its checks and matches `expected`
+/// (fetched into a directory under `local`), and up to `retained - 1` older valid ones. Damaged checkpoints are skipped; any other failure
 /// (after `retry`) or a mismatch is the error.
 pub fn recover(
     store: &CheckpointStore,
     expected: Expected<'_>,
     retained: usize,
     retry: &ReadRetry,
+    local: &std::path::Path,
 ) -> Result<Recovered, CheckpointError> {
     let listing = retry.run(|| store.list(""))?;
     let next_id = checkpoint_dirs(&listing).max().map_or(1, |id| id.saturating_add(1));
@@ -145,7 +146,7 @@ pub fn recover(
     let mut candidates = ids.into_iter();
     let mut point = None;
     for id in candidates.by_ref() {
-        match verified(id).and_then(|meta| retry.run(|| RestorePoint::fetch(store, meta.clone()))) {
+        match verified(id).and_then(|meta| retry.run(|| RestorePoint::fetch(store, meta.clone(), local))) {
             Ok(found) => {
                 point = Some(found);
                 break;

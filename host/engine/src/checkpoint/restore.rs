@@ -68,11 +68,13 @@ pub struct OwnDatabase {
 }
 
 impl RestorePoint {
-    /// Fetches every file of `meta` and checks it against the recorded size and checksum.
-    pub fn fetch(store: &CheckpointStore, meta: CheckpointMetadata) -> Result<Self, CheckpointError> {
-        let local = tempfile::tempdir().map_err(|e| CheckpointError::Storage {
-            what: "creating a local restore directory".into(),
-            problem: e.to_string(),
+    /// Fetches every file of `meta` into a new directory under `local` and checks it against
+    /// the recorded size and checksum. `local` is the run's own directory, beside its
+    /// databases: a restore's files are then hard-linked rather than copied into them, and a
+    /// killed run's are swept with the rest of its directory.
+    pub fn fetch(store: &CheckpointStore, meta: CheckpointMetadata, local: &Path) -> Result<Self, CheckpointError> {
+        let local = tempfile::Builder::new().prefix("restore-").tempdir_in(local).map_err(|e| {
+            CheckpointError::Storage { what: "creating a local restore directory".into(), problem: e.to_string() }
         })?;
         let write = |path: &Path, bytes: &[u8]| {
             std::fs::write(path, bytes).map_err(|e| CheckpointError::Storage {
@@ -119,11 +121,13 @@ impl RestorePoint {
 
     /// The newest checkpoint in `store` that passes every check, and the newer ones skipped
     /// as damaged (with the reason) on the way. A checkpoint that could not be read is not
-    /// skipped: that failure is the error.
+    /// skipped: that failure is the error. Fetched into the system's temporary directory (a
+    /// check or a copy, not a task's restore).
     pub fn latest(store: &CheckpointStore) -> Result<(Option<RestorePoint>, Skipped), CheckpointError> {
         let mut skipped = Vec::new();
+        let local = std::env::temp_dir();
         for id in completed_ids(store)? {
-            match CheckpointMetadata::read_verified(store, id).and_then(|m| Self::fetch(store, m)) {
+            match CheckpointMetadata::read_verified(store, id).and_then(|m| Self::fetch(store, m, &local)) {
                 Ok(point) => return Ok((Some(point), skipped)),
                 Err(e @ CheckpointError::Corrupt { .. }) => skipped.push((id, e)),
                 Err(e) => return Err(e),

@@ -35,6 +35,7 @@ pub(super) fn recover(
     restore_from: Option<&Path>,
     store_faults: Option<StoreFaults>,
     lead: bool,
+    local: &Path,
 ) -> Result<Option<Recovery>, RunError> {
     let Some(checkpoints) = &spec.checkpoints else { return Ok(None) };
     let mut store = CheckpointStore::open(checkpoints)?;
@@ -44,7 +45,7 @@ pub(super) fn recover(
     let retry = ReadRetry::default();
     if let Some(dir) = restore_from {
         let expected = Expected { job: None, max_parallelism: spec.max_parallelism };
-        let savepoint = recovery::recover(&CheckpointStore::local(dir)?, expected, 1, &retry)?;
+        let savepoint = recovery::recover(&CheckpointStore::local(dir)?, expected, 1, &retry, local)?;
         let Some(point) = savepoint.point else {
             let why = savepoint.skipped.first().map(|(id, e)| format!(" (checkpoint {id}: {e})")).unwrap_or_default();
             return Err(RunError::Checkpoint(CheckpointError::Incompatible(format!(
@@ -56,7 +57,7 @@ pub(super) fn recover(
         return Ok(Some(Recovery { store, point: Some(point), retained: Vec::new(), next_id }));
     }
     let expected = Expected { job: Some(&spec.name), max_parallelism: spec.max_parallelism };
-    let found = recovery::recover(&store, expected, checkpoints.retained.max(1), &retry)?;
+    let found = recovery::recover(&store, expected, checkpoints.retained.max(1), &retry, local)?;
     for (id, error) in &found.skipped {
         tracing::warn!(job = %spec.name, checkpoint = id, %error, "checkpoint skipped: it is damaged");
     }
