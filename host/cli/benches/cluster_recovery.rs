@@ -1,8 +1,8 @@
 //! Recovery from a worker SIGKILL with about 1 GB of RocksDB state: `cargo bench -p eddy-cli
 //! --bench cluster_recovery`. A coordinator (checkpoints in a directory, as a shared mount)
-//! and one worker with one slot run a running count over `EDDY_BENCH_KEYS` users (default
-//! 4 000 000) whose names are 200 characters long, so the count's state holds ~1 GB of
-//! entries. Once every user is in a completed checkpoint, the worker is killed with SIGKILL
+//! and one worker with one slot run a running count per user, every event a new user whose
+//! name is 200 characters long, so the state grows by ~225 bytes an event. Once a completed
+//! checkpoint holds `EDDY_BENCH_BYTES` of state (default 1 GB), the worker is killed with SIGKILL
 //! and started again at once (as a supervisor restarts a pod), three times. Each time the
 //! bench measures from the kill to the new process's `job started` line, logged when the
 //! attempt has been scheduled, the checkpoint fetched and every subtask's state opened, just
@@ -21,10 +21,11 @@ use common::{Server, expect, job, submit, tenant, upload};
 use eddy_engine::checkpoint::CheckpointStore;
 use eddy_engine::checkpoint::metadata::CheckpointMetadata;
 
-/// The job: a running count per user, RocksDB state, unbounded input cycling over `keys`
-/// users, checkpointed every second, restarted at once after a failure.
-fn job_spec(keys: u64) -> String {
+/// The job: a running count per user, RocksDB state, unbounded input whose users are drawn
+/// from 2^64 (so each is new), checkpointed every second, restarted at once after a failure.
+fn job_spec() -> String {
     let prefix = "u".repeat(190);
+    let keys = u64::MAX;
     format!(
         "name: big-state\nparallelism: 1\nsources:\n  - {{type: generator, name: g, seed: 7, keys: {keys}, \
          key_field: user, key_prefix: {prefix}-, value_field: v, min_value: 1, max_value: 9, start_ms: 0, \
@@ -77,7 +78,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let keys: u64 = std::env::var("EDDY_BENCH_KEYS").ok().and_then(|k| k.parse().ok()).unwrap_or(4_000_000);
+    let target: u64 = std::env::var("EDDY_BENCH_BYTES").ok().and_then(|k| k.parse().ok()).unwrap_or(1_000_000_000);
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("checkpoints");
     let flags = ["--heartbeat-timeout-ms", "2000", "--checkpoint-store", store.to_str().unwrap()];
@@ -86,7 +87,7 @@ fn main() {
     eventually("the worker", || names(&coordinator).len() == 1);
     let (_, token) = tenant(&coordinator, "bench");
     expect(upload(&coordinator, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
-    let id = expect(submit(&coordinator, &token, &job_spec(keys)), 201)["id"].as_str().unwrap().to_owned();
+    let id = expect(submit(&coordinator, &token, &job_spec()), 201)["id"].as_str().unwrap().to_owned();
 
     let filling = Instant::now();
     let newest = loop {
@@ -95,12 +96,12 @@ fn main() {
         assert!(["created", "running"].contains(&j["status"].as_str().unwrap()), "the job stopped: {j}");
         let newest = newest_checkpoint(&store);
         let (_, bytes, entries) = newest.unwrap_or_default();
-        eprintln!("filling: {entries} of {keys} users checkpointed ({:.2} GB)", bytes as f64 / 1e9);
-        if entries >= keys {
+        eprintln!("filling: {entries} users checkpointed ({:.2} of {:.2} GB)", bytes as f64 / 1e9, target as f64 / 1e9);
+        if bytes >= target {
             break newest.unwrap();
         }
     };
-    eprintln!("{keys} users checkpointed {:.0} s after the submission", filling.elapsed().as_secs_f64());
+    eprintln!("{} bytes of state checkpointed {:.0} s after the submission", newest.1, filling.elapsed().as_secs_f64());
 
     let mut recoveries = Vec::new();
     let mut last = newest.0;

@@ -296,3 +296,39 @@ fn side_streams_reach_their_registered_handler_and_unexpected_ones_drop_the_peer
         b.dropped_peers().iter().any(|d| d.peer == "worker-a" && d.reason.contains("nobody here expects"))
     });
 }
+
+/// One stream per channel: a keyed exchange between two workers at parallelism 128 alone
+/// holds 4 096 open (64 x 64), and a job has several. 5 000 channels are all opened before
+/// any sends (a running job keeps its channels open), then each delivers its records.
+#[test]
+fn more_channels_than_one_exchange_at_full_parallelism_open_at_once_between_two_nodes() {
+    const CHANNELS: u32 = 5_000;
+    let rt = runtime();
+    let ca = ClusterCa::generate().unwrap();
+    let (a, b) = (node(&ca, "worker-a", &rt, Tuning::default()), node(&ca, "worker-b", &rt, Tuning::default()));
+    let blocked = (0..CHANNELS).map(|_| Default::default()).collect();
+    let (_shared, mut gate, senders) = local_gate(CHANNELS as usize, ChannelConfig::default(), blocked);
+    for (channel, sender) in senders.into_iter().enumerate() {
+        b.register(link(channel as u32), "worker-a", Box::new(sender));
+    }
+    let addr = b.local_addr().unwrap();
+    let mut open: Vec<_> = (0..CHANNELS).map(|c| a.open_sender("worker-b", addr, &link(c)).unwrap()).collect();
+    for (channel, tx) in open.iter_mut().enumerate() {
+        tx.send(Message::Data { side: None, batch: batch(channel as u32, 1), watermark: None }).unwrap();
+        tx.send(Message::EndOfStream).unwrap();
+    }
+    let (mut values, mut ended) = (Vec::new(), 0);
+    while ended < CHANNELS {
+        let Some((channel, message)) = gate.recv(Duration::from_secs(20)).unwrap() else { panic!("gate went quiet") };
+        match message {
+            Message::Data { batch, .. } => {
+                values.extend(batch.iter().map(|r| u32::from_le_bytes(r.key.unwrap().try_into().unwrap())));
+                gate.recycle(channel, batch);
+            }
+            Message::EndOfStream => ended += 1,
+            _ => {}
+        }
+    }
+    values.sort_unstable();
+    assert_eq!(values, (0..CHANNELS).collect::<Vec<_>>());
+}

@@ -90,7 +90,7 @@ impl Tuning {
         t.stream_receive_window(VarInt::from_u32(self.stream_window))
             .receive_window(VarInt::from_u32(self.connection_window))
             .send_window(u64::from(self.connection_window))
-            .max_concurrent_bidi_streams(VarInt::from_u32(4096))
+            .max_concurrent_bidi_streams(VarInt::from_u32(MAX_STREAMS))
             .keep_alive_interval(Some(self.idle_timeout / 3))
             .enable_segmentation_offload(self.segmentation_offload);
         if let Ok(idle) = quinn::IdleTimeout::try_from(self.idle_timeout) {
@@ -110,6 +110,19 @@ impl Tuning {
         let bound = self.max_udp_payload.max(1200);
         if self.segmentation_offload { bound.min(MAX_UDP_PAYLOAD / GSO_SEGMENTS) } else { bound }
     }
+}
+
+/// Streams a peer may hold open on one connection: one per logical channel, so a keyed
+/// exchange between two workers at the largest parallelism (128 subtasks, 64 on each) opens
+/// 64 x 64 = 4 096 in each direction, and a job has several exchanges and a worker several
+/// jobs. A stream costs memory only while open, and the connection window bounds the bytes
+/// in flight on all of them; at the old limit of 4 096 the next `open_bi` waited for a
+/// stream to close, which a running job never does.
+const MAX_STREAMS: u32 = 1 << 16;
+
+/// A [`NodeError::Connect`] to `peer` at `addr`, given the reason.
+fn connect_error(peer: &str, addr: SocketAddr) -> impl Fn(String) -> NodeError + '_ {
+    move |reason| NodeError::Connect { peer: peer.to_owned(), addr, reason }
 }
 
 /// The most bytes one UDP send can carry (65,535 less the IPv4 and UDP headers).
@@ -377,11 +390,29 @@ impl QuicNode {
         self.shared.side_registered.notify_all();
     }
 
+    /// A new stream on `conn`, waiting at most the registration timeout for the peer to allow
+    /// one more (it allows [`MAX_STREAMS`] open at once): a wait without end would hang the
+    /// task opening its channels. Blocking.
+    fn open_stream(
+        &self,
+        conn: &Connection,
+        peer: &str,
+        addr: SocketAddr,
+    ) -> Result<(SendStream, RecvStream), NodeError> {
+        let wait = self.shared.tuning.registration_timeout;
+        // The timer is made inside the runtime: this thread is not one of its workers.
+        match self.shared.handle.block_on(async { tokio::time::timeout(wait, conn.open_bi()).await }) {
+            Ok(opened) => opened.map_err(|e| connect_error(peer, addr)(e.to_string())),
+            Err(_) => Err(connect_error(peer, addr)(format!(
+                "no stream free within {wait:?}: the peer allows {MAX_STREAMS} open at once and all are in use"
+            ))),
+        }
+    }
+
     /// Opens side stream `name` to `peer`, which registered a handler for it. Blocking.
     pub fn open_side(&self, peer: &str, addr: SocketAddr, name: &str) -> Result<(SendStream, RecvStream), NodeError> {
-        let conn = self.connect(peer, addr)?;
-        let err = |reason: String| NodeError::Connect { peer: peer.to_owned(), addr, reason };
-        let (mut send, recv) = self.shared.handle.block_on(conn.open_bi()).map_err(|e| err(e.to_string()))?;
+        let (conn, err) = (self.connect(peer, addr)?, connect_error(peer, addr));
+        let (mut send, recv) = self.open_stream(&conn, peer, addr)?;
         self.shared.handle.block_on(send.write_all(&side_header(name))).map_err(|e| err(e.to_string()))?;
         Ok((send, recv))
     }
@@ -410,9 +441,8 @@ impl QuicNode {
 
     /// Opens the sending end of `link` towards `peer`. Blocking.
     pub fn open_sender(&self, peer: &str, addr: SocketAddr, link: &LinkId) -> Result<RemoteSender, NodeError> {
-        let conn = self.connect(peer, addr)?;
-        let err = |reason: String| NodeError::Connect { peer: peer.to_owned(), addr, reason };
-        let (mut send, recv) = self.shared.handle.block_on(conn.open_bi()).map_err(|e| err(e.to_string()))?;
+        let (conn, err) = (self.connect(peer, addr)?, connect_error(peer, addr));
+        let (mut send, recv) = self.open_stream(&conn, peer, addr)?;
         self.shared.handle.block_on(send.write_all(&link.encode())).map_err(|e| err(e.to_string()))?;
         let sender = RemoteSender::start(&self.shared, conn, peer.to_owned(), send, recv);
         let mut senders = lock(&self.shared.senders);
