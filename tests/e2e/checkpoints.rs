@@ -738,6 +738,11 @@ fn an_upsert_sink_converges_to_the_fault_free_table_across_a_restart() {
 
 /// The object keys under `prefix` of `s3`'s `bucket`, read with the same credentials the job gets.
 fn keys(s3: &S3Service, bucket: &str, prefix: &str) -> Vec<String> {
+    bucket_store(s3, bucket).list(prefix).expect("list").into_iter().map(|(k, _)| k).collect()
+}
+
+/// `s3`'s `bucket` as a store, with the credentials the jobs get.
+fn bucket_store(s3: &S3Service, bucket: &str) -> eddy_engine::checkpoint::CheckpointStore {
     let store = object_store::aws::AmazonS3Builder::new()
         .with_bucket_name(bucket)
         .with_region("us-east-1")
@@ -747,9 +752,31 @@ fn keys(s3: &S3Service, bucket: &str, prefix: &str) -> Vec<String> {
         .with_secret_access_key("test")
         .build()
         .expect("s3 client");
-    let store =
-        eddy_engine::checkpoint::CheckpointStore::over(std::sync::Arc::new(store), "moto".into()).expect("store");
-    store.list(prefix).expect("list").into_iter().map(|(k, _)| k).collect()
+    eddy_engine::checkpoint::CheckpointStore::over(std::sync::Arc::new(store), "moto".into()).expect("store")
+}
+
+/// A files sink whose output is a bucket (as a cluster's jobs write it): a staged file larger
+/// than one request goes up in parts, is published whole, and nothing stays staged.
+#[test]
+fn a_files_sink_in_a_bucket_publishes_a_large_file_whole() {
+    use eddy_engine::{FilesSink, OutputDir, StoreDir};
+    let s3 = S3Service::start();
+    s3.create_bucket("eddy-output");
+    let out: Arc<dyn OutputDir> = Arc::new(StoreDir::new(bucket_store(&s3, "eddy-output")));
+    FilesSink::recover(out.as_ref(), None).expect("recover");
+    let mut staged = out.stage("big.jsonl").expect("stage");
+    let line = format!("{{\"value\":\"{}\"}}\n", "x".repeat(1000));
+    for _ in 0..(12 << 20) / line.len() {
+        std::io::Write::write_all(&mut staged, line.as_bytes()).expect("write");
+    }
+    staged.seal().expect("upload in parts");
+    FilesSink::commit(out.as_ref(), &[(3, "big.jsonl".into())]).expect("publish");
+    let names = FilesSink::committed(out.as_ref()).expect("list");
+    assert_eq!(names.len(), 1, "{names:?}");
+    let bytes = out.read(&names[0]).expect("read");
+    assert_eq!(bytes.len(), (12 << 20) / line.len() * line.len());
+    assert!(bytes.chunks(line.len()).all(|l| l == line.as_bytes()), "every line arrived intact");
+    assert!(out.staged().expect("staged").is_empty(), "the staged copy is gone");
 }
 
 /// Checkpoints to an S3-compatible store: the job (in a child process, credentials from its

@@ -147,7 +147,7 @@ impl OutputDir for LocalDir {
 }
 
 /// Output in an object store: a staged file is spooled to a local temporary file and uploaded
-/// when sealed; publishing renames the object (a copy and a delete on S3, so a crash between
+/// when sealed (streamed, a large one in parts); publishing renames the object (a copy and a delete on S3, so a crash between
 /// them leaves both, which the next publish or recovery resolves: the committed copy wins).
 #[derive(Debug, Clone)]
 pub struct StoreDir(Arc<CheckpointStore>);
@@ -184,8 +184,7 @@ impl Write for StoreStaged {
 impl Staged for StoreStaged {
     fn seal(self: Box<Self>) -> std::io::Result<()> {
         let spool = self.spool.into_inner().map_err(|e| e.into_error())?;
-        let bytes = std::fs::read(spool.path())?;
-        self.store.put(&self.path, bytes).map_err(io_error)
+        self.store.put_file(&self.path, spool.path()).map_err(io_error)
     }
 }
 
