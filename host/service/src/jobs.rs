@@ -254,7 +254,7 @@ pub async fn output(State(state): State<Arc<AppState>>, caller: Caller, Path(id)
     let listed = tokio::sync::oneshot::channel::<Result<(), String>>();
     let (state, tenant, job_id) = (state.clone(), job.tenant.clone(), job.id.clone());
     tokio::task::spawn_blocking(move || {
-        let out = match placement::files_output_place(&state, &tenant, &job_id) {
+        let out = match placement::job_files_output(&state, &tenant, &job_id) {
             Ok(out) => out,
             Err(e) => return drop(listed.0.send(Err(e))),
         };

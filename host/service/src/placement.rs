@@ -158,7 +158,7 @@ pub const FILE_SINK_NAME: &str = "output.jsonl";
 
 /// Where a job's files sink writes: beside its checkpoints in `--checkpoint-store` (which
 /// every worker reaches), else in the job's directory.
-fn files_output(state: &AppState, tenant: &str, job: &str) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
+fn files_location(state: &AppState, tenant: &str, job: &str) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
     match &state.config.checkpoint_store {
         Some(store) => store.output_of(tenant, job),
         None => (Some(output_dir(state, tenant, job)), None),
@@ -167,8 +167,8 @@ fn files_output(state: &AppState, tenant: &str, job: &str) -> (Option<PathBuf>, 
 
 /// A job's files sink output, to read its committed files (blocking: a bucket's client
 /// drives its own runtime, so open and drop it off the async threads).
-pub fn files_output_place(state: &AppState, tenant: &str, job: &str) -> Result<Arc<dyn OutputDir>, String> {
-    let (dir, s3) = files_output(state, tenant, job);
+pub fn job_files_output(state: &AppState, tenant: &str, job: &str) -> Result<Arc<dyn OutputDir>, String> {
+    let (dir, s3) = files_location(state, tenant, job);
     let spec = SinkSpec::Files { dir, s3 };
     match eddy_engine::files_output(&spec) {
         Ok(Some(out)) => Ok(out),
@@ -239,7 +239,7 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
     let output = dir.join("output");
     spec.sink = match &spec.sink {
         SinkSpec::Print | SinkSpec::Files { .. } => {
-            let (dir, s3) = files_output(state, tenant, job);
+            let (dir, s3) = files_location(state, tenant, job);
             SinkSpec::Files { dir, s3 }
         }
         SinkSpec::File { .. } => SinkSpec::File { path: output.join(FILE_SINK_NAME) },
