@@ -161,10 +161,7 @@ fn restore(
     let restored = match point.own_database("totals", all) {
         Some(own) => {
             let db = Box::new(RocksDbBackend::open_checkpoint(&own.path, &into, RocksDbConfig::default())?);
-            match own.usage {
-                Some(usage) => BoundedBackend::counted(db, UNLIMITED, "", usage),
-                None => BoundedBackend::new(db, UNLIMITED, "")?,
-            }
+            BoundedBackend::with_usage(db, UNLIMITED, "", own.usage)?
         }
         None => {
             let mut target = BoundedBackend::new(open_backend(backend, &into)?, UNLIMITED, "")?;

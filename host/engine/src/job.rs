@@ -305,10 +305,10 @@ impl std::fmt::Debug for Job {
 /// Readies the spec's sink for a run that restored `restored` (its id and every sink
 /// subtask's transaction state), once, before any subtask opens its sink.
 fn recover_spec_sink(
-    spec: &SinkSpec,
+    files_out: Option<&Arc<dyn OutputDir>>,
     restored: Option<(CheckpointId, Vec<&serde_json::Value>)>,
 ) -> Result<(), RunError> {
-    let Some(out) = files_output(spec)? else { return Ok(()) };
+    let Some(out) = files_out else { return Ok(()) };
     let sink_error = |error| RunError::Sink { path: out.describe(), error };
     let restored = match restored {
         Some((id, states)) => {
@@ -319,7 +319,8 @@ fn recover_spec_sink(
     FilesSink::recover(out.as_ref(), restored.as_ref().map(|(id, states)| (*id, &states[..]))).map_err(sink_error)
 }
 
-/// Where a files sink's output lives: its directory or its bucket. `None`: another sink.
+/// Where a files sink's output lives: its directory or its bucket. `None`: another sink. A run
+/// opens it once and shares it (a bucket's client is not free).
 pub fn files_output(spec: &SinkSpec) -> Result<Option<Arc<dyn OutputDir>>, RunError> {
     let SinkSpec::Files { dir, s3 } = spec else { return Ok(None) };
     let out: Arc<dyn OutputDir> = match (dir, s3) {
@@ -338,9 +339,15 @@ pub fn files_output(spec: &SinkSpec) -> Result<Option<Arc<dyn OutputDir>>, RunEr
     Ok(Some(out))
 }
 
-/// Subtask `subtask`'s sink of the spec (the run's sink was recovered already); `run` names
-/// this run's files.
-fn open_spec_sink(spec: &SinkSpec, run: &str, subtask: u32, checkpointing: bool) -> Result<Box<dyn Sink>, RunError> {
+/// Subtask `subtask`'s sink of the spec (the run's sink was recovered already; a files sink
+/// writes to `files_out`, [`files_output`] of the spec); `run` names this run's files.
+fn open_spec_sink(
+    spec: &SinkSpec,
+    files_out: Option<&Arc<dyn OutputDir>>,
+    run: &str,
+    subtask: u32,
+    checkpointing: bool,
+) -> Result<Box<dyn Sink>, RunError> {
     Ok(match spec {
         SinkSpec::Print => Box::new(PrintSink(std::io::stdout())),
         SinkSpec::Blackhole => Box::new(Blackhole),
@@ -349,10 +356,10 @@ fn open_spec_sink(spec: &SinkSpec, run: &str, subtask: u32, checkpointing: bool)
                 .map_err(|source| RunError::Sink { path: path.display().to_string(), error: source })?;
             Box::new(JsonLinesSink(BufWriter::new(file)))
         }
-        SinkSpec::Files { .. } => match files_output(spec)? {
-            Some(out) => Box::new(FilesSink::open(out, run, subtask, checkpointing)),
+        SinkSpec::Files { .. } => match files_out {
+            Some(out) => Box::new(FilesSink::open(out.clone(), run, subtask, checkpointing)),
             None => {
-                return Err(RunError::Sink { path: "sink".into(), error: std::io::Error::other("not a files sink") });
+                return Err(RunError::Sink { path: "sink".into(), error: std::io::Error::other("no output place") });
             }
         },
         SinkSpec::Upsert { dir } => {
@@ -367,11 +374,11 @@ fn files_sink_state(value: &serde_json::Value) -> std::io::Result<FilesSinkState
 }
 
 /// Commits what a checkpoint's sink state lists (the final checkpoint's last files).
-fn sink_committer(spec: &SinkSpec) -> Result<SinkCommitter, RunError> {
-    Ok(match files_output(spec)? {
+fn sink_committer(files_out: Option<&Arc<dyn OutputDir>>) -> SinkCommitter {
+    match files_out.cloned() {
         Some(out) => Box::new(move |value| FilesSink::commit(out.as_ref(), &files_sink_state(value)?.pending)),
         None => Box::new(|_| Ok(())),
-    })
+    }
 }
 
 fn load_step(runtime: &Runtime, step: &StepSpec) -> Result<Component, RunError> {
@@ -453,11 +460,10 @@ impl StepContext<'_> {
             s.name
         );
         // An opened checkpoint carries its count: scanning 1 GB would double a failover.
-        let bounded = match own.as_ref().and_then(|o| o.usage) {
-            Some(usage) => BoundedBackend::counted(storage, limits, how_to_raise, usage),
-            None => BoundedBackend::new(storage, limits, how_to_raise).map_err(|e| Self::state_error(s, e))?,
-        };
-        let mut backend: Box<dyn StateBackend> = Box::new(bounded);
+        let known = own.as_ref().and_then(|o| o.usage);
+        let mut backend: Box<dyn StateBackend> = Box::new(
+            BoundedBackend::with_usage(storage, limits, how_to_raise, known).map_err(|e| Self::state_error(s, e))?,
+        );
         if let Some(point) = self.restore {
             let mut restored_timers = Vec::new();
             let mut timer = |t: &crate::checkpoint::metadata::TimerState| restored_timers.push(t.clone());
@@ -634,7 +640,15 @@ impl Job {
         let local_state = if needs_local_dir { Some(local_state_dir(spec)?) } else { None };
         let state_dir =
             local_state.as_ref().map_or_else(|| Path::new(".").to_path_buf(), |d| d.dir.path().to_path_buf());
-        let recovery = recover(spec, options.restore_from.as_deref(), options.store_faults.take(), lead, &state_dir)?;
+        let files_out = files_output(&spec.sink)?;
+        let recovery = recover(
+            spec,
+            options.restore_from.as_deref(),
+            options.store_faults.take(),
+            lead,
+            &state_dir,
+            files_out.as_ref(),
+        )?;
         let restore = recovery.as_ref().and_then(|r| r.point.as_ref());
         let ttl_clock = TtlClock::new(now_ms());
         let steps =
@@ -649,7 +663,7 @@ impl Job {
         let mut given_sink = options.sink.take();
         let mut sink_factory = options.sink_per_subtask.take();
         if !sink_given && sink_factory.is_none() && lead {
-            recover_spec_sink(&spec.sink, restore.map(|p| (p.id(), p.sink_states())))?;
+            recover_spec_sink(files_out.as_ref(), restore.map(|p| (p.id(), p.sink_states())))?;
         }
         let run_name = FilesSink::run_name();
         let signals = Arc::new(Signals::default());
@@ -758,7 +772,7 @@ impl Job {
                     },
                     None => Tail::Sink(match &mut sink_factory {
                         Some(make) => make(index),
-                        None => open_spec_sink(&spec.sink, &run_name, index, checkpointing)?,
+                        None => open_spec_sink(&spec.sink, files_out.as_ref(), &run_name, index, checkpointing)?,
                     }),
                 };
                 runners.push((
@@ -804,7 +818,7 @@ impl Job {
             (Some(recovery), Some(checkpoints)) => {
                 let first_id = recovery.next_id;
                 let retained = recovery.retained;
-                let commit_sink = sink_committer(&spec.sink)?;
+                let commit_sink = sink_committer(files_out.as_ref());
                 let thread: Box<dyn FnOnce() -> Result<(), CheckpointError> + Send> = match checkpoint_role {
                     Some(CheckpointRole::Part(link)) => {
                         let part = PartThread {

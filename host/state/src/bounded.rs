@@ -66,24 +66,31 @@ impl BoundedBackend {
         limits: StateLimits,
         how_to_raise: impl Into<String>,
     ) -> Result<Self, StateError> {
-        let mut usage = StateUsage::default();
-        inner.scan_prefix(b"", &mut |k, v| {
-            usage.bytes += entry_bytes(k, v.len());
-            usage.entries += 1;
-        })?;
-        Ok(Self::counted(inner, limits, how_to_raise, usage))
+        Self::with_usage(inner, limits, how_to_raise, None)
     }
 
-    /// Wraps `inner`, which holds `usage` as counted when it was checkpointed (its
-    /// [`StateBackend::usage`] at the snapshot): no scan, so opening a large checkpointed
-    /// database costs the open alone. A wrong count only moves where the quota bites.
-    pub fn counted(
+    /// Wraps `inner`, taking its usage from `known` when given: what it held when it was
+    /// checkpointed (its [`StateBackend::usage`] at the snapshot), so opening a large
+    /// checkpointed database costs the open alone (a wrong count only moves where the quota
+    /// bites). Without it, counts with one scan.
+    pub fn with_usage(
         inner: Box<dyn StateBackend>,
         limits: StateLimits,
         how_to_raise: impl Into<String>,
-        usage: StateUsage,
-    ) -> Self {
-        Self { inner, limits, how_to_raise: how_to_raise.into(), usage }
+        known: Option<StateUsage>,
+    ) -> Result<Self, StateError> {
+        let usage = match known {
+            Some(usage) => usage,
+            None => {
+                let mut usage = StateUsage::default();
+                inner.scan_prefix(b"", &mut |k, v| {
+                    usage.bytes += entry_bytes(k, v.len());
+                    usage.entries += 1;
+                })?;
+                usage
+            }
+        };
+        Ok(Self { inner, limits, how_to_raise: how_to_raise.into(), usage })
     }
 
     /// The usage after removing the entry under `key`, if there is one.
@@ -282,8 +289,8 @@ mod tests {
         let mut inner = HeapStateBackend::default();
         inner.put(b"a", b"1").unwrap();
         let limits = StateLimits { max_bytes: 100, max_entries: 2 };
-        let mut backend =
-            BoundedBackend::counted(Box::new(inner), limits, "raise it", StateUsage { bytes: 2, entries: 1 });
+        let known = Some(StateUsage { bytes: 2, entries: 1 });
+        let mut backend = BoundedBackend::with_usage(Box::new(inner), limits, "raise it", known).unwrap();
         backend.put(b"b", b"2").unwrap();
         let err = backend.put(b"c", b"3").unwrap_err();
         assert!(err.to_string().contains("3 entries, over its limit of 2 entries"), "{err}");

@@ -248,18 +248,25 @@ mod tests {
         RocksDbConfig { block_cache_bytes: 1 << 20, write_buffer_bytes: 256 << 10, max_write_buffers: 2 }
     }
 
-    #[test]
-    fn a_checkpoint_opens_as_a_database_of_its_own_and_stays_as_it_was() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut db = RocksDbBackend::open(&dir.path().join("db"), small()).expect("open");
+    /// A database under `dir` holding keys 0..1000 (big-endian u32) as `before`, and its
+    /// native checkpoint.
+    fn checkpointed(dir: &Path) -> (RocksDbBackend, PathBuf) {
+        let mut db = RocksDbBackend::open(&dir.join("db"), small()).expect("open");
         for i in 0..1_000u32 {
             db.put(&i.to_be_bytes(), b"before").expect("put");
         }
-        let staging = dir.path().join("staging");
+        let staging = dir.join("staging");
         std::fs::create_dir_all(&staging).expect("staging");
         let BackendSnapshot::Directory(checkpoint) = db.snapshot(&staging).expect("snapshot") else {
             panic!("RocksDB snapshots a directory")
         };
+        (db, checkpoint)
+    }
+
+    #[test]
+    fn a_checkpoint_opens_as_a_database_of_its_own_and_stays_as_it_was() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_db, checkpoint) = checkpointed(dir.path());
         let mut restored =
             RocksDbBackend::open_checkpoint(&checkpoint, &dir.path().join("restored"), small()).expect("adopt");
         assert_eq!(restored.get(&7u32.to_be_bytes()).expect("get").as_deref(), Some(&b"before"[..]));
@@ -348,13 +355,7 @@ mod tests {
     #[test]
     fn a_native_checkpoint_reopens_with_exactly_the_entries_at_snapshot_time() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut db = RocksDbBackend::open(&dir.path().join("live"), small()).expect("open");
-        for i in 0..1_000u32 {
-            db.put(&i.to_be_bytes(), b"before").expect("put");
-        }
-        let staging = dir.path().join("staging");
-        std::fs::create_dir(&staging).expect("staging");
-        let BackendSnapshot::Directory(snap) = db.snapshot(&staging).expect("snapshot") else { panic!("files") };
+        let (mut db, snap) = checkpointed(dir.path());
         db.put(&5u32.to_be_bytes(), b"after").expect("put");
         db.delete(&6u32.to_be_bytes()).expect("delete");
         let restored = RocksDbBackend::open_read_only(&snap).expect("reopen");

@@ -214,7 +214,7 @@ impl Uploader {
         let mut files = Vec::with_capacity(names.len());
         let mut written = 0;
         // Files compacted away since the last checkpoint are forgotten.
-        self.hashed.retain(|(db, name), _| *db != database || names.contains(name));
+        self.hashed.retain(|(db, name), _| *db != database || names.binary_search(name).is_ok());
         for name in names {
             let file = if name.ends_with(".sst") {
                 let size = std::fs::metadata(path.join(&name)).map_err(local)?.len();

@@ -3,6 +3,7 @@
 //! that would emit committed output again, and collects the garbage of earlier runs.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use super::{RunError, sink_committer};
 use crate::checkpoint::metadata::{Sweep, collect_garbage};
@@ -10,7 +11,7 @@ use crate::checkpoint::recovery::{self, Expected, ReadRetry};
 use crate::checkpoint::restore::Skipped;
 use crate::checkpoint::store::StoreFaults;
 use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint};
-use crate::files_sink::FilesSink;
+use crate::files_sink::{FilesSink, OutputDir};
 use eddy_plan::PipelineSpec;
 
 /// The checkpoint store, the checkpoint to restore from, and the retained checkpoints.
@@ -36,6 +37,7 @@ pub(super) fn recover(
     store_faults: Option<StoreFaults>,
     lead: bool,
     local: &Path,
+    files_out: Option<&Arc<dyn OutputDir>>,
 ) -> Result<Option<Recovery>, RunError> {
     let Some(checkpoints) = &spec.checkpoints else { return Ok(None) };
     let mut store = CheckpointStore::open(checkpoints)?;
@@ -65,12 +67,12 @@ pub(super) fn recover(
         && point.metadata().finished
     {
         for state in point.sink_states().into_iter().filter(|_| lead) {
-            sink_committer(&spec.sink)?(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
+            sink_committer(files_out)(state).map_err(|error| RunError::Sink { path: "sink".into(), error })?;
         }
         return Err(RunError::AlreadyFinished { job: spec.name.clone(), id: point.id(), dir: checkpoints.location() });
     }
     if found.point.is_none() {
-        refuse_to_start_over(spec, &checkpoints.location(), &found.skipped)?;
+        refuse_to_start_over(spec, &checkpoints.location(), &found.skipped, files_out)?;
     }
     let retained = found.retained();
     // Files of checkpoints that never completed, or that were superseded.
@@ -82,12 +84,17 @@ pub(super) fn recover(
 
 /// With nothing to restore, a start from the beginning is right only if nothing was emitted
 /// before: no damaged checkpoint (the job ran before) and no committed output.
-fn refuse_to_start_over(spec: &PipelineSpec, checkpoints: &str, skipped: &Skipped) -> Result<(), RunError> {
+fn refuse_to_start_over(
+    spec: &PipelineSpec,
+    checkpoints: &str,
+    skipped: &Skipped,
+    files_out: Option<&Arc<dyn OutputDir>>,
+) -> Result<(), RunError> {
     let mut found = Vec::new();
     if let Some((id, error)) = skipped.first() {
         found.push(format!("{} checkpoint(s) in {checkpoints} are damaged (newest, {id}: {error})", skipped.len()));
     }
-    if let Some(out) = super::files_output(&spec.sink)? {
+    if let Some(out) = files_out {
         let committed =
             FilesSink::committed(out.as_ref()).map_err(|error| RunError::Sink { path: out.describe(), error })?.len();
         if committed > 0 {
