@@ -524,20 +524,6 @@ impl Job {
         // A sink given in the options is one instance: the plan runs it at parallelism 1.
         let sink_given = options.sink.is_some();
         let plan = if sink_given { PhysicalPlan::with_sink_at_one(spec) } else { PhysicalPlan::new(spec) };
-        let components = spec
-            .steps
-            .iter()
-            .map(|s| {
-                let mut component = load_step(runtime, s)?;
-                if let Some(share) = &options.cpu_share {
-                    component = component.with_cpu_share(share.clone());
-                }
-                if let Some(limits) = &options.sandbox_limits {
-                    component = component.with_limits(limits.clone());
-                }
-                Ok(component)
-            })
-            .collect::<Result<Vec<_>, RunError>>()?;
         let sink_task = plan.tasks.iter().position(|t| t.has_sink()).unwrap_or(plan.tasks.len() - 1);
         let source_tasks = plan.tasks.iter().filter(|t| t.source().is_some()).map(|t| t.id).collect();
         let labels = (0..plan.tasks.len()).map(|t| plan.task_label(t)).collect();
@@ -632,6 +618,25 @@ impl Job {
                 }
             }
         }
+
+        // Loaded (and compiled, on a worker's first run of an artifact) only now: a part's
+        // inputs are registered above, so the streams its upstream parts open meanwhile wait
+        // for nothing but this, instead of running out the registration timeout while the
+        // components compile (seen under load as a broken input and a restarted job).
+        let components = spec
+            .steps
+            .iter()
+            .map(|s| {
+                let mut component = load_step(runtime, s)?;
+                if let Some(share) = &options.cpu_share {
+                    component = component.with_cpu_share(share.clone());
+                }
+                if let Some(limits) = &options.sandbox_limits {
+                    component = component.with_limits(limits.clone());
+                }
+                Ok(component)
+            })
+            .collect::<Result<Vec<_>, RunError>>()?;
 
         // The master part of a spread job (or the job itself) recovers the store and the sink
         // for every part; the other parts only read what to restore.
