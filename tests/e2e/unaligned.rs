@@ -142,12 +142,14 @@ fn records_in_flight_follow_their_key_groups_to_another_parallelism() {
 fn resume_with_records_in_flight(parallelism: u32) {
     let dir = tempfile::tempdir().expect("tempdir");
     // The window job of the crash tests, unaligned, with its operators throttled to a sliver
-    // of a core: the sources outrun the window step, so its input channels stay full and every
-    // checkpoint's barriers overtake records.
-    let setup = Setup { events: 30_000, rate: 1_000_000, mode: "unaligned", min_pause_ms: 1_000, ..Setup::default() };
+    // of a core: the sources outrun the window step, so its input channels stay full and
+    // checkpoints' barriers overtake records. The throttled run lasts several checkpoints: on a
+    // loaded machine the first barrier can pass before the sources have filled the channels,
+    // and a run over by the second checkpoint would never stop midway.
+    let setup = Setup { events: 30_000, rate: 1_000_000, mode: "unaligned", min_pause_ms: 300, ..Setup::default() };
     let path = write_pipeline(dir.path(), &setup);
     let options = JobOptions {
-        cpu_share: Some(Arc::new(eddy_runtime::CpuShare::new(0.02, Duration::from_millis(10)))),
+        cpu_share: Some(Arc::new(eddy_runtime::CpuShare::new(0.002, Duration::from_millis(10)))),
         ..JobOptions::default()
     };
     // Stop right after a checkpoint that stored records in flight (the minimum pause keeps the
