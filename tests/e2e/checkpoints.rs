@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use eddy_engine::checkpoint::store::StoreOp;
 use eddy_engine::connectors::generator_event;
 use eddy_engine::{FaultPoint, Job, JobOptions, RunError};
-use eddy_plan::{PipelineSpec, SourceSpec};
+use eddy_plan::{PipelineSpec, SourceSpec, StoreLocation};
 use eddy_tests::S3Service;
 use eddy_tests::runtime;
 use serde_json::Value;
@@ -589,6 +589,7 @@ pub(crate) fn start_wordcount(dir: &Path, yaml: &str, restore_from: Option<PathB
     let spec = PipelineSpec::from_file(&path).expect("spec");
     let sink = eddy_tests::MemorySink::default();
     let received = sink.received.clone();
+    let restore_from = restore_from.map(StoreLocation::Dir);
     let options = JobOptions { sink: Some(Box::new(sink)), restore_from, ..JobOptions::default() };
     (Job::start(&spec, runtime(), options).expect("starts"), received)
 }
@@ -616,7 +617,8 @@ fn stop_with_savepoint_then_resume_with_new_wasm_at_another_parallelism() {
     let (job, received) = start_wordcount(dir.path(), &wordcount_yaml(eddy_guest_artifacts::WORDCOUNT_COUNT, 2), None);
     wait_for(&received, first_words);
     let savepoint = dir.path().join("savepoint");
-    let (id, _) = job.stop_with_savepoint(&savepoint, Duration::from_secs(30)).expect("savepoint");
+    let (id, _) =
+        job.stop_with_savepoint(&StoreLocation::Dir(savepoint.clone()), Duration::from_secs(30)).expect("savepoint");
     assert!(savepoint.join(format!("chk-{id}/_metadata")).exists(), "savepoint {id} written");
     let before: BTreeMap<String, u64> = last_counts(&received);
     assert_eq!(before, word_totals(&first_part), "every word of the first part counted");
@@ -669,7 +671,8 @@ fn the_state_quota_holds_across_a_resume_that_opens_the_checkpointed_database() 
     let (job, received) = start_wordcount(dir.path(), &yaml, None);
     wait_for(&received, 10);
     let savepoint = dir.path().join("savepoint");
-    let (id, _) = job.stop_with_savepoint(&savepoint, Duration::from_secs(30)).expect("savepoint");
+    let (id, _) =
+        job.stop_with_savepoint(&StoreLocation::Dir(savepoint.clone()), Duration::from_secs(30)).expect("savepoint");
     let meta = CheckpointMetadata::read(&CheckpointStore::local(&savepoint).expect("store"), id).expect("metadata");
     let count = meta.subtasks.iter().flat_map(|s| &s.operators).find(|o| o.step == "count").expect("count state");
     assert_eq!(count.usage.map(|u| u.entries), Some(10), "the savepoint carries the quota's count");

@@ -512,7 +512,8 @@ fn list_state_continues_after_a_savepoint_resumed_at_another_parallelism() {
     let (job, received) = start(dir.path(), &yaml(2), None);
     wait_for(&received, 100);
     let savepoint = dir.path().join("savepoint");
-    job.stop_with_savepoint(&savepoint, std::time::Duration::from_secs(30)).expect("savepoint");
+    job.stop_with_savepoint(&eddy_plan::StoreLocation::Dir(savepoint.clone()), std::time::Duration::from_secs(30))
+        .expect("savepoint");
     std::fs::write(dir.path().join("in.jsonl"), first + &second).expect("more input");
     std::fs::remove_dir_all(dir.path().join("checkpoints")).expect("fresh checkpoint dir");
     let (job, received) = start(dir.path(), &yaml(3), Some(savepoint));

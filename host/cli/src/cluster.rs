@@ -102,7 +102,7 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
     );
     let checkpoint_store = match &args.checkpoint_store {
         Some(text) => {
-            let store = eddy_service::placement::CheckpointLocation::parse(text, |name| std::env::var(name).ok())
+            let store = eddy_service::placement::parse_store(text, |name| std::env::var(name).ok())
                 .map_err(|e| anyhow::anyhow!("--checkpoint-store {e}"))?;
             eprintln!("jobs' checkpoints go to {text}");
             Some(store)

@@ -571,7 +571,7 @@ fn run(
         &spec,
         &runtime,
         || JobOptions {
-            restore_from: from_savepoint.clone(),
+            restore_from: from_savepoint.clone().map(eddy_plan::StoreLocation::Dir),
             stop_with_savepoint: stop.clone(),
             ..JobOptions::default()
         },

@@ -220,8 +220,14 @@ fn a_counting_job_survives_thirty_worker_kills_and_three_coordinator_kills_exact
 #[test]
 fn a_job_on_workers_takes_savepoints_and_rescales_over_more_workers_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
-    let (coordinator, _fleet) = cluster(dir.path(), &["--heartbeat-timeout-ms", "2000"], &[]);
-    let (_, token) = tenant(&coordinator, "acme");
+    // Savepoints in the bucket every worker reaches, as across machines: the rescaled job's
+    // parts restore from there.
+    let s3 = eddy_tests::S3Service::start();
+    s3.create_bucket("eddy");
+    let flags = ["--heartbeat-timeout-ms", "2000", "--checkpoint-store", "s3://eddy/cluster"];
+    let env = [("AWS_ENDPOINT_URL", s3.endpoint.as_str()), ("AWS_ALLOW_HTTP", "true")];
+    let (coordinator, _fleet) = cluster(dir.path(), &flags, &env);
+    let (tenant_id, token) = tenant(&coordinator, "acme");
     expect(upload(&coordinator, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
     let events = 9_000;
     let id = expect(submit(&coordinator, &token, &common::counts_job(events)), 201)["id"].as_str().unwrap().to_owned();
@@ -244,6 +250,10 @@ fn a_job_on_workers_takes_savepoints_and_rescales_over_more_workers_exactly_once
     let done = wait_job(&coordinator, &token, &id, "ended", |j| j["status"] == "finished" || j["status"] == "failed");
     assert_eq!(done["status"], "finished", "{done}");
     common::assert_counted_once(&coordinator, &token, &id, events);
+    let savepoints = s3.list("eddy", &format!("cluster/tenants/{tenant_id}/jobs/{id}/savepoints/"));
+    assert_eq!(savepoints.matches("/_metadata</Key>").count(), 2, "the requested and the rescale's savepoint");
+    let local = dir.path().join("coordinator/tenants").join(&tenant_id).join("jobs").join(&id).join("savepoints");
+    assert!(!local.exists(), "savepoints written locally to {}", local.display());
 }
 
 /// Partitions and a slow link between real worker processes: worker-2 and worker-3 are dialed

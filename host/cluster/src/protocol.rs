@@ -95,7 +95,7 @@ pub struct Deployment {
     /// attempt's checkpoint stream.
     pub master: String,
     /// The savepoint to start from, when the job's current generation has no checkpoint yet.
-    pub restore_from: Option<std::path::PathBuf>,
+    pub restore_from: Option<eddy_plan::StoreLocation>,
     /// The tenant's CPU share for the job's operators, in millicores.
     pub cpu_millicores: Option<u32>,
     /// The linear memory one of the job's instances may hold.

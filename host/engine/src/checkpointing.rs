@@ -38,7 +38,7 @@ pub(crate) struct Signals {
 /// A pending savepoint and, once taken, its outcome.
 #[derive(Debug)]
 pub(crate) struct SavepointRequest {
-    pub dir: std::path::PathBuf,
+    pub to: eddy_plan::StoreLocation,
     /// The forced checkpoint, once triggered.
     pub checkpoint: Option<CheckpointId>,
     pub outcome: Option<Result<CheckpointId, String>>,
@@ -312,11 +312,11 @@ impl CheckpointThread {
     fn take_savepoint(&self, meta: &CheckpointMetadata) {
         let Ok(mut request) = self.signals.savepoint.lock() else { return };
         let Some(r) = request.as_mut().filter(|r| r.checkpoint == Some(meta.id)) else { return };
-        let outcome = CheckpointStore::local(&r.dir)
+        let outcome = CheckpointStore::at(&r.to)
             .and_then(|to| crate::checkpoint::savepoint::copy_checkpoint(&self.store, meta, &to))
             .map_err(|e| e.to_string());
         match &outcome {
-            Ok(id) => tracing::info!(job = %self.job, checkpoint = id, dir = %r.dir.display(), "savepoint written"),
+            Ok(id) => tracing::info!(job = %self.job, checkpoint = id, to = %r.to, "savepoint written"),
             Err(e) => tracing::warn!(job = %self.job, error = %e, "savepoint failed"),
         }
         r.outcome = Some(outcome);

@@ -41,7 +41,7 @@ use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError, no
 use crate::upsert_sink::UpsertSink;
 use crate::wasm_operator::WasmOperator;
 use crate::window_operator::{LateData, WindowConfig, WindowOperator};
-use eddy_plan::{CheckpointMode, PipelineSpec, SinkSpec, StateBackendKind, StepSpec};
+use eddy_plan::{CheckpointMode, PipelineSpec, SinkSpec, StateBackendKind, StepSpec, StoreLocation};
 use eddy_plan::{Node, Partitioning, PhysicalPlan};
 use eddy_transport::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
 
@@ -184,9 +184,9 @@ pub struct JobOptions {
     /// subtask's index; the spec's sink kind decides how many there are
     /// ([`eddy_plan::SinkSpec::follows_input_parallelism`]). `sink` wins if both are set.
     pub sink_per_subtask: Option<SinkFactory>,
-    /// Restore from this checkpoint or savepoint directory's newest valid checkpoint instead
-    /// of the spec's checkpoint directory (resuming from a savepoint).
-    pub restore_from: Option<PathBuf>,
+    /// Restore from the newest valid checkpoint in this savepoint (or checkpoint) location, a
+    /// directory or a bucket, instead of the spec's checkpoints (resuming from a savepoint).
+    pub restore_from: Option<StoreLocation>,
     /// When the flag is raised (a signal handler, say), [`Job::run`] stops the job with a
     /// savepoint in the directory.
     pub stop_with_savepoint: Option<(Arc<AtomicBool>, PathBuf)>,
@@ -648,7 +648,7 @@ impl Job {
         let files_out = files_output(&spec.sink)?;
         let recovery = recover(
             spec,
-            options.restore_from.as_deref(),
+            options.restore_from.as_ref(),
             options.store_faults.take(),
             lead,
             &state_dir,
@@ -969,14 +969,14 @@ impl Job {
         self.control.cancel();
     }
 
-    /// Takes a checkpoint now and copies it, self-contained, to `dir` (a savepoint); returns its
+    /// Takes a checkpoint now and copies it, self-contained, to `to` (a savepoint); returns its
     /// id. Needs checkpoints configured; waits at most `timeout`.
-    pub fn savepoint(&self, dir: &Path, timeout: Duration) -> Result<CheckpointId, RunError> {
+    pub fn savepoint(&self, to: &StoreLocation, timeout: Duration) -> Result<CheckpointId, RunError> {
         let incompatible = |problem: &str| RunError::Checkpoint(CheckpointError::Incompatible(problem.into()));
         if self.checkpoints.is_none() {
             return Err(incompatible("a savepoint needs `checkpoints:` in the pipeline"));
         }
-        let request = SavepointRequest { dir: dir.to_path_buf(), checkpoint: None, outcome: None };
+        let request = SavepointRequest { to: to.clone(), checkpoint: None, outcome: None };
         *self.signals.savepoint.lock().map_err(|_| poisoned())? = Some(request);
         let deadline = Instant::now() + timeout;
         loop {
@@ -1001,10 +1001,14 @@ impl Job {
         }
     }
 
-    /// Takes a savepoint to `dir`, then stops the job; returns the savepoint's checkpoint id and
+    /// Takes a savepoint to `to`, then stops the job; returns the savepoint's checkpoint id and
     /// the run's summary.
-    pub fn stop_with_savepoint(self, dir: &Path, timeout: Duration) -> Result<(CheckpointId, RunSummary), RunError> {
-        let id = self.savepoint(dir, timeout);
+    pub fn stop_with_savepoint(
+        self,
+        to: &StoreLocation,
+        timeout: Duration,
+    ) -> Result<(CheckpointId, RunSummary), RunError> {
+        let id = self.savepoint(to, timeout);
         self.cancel();
         let summary = self.wait()?;
         Ok((id?, summary))
@@ -1074,7 +1078,8 @@ impl Job {
             if let Some((flag, dir)) = &stop
                 && flag.load(Ordering::SeqCst)
             {
-                let (id, summary) = job.stop_with_savepoint(dir, Duration::from_secs(600))?;
+                let to = StoreLocation::Dir(dir.clone());
+                let (id, summary) = job.stop_with_savepoint(&to, Duration::from_secs(600))?;
                 return Ok(RunSummary { savepoint: Some((id, dir.clone())), ..summary });
             }
             if last.elapsed() >= every {

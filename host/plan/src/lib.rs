@@ -42,6 +42,6 @@ pub mod window;
 pub use plan::{EdgePlan, Node, Partitioning, PhysicalPlan, TaskPlan};
 pub use spec::{
     CheckpointMode, CheckpointSpec, GeneratorSpec, KeyBy, NexmarkSourceSpec, PipelineSpec, RestartSpec, S3Spec,
-    SinkSpec, SourceFormat, SourceSpec, SpecError, StateBackendKind, StateSpec, StepSpec, WatermarkSpec, WindowSpec,
-    WindowType,
+    SinkSpec, SourceFormat, SourceSpec, SpecError, StateBackendKind, StateSpec, StepSpec, StoreLocation, WatermarkSpec,
+    WindowSpec, WindowType,
 };

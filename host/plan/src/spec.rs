@@ -198,6 +198,48 @@ fn default_region() -> String {
     "us-east-1".into()
 }
 
+/// A directory or a key prefix in an S3-compatible bucket: where a store of checkpoints,
+/// savepoints or sink files lives.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreLocation {
+    /// A directory (on a machine, or a mount every machine shares).
+    Dir(PathBuf),
+    /// A bucket and key prefix.
+    S3(S3Spec),
+}
+
+impl StoreLocation {
+    /// `relative` inside this location: a subdirectory, or a longer key prefix.
+    pub fn join(&self, relative: &str) -> Self {
+        match self {
+            Self::Dir(dir) => Self::Dir(dir.join(relative)),
+            Self::S3(s3) => {
+                let prefix =
+                    if s3.prefix.is_empty() { relative.to_owned() } else { format!("{}/{relative}", s3.prefix) };
+                Self::S3(S3Spec { prefix, ..s3.clone() })
+            }
+        }
+    }
+
+    /// As the `dir` and `s3` fields of a `checkpoints:` section or a files sink have it.
+    pub fn into_fields(self) -> (Option<PathBuf>, Option<S3Spec>) {
+        match self {
+            Self::Dir(dir) => (Some(dir), None),
+            Self::S3(s3) => (None, Some(s3)),
+        }
+    }
+}
+
+impl std::fmt::Display for StoreLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Dir(dir) => write!(f, "{}", dir.display()),
+            Self::S3(s3) => write!(f, "s3://{}/{}", s3.bucket, s3.prefix),
+        }
+    }
+}
+
 impl CheckpointSpec {
     /// Checkpoints to the local directory `dir` every `interval_ms`, the rest as a spec's defaults.
     pub fn in_dir(dir: PathBuf, interval_ms: u64) -> Self {

@@ -86,8 +86,8 @@ pub struct ServiceConfig {
     /// The cluster this service coordinates (`eddy coordinator`); none for `eddy serve`.
     pub cluster: Option<ClusterRole>,
     /// Where jobs' checkpoints go when not in the data directory: a store every worker
-    /// reaches (see [`placement::CheckpointLocation`]).
-    pub checkpoint_store: Option<placement::CheckpointLocation>,
+    /// reaches (see [`placement::job_store`]).
+    pub checkpoint_store: Option<placement::StoreLocation>,
 }
 
 /// What a coordinating service holds of its cluster.

@@ -12,6 +12,9 @@
 //! DIR/tenants/<tenant>/jobs/<job>/savepoints/<n>/ its savepoints
 //! DIR/tenants/<tenant>/jobs/<job>/state/      RocksDB and checkpoint staging
 //! ```
+//!
+//! With `--checkpoint-store`, a job's checkpoints, output and savepoints live there instead,
+//! under `tenants/<tenant>/jobs/<job>/`, where every worker reaches them ([`job_store`]).
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -24,59 +27,44 @@ use crate::artifacts::{resolve, wasm_path};
 use crate::model::JobRecord;
 use crate::problem::ApiError;
 
-/// Where a service keeps its jobs' checkpoints, when not under its data directory: a
-/// directory every worker mounts, or an S3-compatible bucket. Each job's checkpoints go under
-/// `tenants/<tenant>/jobs/<job>/checkpoints/<generation>` there.
-#[derive(Debug, Clone, PartialEq)]
-pub enum CheckpointLocation {
-    /// A shared directory.
-    Dir(PathBuf),
-    /// A bucket and key prefix.
-    S3(eddy_plan::S3Spec),
+pub use eddy_plan::StoreLocation;
+
+/// Parses `--checkpoint-store`: `s3://bucket/prefix` (endpoint, region and `allow_http` from
+/// `AWS_ENDPOINT_URL`, `AWS_REGION` and `AWS_ALLOW_HTTP`; keys from the usual AWS variables)
+/// or a directory every worker mounts.
+pub fn parse_store(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<StoreLocation, String> {
+    let Some(rest) = text.strip_prefix("s3://") else {
+        if text.contains("://") {
+            return Err(format!("`{text}`: give s3://bucket/prefix or a directory"));
+        }
+        return Ok(StoreLocation::Dir(PathBuf::from(text)));
+    };
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(format!("`{text}` names no bucket: give s3://bucket/prefix"));
+    }
+    Ok(StoreLocation::S3(eddy_plan::S3Spec {
+        bucket: bucket.to_owned(),
+        prefix: prefix.trim_matches('/').to_owned(),
+        endpoint: env("AWS_ENDPOINT_URL"),
+        region: env("AWS_REGION").unwrap_or_else(|| "us-east-1".into()),
+        allow_http: env("AWS_ALLOW_HTTP").is_some_and(|v| v == "true"),
+    }))
 }
 
-impl CheckpointLocation {
-    /// `s3://bucket/prefix` (endpoint, region and `allow_http` from `AWS_ENDPOINT_URL`,
-    /// `AWS_REGION` and `AWS_ALLOW_HTTP`; keys from the usual AWS variables) or a directory.
-    pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let Some(rest) = text.strip_prefix("s3://") else {
-            if text.contains("://") {
-                return Err(format!("`{text}`: give s3://bucket/prefix or a directory"));
-            }
-            return Ok(Self::Dir(PathBuf::from(text)));
-        };
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(format!("`{text}` names no bucket: give s3://bucket/prefix"));
-        }
-        Ok(Self::S3(eddy_plan::S3Spec {
-            bucket: bucket.to_owned(),
-            prefix: prefix.trim_matches('/').to_owned(),
-            endpoint: env("AWS_ENDPOINT_URL"),
-            region: env("AWS_REGION").unwrap_or_else(|| "us-east-1".into()),
-            allow_http: env("AWS_ALLOW_HTTP").is_some_and(|v| v == "true"),
-        }))
-    }
+/// `job`'s place in a checkpoint store: `tenants/<tenant>/jobs/<job>`.
+fn in_store(store: &StoreLocation, tenant: &str, job: &str) -> StoreLocation {
+    store.join(&format!("tenants/{tenant}/jobs/{job}"))
+}
 
-    /// The checkpoints of `job`'s `generation`: (directory, bucket) as a `checkpoints:` has them.
-    fn of(&self, tenant: &str, job: &str, generation: u32) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
-        self.at(format!("tenants/{tenant}/jobs/{job}/checkpoints/{generation}"))
-    }
-
-    /// `job`'s files sink output: (directory, bucket) as a files sink has them. Beside its
-    /// checkpoints, so every worker writes it and the job master recovers it.
-    pub fn output_of(&self, tenant: &str, job: &str) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
-        self.at(format!("tenants/{tenant}/jobs/{job}/output"))
-    }
-
-    fn at(&self, relative: String) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
-        match self {
-            Self::Dir(dir) => (Some(dir.join(relative)), None),
-            Self::S3(s3) => {
-                let prefix = if s3.prefix.is_empty() { relative } else { format!("{}/{relative}", s3.prefix) };
-                (None, Some(eddy_plan::S3Spec { prefix, ..s3.clone() }))
-            }
-        }
+/// Where `job` keeps what every process running it must reach: its checkpoints
+/// (`checkpoints/<generation>`), its files sink's output (`output`) and its savepoints
+/// (`savepoints/<name>`). In `--checkpoint-store` when given, else in the job's directory,
+/// which only processes on this machine reach.
+pub fn job_store(state: &AppState, tenant: &str, job: &str) -> StoreLocation {
+    match &state.config.checkpoint_store {
+        Some(store) => in_store(store, tenant, job),
+        None => StoreLocation::Dir(job_dir(state, tenant, job)),
     }
 }
 
@@ -156,13 +144,10 @@ fn flow_depth(text: &str) -> usize {
 /// The file a `file` sink writes in the job's output directory.
 pub const FILE_SINK_NAME: &str = "output.jsonl";
 
-/// Where a job's files sink writes: beside its checkpoints in `--checkpoint-store` (which
-/// every worker reaches), else in the job's directory.
+/// Where a job's files sink writes: beside its checkpoints, so every worker writes it and the
+/// job master recovers it.
 fn files_location(state: &AppState, tenant: &str, job: &str) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
-    match &state.config.checkpoint_store {
-        Some(store) => store.output_of(tenant, job),
-        None => (Some(output_dir(state, tenant, job)), None),
-    }
+    job_store(state, tenant, job).join("output").into_fields()
 }
 
 /// A job's files sink output, to read its committed files (blocking: a bucket's client
@@ -257,10 +242,7 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
         Some(c) => c,
         None => CheckpointSpec::in_dir(PathBuf::new(), DEFAULT_CHECKPOINT_INTERVAL_MS),
     };
-    let (dir, s3) = match &state.config.checkpoint_store {
-        Some(store) => store.of(tenant, job, record.generation),
-        None => (Some(dir.join("checkpoints").join(record.generation.to_string())), None),
-    };
+    let (dir, s3) = job_store(state, tenant, job).join(&format!("checkpoints/{}", record.generation)).into_fields();
     spec.checkpoints = Some(CheckpointSpec { dir, s3, ..checkpoints });
     spec.validate().map_err(refused)?;
     Ok((spec, digests))
@@ -277,21 +259,23 @@ mod tests {
             "AWS_ALLOW_HTTP" => Some("true".to_owned()),
             _ => None,
         };
-        let s3 = CheckpointLocation::parse("s3://eddy/prod/", env).expect("valid");
-        let (dir, bucket) = s3.of("t1", "j1", 2);
-        assert_eq!(dir, None);
-        let bucket = bucket.expect("a bucket");
+        let checkpoints = |store: &StoreLocation| in_store(store, "t1", "j1").join("checkpoints/2");
+        let s3 = parse_store("s3://eddy/prod/", env).expect("valid");
+        let StoreLocation::S3(bucket) = checkpoints(&s3) else { panic!("a bucket") };
         assert_eq!(
             (bucket.bucket.as_str(), bucket.prefix.as_str(), bucket.endpoint.as_deref(), bucket.allow_http),
             ("eddy", "prod/tenants/t1/jobs/j1/checkpoints/2", Some("http://127.0.0.1:5000"), true)
         );
         assert_eq!(bucket.region, "us-east-1");
-        let bare = CheckpointLocation::parse("s3://eddy", |_| None).expect("valid");
-        assert_eq!(bare.of("t", "j", 0).1.map(|b| b.prefix), Some("tenants/t/jobs/j/checkpoints/0".to_owned()));
-        let shared = CheckpointLocation::parse("/mnt/eddy", |_| None).expect("valid");
-        assert_eq!(shared.of("t", "j", 1).0, Some(PathBuf::from("/mnt/eddy/tenants/t/jobs/j/checkpoints/1")));
+        let bare = parse_store("s3://eddy", |_| None).expect("valid");
+        assert_eq!(checkpoints(&bare).to_string(), "s3://eddy/tenants/t1/jobs/j1/checkpoints/2");
+        let shared = parse_store("/mnt/eddy", |_| None).expect("valid");
+        assert_eq!(
+            checkpoints(&shared),
+            StoreLocation::Dir(PathBuf::from("/mnt/eddy/tenants/t1/jobs/j1/checkpoints/2"))
+        );
         for bad in ["s3:///x", "gs://bucket/x"] {
-            assert!(CheckpointLocation::parse(bad, |_| None).is_err(), "{bad}");
+            assert!(parse_store(bad, |_| None).is_err(), "{bad}");
         }
     }
 

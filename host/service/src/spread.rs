@@ -10,7 +10,6 @@
 //! and the sink's files, and only then do the workers start writing.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -55,7 +54,7 @@ pub(crate) struct Attempt<'a> {
     /// The tenant's quotas.
     pub quotas: &'a Quotas,
     /// The savepoint to start from.
-    pub restore_from: Option<PathBuf>,
+    pub restore_from: Option<eddy_plan::StoreLocation>,
 }
 
 /// Where an attempt's parts run.

@@ -22,7 +22,7 @@ use utoipa::ToSchema;
 
 use crate::AppState;
 use crate::model::{JobRecord, JobStatus, Savepoint, now_ms};
-use crate::placement::{job_dir, place};
+use crate::placement::{StoreLocation, job_store, place};
 use crate::problem::ApiError;
 use crate::store::Table;
 
@@ -427,8 +427,8 @@ const SAVEPOINT_TIMEOUT: Duration = Duration::from_secs(300);
 fn take_savepoint(state: &AppState, record: &JobRecord, job: &Job, reason: &str) -> Result<Savepoint, ApiError> {
     let at_ms = now_ms();
     let path = format!("savepoints/{at_ms}-{reason}");
-    let dir = job_dir(state, &record.tenant, &record.id).join(&path);
-    let id = job.savepoint(&dir, SAVEPOINT_TIMEOUT).map_err(|e| ApiError::conflict(format!("no savepoint: {e}")))?;
+    let to = job_store(state, &record.tenant, &record.id).join(&path);
+    let id = job.savepoint(&to, SAVEPOINT_TIMEOUT).map_err(|e| ApiError::conflict(format!("no savepoint: {e}")))?;
     let savepoint = Savepoint { id, path, at_ms, reason: reason.to_string() };
     update(state, &record.id, |r| r.savepoints.push(savepoint.clone()));
     tracing::info!(savepoint = id, reason, "savepoint taken");
@@ -545,7 +545,7 @@ pub(crate) fn watch(
 }
 
 /// The savepoint to start from: the generation's own newest checkpoint wins once it has one.
-fn restore_point(state: &AppState, record: &JobRecord, spec: &PipelineSpec) -> Option<std::path::PathBuf> {
+fn restore_point(state: &AppState, record: &JobRecord, spec: &PipelineSpec) -> Option<StoreLocation> {
     let savepoint = record.restore_from.as_ref()?;
     let has_checkpoint = spec
         .checkpoints
@@ -553,7 +553,7 @@ fn restore_point(state: &AppState, record: &JobRecord, spec: &PipelineSpec) -> O
         .and_then(|c| eddy_engine::checkpoint::CheckpointStore::open(c).ok())
         .and_then(|store| eddy_engine::checkpoint::metadata::completed_ids(&store).ok())
         .is_some_and(|ids| !ids.is_empty());
-    (!has_checkpoint).then(|| job_dir(state, &record.tenant, &record.id).join(savepoint))
+    (!has_checkpoint).then(|| job_store(state, &record.tenant, &record.id).join(savepoint))
 }
 
 /// Applies a change that restarts the job, to its record.

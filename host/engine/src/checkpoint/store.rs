@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use eddy_plan::{CheckpointSpec, S3Spec};
+use eddy_plan::{CheckpointSpec, S3Spec, StoreLocation};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, PutPayload};
@@ -52,6 +52,14 @@ impl CheckpointStore {
             (Some(dir), None) => Self::local(dir),
             (None, Some(s3)) => Self::s3(s3),
             _ => Err(CheckpointError::Incompatible("`checkpoints` needs exactly one of `dir` and `s3`".into())),
+        }
+    }
+
+    /// The store at `location`.
+    pub fn at(location: &StoreLocation) -> Result<Self, CheckpointError> {
+        match location {
+            StoreLocation::Dir(dir) => Self::local(dir),
+            StoreLocation::S3(s3) => Self::s3(s3),
         }
     }
 

@@ -12,7 +12,7 @@ use crate::checkpoint::restore::Skipped;
 use crate::checkpoint::store::StoreFaults;
 use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint};
 use crate::files_sink::{FilesSink, OutputDir};
-use eddy_plan::PipelineSpec;
+use eddy_plan::{PipelineSpec, StoreLocation};
 
 /// The checkpoint store, the checkpoint to restore from, and the retained checkpoints.
 pub(super) struct Recovery {
@@ -33,7 +33,7 @@ pub(super) struct Recovery {
 /// another part starting while the master runs must not delete what the master just uploaded.
 pub(super) fn recover(
     spec: &PipelineSpec,
-    restore_from: Option<&Path>,
+    restore_from: Option<&StoreLocation>,
     store_faults: Option<StoreFaults>,
     lead: bool,
     local: &Path,
@@ -45,14 +45,13 @@ pub(super) fn recover(
         store = store.with_faults(faults);
     }
     let retry = ReadRetry::default();
-    if let Some(dir) = restore_from {
+    if let Some(location) = restore_from {
         let expected = Expected { job: None, max_parallelism: spec.max_parallelism };
-        let savepoint = recovery::recover(&CheckpointStore::local(dir)?, expected, 1, &retry, local)?;
+        let savepoint = recovery::recover(&CheckpointStore::at(location)?, expected, 1, &retry, local)?;
         let Some(point) = savepoint.point else {
             let why = savepoint.skipped.first().map(|(id, e)| format!(" (checkpoint {id}: {e})")).unwrap_or_default();
             return Err(RunError::Checkpoint(CheckpointError::Incompatible(format!(
-                "no valid savepoint in {}{why}",
-                dir.display()
+                "no valid savepoint in {location}{why}"
             ))));
         };
         let next_id = recovery::next_id(&store, &retry)?.max(point.id() + 1);
