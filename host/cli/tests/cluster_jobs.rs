@@ -24,6 +24,22 @@ fn cluster(dir: &Path, flags: &[&str], env: &[(&str, &str)]) -> (Server, Vec<Wor
     (coordinator, fleet)
 }
 
+/// A coordinator's flags for a checkpoint store in bucket `eddy`, which every process reaches
+/// as across machines.
+const STORE_FLAGS: [&str; 4] = ["--heartbeat-timeout-ms", "2000", "--checkpoint-store", "s3://eddy/cluster"];
+
+/// The environment that points a coordinator at `s3`.
+fn store_env(s3: &eddy_tests::S3Service) -> [(&'static str, &str); 2] {
+    [("AWS_ENDPOINT_URL", s3.endpoint.as_str()), ("AWS_ALLOW_HTTP", "true")]
+}
+
+/// A new S3-compatible service (moto) holding an empty bucket `eddy`.
+fn bucket() -> eddy_tests::S3Service {
+    let s3 = eddy_tests::S3Service::start();
+    s3.create_bucket("eddy");
+    s3
+}
+
 /// `query`'s spec at parallelism 3 over `EVENTS` events with a files sink, its components
 /// uploaded; and the native baseline's rows, sorted.
 fn query(
@@ -127,10 +143,8 @@ fn a_counting_job_survives_thirty_worker_kills_and_three_coordinator_kills_exact
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("coordinator");
     // Checkpoints in a bucket every process reaches, as across machines.
-    let s3 = eddy_tests::S3Service::start();
-    s3.create_bucket("eddy");
-    let flags = ["--heartbeat-timeout-ms", "2000", "--checkpoint-store", "s3://eddy/cluster"];
-    let env = [("AWS_ENDPOINT_URL", s3.endpoint.as_str()), ("AWS_ALLOW_HTTP", "true")];
+    let s3 = bucket();
+    let (flags, env) = (STORE_FLAGS, store_env(&s3));
     let (mut coordinator, mut fleet) = cluster(dir.path(), &flags, &env);
     let (tenant_id, token) = tenant(&coordinator, "acme");
     expect(upload(&coordinator, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
@@ -222,11 +236,8 @@ fn a_job_on_workers_takes_savepoints_and_rescales_over_more_workers_exactly_once
     let dir = tempfile::tempdir().unwrap();
     // Savepoints in the bucket every worker reaches, as across machines: the rescaled job's
     // parts restore from there.
-    let s3 = eddy_tests::S3Service::start();
-    s3.create_bucket("eddy");
-    let flags = ["--heartbeat-timeout-ms", "2000", "--checkpoint-store", "s3://eddy/cluster"];
-    let env = [("AWS_ENDPOINT_URL", s3.endpoint.as_str()), ("AWS_ALLOW_HTTP", "true")];
-    let (coordinator, _fleet) = cluster(dir.path(), &flags, &env);
+    let s3 = bucket();
+    let (coordinator, _fleet) = cluster(dir.path(), &STORE_FLAGS, &store_env(&s3));
     let (tenant_id, token) = tenant(&coordinator, "acme");
     expect(upload(&coordinator, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
     let events = 9_000;
@@ -254,6 +265,34 @@ fn a_job_on_workers_takes_savepoints_and_rescales_over_more_workers_exactly_once
     assert_eq!(savepoints.matches("/_metadata</Key>").count(), 2, "the requested and the rescale's savepoint");
     let local = dir.path().join("coordinator/tenants").join(&tenant_id).join("jobs").join(&id).join("savepoints");
     assert!(!local.exists(), "savepoints written locally to {}", local.display());
+}
+
+/// A bounded file source of a job on workers reads the tenant's file from the bucket: the file
+/// put through the API is stored there too, and the coordinator's own copy is deleted before
+/// the job is submitted, as if the workers ran on other machines. The word counts equal a
+/// count computed here.
+#[test]
+fn a_file_source_on_workers_reads_the_tenants_file_from_the_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = bucket();
+    let (coordinator, _fleet) = cluster(dir.path(), &STORE_FLAGS, &store_env(&s3));
+    let (tenant_id, token) = tenant(&coordinator, "acme");
+    expect(upload(&coordinator, &token, eddy_guest_artifacts::WORDCOUNT_SPLIT, Some(("split", "1"))), 201);
+    expect(upload(&coordinator, &token, eddy_guest_artifacts::WORDCOUNT_COUNT, Some(("count", "1"))), 201);
+    let text: String = (0..3_000).map(|i| format!("w{} v{}\n", i % 200, (i * 7) % 131)).collect();
+    let put = common::client().put(coordinator.url("/v1/files/input.txt")).bearer_auth(&token).body(text.clone());
+    expect(put.send().unwrap(), 201);
+    assert!(s3.list("eddy", &format!("cluster/tenants/{tenant_id}/files/")).contains("/input.txt</Key>"));
+    std::fs::remove_file(dir.path().join("coordinator/tenants").join(&tenant_id).join("files/input.txt")).unwrap();
+    let spec = "name: words\nsources: [{type: file, name: lines, path: input.txt}]\nsteps:\n  \
+                - {name: split, wasm: split@1}\n  - {name: count, wasm: count@1, key_by: key, parallelism: 3}\n\
+                sink: {type: print}\n";
+    let id = expect(submit(&coordinator, &token, spec), 201)["id"].as_str().unwrap().to_owned();
+    let done = wait_job(&coordinator, &token, &id, "ended", |j| j["status"] == "finished" || j["status"] == "failed");
+    assert_eq!(done["status"], "finished", "{done}");
+    let (got, expected) = (common::output_counts(&coordinator, &token, &id), common::running_word_counts(&text));
+    assert_eq!(got.len(), expected.len(), "row count");
+    assert!(got == expected, "the counts differ from the oracle's");
 }
 
 /// Partitions and a slow link between real worker processes: worker-2 and worker-3 are dialed

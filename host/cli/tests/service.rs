@@ -57,19 +57,7 @@ fn a_tenant_uploads_the_word_count_submits_it_and_reads_its_output() {
     assert_eq!(done["status"], "finished", "{done}");
 
     // The oracle: a running count per word emits 1..=n for a word seen n times.
-    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
-    for word in text.split_whitespace() {
-        *seen.entry(word.to_string()).or_default() += 1;
-    }
-    let mut expected: Vec<(String, u64)> =
-        seen.iter().flat_map(|(w, n)| (1..=*n).map(move |k| (w.clone(), k))).collect();
-    expected.sort();
-    let mut got: Vec<(String, u64)> = output_lines(&server, &token, id)
-        .iter()
-        .map(|v| (v["key"].as_str().unwrap().to_string(), v["value"].as_u64().unwrap()))
-        .collect();
-    got.sort();
-    assert_eq!(got, expected);
+    assert_eq!(common::output_counts(&server, &token, id), common::running_word_counts(text));
 
     assert!(job(&server, &token, id)["plan"].as_str().unwrap().contains("count"), "the job shows its plan");
     let shown = expect(

@@ -341,6 +341,11 @@ fn default_max_parallelism() -> u32 {
 }
 
 /// 16 MiB: far beyond any sane record, small enough that one line cannot exhaust the host.
+/// A path of plain names only: no root, no `.` or `..`, so it names a key under a prefix.
+fn is_relative_key(path: &Path) -> bool {
+    !path.as_os_str().is_empty() && path.components().all(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
 fn default_max_line_bytes() -> usize {
     16 << 20
 }
@@ -365,7 +370,7 @@ pub enum SourceSpec {
     File {
         /// Unique among sources.
         name: String,
-        /// Path, relative to the spec file.
+        /// Path, relative to the spec file; with `s3`, the object's key under the bucket's prefix.
         path: PathBuf,
         /// How lines become records.
         #[serde(default)]
@@ -380,6 +385,11 @@ pub enum SourceSpec {
         /// job (naming the file and line) instead of being read whole into memory.
         #[serde(default = "default_max_line_bytes")]
         max_line_bytes: usize,
+        /// Read an object of an S3-compatible bucket instead of a local file, so a reader on any
+        /// machine finds it: the whole object is downloaded when the source opens. Not with
+        /// `follow` (an object is replaced whole, never appended to).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        s3: Option<S3Spec>,
     },
     /// Deterministic synthetic events: event `i` is a pure function of `(seed, i)`.
     Generator(GeneratorSpec),
@@ -822,7 +832,7 @@ impl PipelineSpec {
 
     fn resolve_paths(&mut self, base: &Path) {
         for source in &mut self.sources {
-            if let SourceSpec::File { path, .. } = source {
+            if let SourceSpec::File { path, s3: None, .. } = source {
                 *path = base.join(&*path);
             }
         }
@@ -970,6 +980,22 @@ impl PipelineSpec {
                         return Err(invalid(field("rate_per_sec"), "must be positive (omit it for full speed)"));
                     }
                 }
+                SourceSpec::File { s3: Some(_), follow: true, .. } => {
+                    return Err(invalid(
+                        field("follow"),
+                        "an object in a bucket is replaced whole, never appended to: drop `follow`, or read a \
+                         local file",
+                    ));
+                }
+                SourceSpec::File { s3: Some(_), path, .. } if !is_relative_key(path) => {
+                    return Err(invalid(
+                        field("path"),
+                        format!(
+                            "`{}`: with `s3`, give the object's key under the prefix, without `..`",
+                            path.display()
+                        ),
+                    ));
+                }
                 SourceSpec::File { .. } => {}
             }
         }
@@ -1034,6 +1060,7 @@ mod tests {
                 timestamp: None,
                 follow: false,
                 max_line_bytes: 16 << 20,
+                s3: None,
             }
         );
     }
@@ -1106,6 +1133,9 @@ mod tests {
             (OK.replace("type: print", "type: files"), "exactly one of `dir` and `s3`"),
             (OK.replace("type: print", "type: files, dir: out, s3: {bucket: b}"), "exactly one of `dir` and `s3`"),
             (OK.replace("path: in.txt}", "path: in.txt, timestamp: ts}"), "sources[0].timestamp"),
+            (OK.replace("path: in.txt}", "path: in.txt, follow: true, s3: {bucket: b}}"), "sources[0].follow"),
+            (OK.replace("path: in.txt}", "path: ../in.txt, s3: {bucket: b}}"), "sources[0].path"),
+            (OK.replace("path: in.txt}", "path: /in.txt, s3: {bucket: b}}"), "sources[0].path"),
             (OK.replace("steps:", "watermarks: {idleness_ms: 0}\nsteps:"), "watermarks.idleness_ms"),
             (
                 OK.replace("{type: file, name: in, path: in.txt}", "{type: generator, name: g, keys: 0}"),

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::placement::{confined, files_dir};
+use crate::placement::{confined, files_dir, files_store};
 use crate::problem::{ApiError, ApiResult, Problem};
 use crate::upload::receive;
 
@@ -32,7 +32,7 @@ pub struct StoredFile {
     params(("name" = String, Path, description = "The file's name (letters, digits, - _ .)")),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 201, body = StoredFile), (status = 401, body = Problem), (status = 413, body = Problem),
-        (status = 422, body = Problem)),
+        (status = 422, body = Problem), (status = 503, body = Problem)),
     security(("bearer" = [])))]
 pub async fn put(
     State(state): State<Arc<AppState>>,
@@ -52,6 +52,19 @@ pub async fn put(
     tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
     let limit = state.config.max_file_bytes;
     let received = receive(&dir, &headers, body, limit, "split the input into several files").await?;
+    if let Some(store) = files_store(&state, &tenant) {
+        // First the copy every worker reads, then the local one: a failed upload leaves the
+        // old file in both places.
+        let (local, key) = (received.file.to_path_buf(), name.clone());
+        let uploaded = tokio::task::spawn_blocking(move || {
+            eddy_engine::checkpoint::CheckpointStore::at(&store).and_then(|s| s.put_file(&key, &local))
+        })
+        .await
+        .map_err(ApiError::internal)?;
+        uploaded.map_err(|e| {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("cannot store `{name}` for the workers: {e}; retry"))
+        })?;
+    }
     received.file.persist(dir.join(&name)).map_err(ApiError::internal)?;
     tracing::info!(tenant = %tenant, file = %name, size = received.size, "file stored");
     Ok((StatusCode::CREATED, Json(StoredFile { name, size: received.size, digest: Some(received.digest) })))

@@ -14,7 +14,9 @@
 //! ```
 //!
 //! With `--checkpoint-store`, a job's checkpoints, output and savepoints live there instead,
-//! under `tenants/<tenant>/jobs/<job>/`, where every worker reaches them ([`job_store`]).
+//! under `tenants/<tenant>/jobs/<job>/`, where every worker reaches them ([`job_store`]); and a
+//! copy of every tenant file, under `tenants/<tenant>/files/`, which file sources that do not
+//! follow their file read ([`files_store`]).
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -79,6 +81,12 @@ pub fn job_dir(state: &AppState, tenant: &str, job: &str) -> PathBuf {
 /// The tenant's files area, which file sources read.
 pub fn files_dir(state: &AppState, tenant: &str) -> PathBuf {
     state.data_dir.join("tenants").join(tenant).join("files")
+}
+
+/// The copy of the tenant's files area in `--checkpoint-store`, which a file source on any
+/// worker reads (`tenants/<tenant>/files`); none without a store.
+pub fn files_store(state: &AppState, tenant: &str) -> Option<StoreLocation> {
+    state.config.checkpoint_store.as_ref().map(|store| store.join(&format!("tenants/{tenant}/files")))
 }
 
 /// Where the job's sink writes.
@@ -213,11 +221,23 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
         step.wasm = wasm_path(state, &artifact.digest);
         digests.push(artifact.digest);
     }
-    let files = files_dir(state, tenant);
+    let (files, shared) = (files_dir(state, tenant), files_store(state, tenant));
     for (i, source) in spec.sources.iter_mut().enumerate() {
-        if let SourceSpec::File { path, .. } = source {
+        if let SourceSpec::File { path, follow, s3, .. } = source {
             confined(&format!("sources[{i}].path"), path)?;
-            *path = files.join(&*path);
+            if s3.is_some() {
+                return Err(ApiError::unprocessable(
+                    "the service reads file sources from your files area (PUT /v1/files/{name}): drop `s3`",
+                )
+                .at(format!("sources[{i}].s3")));
+            }
+            // A followed file grows on this machine only; any other is read where every
+            // worker reaches it.
+            match (&shared, *follow) {
+                (Some(StoreLocation::S3(bucket)), false) => *s3 = Some(bucket.clone()),
+                (Some(StoreLocation::Dir(dir)), false) => *path = dir.join(&*path),
+                _ => *path = files.join(&*path),
+            }
         }
     }
     let dir = job_dir(state, tenant, job);

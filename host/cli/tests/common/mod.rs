@@ -202,6 +202,28 @@ pub fn output_lines(server: &Server, token: &str, id: &str) -> Vec<Value> {
     r.text().unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// The oracle of a running word count over `text`: 1..=n for each whitespace-separated word
+/// seen n times, as sorted (word, count) pairs.
+pub fn running_word_counts(text: &str) -> Vec<(String, u64)> {
+    let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    for word in text.split_whitespace() {
+        *seen.entry(word.to_owned()).or_default() += 1;
+    }
+    let mut counts: Vec<(String, u64)> = seen.iter().flat_map(|(w, n)| (1..=*n).map(move |k| (w.clone(), k))).collect();
+    counts.sort();
+    counts
+}
+
+/// The job's output as sorted (key, count) pairs.
+pub fn output_counts(server: &Server, token: &str, id: &str) -> Vec<(String, u64)> {
+    let mut got: Vec<(String, u64)> = output_lines(server, token, id)
+        .iter()
+        .map(|v| (v["key"].as_str().unwrap().to_owned(), v["value"].as_u64().unwrap()))
+        .collect();
+    got.sort();
+    got
+}
+
 /// A running count over `events` generated events paced at 1 500/s, exactly-once files sink.
 pub fn counts_job(events: u64) -> String {
     format!(

@@ -153,6 +153,31 @@ impl CheckpointStore {
         }
     }
 
+    /// Streams `path` into `to` (a chunk at a time, never whole in memory); returns its size.
+    pub fn download(&self, path: &str, to: &mut std::fs::File) -> Result<u64, CheckpointError> {
+        use std::io::Write;
+        self.fault(StoreOp::Get, path, "reading")?;
+        let what = || format!("reading {path} in {}", self.describe);
+        let storage = |problem: String| CheckpointError::Storage { what: what(), problem };
+        self.runtime.block_on(async {
+            let got = match self.inner.get(&StorePath::from(path)).await {
+                Ok(got) => got,
+                Err(object_store::Error::NotFound { .. }) => {
+                    return Err(CheckpointError::Corrupt { file: path.to_owned(), problem: "missing".into() });
+                }
+                Err(e) => return Err(storage(e.to_string())),
+            };
+            let mut stream = got.into_stream();
+            let mut size = 0;
+            while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+                let chunk = chunk.map_err(|e| storage(e.to_string()))?;
+                to.write_all(&chunk).map_err(|e| storage(e.to_string()))?;
+                size += chunk.len() as u64;
+            }
+            Ok(size)
+        })
+    }
+
     /// Whether `path` exists.
     pub fn exists(&self, path: &str) -> Result<bool, CheckpointError> {
         match self.runtime.block_on(self.inner.head(&StorePath::from(path))) {

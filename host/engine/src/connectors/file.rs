@@ -26,8 +26,10 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 pub(super) struct FileOptions {
     /// The source's name, for errors.
     pub name: String,
-    /// The file.
+    /// The file (with `object`, where the object is, for errors).
     pub path: PathBuf,
+    /// An object of a bucket to read instead, and its key: downloaded whole at open.
+    pub object: Option<(eddy_plan::S3Spec, String)>,
     /// How lines become records.
     pub format: SourceFormat,
     /// JSON pointer to the event time.
@@ -60,7 +62,11 @@ pub(super) struct FileSource {
 impl FileSource {
     /// Opens the file, resuming at `start` when given.
     pub(super) fn open(opts: FileOptions, start: Option<&SourcePosition>) -> Result<Self, SourceError> {
-        let file = File::open(&opts.path).map_err(|source| io_error(&opts, source))?;
+        let file = match &opts.object {
+            None => File::open(&opts.path),
+            Some((s3, key)) => download(s3, key),
+        }
+        .map_err(|source| io_error(&opts, source))?;
         let mut src = FileSource {
             opts,
             reader: BufReader::with_capacity(READ_BUFFER_BYTES, file),
@@ -328,6 +334,16 @@ impl super::Source for FileSource {
     }
 }
 
+/// Object `key` of bucket `s3` in an unnamed temporary file (gone when closed), ready to read.
+fn download(s3: &eddy_plan::S3Spec, key: &str) -> std::io::Result<File> {
+    let mut file = tempfile::tempfile()?;
+    let store = crate::checkpoint::CheckpointStore::s3(s3).map_err(std::io::Error::other)?;
+    let size = store.download(key, &mut file).map_err(std::io::Error::other)?;
+    file.seek(SeekFrom::Start(0))?;
+    tracing::info!(bucket = %s3.bucket, key, size, "downloaded a file source's object");
+    Ok(file)
+}
+
 fn io_error(opts: &FileOptions, source: std::io::Error) -> SourceError {
     SourceError::Io { source_name: opts.name.clone(), path: opts.path.clone(), source }
 }
@@ -416,6 +432,7 @@ mod tests {
             timestamp: timestamp.map(str::to_string),
             follow,
             max_line_bytes: 16 << 20,
+            s3: None,
         }
     }
 
@@ -462,6 +479,7 @@ mod tests {
             let options = FileOptions {
                 name: "input".into(),
                 path: path.clone(),
+                object: None,
                 format: SourceFormat::Lines,
                 timestamp: None,
                 follow,

@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use eddy_core::RecordBatch;
 use serde::{Deserialize, Serialize};
 
-use eddy_plan::SourceSpec;
+use eddy_plan::{SourceSpec, StoreLocation};
 
 pub use generator::generator_event;
 
@@ -151,13 +151,19 @@ pub fn open_source(
         return Err(bad_reader("the subtask must be below the parallelism"));
     }
     match spec {
-        SourceSpec::File { name, path, format, timestamp, follow, max_line_bytes } => {
+        SourceSpec::File { name, path, format, timestamp, follow, max_line_bytes, s3 } => {
             if parallelism != 1 {
                 return Err(bad_reader("a file is read by one reader"));
             }
+            let key = path.to_string_lossy().into_owned();
+            let shown = match s3 {
+                Some(s3) => PathBuf::from(StoreLocation::S3(s3.clone()).join(&key).to_string()),
+                None => path.clone(),
+            };
             let options = file::FileOptions {
                 name: name.clone(),
-                path: path.clone(),
+                path: shown,
+                object: s3.clone().map(|s3| (s3, key)),
                 format: *format,
                 timestamp: timestamp.clone(),
                 follow: *follow,
@@ -237,6 +243,7 @@ mod tests {
             timestamp: None,
             follow: false,
             max_line_bytes: 1024,
+            s3: None,
         };
         let err = open_source(&file, 0, 2, None).err().unwrap().to_string();
         assert!(err.contains("source `f`") && err.contains("one reader"), "{err}");
