@@ -133,8 +133,9 @@ enum Command {
         /// A worker silent this long is declared dead.
         #[arg(long, env = "EDDY_HEARTBEAT_TIMEOUT_MS", default_value_t = 5_000)]
         heartbeat_timeout_ms: u64,
-        /// Where checkpoints of jobs on workers go: a directory every worker shares, or
-        /// `s3://bucket/prefix` (endpoint and keys from the AWS_* environment).
+        /// Where what every worker must reach goes (jobs' checkpoints, savepoints and files-sink
+        /// output, tenants' files): a directory every worker shares, or `s3://bucket/prefix`
+        /// (endpoint and keys from the AWS_* environment).
         #[arg(long, env = "EDDY_CHECKPOINT_STORE")]
         checkpoint_store: Option<String>,
         /// Slots of an embedded worker in the coordinator's own process.

@@ -295,6 +295,26 @@ fn a_file_source_on_workers_reads_the_tenants_file_from_the_bucket() {
     assert!(got == expected, "the counts differ from the oracle's");
 }
 
+/// A file the store refuses is refused to the tenant too, with a 503 naming the file and the
+/// store, and is not kept half-stored: it is not listed. Once the store works, the same request
+/// succeeds.
+#[test]
+fn a_file_the_store_refuses_is_not_kept_and_can_be_put_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = eddy_tests::S3Service::start();
+    let coordinator =
+        Server::start_with_env("coordinator", &dir.path().join("coordinator"), &STORE_FLAGS, &store_env(&s3));
+    let (_, token) = tenant(&coordinator, "acme");
+    let put = || common::client().put(coordinator.url("/v1/files/input.txt")).bearer_auth(&token).body("a b\n").send();
+    let refused = expect(put().unwrap(), 503);
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(detail.contains("cannot store `input.txt`") && detail.contains("s3://eddy/cluster"), "{detail}");
+    let listed = expect(common::client().get(coordinator.url("/v1/files")).bearer_auth(&token).send().unwrap(), 200);
+    assert_eq!(listed, serde_json::json!([]), "nothing kept of the refused file");
+    s3.create_bucket("eddy");
+    assert_eq!(expect(put().unwrap(), 201)["name"], "input.txt");
+}
+
 /// Partitions and a slow link between real worker processes: worker-2 and worker-3 are dialed
 /// through seeded fault-injecting relays (2% loss, 1% duplicates, 1–4 ms jitter, and a 400 ms
 /// cut every 1.5 s), which they advertise as their data addresses. q5 slows down and still
