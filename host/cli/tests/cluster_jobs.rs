@@ -269,8 +269,8 @@ fn a_job_on_workers_takes_savepoints_and_rescales_over_more_workers_exactly_once
 
 /// A bounded file source of a job on workers reads the tenant's file from the bucket: the file
 /// put through the API is stored there too, and the coordinator's own copy is deleted before
-/// the job is submitted, as if the workers ran on other machines. The word counts equal a
-/// count computed here.
+/// the job is submitted, as if the workers ran on other machines. Its `file` sink becomes the
+/// files sink in the bucket, which the API reads. The word counts equal a count computed here.
 #[test]
 fn a_file_source_on_workers_reads_the_tenants_file_from_the_bucket() {
     let dir = tempfile::tempdir().unwrap();
@@ -286,7 +286,7 @@ fn a_file_source_on_workers_reads_the_tenants_file_from_the_bucket() {
     std::fs::remove_file(dir.path().join("coordinator/tenants").join(&tenant_id).join("files/input.txt")).unwrap();
     let spec = "name: words\nsources: [{type: file, name: lines, path: input.txt}]\nsteps:\n  \
                 - {name: split, wasm: split@1}\n  - {name: count, wasm: count@1, key_by: key, parallelism: 3}\n\
-                sink: {type: print}\n";
+                sink: {type: file, path: counts.jsonl}\n";
     let id = expect(submit(&coordinator, &token, spec), 201)["id"].as_str().unwrap().to_owned();
     let done = wait_job(&coordinator, &token, &id, "ended", |j| j["status"] == "finished" || j["status"] == "failed");
     assert_eq!(done["status"], "finished", "{done}");

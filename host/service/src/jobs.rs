@@ -14,7 +14,7 @@ use crate::AppState;
 use crate::artifacts::resolve;
 use crate::auth::Caller;
 use crate::model::{Failure, JobRecord, JobStatus, Overrides, Savepoint, now_ms};
-use crate::placement::{self, FILE_SINK_NAME, output_dir, place};
+use crate::placement::{self, output_dir, place};
 use crate::problem::{ApiError, ApiResult, Checked, Problem};
 use crate::quotas;
 use crate::secret::new_id;
@@ -237,16 +237,10 @@ pub async fn cancel(
     security(("bearer" = [])))]
 pub async fn output(State(state): State<Arc<AppState>>, caller: Caller, Path(id): Path<String>) -> ApiResult<Response> {
     let job = owned(&state, caller.tenant()?, &id)?;
-    let dir = output_dir(&state, &job.tenant, &job.id);
-    let table = dir.join("table");
+    let table = output_dir(&state, &job.tenant, &job.id).join("table");
     if table.is_dir() {
         let lines = tokio::task::spawn_blocking(move || upsert_lines(&table)).await.map_err(ApiError::internal)??;
         return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], lines).into_response());
-    }
-    let file = dir.join(FILE_SINK_NAME);
-    if file.is_file() {
-        let bytes = tokio::fs::read(&file).await.map_err(ApiError::internal)?;
-        return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], bytes).into_response());
     }
     // A files sink's output may be in a bucket, whose client blocks: one blocking thread
     // opens it, reads the committed files in commit order and hands each to the response.

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! DIR/tenants/<tenant>/files/                 file sources read here (relative paths only)
-//! DIR/tenants/<tenant>/jobs/<job>/output/     the sink (print and files become files here)
+//! DIR/tenants/<tenant>/jobs/<job>/output/     the sink (print, file and files become files here)
 //! DIR/tenants/<tenant>/jobs/<job>/checkpoints/<generation>/
 //!                                             the job's checkpoints (always on, so a
 //!                                             restarted server resumes the job); a new
@@ -149,9 +149,6 @@ fn flow_depth(text: &str) -> usize {
     deepest
 }
 
-/// The file a `file` sink writes in the job's output directory.
-pub const FILE_SINK_NAME: &str = "output.jsonl";
-
 /// Where a job's files sink writes: beside its checkpoints, so every worker writes it and the
 /// job master recovers it.
 fn files_location(state: &AppState, tenant: &str, job: &str) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
@@ -241,14 +238,14 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
         }
     }
     let dir = job_dir(state, tenant, job);
-    let output = dir.join("output");
     spec.sink = match &spec.sink {
-        SinkSpec::Print | SinkSpec::Files { .. } => {
+        // The tenant reads JSON lines through the API whichever of these it asked for; the
+        // exactly-once files sink writes them where every worker reaches.
+        SinkSpec::Print | SinkSpec::File { .. } | SinkSpec::Files { .. } => {
             let (dir, s3) = files_location(state, tenant, job);
             SinkSpec::Files { dir, s3 }
         }
-        SinkSpec::File { .. } => SinkSpec::File { path: output.join(FILE_SINK_NAME) },
-        SinkSpec::Upsert { .. } => SinkSpec::Upsert { dir: output.join("table") },
+        SinkSpec::Upsert { .. } => SinkSpec::Upsert { dir: output_dir(state, tenant, job).join("table") },
         SinkSpec::Blackhole => SinkSpec::Blackhole,
     };
     spec.state.dir = Some(dir.join("state"));
