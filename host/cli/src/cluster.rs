@@ -104,7 +104,7 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
         Some(text) => {
             let store = eddy_service::placement::parse_store(text, |name| std::env::var(name).ok())
                 .map_err(|e| anyhow::anyhow!("--checkpoint-store {e}"))?;
-            eprintln!("jobs' checkpoints go to {text}");
+            eprintln!("jobs' checkpoints, savepoints and files output, and tenants' files, go to {text}");
             Some(store)
         }
         None => {

@@ -340,12 +340,12 @@ fn default_max_parallelism() -> u32 {
     128
 }
 
-/// 16 MiB: far beyond any sane record, small enough that one line cannot exhaust the host.
 /// A path of plain names only: no root, no `.` or `..`, so it names a key under a prefix.
 fn is_relative_key(path: &Path) -> bool {
     !path.as_os_str().is_empty() && path.components().all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
+/// 16 MiB: far beyond any sane record, small enough that one line cannot exhaust the host.
 fn default_max_line_bytes() -> usize {
     16 << 20
 }
