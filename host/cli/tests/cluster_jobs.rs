@@ -226,6 +226,10 @@ fn a_counting_job_survives_thirty_worker_kills_and_three_coordinator_kills_exact
         done["restarts"].as_u64().unwrap() >= WORKER_KILLS as u64 - 3,
         "every worker kill cost the attempt: {done}"
     );
+    // A worker killed mid-epoch held a files-sink part spooling in its temporary directory.
+    let left: Vec<_> =
+        std::fs::read_dir(common::fleet::temp_dir(dir.path())).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(left.is_empty(), "killed workers left temporary files behind: {left:?}");
 }
 
 /// Savepoints of a job on workers: taken while it runs, and a rescale from 1 to 3 restarts it

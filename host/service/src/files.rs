@@ -55,9 +55,9 @@ pub async fn put(
     if let Some(store) = files_store(&state, &tenant) {
         // First the copy every worker reads, then the local one: a failed upload leaves the
         // old file in both places.
-        let (local, key) = (received.file.to_path_buf(), name.clone());
+        let (local, key) = (std::fs::File::open(&received.file).map_err(ApiError::internal)?, name.clone());
         let uploaded = tokio::task::spawn_blocking(move || {
-            eddy_engine::checkpoint::CheckpointStore::at(&store).and_then(|s| s.put_file(&key, &local))
+            eddy_engine::checkpoint::CheckpointStore::at(&store).and_then(|s| s.put_file(&key, local))
         })
         .await
         .map_err(ApiError::internal)?;

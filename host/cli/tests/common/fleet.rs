@@ -44,12 +44,15 @@ impl Worker {
 
     fn spawn(coordinator: &Server, name: &str, dir: &Path, slots: &str, extra: &[&str], stdout: Stdio) -> Worker {
         let log = dir.join(format!("{name}.log"));
+        let tmp = temp_dir(dir);
+        std::fs::create_dir_all(&tmp).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
             .args(["worker", "--coordinator", &format!("127.0.0.1:{}", coordinator.port()), "--name", name])
             .args(["--slots", slots, "--data-dir"])
             .arg(dir.join(name))
             .args(extra)
             .env("EDDY_LOG", "info")
+            .env("TMPDIR", tmp)
             .envs(super::S3_CREDENTIALS)
             .stdout(stdout)
             // Appended: a restarted worker's log follows its predecessor's.
@@ -67,6 +70,12 @@ impl Worker {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
     }
+}
+
+/// The temporary directory (`TMPDIR`) of the workers started in `dir`: theirs alone, so a test
+/// sees what they leave behind.
+pub fn temp_dir(dir: &Path) -> std::path::PathBuf {
+    dir.join("tmp")
 }
 
 pub fn workers(server: &Server) -> Vec<Value> {

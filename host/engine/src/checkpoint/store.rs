@@ -187,15 +187,19 @@ impl CheckpointStore {
         }
     }
 
-    /// Writes the local file `local` to `path`, replacing what was there, without holding it
-    /// in memory: up to 10 MiB go in one request, a larger file as a multipart upload.
-    pub fn put_file(&self, path: &str, local: &std::path::Path) -> Result<(), CheckpointError> {
+    /// Writes the whole of the open local file `local` to `path`, replacing what was there,
+    /// without holding it in memory: up to 10 MiB go in one request, a larger file as a
+    /// multipart upload. A handle rather than a path, so that the local file can be unnamed
+    /// (`tempfile::tempfile`) and vanish with the process that wrote it, even under SIGKILL.
+    pub fn put_file(&self, path: &str, mut local: std::fs::File) -> Result<(), CheckpointError> {
+        use std::io::Seek;
         use tokio::io::AsyncWriteExt;
         self.fault(StoreOp::Put, path, "writing")?;
-        let what = || format!("writing {path} in {} from {}", self.describe, local.display());
+        let what = || format!("writing {path} in {} from a local file", self.describe);
         let storage = |e: std::io::Error| CheckpointError::Storage { what: what(), problem: e.to_string() };
+        local.rewind().map_err(storage)?;
         self.runtime.block_on(async {
-            let mut from = tokio::fs::File::open(local).await.map_err(storage)?;
+            let mut from = tokio::fs::File::from_std(local);
             let mut to = object_store::buffered::BufWriter::new(self.inner.clone(), StorePath::from(path));
             tokio::io::copy(&mut from, &mut to).await.map_err(storage)?;
             to.shutdown().await.map_err(storage)
@@ -264,7 +268,8 @@ mod tests {
             let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
             let local = dir.path().join(name);
             std::fs::write(&local, &bytes).expect("write");
-            store.put_file(&format!("up/{name}"), &local).expect("upload");
+            let file = std::fs::File::open(&local).expect("open");
+            store.put_file(&format!("up/{name}"), file).expect("upload");
             assert!(store.get(&format!("up/{name}")).expect("read") == bytes, "{name} arrived whole");
         }
     }

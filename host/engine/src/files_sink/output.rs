@@ -169,7 +169,8 @@ fn io_error(e: CheckpointError) -> std::io::Error {
 struct StoreStaged {
     store: Arc<CheckpointStore>,
     path: String,
-    spool: BufWriter<tempfile::NamedTempFile>,
+    /// Unnamed, so a worker killed mid-epoch leaves nothing behind in its temporary directory.
+    spool: BufWriter<std::fs::File>,
 }
 
 impl Write for StoreStaged {
@@ -184,7 +185,7 @@ impl Write for StoreStaged {
 impl Staged for StoreStaged {
     fn seal(self: Box<Self>) -> std::io::Result<()> {
         let spool = self.spool.into_inner().map_err(|e| e.into_error())?;
-        self.store.put_file(&self.path, spool.path()).map_err(io_error)
+        self.store.put_file(&self.path, spool).map_err(io_error)
     }
 }
 
@@ -205,7 +206,7 @@ impl OutputDir for StoreDir {
         Ok(Box::new(StoreStaged {
             store: self.0.clone(),
             path: format!("{IN_PROGRESS}/{name}"),
-            spool: BufWriter::new(tempfile::NamedTempFile::new()?),
+            spool: BufWriter::new(tempfile::tempfile()?),
         }))
     }
 
