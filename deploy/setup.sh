@@ -13,6 +13,13 @@ COMPONENTIZE_PY_VERSION=0.25.1
 MOTO_VERSION=5.2.1
 PLAYWRIGHT_CORE_VERSION=1.65.1 # as pinned in tests/ui/package.json
 
+# A clean build and test run takes about 5 GB (target/ and the guests' builds); below that
+# the compiler dies mid-build with "No space left on device". Warn first, with the figure.
+free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
+if [ "${free_kb:-0}" -lt $((6 * 1024 * 1024)) ]; then
+  echo "setup: warning: only $((free_kb / 1024)) MiB free here; a clean build and test run needs about 5 GB" >&2
+fi
+
 # rust-toolchain.toml pins the toolchain and lists the target; this makes sure it is present.
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
   echo "setup: adding the wasm32-wasip2 target"
