@@ -758,6 +758,51 @@ fn bucket_store(s3: &S3Service, bucket: &str) -> eddy_engine::checkpoint::Checkp
     eddy_engine::checkpoint::CheckpointStore::over(std::sync::Arc::new(store), "moto".into()).expect("store")
 }
 
+/// Downloads from a bucket (a file source's object on restart): from an offset, each byte lands
+/// at its own offset behind a hole; from the end or past it nothing is fetched; a download told
+/// it has enough stops; a missing object says so.
+#[test]
+fn a_download_from_a_bucket_starts_at_an_offset_and_stops_when_told() {
+    use std::io::Read;
+    let s3 = S3Service::start();
+    s3.create_bucket("files");
+    let store = bucket_store(&s3, "files");
+    let object: Vec<u8> = (0..3_000_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    store.put("in", object.clone()).expect("put");
+    let read_back = |file: &mut std::fs::File| {
+        let mut bytes = Vec::new();
+        std::io::Seek::rewind(file).expect("rewind");
+        file.read_to_end(&mut bytes).expect("read");
+        bytes
+    };
+    for from in [0usize, 1, 1_234_567, 2_999_999] {
+        let mut file = tempfile::tempfile().expect("tempfile");
+        assert_eq!(store.download("in", from as u64, &mut file, |_| false).expect("download"), 3_000_000);
+        let bytes = read_back(&mut file);
+        assert_eq!(bytes.len(), 3_000_000, "from {from}");
+        assert!(bytes[..from].iter().all(|&b| b == 0), "from {from}: a hole before it");
+        assert!(bytes[from..] == object[from..], "from {from}: the rest, in place");
+    }
+    for from in [3_000_000, 3_000_005] {
+        let mut file = tempfile::tempfile().expect("tempfile");
+        assert_eq!(store.download("in", from, &mut file, |_| false).expect("download"), 3_000_000);
+        assert!(read_back(&mut file).is_empty(), "from {from}: nothing fetched");
+    }
+    let mut file = tempfile::tempfile().expect("tempfile");
+    let mut chunks = 0;
+    store
+        .download("in", 0, &mut file, |_| {
+            chunks += 1;
+            true
+        })
+        .expect("download");
+    let bytes = read_back(&mut file);
+    assert_eq!(chunks, 1);
+    assert!(!bytes.is_empty() && bytes.len() < object.len() && bytes[..] == object[..bytes.len()], "one chunk");
+    let err = store.download("gone", 5, &mut file, |_| false).expect_err("missing").to_string();
+    assert!(err.contains("gone") && err.contains("missing"), "{err}");
+}
+
 /// A files sink whose output is a bucket (as a cluster's jobs write it): a staged file larger
 /// than one request goes up in parts, is published whole, and nothing stays staged.
 #[test]

@@ -386,7 +386,8 @@ pub enum SourceSpec {
         #[serde(default = "default_max_line_bytes")]
         max_line_bytes: usize,
         /// Read an object of an S3-compatible bucket instead of a local file, so a reader on any
-        /// machine finds it: the whole object is downloaded when the source opens. Not with
+        /// machine finds it: the object is downloaded when the source opens (a resumed source
+        /// fetches it from its position on, and a CSV header). Not with
         /// `follow` (an object is replaced whole, never appended to).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         s3: Option<S3Spec>,

@@ -153,26 +153,53 @@ impl CheckpointStore {
         }
     }
 
-    /// Streams `path` into `to` (a chunk at a time, never whole in memory); returns its size.
-    pub fn download(&self, path: &str, to: &mut std::fs::File) -> Result<u64, CheckpointError> {
-        use std::io::Write;
+    /// Streams `path` from byte `from` to its end into `to`, each byte at its own offset (so
+    /// `to` has a hole before `from`), a chunk at a time, never whole in memory; stops early
+    /// once `enough` says so of a chunk just written. Returns the object's size; nothing is
+    /// written when `from` is at or past its end.
+    pub fn download(
+        &self,
+        path: &str,
+        from: u64,
+        to: &mut std::fs::File,
+        mut enough: impl FnMut(&[u8]) -> bool,
+    ) -> Result<u64, CheckpointError> {
+        use std::io::{Seek, SeekFrom, Write};
         self.fault(StoreOp::Get, path, "reading")?;
         let what = || format!("reading {path} in {}", self.describe);
         let storage = |problem: String| CheckpointError::Storage { what: what(), problem };
+        let missing = || CheckpointError::Corrupt { file: path.to_owned(), problem: "missing".into() };
+        let location = StorePath::from(path);
         self.runtime.block_on(async {
-            let got = match self.inner.get(&StorePath::from(path)).await {
-                Ok(got) => got,
-                Err(object_store::Error::NotFound { .. }) => {
-                    return Err(CheckpointError::Corrupt { file: path.to_owned(), problem: "missing".into() });
+            if from > 0 {
+                // A range starting at or past the end is an error to a store, not an empty answer.
+                let size = match self.inner.head(&location).await {
+                    Ok(meta) => meta.size,
+                    Err(object_store::Error::NotFound { .. }) => return Err(missing()),
+                    Err(e) => return Err(storage(e.to_string())),
+                };
+                if from >= size {
+                    return Ok(size);
                 }
+            }
+            let options = object_store::GetOptions {
+                range: (from > 0).then_some(object_store::GetRange::Offset(from)),
+                ..Default::default()
+            };
+            let got = match self.inner.get_opts(&location, options).await {
+                Ok(got) => got,
+                Err(object_store::Error::NotFound { .. }) => return Err(missing()),
                 Err(e) => return Err(storage(e.to_string())),
             };
+            let size = got.meta.size;
+            to.seek(SeekFrom::Start(from)).map_err(|e| storage(e.to_string()))?;
             let mut stream = got.into_stream();
-            let mut size = 0;
             while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
                 let chunk = chunk.map_err(|e| storage(e.to_string()))?;
                 to.write_all(&chunk).map_err(|e| storage(e.to_string()))?;
-                size += chunk.len() as u64;
+                if enough(&chunk) {
+                    break;
+                }
             }
             Ok(size)
         })

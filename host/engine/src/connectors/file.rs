@@ -28,7 +28,8 @@ pub(super) struct FileOptions {
     pub name: String,
     /// The file (with `object`, where the object is, for errors).
     pub path: PathBuf,
-    /// An object of a bucket to read instead, and its key: downloaded whole at open.
+    /// An object of a bucket to read instead, and its key: downloaded at open (from the
+    /// resumed position on, see [`download`]).
     pub object: Option<(eddy_plan::S3Spec, String)>,
     /// How lines become records.
     pub format: SourceFormat,
@@ -64,9 +65,16 @@ impl FileSource {
     pub(super) fn open(opts: FileOptions, start: Option<&SourcePosition>) -> Result<Self, SourceError> {
         let file = match &opts.object {
             None => File::open(&opts.path),
-            Some((s3, key)) => download(s3, key),
+            Some((s3, key)) => crate::checkpoint::CheckpointStore::s3(s3)
+                .map_err(std::io::Error::other)
+                .and_then(|store| download(&store, key, &opts, start)),
         }
         .map_err(|source| io_error(&opts, source))?;
+        Self::over(opts, file, start)
+    }
+
+    /// Reads `file` (opened from `opts`), resuming at `start` when given.
+    fn over(opts: FileOptions, file: File, start: Option<&SourcePosition>) -> Result<Self, SourceError> {
         let mut src = FileSource {
             opts,
             reader: BufReader::with_capacity(READ_BUFFER_BYTES, file),
@@ -334,13 +342,36 @@ impl super::Source for FileSource {
     }
 }
 
-/// Object `key` of bucket `s3` in an unnamed temporary file (gone when closed), ready to read.
-fn download(s3: &eddy_plan::S3Spec, key: &str) -> std::io::Result<File> {
+/// Object `key` of `store` in an unnamed temporary file (gone when closed, even when the
+/// process is killed), ready to read from `start`. The file has the object's size and offsets,
+/// but a source resuming at byte `b` reads only the object from `b - 1` (the newline before its
+/// position, which it checks) and, for CSV, the header line: only those are fetched, and the
+/// rest is a hole. So a restart costs the part not read yet, not the whole object again.
+fn download(
+    store: &crate::checkpoint::CheckpointStore,
+    key: &str,
+    opts: &FileOptions,
+    start: Option<&SourcePosition>,
+) -> std::io::Result<File> {
     let mut file = tempfile::tempfile()?;
-    let store = crate::checkpoint::CheckpointStore::s3(s3).map_err(std::io::Error::other)?;
-    let size = store.download(key, &mut file).map_err(std::io::Error::other)?;
+    let from = match start {
+        Some(&SourcePosition::File { byte, .. }) => byte.saturating_sub(1),
+        _ => 0,
+    };
+    let size = store.download(key, from, &mut file, |_| false).map_err(std::io::Error::other)?;
+    if from > 0 && opts.format == SourceFormat::Csv {
+        // Up to the header's newline, or past the line limit (which then fails it, as read).
+        let (mut fetched, limit) = (0, opts.max_line_bytes as u64 + 1);
+        let header_read = |chunk: &[u8]| {
+            fetched += chunk.len() as u64;
+            chunk.contains(&b'\n') || fetched > limit
+        };
+        store.download(key, 0, &mut file, header_read).map_err(std::io::Error::other)?;
+    }
+    // A hole to the end when the position lies past it, so that resuming says how long it is.
+    file.set_len(size)?;
     file.seek(SeekFrom::Start(0))?;
-    tracing::info!(bucket = %s3.bucket, key, size, "downloaded a file source's object");
+    tracing::info!(store = store.describe(), key, size, from, "downloaded a file source's object");
     Ok(file)
 }
 
@@ -421,6 +452,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::checkpoint::CheckpointStore;
     use crate::connectors::{Source, open_source};
     use eddy_plan::SourceSpec;
 
@@ -490,6 +522,72 @@ mod tests {
             assert!(matches!(err, SourceError::BadInput { line: 1, .. }), "follow {follow}: {err}");
             assert!(src.pending.capacity() <= LIMIT + 1, "follow {follow}: {} bytes held", src.pending.capacity());
         }
+    }
+
+    /// An object source in a directory store (the same `CheckpointStore` calls as on S3).
+    fn object_source(dir: &tempfile::TempDir, contents: &str, format: SourceFormat) -> (CheckpointStore, FileOptions) {
+        let store = CheckpointStore::local(&dir.path().join("bucket")).unwrap();
+        store.put("files/in", contents.as_bytes().to_vec()).unwrap();
+        let s3 = eddy_plan::S3Spec {
+            bucket: "unused".into(),
+            prefix: String::new(),
+            endpoint: None,
+            region: String::new(),
+            allow_http: false,
+        };
+        let options = FileOptions {
+            name: "input".into(),
+            path: "files/in".into(),
+            object: Some((s3, "files/in".into())),
+            format,
+            timestamp: None,
+            follow: false,
+            max_line_bytes: 16 << 20,
+        };
+        (store, options)
+    }
+
+    /// A restart fetches the object from its position on (and the CSV header), not again whole,
+    /// and reads from there exactly the rows a reader of the whole file reads.
+    #[test]
+    fn a_resumed_object_source_fetches_only_the_header_and_the_rest_and_reads_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows: Vec<String> = (0..20_000).map(|i| format!("u{i},{i}\n")).collect();
+        let contents = format!("name,n\n{}", rows.concat());
+        let (store, options) = object_source(&dir, &contents, SourceFormat::Csv);
+        // After the header and 15 000 rows: byte offsets summed from the text, not read back.
+        let byte = "name,n\n".len() + rows[..15_000].iter().map(String::len).sum::<usize>();
+        let position = SourcePosition::File { line: 15_001, byte: byte as u64 };
+
+        let mut file = download(&store, "files/in", &options, Some(&position)).unwrap();
+        let mut local = Vec::new();
+        file.read_to_end(&mut local).unwrap();
+        assert_eq!(local.len(), contents.len(), "the object's size and offsets");
+        assert_eq!(&local[..7], b"name,n\n", "the header");
+        assert_eq!(&local[byte - 1..], &contents.as_bytes()[byte - 1..], "from the newline before the position");
+        // Fetched in chunks of at most 64 KiB; the ~140 KB between were not fetched.
+        assert!(local[64 << 10..byte - 1].iter().all(|&b| b == 0), "rows before the position were fetched");
+
+        file.seek(SeekFrom::Start(0)).unwrap();
+        let mut src = FileSource::over(options, file, Some(&position)).unwrap();
+        let mut batch = RecordBatch::default();
+        while src.poll(&mut batch, 1_000).unwrap() != SourceStatus::End {}
+        let expected: Vec<Record> =
+            (15_000..20_000).map(|i| rec(&format!(r#"{{"name":"u{i}","n":{i}}}"#), None)).collect();
+        assert_eq!(records(&batch), expected);
+        assert_eq!(src.position(), SourcePosition::File { line: 20_001, byte: contents.len() as u64 });
+    }
+
+    /// A position past the end of the object (it was replaced by a shorter one) is refused as a
+    /// local file's would be, naming the object's real size.
+    #[test]
+    fn a_position_past_the_end_of_the_object_is_refused_with_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, options) = object_source(&dir, "a\nb\n", SourceFormat::Lines);
+        let position = SourcePosition::File { line: 3, byte: 9 };
+        let file = download(&store, "files/in", &options, Some(&position)).unwrap();
+        let err = FileSource::over(options, file, Some(&position)).err().unwrap().to_string();
+        assert!(err.contains("the file has only 4 bytes"), "{err}");
     }
 
     fn write_file(dir: &tempfile::TempDir, contents: &str) -> PathBuf {
