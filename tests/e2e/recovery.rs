@@ -123,6 +123,50 @@ fn stopped_after_three_rocksdb_checkpoints() -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// `eddy savepoint PIPELINE --to DIR` when the newest checkpoint is damaged: the savepoint is the
+/// newest intact checkpoint, the damaged one is named, nothing of its partial copy is left
+/// beside the savepoint, and the savepoint restores.
+#[test]
+fn a_savepoint_passes_over_a_damaged_newest_checkpoint_and_keeps_nothing_of_it() {
+    use eddy_engine::checkpoint::savepoint::savepoint_from_latest;
+    use eddy_engine::checkpoint::{CheckpointMetadata, CheckpointStore, RestorePoint};
+    let (dir, _) = stopped_after_three_rocksdb_checkpoints();
+    let checkpoints = dir.path().join("checkpoints");
+    let ids = completed(&checkpoints);
+    let (intact, newest) = (ids[ids.len() - 2], ids[ids.len() - 1]);
+    let store = CheckpointStore::local(&checkpoints).expect("store");
+    let files = |id| -> Vec<String> {
+        CheckpointMetadata::read(&store, id).expect("metadata").files().map(|f| f.path.clone()).collect()
+    };
+    let (of_intact, of_newest) = (files(intact), files(newest));
+    // The newest checkpoint's last file of its own, so that the copy adds some before meeting it.
+    let own: Vec<&String> = of_newest.iter().filter(|f| !of_intact.contains(f)).collect();
+    assert!(own.len() >= 2, "the newest checkpoint has files of its own: {own:?}");
+    let victim = checkpoints.join(own[own.len() - 1]);
+    let mut bytes = std::fs::read(&victim).expect("read");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    std::fs::write(&victim, bytes).expect("damage");
+
+    let to = dir.path().join("savepoint");
+    let (id, skipped) =
+        savepoint_from_latest(&store, &CheckpointStore::local(&to).expect("savepoint dir")).expect("copy");
+    assert_eq!(id, intact);
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(skipped[0].0, newest);
+    assert!(skipped[0].1.to_string().contains(own[own.len() - 1].as_str()), "{}", skipped[0].1);
+    let mut kept: Vec<String> =
+        tree(&to).into_keys().map(|p| p.strip_prefix(&to).expect("inside").to_string_lossy().into_owned()).collect();
+    kept.sort();
+    let mut expected = of_intact.clone();
+    expected.push(format!("chk-{intact}/_metadata"));
+    expected.sort();
+    assert_eq!(kept, expected, "the savepoint holds the intact checkpoint and nothing else");
+    let (point, passed_over) = RestorePoint::latest(&CheckpointStore::local(&to).expect("savepoint")).expect("read");
+    assert!(passed_over.is_empty(), "{passed_over:?}");
+    assert_eq!(point.expect("a restore point").metadata().id, intact);
+}
+
 #[test]
 fn a_checkpoint_that_cannot_be_read_stops_the_start_and_deletes_nothing() {
     let (dir, path) = stopped_after_three_rocksdb_checkpoints();

@@ -513,7 +513,11 @@ fn checkpoint_store(spec: &PipelineSpec) -> Result<(CheckpointStore, String)> {
 fn savepoint(pipeline: PathBuf, to: PathBuf) -> Result<()> {
     let spec = PipelineSpec::from_file(&pipeline)?;
     let (from, _) = checkpoint_store(&spec)?;
-    let id = eddy_engine::checkpoint::savepoint::savepoint_from_latest(&from, &CheckpointStore::local(&to)?)?;
+    let (id, skipped) =
+        eddy_engine::checkpoint::savepoint::savepoint_from_latest(&from, &CheckpointStore::local(&to)?)?;
+    for (damaged, reason) in skipped {
+        eprintln!("warning: passed over checkpoint {damaged}: {reason}");
+    }
     println!("savepoint of checkpoint {id} written to {}", to.display());
     println!("resume with: eddy run {} --from-savepoint {}", pipeline.display(), to.display());
     Ok(())

@@ -46,7 +46,8 @@ fn in_flight_path(root: &Path, state: &SubtaskState, n: usize) -> PathBuf {
     root.join(format!("t{}-s{}-in-flight-{n}", state.task, state.subtask))
 }
 
-fn fetch_verified(store: &CheckpointStore, file: &FileRef) -> Result<Vec<u8>, CheckpointError> {
+/// The bytes of `file`, checked against its recorded size and checksum.
+pub(super) fn fetch_verified(store: &CheckpointStore, file: &FileRef) -> Result<Vec<u8>, CheckpointError> {
     let bytes = store.get(&file.path)?;
     if bytes.len() as u64 != file.bytes || crc32fast::hash(&bytes) != file.crc32 {
         return Err(CheckpointError::Corrupt {

@@ -3,45 +3,62 @@
 //! job can restore from — with a new version of an operator's `.wasm` or another parallelism:
 //! state follows step names and key groups.
 
-use super::metadata::CheckpointMetadata;
+use super::metadata::{CheckpointMetadata, completed_ids};
+use super::restore::{Skipped, fetch_verified};
 use super::store::CheckpointStore;
 use super::{CheckpointError, CheckpointId};
-use crate::checkpoint::restore::RestorePoint;
 
-/// Copies checkpoint `meta` from `from` to `to`: every file it references, then its metadata
-/// (last, so a torn copy is never taken for a savepoint).
+/// Copies checkpoint `meta` from `from` to `to`: every file it references, each checked against
+/// its recorded size and checksum as it goes, then its metadata (last, so a torn copy is never
+/// taken for a savepoint). A damaged file stops the copy and removes the files it added (not
+/// those `to` held already: another savepoint there may share them).
 pub fn copy_checkpoint(
     from: &CheckpointStore,
     meta: &CheckpointMetadata,
     to: &CheckpointStore,
 ) -> Result<CheckpointId, CheckpointError> {
-    for file in meta.files() {
-        let bytes = from.get(&file.path)?;
-        if bytes.len() as u64 != file.bytes || crc32fast::hash(&bytes) != file.crc32 {
-            return Err(CheckpointError::Corrupt {
-                file: file.path.clone(),
-                problem: "size or checksum differs from the checkpoint's record".into(),
-            });
-        }
+    let present: std::collections::HashSet<String> = to.list("")?.into_iter().map(|(path, _)| path).collect();
+    let mut added = Vec::new();
+    let copied = meta.files().try_for_each(|file| {
+        let bytes = fetch_verified(from, file)?;
         to.put(&file.path, bytes)?;
+        if !present.contains(&file.path) {
+            added.push(file.path.as_str());
+        }
+        Ok(())
+    });
+    if let Err(e) = copied.and_then(|()| meta.write(to)) {
+        for path in added {
+            let _ = to.delete(path);
+        }
+        return Err(e);
     }
-    meta.write(to)?;
     Ok(meta.id)
 }
 
-/// Copies the newest valid checkpoint of `from` into `to` (a running job keeps checkpointing
-/// meanwhile; a copy that loses a race with garbage collection is retried once).
-pub fn savepoint_from_latest(from: &CheckpointStore, to: &CheckpointStore) -> Result<CheckpointId, CheckpointError> {
-    let mut last_error = None;
+/// Copies the newest intact checkpoint of `from` into `to`, reading each file once and keeping
+/// nothing locally. A damaged checkpoint is passed over for the next older one, as a restore
+/// does, and returned with the reason. The store is listed a second time if no checkpoint
+/// could be copied: a running job keeps checkpointing meanwhile, and its garbage collection
+/// may delete the one being copied once a newer one completes.
+pub fn savepoint_from_latest(
+    from: &CheckpointStore,
+    to: &CheckpointStore,
+) -> Result<(CheckpointId, Skipped), CheckpointError> {
+    let mut skipped = Skipped::new();
     for _ in 0..2 {
-        let (point, _) = RestorePoint::latest(from)?;
-        let Some(point) = point else {
-            return Err(CheckpointError::Incompatible(format!("no completed checkpoint in {}", from.describe())));
-        };
-        match copy_checkpoint(from, point.metadata(), to) {
-            Ok(id) => return Ok(id),
-            Err(e) => last_error = Some(e),
+        for id in completed_ids(from)? {
+            match CheckpointMetadata::read_verified(from, id).and_then(|meta| copy_checkpoint(from, &meta, to)) {
+                Ok(id) => return Ok((id, skipped)),
+                Err(e @ CheckpointError::Corrupt { .. }) => skipped.push((id, e)),
+                Err(e) => return Err(e),
+            }
         }
     }
-    Err(last_error.unwrap_or_else(|| CheckpointError::Incompatible("savepoint copy failed".into())))
+    let reasons: Vec<String> = skipped.iter().map(|(id, e)| format!("checkpoint {id}: {e}")).collect();
+    Err(CheckpointError::Incompatible(if reasons.is_empty() {
+        format!("no completed checkpoint in {}", from.describe())
+    } else {
+        format!("no intact checkpoint in {} ({})", from.describe(), reasons.join("; "))
+    }))
 }
