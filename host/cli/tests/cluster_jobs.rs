@@ -40,6 +40,15 @@ fn bucket() -> eddy_tests::S3Service {
     s3
 }
 
+/// A cluster on a new bucket (`cluster` with `STORE_FLAGS`) and tenant `acme`: the bucket, the
+/// coordinator, the workers, the tenant's id and token.
+fn acme_on_a_bucket(dir: &Path) -> (eddy_tests::S3Service, Server, Vec<Worker>, String, String) {
+    let s3 = bucket();
+    let (coordinator, fleet) = cluster(dir, &STORE_FLAGS, &store_env(&s3));
+    let (tenant_id, token) = tenant(&coordinator, "acme");
+    (s3, coordinator, fleet, tenant_id, token)
+}
+
 /// `query`'s spec at parallelism 3 over `EVENTS` events with a files sink, its components
 /// uploaded; and the native baseline's rows, sorted.
 fn query(
@@ -240,9 +249,7 @@ fn a_job_on_workers_takes_savepoints_and_rescales_over_more_workers_exactly_once
     let dir = tempfile::tempdir().unwrap();
     // Savepoints in the bucket every worker reaches, as across machines: the rescaled job's
     // parts restore from there.
-    let s3 = bucket();
-    let (coordinator, _fleet) = cluster(dir.path(), &STORE_FLAGS, &store_env(&s3));
-    let (tenant_id, token) = tenant(&coordinator, "acme");
+    let (s3, coordinator, _fleet, tenant_id, token) = acme_on_a_bucket(dir.path());
     expect(upload(&coordinator, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
     let events = 9_000;
     let id = expect(submit(&coordinator, &token, &common::counts_job(events)), 201)["id"].as_str().unwrap().to_owned();
@@ -278,9 +285,7 @@ fn a_job_on_workers_takes_savepoints_and_rescales_over_more_workers_exactly_once
 #[test]
 fn a_file_source_on_workers_reads_the_tenants_file_from_the_bucket() {
     let dir = tempfile::tempdir().unwrap();
-    let s3 = bucket();
-    let (coordinator, _fleet) = cluster(dir.path(), &STORE_FLAGS, &store_env(&s3));
-    let (tenant_id, token) = tenant(&coordinator, "acme");
+    let (s3, coordinator, _fleet, tenant_id, token) = acme_on_a_bucket(dir.path());
     expect(upload(&coordinator, &token, eddy_guest_artifacts::WORDCOUNT_SPLIT, Some(("split", "1"))), 201);
     expect(upload(&coordinator, &token, eddy_guest_artifacts::WORDCOUNT_COUNT, Some(("count", "1"))), 201);
     let text: String = (0..3_000).map(|i| format!("w{} v{}\n", i % 200, (i * 7) % 131)).collect();
