@@ -18,6 +18,7 @@
 //! ```
 
 mod key_group;
+pub mod limits;
 mod record;
 mod time;
 mod timers;

@@ -6,6 +6,12 @@
 //! exchanges at `key_by` and parallelism changes. [`window`] holds the window assigners a
 //! window step names.
 //!
+//! A spec may come from a hostile tenant, so before any value is built its text is walked
+//! once with the YAML parser's own event stream and refused at the first anchor, alias or
+//! merge key, or past the size, nesting and node limits of `eddy_core::limits`
+//! ([`SpecError::Refused`], naming line and column): refusing a spec costs no more than its
+//! text. Names are identifiers, as they become metric labels and log fields.
+//!
 //! Pure: no Wasm runtime, no state backend, no network; the only I/O is
 //! [`PipelineSpec::from_file`] reading the spec. So a server can parse, validate and plan a
 //! submitted pipeline without linking the engine that runs it (`eddy-engine`).
@@ -38,6 +44,7 @@
 mod plan;
 mod spec;
 pub mod window;
+mod yaml_guard;
 
 pub use plan::{EdgePlan, Node, Partitioning, PhysicalPlan, TaskPlan};
 pub use spec::{

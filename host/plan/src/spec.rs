@@ -3,15 +3,18 @@
 
 use std::path::{Path, PathBuf};
 
+use eddy_core::limits::{MAX_NAME_BYTES, MAX_SOURCES, MAX_STEP_CONFIG_BYTES, MAX_STEPS, MAX_VALUE_BYTES};
 use serde::{Deserialize, Serialize};
 
 use crate::window::WindowKind;
+use crate::yaml_guard;
 
 /// A pipeline: sources -> steps -> sink.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSpec {
-    /// Shown in logs and summaries.
+    /// Shown in logs and summaries. Like every name in a spec, an identifier: 1 to 64 bytes
+    /// of ASCII letters, digits, `_`, `-` and `.`, starting with a letter or digit.
     pub name: String,
     /// Number of key groups: the upper bound of any parallelism, fixed for the life of the state.
     #[serde(default = "default_max_parallelism")]
@@ -345,9 +348,9 @@ fn is_relative_key(path: &Path) -> bool {
     !path.as_os_str().is_empty() && path.components().all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
-/// 16 MiB: far beyond any sane record, small enough that one line cannot exhaust the host.
+/// The largest value a guest takes (16 MiB): a longer line could not become a record anyway.
 fn default_max_line_bytes() -> usize {
-    16 << 20
+    MAX_VALUE_BYTES
 }
 
 fn one() -> u32 {
@@ -362,7 +365,8 @@ fn default_buffer_timeout_ms() -> i64 {
     20
 }
 
-/// A source. `name` identifies it in the plan and in metrics.
+/// A source. `name` identifies it in the plan and in metrics (an identifier, as the
+/// pipeline's `name`).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceSpec {
@@ -382,7 +386,8 @@ pub enum SourceSpec {
         #[serde(default)]
         follow: bool,
         /// The longest line accepted, in bytes, not counting its `\n`: a longer line fails the
-        /// job (naming the file and line) instead of being read whole into memory.
+        /// job (naming the file and line) instead of being read whole into memory. At most
+        /// (and by default) `eddy_core::limits::MAX_VALUE_BYTES`, the largest record value.
         #[serde(default = "default_max_line_bytes")]
         max_line_bytes: usize,
         /// Read an object of an S3-compatible bucket instead of a local file, so a reader on any
@@ -647,7 +652,8 @@ impl<'de> Deserialize<'de> for KeyBy {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepSpec {
-    /// Unique within the pipeline; names the operator in errors, logs and metrics.
+    /// Unique within the pipeline; names the operator in errors, logs and metrics (an
+    /// identifier, as the pipeline's `name`).
     pub name: String,
     /// The component, relative to the spec file.
     pub wasm: PathBuf,
@@ -693,7 +699,7 @@ pub struct WindowSpec {
     /// How long after firing a window still accepts records (each re-fires the result).
     #[serde(default)]
     pub allowed_lateness_ms: i64,
-    /// Side output receiving records later than that.
+    /// Side output receiving records later than that (an identifier, as the pipeline's `name`).
     #[serde(default = "default_late_output")]
     pub late_output: String,
     /// Drop late records instead (still counted in metrics).
@@ -793,6 +799,28 @@ pub enum SpecError {
     /// YAML syntax or a field of the wrong shape (the message names it and its line).
     #[error("pipeline spec: {0}")]
     Parse(String),
+    /// The text holds what a spec may not (an anchor, alias or merge key) or more than it may
+    /// (nesting, nodes), refused before any value is built from it.
+    #[error("pipeline spec, line {line} column {column}: {problem}")]
+    Refused {
+        /// 1-based line of the refused node.
+        line: u64,
+        /// 1-based column of the refused node.
+        column: u64,
+        /// What is wrong and what to write instead.
+        problem: String,
+    },
+    /// The text is longer than a spec may be.
+    #[error(
+        "pipeline spec: {bytes} bytes, above the limit of {limit} bytes (MAX_SPEC_BYTES); a step's `config` holds \
+         settings, not data"
+    )]
+    TooLarge {
+        /// Length of the text.
+        bytes: usize,
+        /// `eddy_core::limits::MAX_SPEC_BYTES`.
+        limit: usize,
+    },
     /// A field with a value that cannot work.
     #[error("pipeline spec field `{field}`: {problem}")]
     Invalid {
@@ -817,7 +845,14 @@ impl PipelineSpec {
 
     /// Parses YAML (or JSON) text without checking how the fields fit together, for a caller
     /// that fills in fields (the service places paths) before [`PipelineSpec::validate`].
+    ///
+    /// The text's shape is checked first, before any value is built: at most
+    /// `eddy_core::limits::MAX_SPEC_BYTES` bytes, `MAX_SPEC_NESTING` levels and
+    /// `MAX_SPEC_NODES` nodes, and no anchors, aliases or merge keys (an alias makes a copy
+    /// of its anchor's value, so a short text could stand for an unbounded one). A refusal
+    /// names the line and column ([`SpecError::Refused`]).
     pub fn parse(text: &str) -> Result<Self, SpecError> {
+        yaml_guard::check(text, &yaml_guard::Limits::SPEC)?;
         serde_norway::from_str(text).map_err(|e| SpecError::Parse(e.to_string()))
     }
 
@@ -861,9 +896,7 @@ impl PipelineSpec {
 
     /// Checks that the fields fit together; every error names the field.
     pub fn validate(&self) -> Result<(), SpecError> {
-        if self.name.trim().is_empty() {
-            return Err(invalid("name", "must not be empty"));
-        }
+        check_name("name", &self.name)?;
         let max_p = self.max_parallelism;
         if !(1..=eddy_core::MAX_PARALLELISM_LIMIT).contains(&max_p) {
             return Err(invalid(
@@ -893,6 +926,19 @@ impl PipelineSpec {
         }
         if self.sources.is_empty() {
             return Err(invalid("sources", "needs at least one source"));
+        }
+        // Counted before the loops below, which compare each name with every earlier one.
+        if self.sources.len() > MAX_SOURCES {
+            return Err(invalid(
+                "sources",
+                format!("{} sources, above the limit of {MAX_SOURCES} (MAX_SOURCES)", self.sources.len()),
+            ));
+        }
+        if self.steps.len() > MAX_STEPS {
+            return Err(invalid(
+                "steps",
+                format!("{} steps, above the limit of {MAX_STEPS} (MAX_STEPS)", self.steps.len()),
+            ));
         }
         if self.state.block_cache_mb == 0 || self.state.write_buffer_mb == 0 {
             return Err(invalid("state", "block_cache_mb and write_buffer_mb must be at least 1"));
@@ -946,13 +992,20 @@ impl PipelineSpec {
         }
         for (i, source) in self.sources.iter().enumerate() {
             let field = |f: &str| format!("sources[{i}].{f}");
-            if source.name().trim().is_empty() {
-                return Err(invalid(field("name"), "must not be empty"));
-            }
+            check_name(field("name"), source.name())?;
             if self.sources[..i].iter().any(|s| s.name() == source.name()) {
                 return Err(invalid(field("name"), format!("`{}` is used by an earlier source", source.name())));
             }
             match source {
+                SourceSpec::File { max_line_bytes, .. } if !(1..=MAX_VALUE_BYTES).contains(max_line_bytes) => {
+                    return Err(invalid(
+                        field("max_line_bytes"),
+                        format!(
+                            "{max_line_bytes} is outside 1..={MAX_VALUE_BYTES} (MAX_VALUE_BYTES, the largest record \
+                             value a step takes)"
+                        ),
+                    ));
+                }
                 SourceSpec::File { timestamp: Some(p), .. } if !p.starts_with('/') => {
                     return Err(invalid(field("timestamp"), format!("`{p}` is not a JSON pointer such as `/ts`")));
                 }
@@ -1005,11 +1058,19 @@ impl PipelineSpec {
         }
         for (i, step) in self.steps.iter().enumerate() {
             let field = |f: &str| format!("steps[{i}].{f}");
-            if step.name.trim().is_empty() {
-                return Err(invalid(field("name"), "must not be empty"));
-            }
+            check_name(field("name"), &step.name)?;
             if self.steps[..i].iter().any(|s| s.name == step.name) {
                 return Err(invalid(field("name"), format!("`{}` is used by an earlier step", step.name)));
+            }
+            let config_bytes = json_len(&step.config);
+            if config_bytes > MAX_STEP_CONFIG_BYTES {
+                return Err(invalid(
+                    field("config"),
+                    format!(
+                        "{config_bytes} bytes as JSON, above the limit of {MAX_STEP_CONFIG_BYTES} \
+                         (MAX_STEP_CONFIG_BYTES); a config holds settings, not data: read bulk data from a source"
+                    ),
+                ));
             }
             if let Some(p) = step.parallelism {
                 check_parallelism(field("parallelism"), p)?;
@@ -1018,6 +1079,7 @@ impl PipelineSpec {
                 return Err(invalid(field("state_ttl_ms"), "must be positive (omit it to keep state forever)"));
             }
             if let Some(window) = &step.window {
+                check_name(field("window.late_output"), &window.late_output)?;
                 window.kind().map_err(|(f, problem)| {
                     invalid(field(&format!("window.{f}")), format!("step `{}`: {problem}", step.name))
                 })?;
@@ -1038,6 +1100,55 @@ impl PipelineSpec {
         Ok(())
     }
 }
+
+/// Checks that `name` is an identifier: 1 to `MAX_NAME_BYTES` bytes of ASCII letters, digits,
+/// `_`, `-` and `.`, starting with a letter or digit. Names become metric labels, log fields,
+/// file and key names, and the `[name]` prefix of printed side outputs, so one holding a
+/// quote, a newline, a brace or a `/` could forge another series, line or key; one starting
+/// with `.` could be `..`.
+fn check_name(field: impl Into<String>, name: &str) -> Result<(), SpecError> {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.');
+    let first_ok = name.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric);
+    if first_ok && name.len() <= MAX_NAME_BYTES && name.bytes().all(allowed) {
+        return Ok(());
+    }
+    // Quoted by `Debug`, and cut, so the message itself carries no newline and no megabyte.
+    let shown: String = name.chars().take(MAX_NAME_BYTES + 1).collect();
+    let cut = if shown.len() < name.len() { "..." } else { "" };
+    Err(invalid(
+        field,
+        format!(
+            "{shown:?}{cut} ({} bytes) is not a name: use 1 to {MAX_NAME_BYTES} bytes of ASCII letters, digits, `_`, \
+             `-` and `.`, starting with a letter or digit",
+            name.len()
+        ),
+    ))
+}
+
+/// Bytes of `value` as compact JSON (what a guest's `open` receives), counted without
+/// building the text.
+fn json_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // A `Value` always serializes (its keys are strings) and `Count` never fails; were it to
+    // fail all the same, the config is refused as too large rather than passed unmeasured.
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
+    }
+}
+
+#[cfg(test)]
+mod hostile_tests;
 
 #[cfg(test)]
 mod tests {
