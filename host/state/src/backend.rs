@@ -111,6 +111,40 @@ pub trait StateBackend: Send {
     fn usage(&self) -> Option<crate::StateUsage> {
         None
     }
+
+    /// How the state quota ([`crate::BoundedBackend`]) measures this backend's entries as
+    /// stored (wrappers' additions, such as TTL stamps, included): by what the limit protects,
+    /// memory for state on the heap, key and value bytes for state on disk.
+    fn entry_measure(&self) -> EntryMeasure {
+        EntryMeasure::KeyValueBytes
+    }
+}
+
+/// What the state quota counts of one entry ([`StateBackend::entry_measure`]).
+///
+/// Contract: a measure depends on the key's and the value's lengths alone, never on when or
+/// in what order entries were written, so the same entries count the same in every run and
+/// after every restore, and a count carried in a checkpoint stays true for the backend that
+/// opens it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryMeasure {
+    /// Key plus value bytes: state on disk (RocksDB), whose memory is its bounded block cache
+    /// and memtables, not its entries.
+    KeyValueBytes,
+    /// The memory an entry of the heap backend holds: its node share and its allocations as
+    /// malloc sizes them (see [`crate::heap_memory_bound_bytes`] for what the process may hold
+    /// beyond the count).
+    HeapMemory,
+}
+
+impl EntryMeasure {
+    /// What an entry of `key_len` and `value_len` bytes counts, bytes.
+    pub const fn bytes(self, key_len: usize, value_len: usize) -> u64 {
+        match self {
+            Self::KeyValueBytes => (key_len + value_len) as u64,
+            Self::HeapMemory => crate::heap_memory::entry_memory_bytes(key_len, value_len),
+        }
+    }
 }
 
 /// What [`StateBackend::snapshot`] took.

@@ -8,17 +8,21 @@
 //! runtime's state imports would miss all but the first. Each write asks the inner backend for
 //! the length of the value it replaces ([`StateBackend::value_len`]), so overwrites and deletes
 //! are counted exactly; a prefix delete scans what it removes first.
+//!
+//! Bytes are counted in the inner backend's [`EntryMeasure`], what its limit protects: the
+//! memory an entry holds on the heap, key plus value bytes in RocksDB.
 
 use std::path::Path;
 
-use crate::{BackendSnapshot, StateBackend, StateError, StateLimitExceeded};
+use crate::{BackendSnapshot, EntryMeasure, StateBackend, StateError, StateLimitExceeded};
 
-/// How much state one subtask of one step may hold. Bytes are key plus value as stored (a TTL
-/// stamp included); per-entry overhead of the backend is not counted, which is what
-/// `max_entries` bounds.
+/// How much state one subtask of one step may hold. Bytes are entries as stored (a TTL stamp
+/// included) in the backend's [`EntryMeasure`]: on the heap the memory they hold, node
+/// overhead and allocator rounding included (what the process may hold beyond it:
+/// [`crate::heap_memory_bound_bytes`]); in RocksDB key plus value bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateLimits {
-    /// Key plus value bytes of every entry.
+    /// Bytes of every entry, in the backend's measure.
     pub max_bytes: u64,
     /// Number of entries.
     pub max_entries: u64,
@@ -27,14 +31,10 @@ pub struct StateLimits {
 /// What a subtask's state holds now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StateUsage {
-    /// Key plus value bytes of every entry.
+    /// Bytes of every entry, in the backend's [`EntryMeasure`].
     pub bytes: u64,
     /// Number of entries.
     pub entries: u64,
-}
-
-fn entry_bytes(key: &[u8], value_len: usize) -> u64 {
-    (key.len() + value_len) as u64
 }
 
 /// A [`StateBackend`] that keeps its inner backend within [`StateLimits`].
@@ -44,6 +44,8 @@ fn entry_bytes(key: &[u8], value_len: usize) -> u64 {
 /// state over a lowered limit can still be cleaned up.
 pub struct BoundedBackend {
     inner: Box<dyn StateBackend>,
+    /// The inner backend's, asked once.
+    measure: EntryMeasure,
     limits: StateLimits,
     how_to_raise: String,
     usage: StateUsage,
@@ -52,6 +54,7 @@ pub struct BoundedBackend {
 impl std::fmt::Debug for BoundedBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BoundedBackend")
+            .field("measure", &self.measure)
             .field("limits", &self.limits)
             .field("usage", &self.usage)
             .finish_non_exhaustive()
@@ -70,40 +73,42 @@ impl BoundedBackend {
     }
 
     /// Wraps `inner`, taking its usage from `known` when given: what it held when it was
-    /// checkpointed (its [`StateBackend::usage`] at the snapshot), so opening a large
-    /// checkpointed database costs the open alone (a wrong count only moves where the quota
-    /// bites). Without it, counts with one scan.
+    /// checkpointed (its [`StateBackend::usage`] at the snapshot, counted in the same
+    /// [`EntryMeasure`], which depends on the entries alone), so opening a large checkpointed
+    /// database costs the open alone (a wrong count only moves where the quota bites). Without
+    /// it, counts with one scan.
     pub fn with_usage(
         inner: Box<dyn StateBackend>,
         limits: StateLimits,
         how_to_raise: impl Into<String>,
         known: Option<StateUsage>,
     ) -> Result<Self, StateError> {
+        let measure = inner.entry_measure();
         let usage = match known {
             Some(usage) => usage,
             None => {
                 let mut usage = StateUsage::default();
                 inner.scan_prefix(b"", &mut |k, v| {
-                    usage.bytes += entry_bytes(k, v.len());
+                    usage.bytes += measure.bytes(k.len(), v.len());
                     usage.entries += 1;
                 })?;
                 usage
             }
         };
-        Ok(Self { inner, limits, how_to_raise: how_to_raise.into(), usage })
+        Ok(Self { inner, measure, limits, how_to_raise: how_to_raise.into(), usage })
     }
 
     /// The usage after removing the entry under `key`, if there is one.
     fn without(&self, key: &[u8]) -> Result<StateUsage, StateError> {
-        Ok(usage_without(self.usage, key, self.inner.value_len(key)?))
+        Ok(usage_without(self.measure, self.usage, key, self.inner.value_len(key)?))
     }
 }
 
 /// `usage` less the entry under `key` whose value is `len` bytes long (if there is one).
-fn usage_without(usage: StateUsage, key: &[u8], len: Option<usize>) -> StateUsage {
+fn usage_without(measure: EntryMeasure, usage: StateUsage, key: &[u8], len: Option<usize>) -> StateUsage {
     match len {
         Some(len) => StateUsage {
-            bytes: usage.bytes.saturating_sub(entry_bytes(key, len)),
+            bytes: usage.bytes.saturating_sub(measure.bytes(key.len(), len)),
             entries: usage.entries.saturating_sub(1),
         },
         None => usage,
@@ -140,11 +145,11 @@ impl StateBackend for BoundedBackend {
     }
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-        let Self { inner, limits, how_to_raise, usage } = self;
+        let Self { inner, measure, limits, how_to_raise, usage } = self;
         let mut next = *usage;
         inner.put_admitted(key, value, &mut |old| {
-            let rest = usage_without(*usage, key, old);
-            next = StateUsage { bytes: rest.bytes + entry_bytes(key, value.len()), entries: rest.entries + 1 };
+            let rest = usage_without(*measure, *usage, key, old);
+            next = StateUsage { bytes: rest.bytes + measure.bytes(key.len(), value.len()), entries: rest.entries + 1 };
             admit(*usage, limits, how_to_raise, next)
         })?;
         self.usage = next;
@@ -167,9 +172,9 @@ impl StateBackend for BoundedBackend {
     }
 
     fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
-        let mut removed = StateUsage::default();
+        let (mut removed, measure) = (StateUsage::default(), self.measure);
         self.inner.scan_prefix(prefix, &mut |k, v| {
-            removed.bytes += entry_bytes(k, v.len());
+            removed.bytes += measure.bytes(k.len(), v.len());
             removed.entries += 1;
         })?;
         self.inner.delete_prefix(prefix)?;
@@ -200,6 +205,10 @@ impl StateBackend for BoundedBackend {
     fn usage(&self) -> Option<StateUsage> {
         Some(self.usage)
     }
+
+    fn entry_measure(&self) -> EntryMeasure {
+        self.measure
+    }
 }
 
 #[cfg(test)]
@@ -209,25 +218,36 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::HeapStateBackend;
     use crate::test_ops::{Op, op};
+    use crate::{HeapStateBackend, RocksDbBackend, RocksDbConfig};
 
     fn bounded(limits: StateLimits) -> BoundedBackend {
         BoundedBackend::new(Box::new(HeapStateBackend::default()), limits, "raise it").expect("empty backend")
     }
 
+    /// A bounded RocksDB backend (key plus value bytes) in `dir`, holding `entries` already.
+    fn on_disk(dir: &tempfile::TempDir, entries: &[(&[u8], &[u8])], limits: StateLimits) -> BoundedBackend {
+        let mut db = RocksDbBackend::open(dir.path(), RocksDbConfig::default()).expect("open");
+        for (k, v) in entries {
+            db.put(k, v).expect("put");
+        }
+        BoundedBackend::new(Box::new(db), limits, "raise it").expect("bounded")
+    }
+
     const UNLIMITED: StateLimits = StateLimits { max_bytes: u64::MAX, max_entries: u64::MAX };
 
-    /// Usage recomputed from a plain map: the oracle.
+    /// Usage recomputed from a plain map in the heap's measure: the oracle of the bookkeeping
+    /// (what the measure itself is worth, `tests/heap_memory.rs` measures).
     fn usage_of(map: &BTreeMap<Vec<u8>, Vec<u8>>) -> StateUsage {
-        StateUsage { bytes: map.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum(), entries: map.len() as u64 }
+        let bytes = map.iter().map(|(k, v)| EntryMeasure::HeapMemory.bytes(k.len(), v.len())).sum();
+        StateUsage { bytes, entries: map.len() as u64 }
     }
 
     proptest! {
         /// Overwrites, deletes and prefix deletes keep the count equal to what is stored, and
-        /// a refused write changes nothing.
+        /// a refused write changes nothing. Limits up to about seven small heap entries.
         #[test]
-        fn usage_is_what_is_stored(ops in proptest::collection::vec(op(), 0..60), max_bytes in 0u64..80, max_entries in 0u64..12) {
+        fn usage_is_what_is_stored(ops in proptest::collection::vec(op(), 0..60), max_bytes in 0u64..1_600, max_entries in 0u64..12) {
             let mut backend = bounded(StateLimits { max_bytes, max_entries });
             let mut oracle: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
             for op in ops {
@@ -259,7 +279,8 @@ mod tests {
 
     #[test]
     fn a_write_past_the_limit_is_refused_and_names_it() {
-        let mut backend = bounded(StateLimits { max_bytes: 10, max_entries: 100 });
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = on_disk(&dir, &[], StateLimits { max_bytes: 10, max_entries: 100 });
         backend.put(b"ab", b"cdefgh").unwrap();
         let err = backend.put(b"x", b"yz").unwrap_err();
         assert_eq!(err.to_string(), "the subtask's state would hold 11 bytes, over its limit of 10 bytes; raise it");
@@ -270,12 +291,27 @@ mod tests {
         assert_eq!(backend.usage(), Some(StateUsage { bytes: 6, entries: 2 }));
     }
 
+    /// The case: what fits 50 entries of 20 key and value bytes on disk fits 4 on the
+    /// heap, where each holds about 230 bytes (measured by `tests/heap_memory.rs`).
+    #[test]
+    fn a_heap_entry_counts_the_memory_it_holds_not_its_bytes() {
+        let limits = StateLimits { max_bytes: 1_000, max_entries: 100 };
+        let (dir, mut heap) = (tempfile::tempdir().unwrap(), bounded(limits));
+        let mut disk = on_disk(&dir, &[], limits);
+        let fitting = |backend: &mut BoundedBackend| {
+            (0u32..).take_while(|i| backend.put(format!("key-{i:06}").as_bytes(), b"0123456789").is_ok()).count()
+        };
+        assert_eq!((fitting(&mut disk), fitting(&mut heap)), (50, 4));
+        let heap_bytes = heap.usage().unwrap().bytes;
+        assert!((4 * 200..=4 * 250).contains(&heap_bytes), "{heap_bytes}");
+        assert_eq!(heap.entry_measure(), EntryMeasure::HeapMemory);
+        assert_eq!(disk.entry_measure(), EntryMeasure::KeyValueBytes);
+    }
+
     #[test]
     fn state_already_in_the_backend_and_restored_state_count() {
-        let mut inner = HeapStateBackend::default();
-        inner.put(b"old", b"12345").unwrap();
-        let mut backend =
-            BoundedBackend::new(Box::new(inner), StateLimits { max_bytes: 100, max_entries: 2 }, "raise it").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = on_disk(&dir, &[(b"old", b"12345")], StateLimits { max_bytes: 100, max_entries: 2 });
         assert_eq!(backend.usage(), Some(StateUsage { bytes: 8, entries: 1 }));
         // A restore writes through `raw_mut`.
         backend.raw_mut().put(b"restored", b"1").unwrap();
@@ -288,12 +324,13 @@ mod tests {
     fn a_carried_count_is_trusted_without_a_scan() {
         let mut inner = HeapStateBackend::default();
         inner.put(b"a", b"1").unwrap();
-        let limits = StateLimits { max_bytes: 100, max_entries: 2 };
+        let limits = StateLimits { max_bytes: 10_000, max_entries: 2 };
         let known = Some(StateUsage { bytes: 2, entries: 1 });
         let mut backend = BoundedBackend::with_usage(Box::new(inner), limits, "raise it", known).unwrap();
         backend.put(b"b", b"2").unwrap();
         let err = backend.put(b"c", b"3").unwrap_err();
         assert!(err.to_string().contains("3 entries, over its limit of 2 entries"), "{err}");
+        // `b` came in at what `a` goes out at: the carried 2 bytes remain.
         backend.delete(b"a").unwrap();
         assert_eq!(backend.usage(), Some(StateUsage { bytes: 2, entries: 1 }));
     }
@@ -304,7 +341,8 @@ mod tests {
         for i in 0..1_000u32 {
             backend.put(&i.to_be_bytes(), b"v").unwrap();
         }
-        assert_eq!(backend.usage(), Some(StateUsage { bytes: 5_000, entries: 1_000 }));
+        let bytes = 1_000 * EntryMeasure::HeapMemory.bytes(4, 1);
+        assert_eq!(backend.usage(), Some(StateUsage { bytes, entries: 1_000 }));
         assert_eq!(backend.approximate_len(), 1_000);
     }
 }

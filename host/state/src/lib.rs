@@ -7,7 +7,9 @@
 //! follows one layout ([`StateKey`]): `key group | state id | key hash | key | namespace | map
 //! key`, so everything of one key group is one contiguous range and a rescale moves ranges. [`TtlBackend`]
 //! wraps any backend so state expires a fixed processing time after its last write;
-//! [`BoundedBackend`] keeps one subtask's state within [`StateLimits`] (bytes and entries).
+//! [`BoundedBackend`] keeps one subtask's state within [`StateLimits`] (bytes and entries;
+//! bytes are memory on the heap, so [`heap_memory_bound_bytes`] says what a heap limit may make
+//! the process hold).
 //! List state is an entry per item under the list's key ([`ListKeys`]), so an append costs the
 //! same at any length.
 //!
@@ -25,6 +27,7 @@
 mod backend;
 mod bounded;
 mod heap;
+mod heap_memory;
 mod layout;
 mod list;
 mod rocks;
@@ -32,9 +35,10 @@ mod rocks;
 mod test_ops;
 mod ttl;
 
-pub use backend::{BackendSnapshot, FrozenEntries, StateBackend, StateError, StateLimitExceeded};
+pub use backend::{BackendSnapshot, EntryMeasure, FrozenEntries, StateBackend, StateError, StateLimitExceeded};
 pub use bounded::{BoundedBackend, StateLimits, StateUsage};
 pub use heap::HeapStateBackend;
+pub use heap_memory::{HEAP_SNAPSHOT_COPIES, heap_memory_bound_bytes};
 pub use layout::{DecodedStateKey, HashedKey, StateId, StateKey, decode_list, decode_state_key, encode_list, state_id};
 pub use list::{ListKeys, list_for_each};
 pub use rocks::{RocksDbBackend, RocksDbConfig};

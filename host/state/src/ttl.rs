@@ -296,6 +296,10 @@ impl StateBackend for TtlBackend {
     fn usage(&self) -> Option<crate::StateUsage> {
         self.inner.usage()
     }
+
+    fn entry_measure(&self) -> crate::EntryMeasure {
+        self.inner.entry_measure()
+    }
 }
 
 #[cfg(test)]
