@@ -109,11 +109,12 @@ pub const READ_CHUNK_BYTES: usize = 1 << 20;
 /// subtask: `link_credit` buffers granted by the transport (`Tuning::channel_capacity`, 8 by
 /// default) plus `local_buffers` in the local channel they are handed to (its credit, queue,
 /// and the buffer the subtask holds: 4 + 1 + 1 by default), of which only one may be larger
-/// than [`FRAME_TARGET_BYTES`] (a frame above it may only arrive when nothing else of its
-/// channel is left in the node), plus one read chunk. About 30 MiB by default, where every
-/// buffer could be a largest frame before (8 x 64 MiB in the transport alone). A peer can make
-/// a node hold this for each channel the node registered for it, and nothing for a channel it
-/// did not (see [`MAX_PENDING_STREAMS`]).
+/// than [`FRAME_TARGET_BYTES`] (a frame above it may only arrive once its channel's previous
+/// one was taken by the subtask), plus one read chunk (and, while a frame is decoded, a second
+/// copy of it). About 30 MiB by default, where every buffer could be a largest frame before
+/// (8 x 64 MiB in the transport alone). A peer can make a node hold this for each channel the
+/// node registered for it, and no frame at all on a stream the node did not register (see
+/// [`MAX_PENDING_STREAMS`]).
 pub const fn max_channel_bytes(link_credit: usize, local_buffers: usize) -> usize {
     MAX_FRAME_BYTES + (link_credit + local_buffers).saturating_sub(1) * FRAME_TARGET_BYTES + READ_CHUNK_BYTES
 }

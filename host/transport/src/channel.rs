@@ -67,6 +67,13 @@ pub trait ChannelSender: Send {
     fn spare(&mut self) -> Option<RecordBatch> {
         None
     }
+    /// Waits until the receiver has taken every message sent so far: consumed it, or handed
+    /// its buffer back ([`InputGate::recycle`]) or asked for the next message. A sender that
+    /// cannot tell returns at once. The QUIC transport waits so after an oversized frame, so
+    /// that a channel holds at most one in the receiving node.
+    fn wait_taken(&mut self) -> Result<(), Disconnected> {
+        Ok(())
+    }
 }
 
 /// Receiving end of all input channels of one subtask.
@@ -378,6 +385,23 @@ impl ChannelSender for LocalSender {
     fn spare(&mut self) -> Option<RecordBatch> {
         self.spare.take()
     }
+
+    fn wait_taken(&mut self) -> Result<(), Disconnected> {
+        let shared = &*self.shared;
+        let mut state = shared.lock();
+        loop {
+            if shared.closed.load(Ordering::SeqCst) {
+                return Err(Disconnected);
+            }
+            // Every buffer taken returns its credit at once (threshold 1), which wakes this
+            // channel's sender; a barrier that overtook needs no credit and is not waited for.
+            let channel = &state.channels[self.channel];
+            if channel.receiver.in_use() == 0 && channel.sender.backlog() == 0 {
+                return Ok(());
+            }
+            state = shared.writable[self.channel].wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
 /// In-process receiving end.
@@ -549,6 +573,31 @@ mod tests {
         assert_eq!(waits.blocked_sends, 51 - config.max_in_flight() as u64, "{waits:?}");
         assert_eq!(waits.waiting, 0);
         assert!(blocked.load(Ordering::Relaxed) > 0, "the sender's wait is timed for metrics");
+    }
+
+    #[test]
+    fn wait_taken_returns_once_the_task_is_done_with_everything_sent() {
+        let config = ChannelConfig { capacity: 2, max_queued: 1 };
+        let (shared, mut gate, mut senders) = local_gate(1, config, vec![Arc::default()]);
+        let mut tx = senders.pop().unwrap();
+        tx.wait_taken().expect("nothing sent: nothing to wait for");
+        tx.send(batch(0)).unwrap();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let taken = tx.wait_taken();
+            done_tx.send(()).unwrap();
+            (tx, taken)
+        });
+        let Some((0, Message::Data { batch: first, .. })) = gate.recv(Duration::ZERO).unwrap() else { panic!() };
+        // Received, but the task still holds the batch: the wait cannot be over.
+        assert!(done.try_recv().is_err(), "wait_taken returned while the task held the batch");
+        gate.recycle(0, first);
+        let (mut tx, taken) = waiter.join().unwrap();
+        assert_eq!(taken, Ok(()));
+        assert_eq!(shared.in_flight(0), 0);
+        tx.send(batch(1)).unwrap();
+        shared.close();
+        assert_eq!(tx.wait_taken(), Err(Disconnected), "a closed gate ends the wait");
     }
 
     #[test]

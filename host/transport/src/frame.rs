@@ -15,13 +15,16 @@
 //! `backlog` is how many buffers the sender holds queued behind this one, so a receiver with
 //! spare buffers can grant more than one at a time.
 
+use eddy_core::limits::{FRAME_BYTES_PER_RECORD, FRAME_TARGET_BYTES};
 use eddy_core::{RecordBatch, RecordMeta, Span};
 
 use crate::channel::Message;
 
-/// The largest frame a decoder accepts by default: a 32 KiB buffer with room to spare, and
-/// one oversized record.
-pub const MAX_FRAME_BYTES: u32 = 64 << 20;
+/// The largest frame a decoder accepts by default, as its length prefix counts it (kind and
+/// body): a frame of one record with its key and value at their limits
+/// ([`eddy_core::limits::MAX_FRAME_BYTES`], where it is derived), since a sender cuts every
+/// larger batch into frames of at most [`FRAME_TARGET_BYTES`] ([`split_batch`]).
+pub const MAX_FRAME_BYTES: u32 = eddy_core::limits::MAX_FRAME_BYTES as u32;
 
 const DATA: u8 = 1;
 const WATERMARK: u8 = 2;
@@ -34,6 +37,7 @@ const HAS_SIDE: u8 = 2;
 const NO_KEY: u32 = u32::MAX;
 /// Bytes of one record's entry in a data frame.
 const RECORD_BYTES: usize = 4 * 4 + 1 + 8;
+const _: () = assert!(RECORD_BYTES == FRAME_BYTES_PER_RECORD);
 
 /// What travels on a channel between processes: a channel's [`Message`] one way, credit the
 /// other.
@@ -130,10 +134,58 @@ impl Frame {
             }
         }
         // A batch holds at most u32::MAX bytes (its spans are u32), so this fits but for the
-        // per-record table of a batch that large, which no channel buffer comes near.
+        // per-record table of a batch that large; a sender cuts batches into frames of about
+        // a MiB first (`split_batch`).
         let len = u32::try_from(out.len() - start - 4).unwrap_or(u32::MAX);
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     }
+}
+
+/// The length prefix `message`'s frame will carry (kind and body), without encoding it.
+pub fn frame_len(message: &Message) -> usize {
+    match message {
+        Message::Data { side, batch, watermark } => {
+            data_frame_overhead(side.as_deref(), watermark.is_some()) + batch.byte_len() + batch.len() * RECORD_BYTES
+        }
+        Message::Watermark(_) | Message::Barrier(_) => 1 + 8,
+        Message::EndOfStream => 1,
+    }
+}
+
+/// What a data frame spends besides its data and record table.
+fn data_frame_overhead(side: Option<&str>, watermark: bool) -> usize {
+    let side = side.map_or(0, |s| 2 + s.len().min(usize::from(u16::MAX)));
+    1 + 1 + 4 + usize::from(watermark) * 8 + side + 4 + 4
+}
+
+/// Cuts `batch` (bound for a data frame with `side` and, on its last frame, a watermark) into
+/// batches whose frames are at most [`FRAME_TARGET_BYTES`] each, records in order; a record
+/// whose frame alone is larger goes in a batch of its own. Each record is copied, so bytes of
+/// the buffer no record refers to are left behind. A channel buffer counts only keys and
+/// values, so a batch of many tiny or empty records can cost far more on the wire than its
+/// payload: this is what keeps every frame a sender writes within [`MAX_FRAME_BYTES`].
+pub fn split_batch(batch: &RecordBatch, side: Option<&str>) -> Vec<RecordBatch> {
+    let overhead = data_frame_overhead(side, true);
+    let mut pieces = Vec::new();
+    let (mut piece, mut len) = (RecordBatch::default(), overhead);
+    for record in batch.iter() {
+        let cost = record.key.map_or(0, <[u8]>::len) + record.value.len() + RECORD_BYTES;
+        if !piece.is_empty() && len + cost > FRAME_TARGET_BYTES {
+            pieces.push(std::mem::take(&mut piece));
+            len = overhead;
+        }
+        piece.push_view(&record);
+        len += cost;
+    }
+    if !piece.is_empty() {
+        pieces.push(piece);
+    }
+    pieces
+}
+
+/// The length a frame at the start of `buf` announces, once its prefix is there.
+pub fn announced_len(buf: &[u8]) -> Option<u32> {
+    buf.get(..4).map(|p| u32::from_le_bytes([p[0], p[1], p[2], p[3]]))
 }
 
 /// Reads frames from bytes received so far.
@@ -348,6 +400,36 @@ mod tests {
             }
         }
 
+        /// The length a frame announces is known before it is encoded.
+        #[test]
+        fn frame_len_is_the_announced_length(f in frame()) {
+            let Frame::Message { message, .. } = &f else { return Ok(()) };
+            let mut wire = Vec::new();
+            f.encode(&mut wire);
+            prop_assert_eq!(frame_len(message), wire.len() - 4);
+            prop_assert_eq!(announced_len(&wire), Some((wire.len() - 4) as u32));
+        }
+
+        /// Cut batches hold the same records in the same order, and every frame of more than
+        /// one record is within the target.
+        #[test]
+        fn a_cut_batch_keeps_its_records_in_order_within_the_target(
+            sizes in proptest::collection::vec((0usize..3, 0usize..400_000), 0..12),
+            side in proptest::option::of("[a-z]{1,8}"),
+        ) {
+            let mut batch = RecordBatch::default();
+            for (i, (key, value)) in sizes.iter().enumerate() {
+                batch.push(Some(&vec![i as u8; *key]), &vec![7; *value], Some(i as i64));
+            }
+            let pieces = split_batch(&batch, side.as_deref());
+            let records = |b: &RecordBatch| b.iter().map(|r| r.to_owned()).collect::<Vec<_>>();
+            prop_assert_eq!(pieces.iter().flat_map(records).collect::<Vec<_>>(), records(&batch));
+            for piece in &pieces {
+                let message = Message::Data { side: side.clone(), batch: piece.clone(), watermark: Some(1) };
+                prop_assert!(piece.len() == 1 || frame_len(&message) <= FRAME_TARGET_BYTES);
+            }
+        }
+
         /// Arbitrary bytes never panic, and a frame read from them never claims more bytes
         /// than there are.
         #[test]
@@ -363,6 +445,38 @@ mod tests {
         wire.push(kind);
         wire.extend_from_slice(body);
         wire
+    }
+
+    /// A channel buffer counts keys and values only: records with empty values never fill one,
+    /// and a frame of them would be all table. Cut, every frame is within the target.
+    #[test]
+    fn a_batch_of_empty_records_is_cut_into_frames_within_the_target() {
+        let mut batch = RecordBatch::default();
+        for _ in 0..100_000 {
+            batch.push(None, b"", None);
+        }
+        let whole = Message::Data { side: None, batch: batch.clone(), watermark: None };
+        assert_eq!(frame_len(&whole), 14 + 100_000 * 25, "2.5 MB of frame for 0 bytes of payload");
+        let pieces = split_batch(&batch, None);
+        assert_eq!(pieces.len(), 3);
+        assert_eq!(pieces.iter().map(RecordBatch::len).sum::<usize>(), 100_000);
+        for piece in pieces {
+            let m = Message::Data { side: None, batch: piece, watermark: Some(0) };
+            assert!(frame_len(&m) <= FRAME_TARGET_BYTES);
+        }
+    }
+
+    #[test]
+    fn the_largest_record_fits_the_largest_frame_with_the_longest_side_name() {
+        use eddy_core::limits::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
+        let mut batch = RecordBatch::default();
+        batch.push(Some(&vec![1; MAX_KEY_BYTES]), &vec![2; MAX_VALUE_BYTES], Some(3));
+        let side = "s".repeat(usize::from(u16::MAX) + 10);
+        let m = Message::Data { side: Some(side), batch, watermark: Some(4) };
+        assert_eq!(frame_len(&m), MAX_FRAME_BYTES as usize);
+        let mut wire = Vec::new();
+        Frame::message(m).encode(&mut wire);
+        assert!(Decoder::default().decode(&wire).expect("within the limit").is_some());
     }
 
     #[test]

@@ -26,6 +26,7 @@
 //! # Ok::<(), eddy_transport::FrameError>(())
 //! ```
 
+pub mod admission;
 pub mod channel;
 pub mod credit;
 mod faults;

@@ -99,6 +99,51 @@ pub fn decode_side_header(buf: &[u8]) -> Result<Option<(String, usize)>, String>
     Ok(buf.get(6..6 + len).map(|name| (String::from_utf8_lossy(name).into_owned(), 6 + len)))
 }
 
+const _: () = assert!(FIXED + MAX_JOB_ID_BYTES <= eddy_core::limits::MAX_STREAM_HEADER_BYTES);
+const _: () = assert!(6 + MAX_SIDE_NAME_BYTES <= eddy_core::limits::MAX_STREAM_HEADER_BYTES);
+
+/// What a stream opens with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Header {
+    /// A data stream for this channel.
+    Link(LinkId),
+    /// A side stream of this name.
+    Side(String),
+}
+
+impl Header {
+    /// Reads the header at the start of `buf`: `Ok(Some)` once it is whole, `Ok(None)` if
+    /// more bytes are needed, or why this is no header.
+    pub fn decode(buf: &[u8]) -> Result<Option<Header>, String> {
+        if buf.len() < 4 {
+            return Ok(None);
+        }
+        if buf.starts_with(SIDE_MAGIC) {
+            return Ok(decode_side_header(buf)?.map(|(name, _)| Header::Side(name)));
+        }
+        Ok(LinkId::decode(buf)?.map(|(link, _)| Header::Link(link)))
+    }
+
+    /// How many bytes the header at the start of `buf` takes, as far as `buf` tells: a reader
+    /// that reads no more than this never reads past a header, so what a peer sends after it
+    /// stays in QUIC's flow control until the stream is claimed. Never more than
+    /// [`eddy_core::limits::MAX_STREAM_HEADER_BYTES`], and more than `buf.len()` until
+    /// [`Header::decode`] answers.
+    pub fn wanted(buf: &[u8]) -> usize {
+        if buf.len() < 6 {
+            return 6;
+        }
+        let len = usize::from(u16::from_le_bytes([buf[4], buf[5]]));
+        // A length past its limit is refused by `decode` with what is there.
+        let total = if buf.starts_with(SIDE_MAGIC) {
+            6 + len.min(MAX_SIDE_NAME_BYTES)
+        } else {
+            FIXED + len.min(MAX_JOB_ID_BYTES)
+        };
+        total.max(6)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +176,30 @@ mod tests {
         let mut huge = SIDE_MAGIC.to_vec();
         huge.extend_from_slice(&u16::MAX.to_le_bytes());
         assert!(decode_side_header(&huge).expect_err("too long").contains("65535 bytes"));
+    }
+
+    proptest! {
+        /// Read `wanted` bytes at a time, a header is whole exactly when its last byte is in,
+        /// and nothing past it is ever asked for.
+        #[test]
+        fn a_header_is_read_to_its_end_and_no_further(job in "[a-z0-9-]{0,300}", side in proptest::bool::ANY) {
+            let mut wire = if side { side_header(&job) } else {
+                LinkId { job: job.clone(), attempt: 1, task: 2, subtask: 3, channel: 4 }.encode()
+            };
+            let header_len = wire.len();
+            wire.extend_from_slice(b"what follows the header");
+            let mut read = 0;
+            let header = loop {
+                if let Some(h) = Header::decode(&wire[..read]).expect("a valid header") {
+                    break h;
+                }
+                let wanted = Header::wanted(&wire[..read]);
+                prop_assert!(wanted > read && wanted <= eddy_core::limits::MAX_STREAM_HEADER_BYTES);
+                read = wanted;
+            };
+            prop_assert_eq!(read, header_len);
+            prop_assert_eq!(matches!(header, Header::Side(_)), side);
+        }
     }
 
     #[test]

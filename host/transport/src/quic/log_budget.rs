@@ -1,13 +1,37 @@
 //! A budget for warnings that strangers can trigger: anyone who can send UDP can fail a
-//! handshake, and a member can misbehave on purpose, so the node logs at most a few such lines
-//! per second and then says how many it left out. I/O-free: the caller passes the clock.
+//! handshake, and a member can misbehave on purpose, so a node logs at most
+//! [`LINES_PER_WINDOW`] such lines per [`WINDOW_MS`] and then says how many it left out.
+//! [`crate::quic::QuicNode`] keeps one for its refused handshakes, dropped peers and refused
+//! streams; any other endpoint that strangers can reach (the coordinator's control plane)
+//! should keep its own the same way.
+//!
+//! I/O-free: the caller passes a monotonic clock in milliseconds (a wall clock that steps back
+//! only starts a new window late).
+//!
+//! ```
+//! use std::sync::Mutex;
+//! use eddy_transport::quic::LogBudget;
+//!
+//! let budget = Mutex::new(LogBudget::default());
+//! let start = std::time::Instant::now();
+//! let failed_handshake = |reason: &str| {
+//!     let now_ms = start.elapsed().as_millis() as u64;
+//!     if let Some(left_out) = budget.lock().expect("not poisoned").admit(now_ms) {
+//!         eprintln!("refused a connection: {reason} ({left_out} warnings left out before this one)");
+//!     }
+//! };
+//! for _ in 0..100 {
+//!     failed_handshake("unknown certificate"); // ten are logged, ninety counted
+//! }
+//! ```
 
 /// Lines allowed per window.
 pub const LINES_PER_WINDOW: u32 = 10;
 /// The window, in milliseconds.
 pub const WINDOW_MS: u64 = 1_000;
 
-/// See the module docs.
+/// At most [`LINES_PER_WINDOW`] lines per [`WINDOW_MS`]; the first line logged after some were
+/// left out says how many. One per endpoint, behind a mutex: [`LogBudget::admit`] is cheap.
 #[derive(Debug, Default)]
 pub struct LogBudget {
     window_start_ms: u64,
@@ -16,6 +40,11 @@ pub struct LogBudget {
 }
 
 impl LogBudget {
+    /// A budget with nothing used, whose first window starts at 0 ms.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
     /// Whether a line may be logged at `now_ms`: `Some(n)` with the lines left out since the
     /// last one logged, or `None` to leave this one out.
     pub fn admit(&mut self, now_ms: u64) -> Option<u64> {

@@ -5,9 +5,15 @@
 //!
 //! Files: a CA directory holds `ca.pem` and `ca.key` (the key never leaves the machine that
 //! issues certificates); a node directory holds `ca.pem`, `cert.pem` and `key.pem`.
+//!
+//! Names are lowercase, since certificate names match without regard to case: a CA that
+//! issued `COORDINATOR` to a worker would have issued it the coordinator's name. A worker's
+//! name is one DNS label ([`check_label`]). Certificates expire ([`NodeIdentity::expires_at`]):
+//! a node's after the validity it was issued for, the CA's after [`CA_VALIDITY`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::RootCertStore;
@@ -38,7 +44,7 @@ pub enum TlsError {
         problem: String,
     },
     /// A name cannot be a certificate's DNS name.
-    #[error("`{0}` cannot name a node: use letters, digits, `-` and `.`")]
+    #[error("`{0}` cannot name a node: use lowercase letters, digits, `-` and `.` (a worker: no `.`), at most 63")]
     BadName(String),
     /// Generating or signing failed.
     #[error("certificate generation: {0}")]
@@ -80,6 +86,20 @@ fn invalid(path: &Path, problem: impl std::fmt::Display) -> TlsError {
     TlsError::Invalid { path: path.to_owned(), problem: problem.to_string() }
 }
 
+/// How long a node certificate is valid unless its issuer says otherwise (`eddy cluster cert
+/// --days`; enrollment issues shorter ones).
+pub const NODE_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// How long a new cluster CA is valid.
+pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Sets `params` valid from a day ago (clocks differ) for `valid_for`.
+fn valid_for(params: &mut CertificateParams, valid_for: Duration) {
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(1);
+    params.not_after = now + time::Duration::try_from(valid_for).unwrap_or(time::Duration::days(365));
+}
+
 /// The cluster's certificate authority.
 #[derive(Debug)]
 pub struct ClusterCa {
@@ -94,6 +114,7 @@ impl ClusterCa {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name.push(DnType::CommonName, "Eddy cluster CA");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        valid_for(&mut params, CA_VALIDITY);
         params.key_usages =
             vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let cert = params.self_signed(&key)?;
@@ -126,20 +147,26 @@ impl ClusterCa {
         Ok(ca)
     }
 
-    /// A certificate for node `name`, signed by this CA.
+    /// A certificate for node `name`, signed by this CA, valid for [`NODE_VALIDITY`].
     pub fn issue(&self, name: &str) -> Result<NodeIdentity, TlsError> {
-        self.issue_with_aliases(name, &[])
+        self.issue_with_aliases(name, &[], NODE_VALIDITY)
     }
 
     /// A certificate for node `name` that also answers to `aliases` (the DNS names peers dial
-    /// it by, such as a coordinator's service name).
-    pub fn issue_with_aliases(&self, name: &str, aliases: &[String]) -> Result<NodeIdentity, TlsError> {
+    /// it by, such as a coordinator's service name), valid for `validity`.
+    pub fn issue_with_aliases(
+        &self,
+        name: &str,
+        aliases: &[String],
+        validity: Duration,
+    ) -> Result<NodeIdentity, TlsError> {
         let names: Vec<String> = std::iter::once(name.to_owned()).chain(aliases.iter().cloned()).collect();
         for n in &names {
             check_name(n)?;
         }
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(names)?;
+        valid_for(&mut params, validity);
         params.distinguished_name.push(DnType::CommonName, name);
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(NodeIdentity {
@@ -151,15 +178,22 @@ impl ClusterCa {
     }
 }
 
-/// A node name must be a DNS name, since it is one in the certificate.
+/// A node name must be a lowercase DNS name, since it is one in the certificate.
 pub fn check_name(name: &str) -> Result<(), TlsError> {
     let valid = !name.is_empty()
         && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
         && !name.starts_with(['-', '.'])
         && !name.ends_with(['-', '.'])
         && ServerName::try_from(name).is_ok_and(|n| matches!(n, ServerName::DnsName(_)));
     if valid { Ok(()) } else { Err(TlsError::BadName(name.to_owned())) }
+}
+
+/// A worker's name: one lowercase DNS label (`worker-1`), checked once where it is chosen
+/// (enrollment, `eddy worker`), so that it is the same string wherever it is compared.
+pub fn check_label(name: &str) -> Result<(), TlsError> {
+    check_name(name)?;
+    if name.contains('.') { Err(TlsError::BadName(name.to_owned())) } else { Ok(()) }
 }
 
 /// What a node presents and trusts: its name, its certificate and key, and the cluster CA.
@@ -208,6 +242,14 @@ impl NodeIdentity {
             None => first_dns_name(&identity.cert_pem).map_err(|e| invalid(&cert_path, e))?,
         };
         Ok(Self { name, ..identity })
+    }
+
+    /// When the node's certificate stops being accepted.
+    pub fn expires_at(&self) -> Result<SystemTime, TlsError> {
+        let cert = self.chain()?.into_iter().next().ok_or_else(|| invalid(Path::new("cert.pem"), "no certificate"))?;
+        let (_, parsed) = x509_parser::parse_x509_certificate(&cert).map_err(|e| invalid(Path::new("cert.pem"), e))?;
+        let seconds = parsed.validity().not_after.timestamp();
+        Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(seconds).unwrap_or(0)))
     }
 
     fn chain(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -276,7 +318,8 @@ pub(crate) fn node_name(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(cert).ok()?;
     let san = cert.subject_alternative_name().ok()??;
     san.value.general_names.iter().find_map(|name| match name {
-        x509_parser::extensions::GeneralName::DNSName(dns) => Some((*dns).to_owned()),
+        // Names match without regard to case, so one form is compared everywhere.
+        x509_parser::extensions::GeneralName::DNSName(dns) => Some(dns.to_ascii_lowercase()),
         _ => None,
     })
 }
@@ -310,9 +353,19 @@ mod tests {
     #[test]
     fn names_that_cannot_be_dns_names_are_refused() {
         let ca = ClusterCa::generate().expect("ca");
-        for bad in ["", "a b", "-w", "w-", "x/y", "é", &"a".repeat(64)] {
+        for bad in ["", "a b", "-w", "w-", "x/y", "é", &"a".repeat(64), "COORDINATOR", "Localhost", "Worker-1"] {
             assert!(matches!(ca.issue(bad), Err(TlsError::BadName(_))), "{bad:?}");
         }
         assert!(ca.issue("worker-7.eddy.svc").is_ok());
+        assert!(check_label("worker-7").is_ok());
+        assert!(matches!(check_label("worker-7.eddy.svc"), Err(TlsError::BadName(_))));
+    }
+
+    #[test]
+    fn certificates_expire_after_their_validity() {
+        let ca = ClusterCa::generate().expect("ca");
+        let node = ca.issue_with_aliases("worker-1", &[], Duration::from_secs(30 * 86_400)).expect("issue");
+        let left = node.expires_at().expect("expiry").duration_since(SystemTime::now()).expect("in the future");
+        assert!((29 * 86_400..=30 * 86_400).contains(&left.as_secs()), "{left:?}");
     }
 }
