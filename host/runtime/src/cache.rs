@@ -109,11 +109,13 @@ impl ArtifactCache {
         engine: &Engine,
         digest: &str,
         wasm: &[u8],
+        reuse: bool,
     ) -> Result<(Component, CacheOutcome), LoadError> {
         let key = self.key()?;
         let entry = Entry { key, digest, engine_tag: engine_tag(engine) };
         let path = self.path_for(&entry.engine_tag, digest);
-        let outcome = match fs::read(&path) {
+        let read = if reuse { fs::read(&path) } else { Err(std::io::ErrorKind::NotFound.into()) };
+        let outcome = match read {
             Ok(file) => match entry.authentic_body(&file) {
                 Ok(body) => {
                     // SAFETY: this host's key vouches that the body is byte for byte what

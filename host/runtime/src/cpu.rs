@@ -85,6 +85,12 @@ impl CpuShare {
         Duration::from_nanos(self.throttled_ns.load(std::sync::atomic::Ordering::Relaxed))
     }
 
+    /// How long a call starting now would wait for the group's debt to be paid off: a job
+    /// about to restart waits this long too, so a spinning operator's restarts are charged.
+    pub fn debt(&self) -> Duration {
+        Duration::from_nanos(self.bucket().wait_ns(self.now_ns()))
+    }
+
     fn now_ns(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }

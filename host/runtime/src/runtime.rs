@@ -172,6 +172,18 @@ impl Runtime {
     /// Validates and compiles a component (or maps its cached artifact), naming it `name` in
     /// errors and logs.
     pub fn load(&self, name: &str, wasm: &[u8]) -> Result<Component, LoadError> {
+        self.load_with(name, wasm, true)
+    }
+
+    /// Validates and compiles a component without looking in the cache (the result is still
+    /// written there): how long it takes does not tell whether anyone loaded these bytes
+    /// before. A multi-tenant service loads an upload this way, so that one tenant's upload
+    /// time cannot reveal what another tenant uploaded.
+    pub fn load_fresh(&self, name: &str, wasm: &[u8]) -> Result<Component, LoadError> {
+        self.load_with(name, wasm, false)
+    }
+
+    fn load_with(&self, name: &str, wasm: &[u8], reuse: bool) -> Result<Component, LoadError> {
         if wasm.len() > self.config.max_component_bytes {
             return Err(LoadError::TooLarge { actual: wasm.len(), limit: self.config.max_component_bytes });
         }
@@ -179,7 +191,7 @@ impl Runtime {
         let started = Instant::now();
         let digest = digest_of(wasm);
         let (component, outcome) = match &self.cache {
-            Some(cache) => cache.load_or_compile(&self.engine, &digest, wasm)?,
+            Some(cache) => cache.load_or_compile(&self.engine, &digest, wasm, reuse)?,
             None => (
                 wasmtime::component::Component::new(&self.engine, wasm)
                     .map_err(|e| LoadError::Invalid(format!("{e:#}")))?,
