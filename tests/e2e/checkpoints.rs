@@ -821,7 +821,15 @@ fn a_files_sink_in_a_bucket_publishes_a_large_file_whole() {
     FilesSink::commit(out.as_ref(), &[(3, "big.jsonl".into())]).expect("publish");
     let names = FilesSink::committed(out.as_ref()).expect("list");
     assert_eq!(names.len(), 1, "{names:?}");
-    let bytes = out.read(&names[0]).expect("read");
+    // Read back a chunk at a time, as the service streams a job's output.
+    let (mut bytes, mut chunks) = (Vec::new(), 0);
+    out.read_chunks(&names[0], &mut |chunk| {
+        bytes.extend_from_slice(chunk);
+        chunks += 1;
+        true
+    })
+    .expect("read");
+    assert!(chunks > 1, "a 12 MiB object arrives in chunks, not whole");
     assert_eq!(bytes.len(), (12 << 20) / line.len() * line.len());
     assert!(bytes.chunks(line.len()).all(|l| l == line.as_bytes()), "every line arrived intact");
     assert!(out.staged().expect("staged").is_empty(), "the staged copy is gone");

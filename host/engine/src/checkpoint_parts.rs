@@ -77,8 +77,9 @@ pub enum MasterCommand {
 
 /// The job master's end of the protocol.
 pub struct MasterLink {
-    /// Reports of the other parts.
-    pub reports: Receiver<PartReport>,
+    /// Reports of the other parts, each with the name of the part that sent it (from its
+    /// link, never from the report): the master takes a part's word for its own subtasks only.
+    pub reports: Receiver<(String, PartReport)>,
     /// Sends a command to every other part.
     pub broadcast: Box<dyn Fn(MasterCommand) + Send>,
 }
@@ -120,20 +121,21 @@ impl std::fmt::Debug for CheckpointRole {
     }
 }
 
-/// In-process links between a master and `parts` other parts (tests, and a spread job whose
-/// parts share a process).
+/// In-process links between a master and `parts` other parts, named `part-0`, `part-1`, ...
+/// (tests, and a spread job whose parts share a process).
 pub fn local_links(parts: usize) -> (MasterLink, Vec<PartLink>) {
     let (report_tx, reports) = std::sync::mpsc::channel();
     let mut command_txs = Vec::new();
     let mut links = Vec::new();
-    for _ in 0..parts {
+    for i in 0..parts {
         let (tx, commands) = std::sync::mpsc::channel();
         command_txs.push(tx);
         let report_tx = report_tx.clone();
+        let name = format!("part-{i}");
         links.push(PartLink {
             commands,
             report: Box::new(move |r| {
-                let _ = report_tx.send(r);
+                let _ = report_tx.send((name.clone(), r));
             }),
         });
     }

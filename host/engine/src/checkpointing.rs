@@ -15,7 +15,7 @@ use crate::checkpoint::metadata::{Sweep, collect_garbage};
 use crate::checkpoint::upload::{TakenSnapshot, Uploader};
 use crate::checkpoint::{
     CheckpointCoordinator, CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStats, CheckpointStore,
-    CoordinatorConfig, Decision, SubtaskState,
+    CoordinatorConfig, Decision, From, Participant, Speaker, SubtaskState,
 };
 use crate::checkpoint_parts::{MasterCommand, MasterLink, PartReport};
 use crate::task::now_ms;
@@ -110,7 +110,8 @@ pub(crate) struct CheckpointThread {
     pub max_parallelism: u32,
     pub spec: CheckpointSpec,
     pub store: CheckpointStore,
-    pub participants: usize,
+    /// Every subtask of the plan, numbered as in every part, with the part that runs it.
+    pub participants: Vec<Participant>,
     pub first_id: CheckpointId,
     /// Checkpoints kept from before this run, oldest first (the one restored from is last).
     pub retained: Vec<CheckpointMetadata>,
@@ -123,9 +124,36 @@ pub(crate) struct CheckpointThread {
     pub faults: Option<FaultHook>,
     /// A job spread over several parts: the other parts' reports and the commands to them.
     pub remote: Option<MasterLink>,
-    /// Which participants run in this process (all, unless the job is spread): the final
-    /// commit covers only their sinks, the other parts commit theirs.
-    pub local: Vec<bool>,
+}
+
+/// This process's report about `participant`, whose uploaded snapshot is `state`.
+fn local_speaker(participant: usize, state: &SubtaskState) -> Speaker<'static> {
+    Speaker { participant, from: From::Local, claims: Some((state.task, state.subtask)) }
+}
+
+/// Part `part`'s report about `participant`, with the snapshot it sent, if any.
+fn part_speaker<'a>(part: &'a str, participant: usize, state: Option<&SubtaskState>) -> Speaker<'a> {
+    Speaker { participant, from: From::Part(part), claims: state.map(|s| (s.task, s.subtask)) }
+}
+
+/// Refused reports, logged at most once a second (a rogue part can send them as fast as it
+/// likes) with how many were left out.
+#[derive(Debug, Default)]
+struct RefusalLog {
+    last: Option<Instant>,
+    left_out: u64,
+}
+
+impl RefusalLog {
+    fn note(&mut self, job: &str, refused: &crate::checkpoint::Refused) {
+        if self.last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            self.left_out += 1;
+            return;
+        }
+        self.last = Some(Instant::now());
+        let left_out = std::mem::take(&mut self.left_out);
+        tracing::warn!(job, %refused, left_out, "a checkpoint report was refused");
+    }
 }
 
 /// The checkpoint in flight: each participant's uploaded part and the phase durations.
@@ -146,11 +174,20 @@ impl CheckpointThread {
             timeout_ms: self.spec.timeout_ms,
             min_pause_ms: self.spec.min_pause_ms,
         };
-        let mut coordinator = CheckpointCoordinator::new(config, self.participants, self.first_id, now_ms());
+        let mut coordinator = CheckpointCoordinator::new(config, self.participants.clone(), self.first_id, now_ms());
         let mut uploader = Uploader::knowing(self.retained.iter().flat_map(|m| m.files()), self.first_id);
-        let mut finished: Vec<Option<SubtaskState>> = vec![None; self.participants];
+        let count = self.participants.len();
+        // The final snapshots of finished subtasks (which finished is the coordinator's truth).
+        let mut finished: Vec<Option<SubtaskState>> = vec![None; count];
         let mut in_flight: Option<InFlight> = None;
         let mut last_id = self.first_id.saturating_sub(1);
+        let mut refused = RefusalLog::default();
+        let local_running = |finished: &[Option<SubtaskState>], p: &[Participant]| {
+            finished.iter().zip(p).any(|(f, p)| p.part.is_none() && f.is_none())
+        };
+        let remote_running = |finished: &[Option<SubtaskState>], p: &[Participant]| {
+            finished.iter().zip(p).any(|(f, p)| p.part.is_some() && f.is_none())
+        };
         loop {
             if self.cancel.load(Ordering::Relaxed) {
                 return Ok(());
@@ -162,12 +199,24 @@ impl CheckpointThread {
                     match in_flight.as_mut().filter(|f| f.id == id) {
                         Some(flight) => match upload_snapshot(&self.store, &mut uploader, Some(id), snapshot) {
                             Ok((state, stats)) => {
-                                flight.stats.merge(&stats);
                                 self.fault(FaultPoint::AfterUpload);
-                                flight.parts[participant] = Some(state);
-                                decisions.extend(coordinator.acknowledge(id, participant, now_ms()));
+                                let speaker = local_speaker(participant, &state);
+                                match coordinator.acknowledge(id, &speaker, now_ms()) {
+                                    Ok(decision) => {
+                                        flight.stats.merge(&stats);
+                                        flight.parts[participant] = Some(state);
+                                        decisions.extend(decision);
+                                    }
+                                    Err(e) => refused.note(&self.job, &e),
+                                }
                             }
-                            Err(e) => decisions.extend(coordinator.decline(id, participant, &e.to_string(), now_ms())),
+                            Err(e) => {
+                                let speaker = Speaker { participant, from: From::Local, claims: None };
+                                match coordinator.decline(id, &speaker, &e.to_string(), now_ms()) {
+                                    Ok(decision) => decisions.extend(decision),
+                                    Err(e) => refused.note(&self.job, &e),
+                                }
+                            }
                         },
                         None => {
                             tracing::debug!(job = %self.job, checkpoint = id, "snapshot of an aborted checkpoint dropped")
@@ -177,31 +226,26 @@ impl CheckpointThread {
                 Ok(Report::Finished(snapshot)) => {
                     let participant = snapshot.participant;
                     let (state, _) = upload_snapshot(&self.store, &mut uploader, None, snapshot)?;
-                    // A subtask that already took its part of the pending checkpoint keeps that
-                    // part: its final state is later than the checkpoint's barrier.
-                    if let Some(flight) = in_flight.as_mut().filter(|f| f.parts[participant].is_none()) {
-                        flight.parts[participant] = Some(state.clone());
-                        decisions.extend(coordinator.acknowledge(flight.id, participant, now_ms()));
+                    let speaker = local_speaker(participant, &state);
+                    match coordinator.finish(&speaker, now_ms()) {
+                        Ok(done) => {
+                            decisions.extend(self.finished(&mut in_flight, participant, &state, done));
+                            finished[participant] = Some(state);
+                        }
+                        Err(e) => refused.note(&self.job, &e),
                     }
-                    finished[participant] = Some(state);
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 // Every local subtask is gone, one without finishing: the job was cancelled
                 // or failed.
-                Err(RecvTimeoutError::Disconnected)
-                    if finished.iter().zip(&self.local).any(|(f, local)| *local && f.is_none()) =>
-                {
-                    return Ok(());
-                }
+                Err(RecvTimeoutError::Disconnected) if local_running(&finished, &self.participants) => return Ok(()),
                 // Every local subtask finished; other parts may still run.
                 Err(RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(5)),
             }
             loop {
-                let report = match self.remote.as_ref().map(|r| r.reports.try_recv()) {
+                let (part, report) = match self.remote.as_ref().map(|r| r.reports.try_recv()) {
                     Some(Ok(report)) => report,
-                    Some(Err(TryRecvError::Disconnected))
-                        if finished.iter().zip(&self.local).any(|(f, local)| !*local && f.is_none()) =>
-                    {
+                    Some(Err(TryRecvError::Disconnected)) if remote_running(&finished, &self.participants) => {
                         return Err(CheckpointError::Storage {
                             what: "the job's other parts".into(),
                             problem: "their checkpoint link closed before they finished".into(),
@@ -209,37 +253,40 @@ impl CheckpointThread {
                     }
                     _ => break,
                 };
-                // A part reports only its own subtasks.
-                let participant = match &report {
-                    PartReport::Acknowledged { participant, .. }
-                    | PartReport::Declined { participant, .. }
-                    | PartReport::Finished { participant, .. } => *participant,
-                };
-                if self.local.get(participant) != Some(&false) {
-                    tracing::warn!(job = %self.job, participant, "a part reported a subtask that is not its own; ignored");
-                    continue;
-                }
+                // Each report is judged by who sent it (the part's name from its certificate):
+                // a part speaks for its own subtasks only.
                 match report {
                     PartReport::Acknowledged { id, participant, state, stats } => {
-                        if let Some(flight) = in_flight.as_mut().filter(|f| f.id == id) {
-                            flight.stats.merge(&stats);
-                            flight.parts[participant] = Some(state);
-                            decisions.extend(coordinator.acknowledge(id, participant, now_ms()));
+                        let speaker = part_speaker(&part, participant, Some(&state));
+                        match coordinator.acknowledge(id, &speaker, now_ms()) {
+                            Ok(decision) => {
+                                if let Some(flight) = in_flight.as_mut().filter(|f| f.id == id) {
+                                    flight.stats.merge(&stats);
+                                    flight.parts[participant] = Some(state);
+                                }
+                                decisions.extend(decision);
+                            }
+                            Err(e) => refused.note(&self.job, &e),
                         }
                     }
                     PartReport::Declined { id, participant, reason } => {
-                        decisions.extend(coordinator.decline(id, participant, &reason, now_ms()))
+                        match coordinator.decline(id, &part_speaker(&part, participant, None), &reason, now_ms()) {
+                            Ok(decision) => decisions.extend(decision),
+                            Err(e) => refused.note(&self.job, &e),
+                        }
                     }
                     PartReport::Finished { participant, state } => {
-                        if let Some(flight) = in_flight.as_mut().filter(|f| f.parts[participant].is_none()) {
-                            flight.parts[participant] = Some(state.clone());
-                            decisions.extend(coordinator.acknowledge(flight.id, participant, now_ms()));
+                        match coordinator.finish(&part_speaker(&part, participant, Some(&state)), now_ms()) {
+                            Ok(done) => {
+                                decisions.extend(self.finished(&mut in_flight, participant, &state, done));
+                                finished[participant] = Some(state);
+                            }
+                            Err(e) => refused.note(&self.job, &e),
                         }
-                        finished[participant] = Some(state);
                     }
                 }
             }
-            if finished.iter().all(Option::is_some) {
+            if coordinator.all_finished() {
                 let parts: Vec<SubtaskState> = finished.into_iter().flatten().collect();
                 return self.finish(last_id + 1, parts);
             }
@@ -263,10 +310,7 @@ impl CheckpointThread {
                             stats: CheckpointStats::default(),
                         };
                         // Finished subtasks take part with their final snapshots.
-                        let mut done = None;
-                        for (p, _) in finished.iter().enumerate().filter(|(_, f)| f.is_some()) {
-                            done = done.or(coordinator.acknowledge(id, p, now_ms()));
-                        }
+                        let done = coordinator.acknowledge_finished(id, now_ms());
                         let at_ms = now_ms();
                         self.signals.triggered_ms.store(at_ms, Ordering::SeqCst);
                         self.signals.trigger.store(id, Ordering::SeqCst);
@@ -294,7 +338,24 @@ impl CheckpointThread {
         }
     }
 
-    /// The asynchronous phase of one snapshot; `id: None` for a finished subtask.
+    /// A participant finished (the coordinator took it): a subtask that had not taken its
+    /// part of the pending checkpoint takes it with its final snapshot, which is later than
+    /// the checkpoint's barrier.
+    fn finished(
+        &self,
+        in_flight: &mut Option<InFlight>,
+        participant: usize,
+        state: &SubtaskState,
+        done: crate::checkpoint::Finished,
+    ) -> Option<Decision> {
+        if done.acknowledged
+            && let Some(flight) = in_flight.as_mut()
+        {
+            flight.parts[participant] = Some(state.clone());
+        }
+        done.decision
+    }
+
     /// Whether a savepoint request has no checkpoint yet.
     fn savepoint_waiting(&self) -> bool {
         self.signals.savepoint.lock().is_ok_and(|r| r.as_ref().is_some_and(|r| r.checkpoint.is_none()))
@@ -417,7 +478,7 @@ impl CheckpointThread {
         meta.stats.full_bytes = meta.files().map(|f| f.bytes).sum();
         meta.write(&self.store)?;
         // The participants' order is the metadata's: a part commits its own sinks.
-        let local_sinks = meta.subtasks.iter().zip(&self.local).filter(|(_, local)| **local);
+        let local_sinks = meta.subtasks.iter().zip(&self.participants).filter(|(_, p)| p.part.is_none());
         for state in local_sinks.filter_map(|(s, _)| s.sink.as_ref()) {
             (self.commit_sink)(state).map_err(|e| CheckpointError::Storage {
                 what: "committing the sink's final files".into(),
@@ -474,7 +535,10 @@ mod tests {
             max_parallelism: 128,
             spec,
             store: CheckpointStore::local(dir).expect("store"),
-            participants: 2,
+            participants: vec![
+                Participant { task: 0, subtask: 0, part: None },
+                Participant { task: 0, subtask: 1, part: master.is_some().then(|| "part-0".to_owned()) },
+            ],
             first_id: 1,
             retained: Vec::new(),
             signals: signals.clone(),
@@ -483,7 +547,6 @@ mod tests {
             history: Arc::default(),
             commit_sink: Box::new(|_| Ok(())),
             faults: None,
-            local: vec![true, master.is_none()],
             remote: master,
         }
     }
@@ -558,5 +621,51 @@ mod tests {
         running.join().expect("no panic").expect("final checkpoint written");
         let meta = CheckpointMetadata::read(&store, last).expect("final metadata");
         assert!(meta.finished && meta.subtasks.len() == 2);
+    }
+
+    /// The other part acknowledges and finishes the master's own subtask with forged state:
+    /// refused, so the checkpoint waits for the real subtask and the forged state is in no
+    /// metadata, and the job does not end on the part's word.
+    #[test]
+    fn a_part_cannot_acknowledge_or_finish_a_subtask_that_is_not_its_own() {
+        use crate::checkpoint_parts::{MasterCommand, PartReport, local_links};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckpointStore::local(dir.path()).expect("store");
+        let (reports, received) = mpsc::sync_channel(16);
+        let signals = Arc::new(Signals::default());
+        let (master, mut parts) = local_links(1);
+        let part = parts.remove(0);
+        let thread = two_participants(dir.path(), &signals, received, Some(master));
+        let running = std::thread::spawn(move || thread.run());
+        let next = || part.commands.recv_timeout(Duration::from_secs(30)).expect("a command");
+        let MasterCommand::Trigger { id, .. } = next() else { panic!("the first command triggers") };
+        let mut uploader = Uploader::default();
+        let (forged, stats) = upload_snapshot(&store, &mut uploader, Some(id), snapshot(0, b"forged")).expect("upload");
+        let (own, own_stats) = upload_snapshot(&store, &mut uploader, Some(id), snapshot(1, b"one")).expect("upload");
+        (part.report)(PartReport::Acknowledged { id, participant: 0, state: forged.clone(), stats });
+        // Its own participant, but with the forged snapshot of the other subtask.
+        (part.report)(PartReport::Acknowledged { id, participant: 1, state: forged.clone(), stats: own_stats.clone() });
+        (part.report)(PartReport::Finished { participant: 0, state: forged });
+        (part.report)(PartReport::Acknowledged { id, participant: 1, state: own, stats: own_stats });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(signals.completed.load(Ordering::SeqCst) < id, "completed on the part's word alone");
+        reports.send(Report::Taken { id, snapshot: snapshot(0, b"zero") }).expect("send");
+        assert_eq!(next(), MasterCommand::Completed { id });
+        let meta = CheckpointMetadata::read(&store, id).expect("metadata");
+        let mut backend = eddy_state::HeapStateBackend::default();
+        let point = RestorePoint::latest(&store).expect("read").0.expect("a checkpoint");
+        let all = crate::checkpoint::restore::Share::KeyGroups(eddy_core::KeyGroupRange::all(128));
+        point.restore_operator("count", all, &mut backend, &mut |_| {}).expect("restore");
+        let mut values = Vec::new();
+        eddy_state::StateBackend::scan_prefix(&backend, b"", &mut |_, v| values.push(v.to_vec())).expect("scan");
+        assert_eq!(values, [b"zero".to_vec(), b"one".to_vec()], "each subtask's own state, nothing forged");
+        assert_eq!(meta.subtasks.len(), 2);
+        drop(reports);
+        drop(part);
+        // The master's own subtask never finished (its report was refused): the job was
+        // cancelled, not finished, and no final checkpoint says otherwise.
+        running.join().expect("no panic").expect("cancelled");
+        let newest = RestorePoint::latest(&store).expect("read").0.expect("a checkpoint");
+        assert!(!newest.metadata().finished, "the job ended on the part's word");
     }
 }

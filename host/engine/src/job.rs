@@ -26,7 +26,9 @@ use eddy_state::{
 use crate::checkpoint::restore::Share;
 use crate::checkpoint::store::StoreFaults;
 use crate::checkpoint::upload::Uploader;
-use crate::checkpoint::{BarrierHandler, BarrierMode, CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
+use crate::checkpoint::{
+    BarrierHandler, BarrierMode, CheckpointError, CheckpointId, CheckpointStore, Participant, RestorePoint,
+};
 use crate::checkpoint_parts::{CheckpointRole, PartThread};
 use crate::checkpointing::{
     CheckpointThread, CompletedCheckpoint, FaultHook, SavepointRequest, Signals, SinkCommitter,
@@ -562,6 +564,7 @@ impl Job {
             )));
         }
         let is_local = |task: usize, subtask: u32| placement.is_none_or(|p| p.is_local(task, subtask));
+        let runner = |task: usize, subtask: u32| placement.map(|p| p.runner(task, subtask)).unwrap_or_default();
         if let Some(p) = placement {
             let control = control.clone();
             let job = spec.name.clone();
@@ -844,7 +847,17 @@ impl Job {
                             max_parallelism: spec.max_parallelism,
                             spec: checkpoints.clone(),
                             store: recovery.store,
-                            participants: plan.subtasks() as usize,
+                            participants: plan
+                                .tasks
+                                .iter()
+                                .flat_map(|t| {
+                                    (0..t.parallelism).map(move |subtask| Participant {
+                                        task: t.id,
+                                        subtask,
+                                        part: (!is_local(t.id, subtask)).then(|| runner(t.id, subtask)),
+                                    })
+                                })
+                                .collect(),
                             first_id,
                             retained,
                             signals: signals.clone(),
@@ -857,11 +870,6 @@ impl Job {
                                 Some(CheckpointRole::Master(link)) => Some(link),
                                 _ => None,
                             },
-                            local: plan
-                                .tasks
-                                .iter()
-                                .flat_map(|t| (0..t.parallelism).map(move |i| is_local(t.id, i)))
-                                .collect(),
                         };
                         Box::new(move || master.run())
                     }

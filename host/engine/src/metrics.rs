@@ -85,16 +85,18 @@ impl MetricsSnapshot {
     /// Adds another part's snapshot of the same plan: counters sum, watermarks take the
     /// minimum, and the elapsed time stays this one's.
     pub fn absorb(&mut self, part: &MetricsSnapshot) {
+        // Another process's numbers: extra tasks are ignored and sums saturate, so a broken
+        // or lying part skews the view at worst, never the coordinator.
         for (t, p) in self.tasks.iter_mut().zip(&part.tasks) {
-            t.records_in += p.records_in;
-            t.records_out += p.records_out;
+            t.records_in = t.records_in.saturating_add(p.records_in);
+            t.records_out = t.records_out.saturating_add(p.records_out);
             t.watermark = t.watermark.min(p.watermark);
-            t.blocked_ns += p.blocked_ns;
-            t.late_records += p.late_records;
-            t.wasm_memory_bytes += p.wasm_memory_bytes;
+            t.blocked_ns = t.blocked_ns.saturating_add(p.blocked_ns);
+            t.late_records = t.late_records.saturating_add(p.late_records);
+            t.wasm_memory_bytes = t.wasm_memory_bytes.saturating_add(p.wasm_memory_bytes);
         }
-        self.source_records += part.source_records;
-        self.sink_records += part.sink_records;
+        self.source_records = self.source_records.saturating_add(part.source_records);
+        self.sink_records = self.sink_records.saturating_add(part.sink_records);
     }
 
     /// Lowest watermark of any task that has one (where event time stands in the job).

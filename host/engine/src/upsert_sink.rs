@@ -45,10 +45,16 @@ impl UpsertSink {
 
     /// Every (key, value) of the table in `dir`, in key order (for readers and tests).
     pub fn read_table(dir: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let table = RocksDbBackend::open_read_only(dir).map_err(io)?;
         let mut rows = Vec::new();
-        table.scan_prefix(b"", &mut |k, v| rows.push((k.to_vec(), v.to_vec()))).map_err(io)?;
+        Self::scan_table(dir, &mut |k, v| rows.push((k.to_vec(), v.to_vec())))?;
         Ok(rows)
+    }
+
+    /// Hands every (key, value) of the table in `dir` to `visit`, in key order, without
+    /// holding the table in memory (a reader streaming it out).
+    pub fn scan_table(dir: &Path, visit: &mut dyn FnMut(&[u8], &[u8])) -> std::io::Result<()> {
+        let table = RocksDbBackend::open_read_only(dir).map_err(io)?;
+        table.scan_prefix(b"", visit).map_err(io)
     }
 }
 

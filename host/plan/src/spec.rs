@@ -76,7 +76,9 @@ pub struct StateSpec {
     /// RocksDB memtable size per subtask and step, MiB (two at most).
     #[serde(default = "default_write_buffer_mb")]
     pub write_buffer_mb: usize,
-    /// Key plus value bytes one subtask of one step may hold; a step's `state_max_bytes`
+    /// State one subtask of one step may hold: on the heap the memory its entries occupy
+    /// (`eddy_state`'s count: node share, keys and values as allocated), in RocksDB key plus
+    /// value bytes; a step's `state_max_bytes`
     /// overrides it. Default: 1 GiB on the heap, 64 GiB in RocksDB.
     #[serde(default)]
     pub max_bytes_per_subtask: Option<u64>,
@@ -100,7 +102,8 @@ impl Default for StateSpec {
 }
 
 impl StateSpec {
-    /// Key plus value bytes one subtask of `step` may hold: the step's `state_max_bytes`, else
+    /// State one subtask of `step` may hold (heap: memory, RocksDB: key plus value bytes): the
+    /// step's `state_max_bytes`, else
     /// `max_bytes_per_subtask`, else the backend's default (1 GiB on the heap, 64 GiB in RocksDB).
     pub fn max_bytes_for(&self, step: &StepSpec) -> u64 {
         let default = match self.backend {
@@ -396,6 +399,11 @@ pub enum SourceSpec {
         /// `follow` (an object is replaced whole, never appended to).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         s3: Option<S3Spec>,
+        /// Read `path` only as a regular file under this directory, reached without following
+        /// a symbolic link on the way (the service sets it to a tenant's files area, which a
+        /// shared volume could fill with links to the host's files).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        beneath: Option<PathBuf>,
     },
     /// Deterministic synthetic events: event `i` is a pure function of `(seed, i)`.
     Generator(GeneratorSpec),
@@ -669,7 +677,7 @@ pub struct StepSpec {
     /// Keyed state not written for this long reads as absent and is purged.
     #[serde(default)]
     pub state_ttl_ms: Option<i64>,
-    /// Key plus value bytes one subtask of this step may hold (default: `state.max_bytes_per_subtask`).
+    /// State one subtask of this step may hold, as `state.max_bytes_per_subtask` counts it (its default).
     #[serde(default)]
     pub state_max_bytes: Option<u64>,
     /// Entries one subtask of this step may hold (default: `state.max_entries_per_subtask`).
@@ -1173,6 +1181,7 @@ mod tests {
                 follow: false,
                 max_line_bytes: 16 << 20,
                 s3: None,
+                beneath: None,
             }
         );
     }

@@ -30,7 +30,9 @@ pub mod store;
 pub mod unaligner;
 pub mod upload;
 
-pub use coordinator::{CheckpointCoordinator, CheckpointId, CoordinatorConfig, Decision};
+pub use coordinator::{
+    CheckpointCoordinator, CheckpointId, CoordinatorConfig, Decision, Finished, From, Participant, Refused, Speaker,
+};
 pub use metadata::{CheckpointMetadata, CheckpointStats, SubtaskState};
 pub use restore::RestorePoint;
 pub use store::CheckpointStore;

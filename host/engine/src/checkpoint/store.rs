@@ -165,12 +165,44 @@ impl CheckpointStore {
         mut enough: impl FnMut(&[u8]) -> bool,
     ) -> Result<u64, CheckpointError> {
         use std::io::{Seek, SeekFrom, Write};
+        let mut positioned = false;
+        let mut failed = None;
+        let size = self.stream(path, from, |chunk| {
+            let written = (|| {
+                if !positioned {
+                    to.seek(SeekFrom::Start(from))?;
+                    positioned = true;
+                }
+                to.write_all(chunk)
+            })();
+            match written {
+                Ok(()) => !enough(chunk),
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            }
+        })?;
+        match failed {
+            Some(e) => Err(CheckpointError::Storage {
+                what: format!("reading {path} in {}", self.describe),
+                problem: e.to_string(),
+            }),
+            None => Ok(size),
+        }
+    }
+
+    /// Hands `path` from byte `from` to its end to `each`, a chunk at a time, never whole in
+    /// memory, until `each` answers `false`. Returns the object's size; `each` is not called
+    /// when `from` is at or past its end. `each` runs outside the store's runtime, so it may
+    /// block (hand the chunk to a bounded channel, write a file).
+    pub fn stream(&self, path: &str, from: u64, mut each: impl FnMut(&[u8]) -> bool) -> Result<u64, CheckpointError> {
         self.fault(StoreOp::Get, path, "reading")?;
         let what = || format!("reading {path} in {}", self.describe);
         let storage = |problem: String| CheckpointError::Storage { what: what(), problem };
         let missing = || CheckpointError::Corrupt { file: path.to_owned(), problem: "missing".into() };
         let location = StorePath::from(path);
-        self.runtime.block_on(async {
+        let opened = self.runtime.block_on(async {
             if from > 0 {
                 // A range starting at or past the end is an error to a store, not an empty answer.
                 let size = match self.inner.head(&location).await {
@@ -179,30 +211,27 @@ impl CheckpointStore {
                     Err(e) => return Err(storage(e.to_string())),
                 };
                 if from >= size {
-                    return Ok(size);
+                    return Ok((size, None));
                 }
             }
             let options = object_store::GetOptions {
                 range: (from > 0).then_some(object_store::GetRange::Offset(from)),
                 ..Default::default()
             };
-            let got = match self.inner.get_opts(&location, options).await {
-                Ok(got) => got,
-                Err(object_store::Error::NotFound { .. }) => return Err(missing()),
-                Err(e) => return Err(storage(e.to_string())),
-            };
-            let size = got.meta.size;
-            to.seek(SeekFrom::Start(from)).map_err(|e| storage(e.to_string()))?;
-            let mut stream = got.into_stream();
-            while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
-                let chunk = chunk.map_err(|e| storage(e.to_string()))?;
-                to.write_all(&chunk).map_err(|e| storage(e.to_string()))?;
-                if enough(&chunk) {
-                    break;
-                }
+            match self.inner.get_opts(&location, options).await {
+                Ok(got) => Ok((got.meta.size, Some(got.into_stream()))),
+                Err(object_store::Error::NotFound { .. }) => Err(missing()),
+                Err(e) => Err(storage(e.to_string())),
             }
-            Ok(size)
-        })
+        })?;
+        let (size, Some(mut chunks)) = opened else { return Ok(opened.0) };
+        while let Some(chunk) = self.runtime.block_on(futures_util::StreamExt::next(&mut chunks)) {
+            let chunk = chunk.map_err(|e| storage(e.to_string()))?;
+            if !each(&chunk) {
+                break;
+            }
+        }
+        Ok(size)
     }
 
     /// Whether `path` exists.

@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use eddy_core::RecordBatch;
 use serde_json::Value;
@@ -39,6 +39,47 @@ pub(super) struct FileOptions {
     pub follow: bool,
     /// The longest line accepted, not counting its `\n`.
     pub max_line_bytes: usize,
+    /// Open `path` only as a regular file under this directory, following no link on the way
+    /// ([`open_beneath`]).
+    pub beneath: Option<PathBuf>,
+}
+
+/// Opens `path` for reading as a regular file under `root`, one component at a time with
+/// `O_NOFOLLOW`, so no symbolic link on the way is followed (`root` itself may be one: the
+/// server's own directory). A link, a directory, a device or a FIFO in the place of a file is
+/// refused with why, and a FIFO cannot make the open wait.
+pub(super) fn open_beneath(root: &Path, path: &Path) -> std::io::Result<File> {
+    use rustix::fs::{Mode, OFlags, openat};
+    let refused = |why: &str| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why.to_owned());
+    let relative = path.strip_prefix(root).map_err(|_| refused("it is not in the directory it must be read from"))?;
+    let mut names = relative.components().peekable();
+    let mut dir: std::os::fd::OwnedFd = File::open(root)?.into();
+    let nofollow = |e: rustix::io::Errno| {
+        if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::NOTDIR {
+            refused("it is, or lies behind, a symbolic link (or a non-directory): only regular files are read")
+        } else {
+            std::io::Error::from(e)
+        }
+    };
+    while let Some(name) = names.next() {
+        let std::path::Component::Normal(name) = name else {
+            return Err(refused("its path leaves the directory"));
+        };
+        if names.peek().is_some() {
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            dir = openat(&dir, name, flags, Mode::empty()).map_err(nofollow)?;
+            continue;
+        }
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let file = File::from(openat(&dir, name, flags, Mode::empty()).map_err(nofollow)?);
+        if !file.metadata()?.is_file() {
+            return Err(refused("it is not a regular file"));
+        }
+        // Reads block as usual from here on (a regular file never would anyway).
+        rustix::fs::fcntl_setfl(&file, OFlags::RDONLY)?;
+        return Ok(file);
+    }
+    Err(refused("it names the directory itself"))
 }
 
 /// Reads one file; see the module docs.
@@ -64,7 +105,10 @@ impl FileSource {
     /// Opens the file, resuming at `start` when given.
     pub(super) fn open(opts: FileOptions, start: Option<&SourcePosition>) -> Result<Self, SourceError> {
         let file = match &opts.object {
-            None => File::open(&opts.path),
+            None => match &opts.beneath {
+                Some(root) => open_beneath(root, &opts.path),
+                None => File::open(&opts.path),
+            },
             Some((s3, key)) => crate::checkpoint::CheckpointStore::s3(s3)
                 .map_err(std::io::Error::other)
                 .and_then(|store| download(&store, key, &opts, start)),
@@ -465,7 +509,52 @@ mod tests {
             follow,
             max_line_bytes: 16 << 20,
             s3: None,
+            beneath: None,
         }
+    }
+
+    /// A tenant's files area holding a link to a host file, a link to a host directory, a FIFO
+    /// and a real file: only the real file is read (before, the link to `/etc/hostname` was).
+    #[test]
+    fn a_file_under_a_root_is_read_only_when_no_link_is_on_the_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, outside) = (dir.path().join("files"), dir.path().join("host"));
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret"), "host secret\n").unwrap();
+        std::fs::write(root.join("sub/real.txt"), "tenant line\n").unwrap();
+        std::os::unix::fs::symlink(outside.join("secret"), root.join("link.txt")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("linked-dir")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            root.join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        let read = |name: &str| -> Result<Vec<String>, String> {
+            let mut spec = spec(&root.join(name), SourceFormat::Lines, None, false);
+            if let SourceSpec::File { beneath, .. } = &mut spec {
+                *beneath = Some(root.clone());
+            }
+            let mut source = open_source(&spec, 0, 1, None).map_err(|e| e.to_string())?;
+            let mut batch = eddy_core::RecordBatch::default();
+            source.poll(&mut batch, 16).map_err(|e| e.to_string())?;
+            Ok(batch.iter().map(|r| String::from_utf8_lossy(r.value).into_owned()).collect())
+        };
+        assert_eq!(read("sub/real.txt").expect("a regular file"), ["\"tenant line\""]);
+        for refused in ["link.txt", "linked-dir/secret", "fifo", "sub"] {
+            let err = read(refused).expect_err(refused);
+            assert!(!err.contains("host secret"), "{refused}: {err}");
+            assert!(err.contains("symbolic link") || err.contains("regular file"), "{refused}: {err}");
+        }
+        // Without a root (a local `eddy run`), links are the user's own business.
+        let mut followed =
+            open_source(&spec(&root.join("link.txt"), SourceFormat::Lines, None, false), 0, 1, None).unwrap();
+        let mut batch = eddy_core::RecordBatch::default();
+        followed.poll(&mut batch, 16).unwrap();
+        assert_eq!(batch.len(), 1);
     }
 
     fn with_max_line_bytes(mut spec: SourceSpec, limit: usize) -> SourceSpec {
@@ -516,6 +605,7 @@ mod tests {
                 timestamp: None,
                 follow,
                 max_line_bytes: LIMIT,
+                beneath: None,
             };
             let mut src = FileSource::open(options, None).unwrap();
             let err = src.poll(&mut RecordBatch::default(), 100).unwrap_err();
@@ -543,6 +633,7 @@ mod tests {
             timestamp: None,
             follow: false,
             max_line_bytes: 16 << 20,
+            beneath: None,
         };
         (store, options)
     }

@@ -151,7 +151,7 @@ pub fn open_source(
         return Err(bad_reader("the subtask must be below the parallelism"));
     }
     match spec {
-        SourceSpec::File { name, path, format, timestamp, follow, max_line_bytes, s3 } => {
+        SourceSpec::File { name, path, format, timestamp, follow, max_line_bytes, s3, beneath } => {
             if parallelism != 1 {
                 return Err(bad_reader("a file is read by one reader"));
             }
@@ -168,6 +168,7 @@ pub fn open_source(
                 timestamp: timestamp.clone(),
                 follow: *follow,
                 max_line_bytes: *max_line_bytes,
+                beneath: beneath.clone(),
             };
             Ok(Box::new(file::FileSource::open(options, start)?))
         }
@@ -244,6 +245,7 @@ mod tests {
             follow: false,
             max_line_bytes: 1024,
             s3: None,
+            beneath: None,
         };
         let err = open_source(&file, 0, 2, None).err().unwrap().to_string();
         assert!(err.contains("source `f`") && err.contains("one reader"), "{err}");

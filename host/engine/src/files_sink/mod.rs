@@ -214,7 +214,13 @@ mod tests {
     fn committed(out: &dyn OutputDir) -> Vec<String> {
         let mut values = Vec::new();
         for name in FilesSink::committed(out).expect("list") {
-            for line in String::from_utf8(out.read(&name).expect("read")).expect("utf-8").lines() {
+            let mut bytes = Vec::new();
+            out.read_chunks(&name, &mut |chunk| {
+                bytes.extend_from_slice(chunk);
+                true
+            })
+            .expect("read");
+            for line in String::from_utf8(bytes).expect("utf-8").lines() {
                 let v: serde_json::Value = serde_json::from_str(line).expect("json");
                 values.push(v["value"].as_str().expect("string").to_owned());
             }

@@ -30,6 +30,9 @@ pub enum Published {
     Missing,
 }
 
+/// How much of a committed file [`OutputDir::read_chunks`] reads at a time from a directory.
+const READ_CHUNK_BYTES: usize = 64 << 10;
+
 /// A files sink's output place (see the module docs). Names are file names without a
 /// directory: committed files at the top, staged files in [`IN_PROGRESS`].
 pub trait OutputDir: Send + Sync + std::fmt::Debug {
@@ -49,8 +52,9 @@ pub trait OutputDir: Send + Sync + std::fmt::Debug {
     fn remove_committed(&self, name: &str) -> std::io::Result<()>;
     /// Deletes a staged file.
     fn remove_staged(&self, name: &str) -> std::io::Result<()>;
-    /// A committed file's bytes.
-    fn read(&self, name: &str) -> std::io::Result<Vec<u8>>;
+    /// Hands a committed file's bytes to `each`, a chunk at a time (a file may be as large as
+    /// its writer made it), until `each` answers `false`.
+    fn read_chunks(&self, name: &str, each: &mut dyn FnMut(&[u8]) -> bool) -> std::io::Result<()>;
 }
 
 /// Output in a local (or mounted) directory: staged files are synced, published by rename.
@@ -141,8 +145,16 @@ impl OutputDir for LocalDir {
         std::fs::remove_file(self.0.join(IN_PROGRESS).join(name))
     }
 
-    fn read(&self, name: &str) -> std::io::Result<Vec<u8>> {
-        std::fs::read(self.0.join(name))
+    fn read_chunks(&self, name: &str, each: &mut dyn FnMut(&[u8]) -> bool) -> std::io::Result<()> {
+        use std::io::Read;
+        let mut file = File::open(self.0.join(name))?;
+        let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+        loop {
+            let n = file.read(&mut chunk)?;
+            if n == 0 || !each(&chunk[..n]) {
+                return Ok(());
+            }
+        }
     }
 }
 
@@ -245,7 +257,7 @@ impl OutputDir for StoreDir {
         self.0.delete(&format!("{IN_PROGRESS}/{name}")).map_err(io_error)
     }
 
-    fn read(&self, name: &str) -> std::io::Result<Vec<u8>> {
-        self.0.get(name).map_err(io_error)
+    fn read_chunks(&self, name: &str, each: &mut dyn FnMut(&[u8]) -> bool) -> std::io::Result<()> {
+        self.0.stream(name, 0, each).map(drop).map_err(io_error)
     }
 }

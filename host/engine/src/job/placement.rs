@@ -10,6 +10,9 @@ use eddy_transport::channel::ChannelSender;
 pub trait Placement: Send + Sync {
     /// Whether subtask (`task`, `subtask`) runs in this process.
     fn is_local(&self, task: usize, subtask: u32) -> bool;
+    /// The name of the part that runs subtask (`task`, `subtask`): the node its checkpoint
+    /// reports must come from (a worker's name, as its certificate says).
+    fn runner(&self, task: usize, subtask: u32) -> String;
     /// Input channel `channel` of the local subtask (`task`, `subtask`) is fed by subtask
     /// `from` (task, subtask) in another process: hand what arrives from it to `into`.
     fn register_input(&self, task: usize, subtask: u32, channel: u32, from: (usize, u32), into: Box<dyn ChannelSender>);
