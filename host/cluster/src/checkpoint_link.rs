@@ -20,13 +20,19 @@ fn stream_name(job: &str, attempt: u64) -> String {
     format!("checkpoints/{job}/{attempt}")
 }
 
-/// Reads messages from `recv` (after `read_ahead`) into `into` until the stream or the
-/// receiver ends.
-async fn pump_in<T: DeserializeOwned>(mut recv: RecvStream, mut buf: Vec<u8>, into: mpsc::Sender<T>, peer: String) {
+/// Reads messages from `recv` (after `read_ahead`) into `into`, each made by `tag` with the
+/// peer's name, until the stream or the receiver ends.
+async fn pump_in<T: DeserializeOwned, M>(
+    mut recv: RecvStream,
+    mut buf: Vec<u8>,
+    into: mpsc::Sender<M>,
+    peer: String,
+    tag: fn(&str, T) -> M,
+) {
     loop {
         match protocol::read_limited::<T>(&mut recv, &mut buf, protocol::MAX_CHECKPOINT_MESSAGE_BYTES).await {
             Ok(Some(message)) => {
-                if into.send(message).is_err() {
+                if into.send(tag(&peer, message)).is_err() {
                     return;
                 }
             }
@@ -40,8 +46,10 @@ async fn pump_in<T: DeserializeOwned>(mut recv: RecvStream, mut buf: Vec<u8>, in
 /// Writes what arrives on `from` to `send` until either ends.
 async fn pump_out<T: Serialize>(mut send: SendStream, mut from: tokio::sync::mpsc::UnboundedReceiver<T>) {
     while let Some(message) = from.recv().await {
-        if protocol::write(&mut send, &message).await.is_err() {
-            return;
+        if let Err(reason) = protocol::write_limited(&mut send, &message, protocol::MAX_CHECKPOINT_MESSAGE_BYTES).await
+        {
+            // The link ends: the master fails the job for it, rather than wait for a report.
+            return tracing::warn!(reason, "checkpoint link broke");
         }
     }
     let _ = send.finish();
@@ -56,7 +64,7 @@ pub fn part_link(node: &QuicNode, job: &str, attempt: u64, master: &str) -> Part
         &stream_name(job, attempt),
         master,
         Box::new(move |peer, read_ahead, send, recv| {
-            tokio::spawn(pump_in::<MasterCommand>(recv, read_ahead, commands_tx, peer.to_owned()));
+            tokio::spawn(pump_in::<MasterCommand, _>(recv, read_ahead, commands_tx, peer.to_owned(), |_, c| c));
             tokio::spawn(pump_out(send, reports_rx));
         }),
     );
@@ -69,7 +77,8 @@ pub fn part_link(node: &QuicNode, job: &str, attempt: u64, master: &str) -> Part
 }
 
 /// The master's end for `job`'s `attempt`: dials every other part (`name`, address), which
-/// must have called [`part_link`]. Blocking.
+/// must have called [`part_link`]. Each report comes tagged with the name of the part whose
+/// stream it came on (the node the master dialed, checked against its certificate). Blocking.
 pub fn master_link(
     node: &QuicNode,
     job: &str,
@@ -81,7 +90,8 @@ pub fn master_link(
     for (peer, addr) in parts {
         let (send, recv) = node.open_side(peer, *addr, &stream_name(job, attempt))?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        node.handle().spawn(pump_in::<PartReport>(recv, Vec::new(), reports_tx.clone(), peer.clone()));
+        let tag: fn(&str, PartReport) -> (String, PartReport) = |peer, report| (peer.to_owned(), report);
+        node.handle().spawn(pump_in(recv, Vec::new(), reports_tx.clone(), peer.clone(), tag));
         node.handle().spawn(pump_out(send, rx));
         commands.push(tx);
     }

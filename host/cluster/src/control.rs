@@ -1,6 +1,8 @@
 //! The coordinator's side of the control plane: a QUIC endpoint (mutual TLS with the cluster
 //! CA) where workers register and beat, and a clock task that declares silent workers dead.
-//! The truth is the [`Membership`] state machine; this shell only feeds it.
+//! The truth is the [`Membership`] state machine, rights included (what a worker may report
+//! and fetch); this shell only feeds it, with the sender's identity from its certificate and
+//! its session's incarnation, never from what the message says.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -8,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use eddy_transport::quic::{NodeError, NodeIdentity, Tuning, endpoint, peer_name};
+use eddy_transport::quic::{LogBudget, NodeError, NodeIdentity, Tuning, endpoint, peer_name};
 use quinn::{Connection, Endpoint, RecvStream, SendStream};
 use tokio::runtime::Handle;
 
@@ -18,8 +20,9 @@ use crate::protocol::{self, CoordinatorMessage, PartState, WorkerMessage};
 /// Where an artifact's bytes are, by digest (`sha256:<hex>`, already checked for form).
 pub type ArtifactLookup = Box<dyn Fn(&str) -> Option<PathBuf> + Send + Sync>;
 
-/// A worker incarnation's control stream, for messages to it.
-type Outbox = (u64, tokio::sync::mpsc::UnboundedSender<CoordinatorMessage>);
+/// A worker incarnation's control stream, for messages to it (encoded: a message too large
+/// is refused before it is queued, so it can never end the session).
+type Outbox = (u64, tokio::sync::mpsc::UnboundedSender<Vec<u8>>);
 
 /// How the control plane runs.
 #[derive(Debug, Clone)]
@@ -56,11 +59,11 @@ struct Inner {
     membership: Mutex<Membership>,
     /// Each registered worker's control stream, by name.
     outboxes: Mutex<HashMap<String, Outbox>>,
-    /// What each worker last said about its part of each job attempt.
-    parts: Mutex<HashMap<(String, u64), BTreeMap<String, PartState>>>,
     /// The newest metrics of each worker's part of each job attempt.
     metrics: Mutex<HashMap<(String, u64), BTreeMap<String, eddy_engine::MetricsSnapshot>>>,
     artifacts: OnceLock<ArtifactLookup>,
+    /// Warnings any UDP sender or enrolled node can trigger, rate-limited.
+    warnings: Mutex<LogBudget>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -90,6 +93,11 @@ impl Inner {
             }
         }
     }
+
+    /// Whether a warning strangers can cause may be logged now, and how many were left out.
+    fn budget(&self) -> Option<u64> {
+        lock(&self.warnings).admit(now_ms())
+    }
 }
 
 impl ControlPlane {
@@ -107,9 +115,9 @@ impl ControlPlane {
             config,
             membership: Mutex::new(Membership::new(timeout_ms)),
             outboxes: Mutex::default(),
-            parts: Mutex::default(),
             metrics: Mutex::default(),
             artifacts: OnceLock::new(),
+            warnings: Mutex::default(),
         });
         handle.spawn(accept(inner.clone()));
         handle.spawn(clock(inner.clone()));
@@ -152,23 +160,28 @@ impl ControlPlane {
     }
 
     /// Sends `message` to `worker`'s control stream, if that incarnation is still connected.
-    pub fn send(&self, worker: &SlotHolder, message: CoordinatorMessage) -> Result<(), String> {
+    /// A message larger than the protocol takes is refused here, naming its size: sent, it
+    /// would cost the worker its session, and every other job on it an attempt.
+    pub fn send(&self, worker: &SlotHolder, message: &CoordinatorMessage) -> Result<(), String> {
+        let mut wire = Vec::new();
+        protocol::encode(message, &mut wire).map_err(|e| format!("not sent to worker `{}`: {e}", worker.name))?;
         match lock(&self.inner.outboxes).get(&worker.name) {
             Some((incarnation, tx)) if *incarnation == worker.incarnation => {
-                tx.send(message).map_err(|_| format!("worker `{}`'s control stream closed", worker.name))
+                tx.send(wire).map_err(|_| format!("worker `{}`'s control stream closed", worker.name))
             }
             _ => Err(format!("worker `{}` incarnation {} is gone", worker.name, worker.incarnation)),
         }
     }
 
-    /// Starts keeping the workers' reports on `job`'s `attempt` (before deploying it).
-    pub fn expect_parts(&self, job: &str, attempt: u64) {
-        lock(&self.inner.parts).entry((job.to_owned(), attempt)).or_default();
+    /// `job`'s `attempt` runs a part on `to` with artifacts `digests` (before it is deployed):
+    /// that worker incarnation may now report on it and fetch them.
+    pub fn deployed(&self, job: &str, attempt: u64, to: &SlotHolder, digests: &[String]) {
+        self.inner.membership().deploy(job, attempt, to, digests);
     }
 
     /// What each worker last reported of its part of `job`'s `attempt`.
     pub fn part_states(&self, job: &str, attempt: u64) -> BTreeMap<String, PartState> {
-        lock(&self.inner.parts).get(&(job.to_owned(), attempt)).cloned().unwrap_or_default()
+        self.inner.membership().part_states(job, attempt)
     }
 
     /// The newest metrics of each worker's part of `job`'s `attempt`.
@@ -179,11 +192,10 @@ impl ControlPlane {
             .unwrap_or_default()
     }
 
-    /// Forgets the reports of `job`'s `attempt` (it ended).
+    /// Forgets `job`'s `attempt` (it ended): its parts' reports, metrics and rights.
     pub fn forget_parts(&self, job: &str, attempt: u64) {
-        let key = (job.to_owned(), attempt);
-        lock(&self.inner.parts).remove(&key);
-        lock(&self.inner.metrics).remove(&key);
+        self.inner.membership().forget_attempt(job, attempt);
+        lock(&self.inner.metrics).remove(&(job.to_owned(), attempt));
     }
 }
 
@@ -203,7 +215,13 @@ async fn accept(inner: Arc<Inner>) {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
                 Ok(conn) => conn,
-                Err(e) => return tracing::warn!(%remote, reason = %e, "refused a control connection"),
+                // Anyone who can send UDP can fail a handshake: budgeted, as the data plane's.
+                Err(e) => {
+                    if let Some(left_out) = inner.budget() {
+                        tracing::warn!(%remote, reason = %e, left_out, "refused a control connection");
+                    }
+                    return;
+                }
             };
             let Some(peer) = peer_name(&conn) else {
                 return conn.close(1u32.into(), b"the client certificate names no node");
@@ -215,10 +233,15 @@ async fn accept(inner: Arc<Inner>) {
     }
 }
 
-/// Answers a fetch: the artifact's bytes after an [`CoordinatorMessage::Artifact`] header, or
-/// a refusal naming why.
-async fn send_artifact(inner: &Inner, digest: &str, mut send: SendStream) {
-    let path = inner.artifacts.get().filter(|_| protocol::is_digest(digest)).and_then(|lookup| lookup(digest));
+/// Answers a fetch by worker `peer`: the artifact's bytes after an
+/// [`CoordinatorMessage::Artifact`] header, or a refusal naming why. Only an artifact of a part
+/// deployed to that worker is served: any other looks exactly like a missing one.
+async fn send_artifact(inner: &Inner, peer: &str, digest: &str, mut send: SendStream) {
+    let entitled = protocol::is_digest(digest) && inner.membership().may_fetch(peer, digest);
+    if !entitled && let Some(left_out) = inner.budget() {
+        tracing::warn!(worker = %peer, digest, left_out, "refused a fetch of an artifact deployed to no part of the worker's");
+    }
+    let path = inner.artifacts.get().filter(|_| entitled).and_then(|lookup| lookup(digest));
     let bytes = match path {
         Some(path) => tokio::fs::read(&path).await.map_err(|e| format!("cannot read artifact {digest}: {e}")),
         None => Err(format!("no artifact {digest} here")),
@@ -246,7 +269,7 @@ async fn serve(inner: Arc<Inner>, conn: Connection, peer: String, mut send: Send
         conn.close(1u32.into(), reason.as_bytes());
     };
     let (name, incarnation) = match protocol::read::<WorkerMessage>(&mut recv, &mut buf).await {
-        Ok(Some(WorkerMessage::Fetch { digest })) => return send_artifact(&inner, &digest, send).await,
+        Ok(Some(WorkerMessage::Fetch { digest })) => return send_artifact(&inner, &peer, &digest, send).await,
         Ok(Some(WorkerMessage::Register { name, slots, advertise, data_port })) => {
             if name != peer {
                 let reason = format!("registering as `{name}` with a certificate for `{peer}`");
@@ -259,7 +282,17 @@ async fn serve(inner: Arc<Inner>, conn: Connection, peer: String, mut send: Send
             let host = advertise.unwrap_or_else(|| conn.remote_address().ip().to_string());
             let data_addr =
                 if host.contains(':') { format!("[{host}]:{data_port}") } else { format!("{host}:{data_port}") };
-            let (incarnation, replaced) = inner.membership().register(&name, slots, &data_addr, now_ms());
+            let registered = inner.membership().register(&name, slots, &data_addr, now_ms());
+            let (incarnation, replaced) = match registered {
+                Ok(registered) => registered,
+                Err(e) => {
+                    let reason = e.to_string();
+                    let _ = protocol::write(&mut send, &CoordinatorMessage::Refused { reason: reason.clone() }).await;
+                    let _ = send.finish();
+                    let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+                    return refuse(reason);
+                }
+            };
             inner.departed(replaced.into_iter().collect());
             tracing::info!(worker = %name, incarnation, slots, data_addr, "worker registered");
             let reply = CoordinatorMessage::Registered {
@@ -292,13 +325,14 @@ async fn session(
     send: &mut SendStream,
     recv: &mut RecvStream,
     buf: &mut Vec<u8>,
-    outbox: &mut tokio::sync::mpsc::UnboundedReceiver<CoordinatorMessage>,
+    outbox: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
 ) -> Result<(), String> {
+    let me = SlotHolder { name: name.to_owned(), incarnation };
     loop {
         let message = tokio::select! {
             message = protocol::read::<WorkerMessage>(recv, buf) => message,
             Some(out) = outbox.recv() => {
-                if protocol::write(send, &out).await.is_err() {
+                if send.write_all(&out).await.is_err() {
                     return Ok(());
                 }
                 continue;
@@ -313,16 +347,23 @@ async fn session(
                 }
             }
             Ok(Some(WorkerMessage::Part { job, attempt, state })) => {
-                tracing::info!(worker = %name, job, attempt, state = ?state, "a part of a job changed state");
-                // Only attempts the coordinator deployed: a worker cannot grow this map at will.
-                if let Some(parts) = lock(&inner.parts).get_mut(&(job, attempt)) {
-                    parts.insert(name.to_owned(), state);
+                let reported = inner.membership().part_report(&me, &job, attempt, state.clone());
+                match reported {
+                    Ok(()) => {
+                        tracing::info!(worker = %name, job, attempt, state = ?state, "a part of a job changed state")
+                    }
+                    Err(e) => {
+                        if let Some(left_out) = inner.budget() {
+                            tracing::warn!(worker = %name, error = %e, left_out, "ignored a part report");
+                        }
+                    }
                 }
             }
             Ok(Some(WorkerMessage::Metrics { job, attempt, metrics })) => {
-                let key = (job, attempt);
-                if lock(&inner.parts).contains_key(&key) {
-                    lock(&inner.metrics).entry(key).or_default().insert(name.to_owned(), metrics);
+                // Only of a part deployed to this incarnation: a worker cannot grow this map,
+                // nor add to another part's numbers.
+                if inner.membership().runs_part(&me, &job, attempt) {
+                    lock(&inner.metrics).entry((job, attempt)).or_default().insert(name.to_owned(), metrics);
                 }
             }
             Ok(Some(other)) => return Err(format!("unexpected on a registered stream: {other:?}")),

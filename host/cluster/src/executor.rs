@@ -31,6 +31,10 @@ const CPU_BURST: Duration = Duration::from_millis(500);
 /// How often a running part sends its metrics to the coordinator.
 const METRICS_EVERY: Duration = Duration::from_secs(1);
 
+/// How a part's failure reads when it stopped because an input from another worker broke
+/// (that worker died or restarted): the cluster's doing, not the job's.
+pub const INPUT_BROKE: &str = "an input from another worker broke";
+
 /// Fetches an artifact's verified bytes by digest. Blocking.
 pub type Fetcher = Box<dyn Fn(&str) -> Result<Vec<u8>, String> + Send + Sync>;
 
@@ -214,7 +218,8 @@ impl Inner {
         match job.wait() {
             Ok(summary) if summary.finished => Ok(PartState::Finished),
             Ok(_) if cancel.load(Ordering::SeqCst) => Ok(PartState::Canceled),
-            Ok(_) => Err("the part stopped before its inputs ended".into()),
+            // Only a broken input stops a part early without its cancel.
+            Ok(_) => Err(format!("{INPUT_BROKE}: the part stopped before its inputs ended")),
             Err(e) => Err(e.to_string()),
         }
     }

@@ -15,8 +15,8 @@
 //! use eddy_cluster::{Departure, Membership};
 //!
 //! let mut cluster = Membership::new(3_000);
-//! let (w1, _) = cluster.register("worker-1", 2, "10.0.0.1:7000", 0);
-//! cluster.register("worker-2", 2, "10.0.0.2:7000", 0);
+//! let (w1, _) = cluster.register("worker-1", 2, "10.0.0.1:7000", 0)?;
+//! cluster.register("worker-2", 2, "10.0.0.2:7000", 0)?;
 //! cluster.heartbeat("worker-1", w1, 2_500)?;
 //! let dead = cluster.expire(3_001);
 //! assert_eq!(dead[0].member.name, "worker-2");
@@ -26,7 +26,11 @@
 //! let slots = cluster.schedule("job-1", 2).expect("room");
 //! assert!(slots.iter().all(|s| s.name == "worker-1"));
 //! assert!(cluster.schedule("job-2", 1).is_err());
-//! # Ok::<(), eddy_cluster::UnknownIncarnation>(())
+//! // A worker is trusted with what it was given: only the part deployed to worker-1 may
+//! // report on the job, and fetch its artifacts.
+//! cluster.deploy("job-1", 1, &slots[0], &["sha256:ab".to_owned()]);
+//! assert!(cluster.may_fetch("worker-1", "sha256:ab"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 pub mod checkpoint_link;
@@ -38,5 +42,8 @@ pub mod protocol;
 pub mod worker;
 
 pub use control::{ArtifactLookup, ControlConfig, ControlPlane};
-pub use membership::{Departed, Departure, Member, Membership, NoSlots, SlotHolder, UnknownIncarnation};
+pub use membership::{
+    Departed, Departure, MAX_SLOTS_PER_WORKER, Member, Membership, NoSlots, NotDeployed, SlotHolder, TooManySlots,
+    UnknownIncarnation,
+};
 pub use placement::QuicPlacement;

@@ -7,8 +7,21 @@
 //! old incarnation, which is dead from then on: its subtasks are lost. A worker whose last
 //! heartbeat is older than the timeout is declared dead and removed; if it is still alive it
 //! learns so at its next heartbeat (unknown incarnation) and registers afresh.
+//!
+//! A worker is trusted with what it was given and nothing more, and what it was given is
+//! state here: each part of a job attempt is [deployed](Membership::deploy) to one worker
+//! incarnation with the artifacts it runs. A part's reports are taken only from the
+//! incarnation it was deployed to ([`Membership::part_report`]), and a worker may fetch only
+//! the artifacts of parts deployed to it ([`Membership::may_fetch`]). A worker offers at most
+//! [`MAX_SLOTS_PER_WORKER`] slots, and slots are summed as `u64`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::protocol::PartState;
+
+/// The most slots one worker may offer: more than any machine's cores, so a worker claiming
+/// more is misconfigured or lying, and is refused rather than given jobs it cannot run.
+pub const MAX_SLOTS_PER_WORKER: u32 = 256;
 
 /// A live worker as the coordinator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -76,9 +89,45 @@ pub struct NoSlots {
     /// Slots the job needs.
     pub needed: u32,
     /// Slots free across the cluster.
-    pub free: u32,
+    pub free: u64,
     /// Live workers.
     pub workers: usize,
+}
+
+/// A worker offered more slots than [`MAX_SLOTS_PER_WORKER`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("worker `{name}` offers {slots} slots; at most {MAX_SLOTS_PER_WORKER} are taken: start it with fewer --slots")]
+pub struct TooManySlots {
+    /// The worker.
+    pub name: String,
+    /// What it offered.
+    pub slots: u32,
+}
+
+/// A report about a part that was not deployed to its sender.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "worker `{from}` incarnation {incarnation} reported on job {job} attempt {attempt}, whose part it does not run"
+)]
+pub struct NotDeployed {
+    /// The sender.
+    pub from: String,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// The job it named.
+    pub job: String,
+    /// The attempt it named.
+    pub attempt: u64,
+}
+
+/// A part of a job attempt, deployed to one worker incarnation.
+#[derive(Debug, Clone)]
+struct Deployed {
+    incarnation: u64,
+    /// The artifacts it runs: what the worker may fetch.
+    digests: BTreeSet<String>,
+    /// What it last reported.
+    state: Option<PartState>,
 }
 
 /// One slot of a job: the worker incarnation that holds it.
@@ -99,17 +148,34 @@ pub struct Membership {
     next_incarnation: u64,
     /// The slots each job holds, slot `i` first.
     held: BTreeMap<String, Vec<SlotHolder>>,
+    /// The parts of each job attempt, by worker name.
+    deployed: BTreeMap<(String, u64), BTreeMap<String, Deployed>>,
 }
 
 impl Membership {
     /// An empty cluster whose workers die after `timeout_ms` without a heartbeat.
     pub fn new(timeout_ms: u64) -> Self {
-        Self { members: BTreeMap::new(), timeout_ms, next_incarnation: 1, held: BTreeMap::new() }
+        Self {
+            members: BTreeMap::new(),
+            timeout_ms,
+            next_incarnation: 1,
+            held: BTreeMap::new(),
+            deployed: BTreeMap::new(),
+        }
     }
 
     /// Worker `name` registered: returns its new incarnation, and the previous incarnation if
-    /// this replaces one.
-    pub fn register(&mut self, name: &str, slots: u32, data_addr: &str, now_ms: u64) -> (u64, Option<Departed>) {
+    /// this replaces one. Refused past [`MAX_SLOTS_PER_WORKER`].
+    pub fn register(
+        &mut self,
+        name: &str,
+        slots: u32,
+        data_addr: &str,
+        now_ms: u64,
+    ) -> Result<(u64, Option<Departed>), TooManySlots> {
+        if slots > MAX_SLOTS_PER_WORKER {
+            return Err(TooManySlots { name: name.to_owned(), slots });
+        }
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
         let member = Member {
@@ -122,7 +188,69 @@ impl Membership {
             last_heartbeat_ms: now_ms,
         };
         let previous = self.members.insert(name.to_owned(), member);
-        (incarnation, previous.map(|member| Departed { member, why: Departure::Restarted }))
+        Ok((incarnation, previous.map(|member| Departed { member, why: Departure::Restarted })))
+    }
+
+    /// `job`'s `attempt` has a part on `to`, running `digests`: from now on that incarnation
+    /// may report on it and fetch those artifacts.
+    pub fn deploy(&mut self, job: &str, attempt: u64, to: &SlotHolder, digests: &[String]) {
+        let part = Deployed { incarnation: to.incarnation, digests: digests.iter().cloned().collect(), state: None };
+        self.deployed.entry((job.to_owned(), attempt)).or_default().insert(to.name.clone(), part);
+    }
+
+    /// `from` says its part of `job`'s `attempt` is in `state`; refused unless that part was
+    /// deployed to that very incarnation.
+    pub fn part_report(
+        &mut self,
+        from: &SlotHolder,
+        job: &str,
+        attempt: u64,
+        state: PartState,
+    ) -> Result<(), NotDeployed> {
+        match self.part_of(from, job, attempt) {
+            Some(part) => {
+                part.state = Some(state);
+                Ok(())
+            }
+            None => Err(NotDeployed {
+                from: from.name.clone(),
+                incarnation: from.incarnation,
+                job: job.to_owned(),
+                attempt,
+            }),
+        }
+    }
+
+    /// Whether `from` runs a part of `job`'s `attempt` (and may send its metrics).
+    pub fn runs_part(&mut self, from: &SlotHolder, job: &str, attempt: u64) -> bool {
+        self.part_of(from, job, attempt).is_some()
+    }
+
+    fn part_of(&mut self, from: &SlotHolder, job: &str, attempt: u64) -> Option<&mut Deployed> {
+        self.deployed
+            .get_mut(&(job.to_owned(), attempt))?
+            .get_mut(&from.name)
+            .filter(|part| part.incarnation == from.incarnation)
+    }
+
+    /// Whether the live incarnation of worker `name` runs a part with artifact `digest`.
+    pub fn may_fetch(&self, name: &str, digest: &str) -> bool {
+        let Some(member) = self.members.get(name) else { return false };
+        self.deployed
+            .values()
+            .filter_map(|parts| parts.get(name))
+            .any(|part| part.incarnation == member.incarnation && part.digests.contains(digest))
+    }
+
+    /// What each worker last reported of its part of `job`'s `attempt`.
+    pub fn part_states(&self, job: &str, attempt: u64) -> BTreeMap<String, PartState> {
+        let Some(parts) = self.deployed.get(&(job.to_owned(), attempt)) else { return BTreeMap::new() };
+        parts.iter().filter_map(|(name, part)| Some((name.clone(), part.state.clone()?))).collect()
+    }
+
+    /// `job`'s `attempt` ended: its parts' rights end with it.
+    pub fn forget_attempt(&mut self, job: &str, attempt: u64) {
+        self.deployed.remove(&(job.to_owned(), attempt));
     }
 
     /// Gives `job` `slots` slots (slot `i` runs subtask `i` of every task), spread over the
@@ -131,8 +259,8 @@ impl Membership {
     pub fn schedule(&mut self, job: &str, slots: u32) -> Result<Vec<SlotHolder>, NoSlots> {
         self.release(job);
         let mut free: Vec<(u32, &Member)> = self.members.values().map(|m| (m.free_slots(), m)).collect();
-        let total: u32 = free.iter().map(|(f, _)| f).sum();
-        if total < slots || slots == 0 {
+        let total: u64 = free.iter().map(|(f, _)| u64::from(*f)).sum();
+        if total < u64::from(slots) || slots == 0 {
             return Err(NoSlots { needed: slots, free: total, workers: self.members.len() });
         }
         let mut holders = Vec::with_capacity(slots as usize);
@@ -210,8 +338,8 @@ impl Membership {
     }
 
     /// Free slots across the cluster.
-    pub fn free_slots(&self) -> u32 {
-        self.members.values().map(Member::free_slots).sum()
+    pub fn free_slots(&self) -> u64 {
+        self.members.values().map(|m| u64::from(m.free_slots())).sum()
     }
 }
 
@@ -222,9 +350,9 @@ mod tests {
     #[test]
     fn workers_live_while_they_beat_and_die_after_the_timeout() {
         let mut m = Membership::new(1_000);
-        let (w1, replaced) = m.register("w1", 2, "10.0.0.1:7000", 0);
+        let (w1, replaced) = m.register("w1", 2, "10.0.0.1:7000", 0).expect("slots");
         assert_eq!(replaced, None);
-        let (w2, _) = m.register("w2", 4, "10.0.0.2:7000", 100);
+        let (w2, _) = m.register("w2", 4, "10.0.0.2:7000", 100).expect("slots");
         assert_eq!(m.free_slots(), 6);
         m.heartbeat("w1", w1, 900).expect("member");
         // At 1 050: w1 beat 150 ms ago, w2 registered 950 ms ago: both live.
@@ -243,8 +371,8 @@ mod tests {
     #[test]
     fn registering_again_replaces_the_previous_incarnation() {
         let mut m = Membership::new(1_000);
-        let (first, _) = m.register("w1", 2, "10.0.0.1:7000", 0);
-        let (second, replaced) = m.register("w1", 3, "10.0.0.9:7001", 500);
+        let (first, _) = m.register("w1", 2, "10.0.0.1:7000", 0).expect("slots");
+        let (second, replaced) = m.register("w1", 3, "10.0.0.9:7001", 500).expect("slots");
         assert!(second > first);
         let replaced = replaced.expect("the old incarnation");
         assert_eq!((replaced.member.incarnation, replaced.why), (first, Departure::Restarted));
@@ -256,9 +384,9 @@ mod tests {
     #[test]
     fn jobs_spread_over_the_workers_with_most_free_slots_and_release_them() {
         let mut m = Membership::new(1_000);
-        m.register("a", 2, "h:1", 0);
-        m.register("b", 3, "h:2", 0);
-        m.register("c", 1, "h:3", 0);
+        m.register("a", 2, "h:1", 0).expect("slots");
+        m.register("b", 3, "h:2", 0).expect("slots");
+        m.register("c", 1, "h:3", 0).expect("slots");
         let names = |h: &[SlotHolder]| h.iter().map(|h| h.name.clone()).collect::<Vec<_>>();
         // Free (a 2, b 3, c 1): b, then a and b tie at 2 (a by name), then b, c... .
         assert_eq!(names(&m.schedule("j1", 4).expect("room")), ["b", "a", "b", "a"]);
@@ -281,10 +409,10 @@ mod tests {
     #[test]
     fn a_restarted_worker_holds_no_slots_of_its_predecessor() {
         let mut m = Membership::new(1_000);
-        m.register("a", 2, "h:1", 0);
+        m.register("a", 2, "h:1", 0).expect("slots");
         let held = m.schedule("j", 2).expect("room");
         assert_eq!(m.first_gone(&held), None);
-        m.register("a", 2, "h:1", 10);
+        m.register("a", 2, "h:1", 10).expect("slots");
         assert_eq!(m.first_gone(&held).map(|h| h.name.as_str()), Some("a"));
         assert_eq!(m.free_slots(), 2, "the new incarnation runs nothing yet");
         m.expire(5_000);
@@ -294,8 +422,72 @@ mod tests {
     #[test]
     fn a_heartbeat_never_moves_a_worker_back_in_time() {
         let mut m = Membership::new(100);
-        let (w, _) = m.register("w", 1, "h:1", 1_000);
+        let (w, _) = m.register("w", 1, "h:1", 1_000).expect("slots");
         m.heartbeat("w", w, 500).expect("member");
         assert_eq!(m.get("w").map(|w| w.last_heartbeat_ms), Some(1_000));
+    }
+}
+
+#[cfg(test)]
+mod rights {
+    use super::*;
+
+    fn holder(m: &Membership, name: &str) -> SlotHolder {
+        SlotHolder { name: name.into(), incarnation: m.get(name).expect("member").incarnation }
+    }
+
+    fn digest(c: char) -> String {
+        format!("sha256:{}", c.to_string().repeat(64))
+    }
+
+    #[test]
+    fn a_worker_reports_only_on_parts_deployed_to_it() {
+        let mut m = Membership::new(1_000);
+        m.register("a", 2, "h:1", 0).expect("slots");
+        m.register("rogue", 8, "h:2", 0).expect("slots");
+        let (a, rogue) = (holder(&m, "a"), holder(&m, "rogue"));
+        m.deploy("j1", 7, &a, &[digest('a')]);
+        // The rogue reports the job failed, and finished: neither is taken.
+        let failed = PartState::Failed { reason: "forged".into() };
+        assert!(m.part_report(&rogue, "j1", 7, failed).is_err());
+        assert!(m.part_report(&rogue, "j1", 7, PartState::Finished).is_err());
+        assert!(!m.runs_part(&rogue, "j1", 7), "nor its metrics");
+        assert!(m.part_states("j1", 7).is_empty());
+        // The right worker, but another attempt or a stale incarnation: not taken either.
+        assert!(m.part_report(&a, "j1", 8, PartState::Running).is_err());
+        let stale = SlotHolder { name: "a".into(), incarnation: a.incarnation + 99 };
+        assert!(m.part_report(&stale, "j1", 7, PartState::Running).is_err());
+        m.part_report(&a, "j1", 7, PartState::Running).expect("its own part");
+        assert_eq!(m.part_states("j1", 7), BTreeMap::from([("a".to_owned(), PartState::Running)]));
+        m.forget_attempt("j1", 7);
+        assert!(m.part_report(&a, "j1", 7, PartState::Finished).is_err(), "the attempt ended");
+    }
+
+    #[test]
+    fn a_worker_fetches_only_artifacts_of_parts_deployed_to_it() {
+        let mut m = Membership::new(1_000);
+        m.register("a", 2, "h:1", 0).expect("slots");
+        m.register("b", 2, "h:2", 0).expect("slots");
+        let a = holder(&m, "a");
+        m.deploy("j1", 1, &a, &[digest('a'), digest('b')]);
+        assert!(m.may_fetch("a", &digest('a')) && m.may_fetch("a", &digest('b')));
+        assert!(!m.may_fetch("a", &digest('c')), "another tenant's artifact");
+        assert!(!m.may_fetch("b", &digest('a')), "a worker the part is not on");
+        assert!(!m.may_fetch("stranger", &digest('a')));
+        // Restarted, `a` is a new incarnation that was deployed nothing.
+        m.register("a", 2, "h:1", 10).expect("slots");
+        assert!(!m.may_fetch("a", &digest('a')));
+    }
+
+    #[test]
+    fn slots_are_capped_per_worker_and_summed_without_overflow() {
+        let mut m = Membership::new(1_000);
+        let refused = m.register("big", u32::MAX, "h:1", 0).expect_err("too many");
+        assert_eq!(refused.slots, u32::MAX);
+        assert!(m.get("big").is_none());
+        for i in 0..20 {
+            m.register(&format!("w{i}"), MAX_SLOTS_PER_WORKER, "h:1", 0).expect("at the cap");
+        }
+        assert_eq!(m.free_slots(), 20 * u64::from(MAX_SLOTS_PER_WORKER));
     }
 }

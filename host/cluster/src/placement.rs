@@ -53,6 +53,10 @@ impl Placement for QuicPlacement {
         self.worker(task, subtask) == Some(self.node.name())
     }
 
+    fn runner(&self, task: usize, subtask: u32) -> String {
+        self.worker(task, subtask).unwrap_or_default().to_owned()
+    }
+
     fn register_input(
         &self,
         task: usize,

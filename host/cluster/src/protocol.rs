@@ -4,8 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The largest control message either side accepts.
-pub const MAX_MESSAGE_BYTES: u32 = 1 << 20;
+/// The largest control message either side accepts or sends (`eddy_core::limits`).
+pub const MAX_MESSAGE_BYTES: u32 = eddy_core::limits::MAX_CONTROL_MESSAGE_BYTES as u32;
 /// The largest message of a spread job's checkpoint link: a subtask's state lists its files
 /// and carries its pending timers inline, which can be many.
 pub const MAX_CHECKPOINT_MESSAGE_BYTES: u32 = 1 << 30;
@@ -158,12 +158,22 @@ pub fn is_digest(digest: &str) -> bool {
         .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
-/// Appends `message` to `out`.
-pub fn encode<T: Serialize>(message: &T, out: &mut Vec<u8>) {
-    // Serializing these plain enums cannot fail.
-    let body = serde_json::to_vec(message).unwrap_or_default();
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+/// Appends `message` to `out`, or refuses one longer than `limit`: a sender must never put on
+/// the wire what its peer would drop the session for.
+pub fn encode_limited<T: Serialize>(message: &T, out: &mut Vec<u8>, limit: u32) -> Result<(), ProtocolError> {
+    let body = serde_json::to_vec(message).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+    let len = u32::try_from(body.len()).ok().filter(|len| *len <= limit);
+    let Some(len) = len else {
+        return Err(ProtocolError::TooLarge(u32::try_from(body.len()).unwrap_or(u32::MAX), limit));
+    };
+    out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&body);
+    Ok(())
+}
+
+/// [`encode_limited`] at [`MAX_MESSAGE_BYTES`].
+pub fn encode<T: Serialize>(message: &T, out: &mut Vec<u8>) -> Result<(), ProtocolError> {
+    encode_limited(message, out, MAX_MESSAGE_BYTES)
 }
 
 /// The first message of `buf` and the bytes it took, or `None` if more bytes are needed.
@@ -218,8 +228,13 @@ pub async fn read_limited<T: for<'de> Deserialize<'de>>(
 
 /// Writes one message to a QUIC stream.
 pub async fn write<T: Serialize>(send: &mut quinn::SendStream, message: &T) -> Result<(), String> {
+    write_limited(send, message, MAX_MESSAGE_BYTES).await
+}
+
+/// [`write`] with another size limit.
+pub async fn write_limited<T: Serialize>(send: &mut quinn::SendStream, message: &T, limit: u32) -> Result<(), String> {
     let mut wire = Vec::new();
-    encode(message, &mut wire);
+    encode_limited(message, &mut wire, limit).map_err(|e| e.to_string())?;
     send.write_all(&wire).await.map_err(|e| e.to_string())
 }
 
@@ -236,7 +251,7 @@ mod tests {
         ];
         let mut wire = Vec::new();
         for m in &messages {
-            encode(m, &mut wire);
+            encode(m, &mut wire).expect("small");
         }
         let first_len = 4 + u32::from_le_bytes([wire[0], wire[1], wire[2], wire[3]]) as usize;
         for cut in 0..first_len {
@@ -254,7 +269,7 @@ mod tests {
             Err(ProtocolError::TooLarge(u32::MAX, MAX_MESSAGE_BYTES))
         );
         let mut wire = Vec::new();
-        encode(&CoordinatorMessage::Refused { reason: "x".into() }, &mut wire);
+        encode(&CoordinatorMessage::Refused { reason: "x".into() }, &mut wire).expect("small");
         let err = decode::<WorkerMessage>(&wire).expect_err("a coordinator message is no worker message");
         assert!(err.to_string().contains("unknown variant `refused`"), "{err}");
     }
@@ -273,6 +288,15 @@ mod tests {
         ] {
             assert!(!is_digest(&bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_message_over_the_limit_is_refused_before_it_is_sent() {
+        let big = CoordinatorMessage::Refused { reason: "x".repeat(MAX_MESSAGE_BYTES as usize) };
+        let mut wire = Vec::new();
+        let refused = encode(&big, &mut wire).expect_err("too large");
+        assert!(matches!(refused, ProtocolError::TooLarge(n, MAX_MESSAGE_BYTES) if n > MAX_MESSAGE_BYTES), "{refused}");
+        assert!(wire.is_empty(), "nothing of it went out");
     }
 
     proptest! {

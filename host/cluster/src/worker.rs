@@ -97,8 +97,14 @@ pub async fn session(
                 }
             }
             Some(message) = mailbox.outbox.recv() => {
-                if let Err(e) = protocol::write(&mut send, &message).await {
-                    return lost(e);
+                // A message too large to send is dropped, not the session with it.
+                let mut wire = Vec::new();
+                if let Err(e) = protocol::encode(&message, &mut wire) {
+                    tracing::warn!(error = %e, "a message to the coordinator was too large; dropped");
+                    continue;
+                }
+                if let Err(e) = send.write_all(&wire).await {
+                    return lost(e.to_string());
                 }
             }
             reply = protocol::read::<CoordinatorMessage>(&mut recv, &mut buf) => match reply {
