@@ -117,6 +117,12 @@ impl Api {
         Ok(self.send(self.http.post(self.url(path)).json(body))?.json()?)
     }
 
+    /// POST without a body, ignoring the (empty) answer.
+    pub fn post_empty(&self, path: &str) -> Result<()> {
+        self.send(self.http.post(self.url(path)))?;
+        Ok(())
+    }
+
     /// DELETE, ignoring the (empty) answer.
     pub fn delete(&self, path: &str) -> Result<()> {
         self.send(self.http.delete(self.url(path)))?;
@@ -301,7 +307,7 @@ pub fn print_job(job: &Value) {
 
 /// Whether a job's status means it will not run again.
 pub fn is_terminal(job: &Value) -> bool {
-    matches!(job["status"].as_str(), Some("finished" | "failed" | "canceled"))
+    matches!(job["status"].as_str(), Some("finished" | "failed" | "canceled" | "stopped" | "held"))
 }
 
 /// `eddy login`: checks the server and token, then saves them.
@@ -386,8 +392,36 @@ pub fn job_cmd(login: Login, id: &str, watch: bool) -> Result<()> {
 
 /// `eddy cancel`.
 pub fn cancel_cmd(login: Login, id: &str) -> Result<()> {
-    Api::new(login)?.delete(&format!("/v1/jobs/{id}"))?;
+    Api::new(login)?.post_empty(&format!("/v1/jobs/{id}/cancel"))?;
     eprintln!("cancel requested for {id}; `eddy job {id}` shows when it stopped");
+    Ok(())
+}
+
+/// `eddy delete`.
+pub fn delete_cmd(login: Login, id: &str) -> Result<()> {
+    Api::new(login)?.delete(&format!("/v1/jobs/{id}"))?;
+    eprintln!("deleted job {id} with its output, checkpoints and savepoints");
+    Ok(())
+}
+
+/// `eddy resume`.
+pub fn resume_cmd(login: Login, id: &str) -> Result<()> {
+    Api::new(login)?.post_empty(&format!("/v1/jobs/{id}/resume"))?;
+    eprintln!("job {id} resumes; `eddy job {id} --watch` follows it");
+    Ok(())
+}
+
+/// `eddy cluster join-token`.
+pub fn join_token_cmd(login: Login, name: Option<String>, uses: u32, ttl_s: u64) -> Result<()> {
+    let body = serde_json::json!({ "name": name, "uses": uses, "ttl_s": ttl_s });
+    let t = Api::new(login)?.post_json("/v1/cluster/join-tokens", &body)?;
+    println!("{}", text(&t["token"]));
+    let whom = name.map_or("any new worker name".to_owned(), |n| format!("worker `{n}`"));
+    eprintln!(
+        "join token {} for {whom}, {uses} enrollment(s), for {ttl_s} s (shown once): start the worker with \
+         --join-token or EDDY_JOIN_TOKEN",
+        text(&t["id"])
+    );
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use eddy_cluster::protocol::CoordinatorMessage;
 use eddy_cluster::worker::{Mailbox, Registration, SessionEnd, session};
 use eddy_cluster::{ControlConfig, ControlPlane};
 use eddy_service::ClusterRole;
-use eddy_transport::quic::{ClusterCa, NodeIdentity, QuicNode, Tuning};
+use eddy_transport::quic::{ClusterCa, NODE_VALIDITY, NodeIdentity, QuicNode, Tuning};
 
 /// The name a coordinator's certificate always carries, besides `localhost`, so workers that
 /// dial it by IP address can check it.
@@ -29,13 +29,23 @@ pub fn init(out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `eddy cluster cert --ca DIR --name NAME [--alias NAME]... --out DIR2`.
-pub fn cert(ca: &Path, name: &str, aliases: &[String], out: &Path) -> Result<()> {
+/// `eddy cluster cert --ca DIR --name NAME [--alias NAME]... --out DIR2 [--days N]`.
+pub fn cert(ca: &Path, name: &str, aliases: &[String], out: &Path, days: u64) -> Result<()> {
     let ca = ClusterCa::load(ca).with_context(|| format!("reading the CA in {}", ca.display()))?;
-    ca.issue_with_aliases(name, aliases)?.save(out)?;
-    println!("wrote {0}/cert.pem, {0}/key.pem and {0}/ca.pem for node `{name}`", out.display());
-    println!("start the node with --tls {}", out.display());
+    ca.issue_with_aliases(name, aliases, Duration::from_secs(days.saturating_mul(86_400)))?.save(out)?;
+    println!("wrote {0}/cert.pem, {0}/key.pem and {0}/ca.pem for node `{name}`, valid {days} days", out.display());
+    println!("start the node with --tls {}; before it expires, issue a new one and restart the node", out.display());
     Ok(())
+}
+
+/// How long before its expiry a certificate is renewed: the coordinator's own at its start,
+/// an enrolled worker's (with a join token) at its start.
+const RENEW_BEFORE: Duration = Duration::from_secs(10 * 86_400);
+
+/// How long until `identity` expires (zero if it has), or an error if it cannot be read.
+fn time_left(identity: &NodeIdentity) -> Result<Duration> {
+    let expires = identity.expires_at()?;
+    Ok(expires.duration_since(std::time::SystemTime::now()).unwrap_or_default())
 }
 
 /// Flags of `eddy coordinator`.
@@ -53,8 +63,8 @@ pub struct CoordinatorArgs {
     pub checkpoint_store: Option<String>,
     /// Slots of an embedded worker (0: jobs run on workers only).
     pub slots: u32,
-    /// Largest artifact accepted.
-    pub max_artifact_bytes: u64,
+    /// What the service takes and keeps.
+    pub service: crate::serve::ServiceFlags,
 }
 
 /// The coordinator's identity: the given one, or one issued by its own CA in `data_dir/tls`.
@@ -68,11 +78,15 @@ fn coordinator_identity(tls: Option<&Path>, data_dir: &Path) -> Result<(NodeIden
     // Kept across restarts: the endpoints' stateless-reset key derives from its private key, so
     // a restarted coordinator ends its workers' stale connections at once.
     let own = dir.join(COORDINATOR_NAME);
-    let identity = match NodeIdentity::load(&own, Some(COORDINATOR_NAME)) {
-        Ok(identity) => identity,
-        Err(_) => {
-            let identity = ca.issue_with_aliases(COORDINATOR_NAME, &["localhost".to_owned()])?;
+    let fresh = NodeIdentity::load(&own, Some(COORDINATOR_NAME))
+        .ok()
+        .filter(|identity| time_left(identity).is_ok_and(|left| left > RENEW_BEFORE));
+    let identity = match fresh {
+        Some(identity) => identity,
+        None => {
+            let identity = ca.issue_with_aliases(COORDINATOR_NAME, &["localhost".to_owned()], NODE_VALIDITY)?;
             identity.save(&own)?;
+            tracing::info!(dir = %own.display(), "issued the coordinator's certificate (new, or about to expire)");
             identity
         }
     };
@@ -92,9 +106,21 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
         .block_on(tokio::net::TcpListener::bind(&args.listen))
         .with_context(|| format!("cannot listen on {}: is another server using it?", args.listen))?;
     let addr = listener.local_addr()?;
-    let control =
-        ControlPlane::start(&identity, addr, ControlConfig::with_timeout(args.heartbeat_timeout), runtime.handle())
-            .with_context(|| format!("starting the control plane on udp/{addr}"))?;
+    // The control plane and the job masters' data plane get threads of their own: a flood of
+    // HTTP requests must not starve heartbeats (a worker would be declared dead for it).
+    let cluster_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("eddy-cluster")
+        .build()
+        .context("starting the cluster's runtime")?;
+    let control = ControlPlane::start(
+        &identity,
+        addr,
+        ControlConfig::with_timeout(args.heartbeat_timeout),
+        cluster_runtime.handle(),
+    )
+    .with_context(|| format!("starting the control plane on udp/{addr}"))?;
     eprintln!(
         "eddy coordinator on {addr}: REST at http://{addr}/v1 (tcp), workers register at udp/{addr} as `{}`; heartbeat timeout {} ms",
         identity.name,
@@ -116,14 +142,17 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
         }
     };
     // The job masters' node: it dials the workers' checkpoint streams, from the listen host.
-    let node = QuicNode::bind(&identity, SocketAddr::new(addr.ip(), 0), Tuning::default(), runtime.handle().clone())
-        .context("binding the coordinator's data plane")?;
+    let node =
+        QuicNode::bind(&identity, SocketAddr::new(addr.ip(), 0), Tuning::default(), cluster_runtime.handle().clone())
+            .context("binding the coordinator's data plane")?;
     let mut config = eddy_service::ServiceConfig::new(args.data_dir.clone());
     config.slots = args.slots;
-    config.max_artifact_bytes = args.max_artifact_bytes;
+    args.service.apply(&mut config);
     config.cluster = Some(ClusterRole { control, enrollment, node });
     config.checkpoint_store = checkpoint_store;
-    crate::serve::run(&runtime, listener, config)
+    let served = crate::serve::run(&runtime, listener, config);
+    drop(cluster_runtime);
+    served
 }
 
 /// Flags of `eddy worker`.
@@ -139,6 +168,8 @@ pub struct WorkerArgs {
     pub data_dir: PathBuf,
     /// A node directory; none: enroll with a coordinator on this machine.
     pub tls: Option<PathBuf>,
+    /// The admin's join token, to enroll (or renew an enrolled certificate).
+    pub join_token: Option<String>,
     /// The data plane's UDP address.
     pub data_listen: String,
     /// The host, or `host:port`, other workers dial.
@@ -170,28 +201,71 @@ fn coordinator_name(coordinator: &str) -> String {
     if host.parse::<std::net::IpAddr>().is_ok() { COORDINATOR_NAME.to_owned() } else { host.to_owned() }
 }
 
-/// The worker's identity: `--tls`, one saved by an earlier enrollment, or a new enrollment.
+/// The worker's identity: `--tls`, one saved by an earlier enrollment (renewed with the join
+/// token when it is about to expire), or a new enrollment with the join token.
 fn worker_identity(args: &WorkerArgs) -> Result<NodeIdentity> {
     if let Some(dir) = &args.tls {
-        return NodeIdentity::load(dir, Some(&args.name)).with_context(|| format!("reading --tls {}", dir.display()));
+        let identity =
+            NodeIdentity::load(dir, Some(&args.name)).with_context(|| format!("reading --tls {}", dir.display()))?;
+        let left = time_left(&identity)?;
+        if left.is_zero() {
+            bail!("the certificate in {} has expired: issue a new one with `eddy cluster cert`", dir.display());
+        }
+        if left < RENEW_BEFORE {
+            eprintln!(
+                "warning: the certificate in {} expires in {} days: issue a new one",
+                dir.display(),
+                left.as_secs() / 86_400
+            );
+        }
+        return Ok(identity);
     }
     let dir = args.data_dir.join("tls");
     if let Ok(identity) = NodeIdentity::load(&dir, Some(&args.name)) {
-        return Ok(identity);
+        let left = time_left(&identity)?;
+        match (&args.join_token, left < RENEW_BEFORE) {
+            (_, false) => return Ok(identity),
+            (None, _) if !left.is_zero() => {
+                eprintln!(
+                    "warning: this worker's certificate expires in {} days: renew it by starting the worker with a join \
+                     token issued for it (`eddy cluster join-token --name {}`)",
+                    left.as_secs() / 86_400,
+                    args.name
+                );
+                return Ok(identity);
+            }
+            (None, _) => bail!(
+                "this worker's certificate has expired: renew it with a join token issued for it (`eddy cluster \
+                 join-token --name {}`, then --join-token)",
+                args.name
+            ),
+            (Some(_), true) => eprintln!("renewing this worker's certificate, which expires soon"),
+        }
     }
+    let Some(token) = &args.join_token else {
+        bail!(
+            "no --tls given and no certificate in {}: enroll with a join token from the admin (`eddy cluster \
+             join-token`, then --join-token or EDDY_JOIN_TOKEN), or give --tls",
+            dir.display()
+        );
+    };
     let url = format!("http://{}/v1/cluster/enroll", args.coordinator);
-    let response =
-        reqwest::blocking::Client::new()
-            .post(&url)
-            .json(&serde_json::json!({ "name": args.name }))
-            .send()
-            .with_context(|| format!("no --tls given, and enrolling at {url} failed: is the coordinator running?"))?;
+    let response = reqwest::blocking::Client::new()
+        .post(&url)
+        .bearer_auth(token)
+        .json(&serde_json::json!({ "name": args.name }))
+        .send()
+        .with_context(|| format!("no --tls given, and enrolling at {url} failed: is the coordinator running?"))?;
     if !response.status().is_success() {
         let status = response.status();
         let body = response.text().unwrap_or_default();
-        bail!("the coordinator refused to enroll `{}` ({status}): {body}", args.name);
+        let detail = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|p| p["detail"].as_str().map(str::to_owned))
+            .unwrap_or(body);
+        bail!("the coordinator refused to enroll `{}` ({status}): {detail}", args.name);
     }
-    let credentials: eddy_service::workers::Credentials = response.json().context("reading the enrollment")?;
+    let credentials: eddy_service::enrollment::Credentials = response.json().context("reading the enrollment")?;
     let identity = NodeIdentity {
         name: args.name.clone(),
         ca_pem: credentials.ca_pem,
@@ -199,7 +273,8 @@ fn worker_identity(args: &WorkerArgs) -> Result<NodeIdentity> {
         key_pem: credentials.key_pem,
     };
     identity.save(&dir)?;
-    eprintln!("enrolled with the coordinator's CA; certificate saved in {}", dir.display());
+    let days = time_left(&identity)?.as_secs() / 86_400;
+    eprintln!("enrolled with the coordinator's CA; certificate saved in {}, valid {days} days", dir.display());
     Ok(identity)
 }
 
@@ -219,7 +294,8 @@ const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
 /// `eddy worker`: registers, beats, runs the parts deployed to it, and registers again
 /// whenever the coordinator restarts.
 pub fn worker(args: WorkerArgs) -> Result<()> {
-    eddy_transport::quic::check_name(&args.name)?;
+    eddy_transport::quic::check_label(&args.name)
+        .with_context(|| format!("--name {}: a worker's name is one lowercase DNS label", args.name))?;
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
     let identity = worker_identity(&args)?;
     let runtime = crate::serve::runtime()?;

@@ -107,9 +107,8 @@ enum Command {
         /// Slots of the embedded worker.
         #[arg(long, default_value_t = 4)]
         slots: u32,
-        /// Largest artifact accepted, in bytes.
-        #[arg(long, default_value_t = 64 << 20)]
-        max_artifact_bytes: u64,
+        #[command(flatten)]
+        service: serve::ServiceFlags,
     },
     /// The cluster's certificates: a CA, and a certificate per node.
     Cluster {
@@ -141,9 +140,8 @@ enum Command {
         /// Slots of an embedded worker in the coordinator's own process.
         #[arg(long, env = "EDDY_SLOTS", default_value_t = 0)]
         slots: u32,
-        /// Largest artifact accepted, in bytes.
-        #[arg(long, default_value_t = 64 << 20)]
-        max_artifact_bytes: u64,
+        #[command(flatten)]
+        service: serve::ServiceFlags,
     },
     /// Run a worker: register with the coordinator and offer slots.
     Worker {
@@ -160,9 +158,13 @@ enum Command {
         #[arg(long, env = "EDDY_DATA_DIR")]
         data_dir: PathBuf,
         /// This node's certificate directory. Without it the worker enrolls with a
-        /// coordinator on this machine.
+        /// coordinator on this machine, with `--join-token`.
         #[arg(long, env = "EDDY_TLS_DIR")]
         tls: Option<PathBuf>,
+        /// A join token from the admin (`eddy cluster join-token`), to enroll with a
+        /// coordinator on this machine (and to renew an enrolled certificate).
+        #[arg(long, env = "EDDY_JOIN_TOKEN", hide_env_values = true)]
+        join_token: Option<String>,
         /// The data plane's UDP address.
         #[arg(long, env = "EDDY_DATA_LISTEN", default_value = "0.0.0.0:0")]
         data_listen: String,
@@ -208,6 +210,16 @@ enum Command {
         /// The job's id.
         id: String,
     },
+    /// Delete an ended job on the server, with its output, checkpoints and savepoints.
+    Delete {
+        /// The job's id.
+        id: String,
+    },
+    /// Start a held job again (one the server held after it died twice in a row under it).
+    Resume {
+        /// The job's id.
+        id: String,
+    },
     /// Print a job's committed output (JSON lines).
     Output {
         /// The job's id.
@@ -250,6 +262,22 @@ enum ClusterAction {
         /// Where to write `ca.pem`, `cert.pem` and `key.pem`.
         #[arg(long)]
         out: PathBuf,
+        /// Days the certificate is valid (renew it by issuing a new one and restarting the node).
+        #[arg(long, default_value_t = 365)]
+        days: u64,
+    },
+    /// Ask a coordinator for a join token (admin token): a worker on its machine enrolls with
+    /// it (`eddy worker --join-token`). Prints the token.
+    JoinToken {
+        /// The one worker name it enrolls (also one enrolled before: a renewal).
+        #[arg(long)]
+        name: Option<String>,
+        /// Enrollments it allows.
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
+        /// Seconds it lives.
+        #[arg(long, default_value_t = 3_600)]
+        ttl_s: u64,
     },
 }
 
@@ -652,32 +680,36 @@ fn main() {
         Command::Plan { pipeline } => plan(pipeline),
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
-        Command::Serve { listen, data_dir, slots, max_artifact_bytes } => {
-            serve::serve(&listen, data_dir, slots, max_artifact_bytes)
-        }
+        Command::Serve { listen, data_dir, slots, service } => serve::serve(&listen, data_dir, slots, &service),
         Command::Cluster { action: ClusterAction::Init { out } } => cluster::init(&out),
-        Command::Cluster { action: ClusterAction::Cert { ca, name, alias, out } } => {
-            cluster::cert(&ca, &name, &alias, &out)
+        Command::Cluster { action: ClusterAction::Cert { ca, name, alias, out, days } } => {
+            cluster::cert(&ca, &name, &alias, &out, days)
         }
-        Command::Coordinator {
-            listen,
-            data_dir,
-            tls,
-            heartbeat_timeout_ms,
-            checkpoint_store,
-            slots,
-            max_artifact_bytes,
-        } => cluster::coordinator(cluster::CoordinatorArgs {
-            listen,
-            data_dir,
-            tls,
-            heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
-            checkpoint_store,
-            slots,
-            max_artifact_bytes,
-        }),
-        Command::Worker { coordinator, name, slots, data_dir, tls, data_listen, advertise } => {
-            cluster::worker(cluster::WorkerArgs { coordinator, name, slots, data_dir, tls, data_listen, advertise })
+        Command::Cluster { action: ClusterAction::JoinToken { name, uses, ttl_s } } => {
+            login().and_then(|l| client::join_token_cmd(l, name, uses, ttl_s))
+        }
+        Command::Coordinator { listen, data_dir, tls, heartbeat_timeout_ms, checkpoint_store, slots, service } => {
+            cluster::coordinator(cluster::CoordinatorArgs {
+                listen,
+                data_dir,
+                tls,
+                heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
+                checkpoint_store,
+                slots,
+                service,
+            })
+        }
+        Command::Worker { coordinator, name, slots, data_dir, tls, join_token, data_listen, advertise } => {
+            cluster::worker(cluster::WorkerArgs {
+                coordinator,
+                name,
+                slots,
+                data_dir,
+                tls,
+                join_token,
+                data_listen,
+                advertise,
+            })
         }
         Command::Login => client::login(cli.server.clone(), cli.token.clone()),
         Command::Upload { wasm, name, version } => login().and_then(|l| client::upload_cmd(l, &wasm, name, version)),
@@ -685,6 +717,8 @@ fn main() {
         Command::Jobs => login().and_then(client::jobs_cmd),
         Command::Job { id, watch } => login().and_then(|l| client::job_cmd(l, &id, watch)),
         Command::Cancel { id } => login().and_then(|l| client::cancel_cmd(l, &id)),
+        Command::Delete { id } => login().and_then(|l| client::delete_cmd(l, &id)),
+        Command::Resume { id } => login().and_then(|l| client::resume_cmd(l, &id)),
         Command::Output { id } => login().and_then(|l| client::output_cmd(l, &id)),
         Command::Tenants { action } => login().and_then(|l| tenants(l, action)),
     };

@@ -5,15 +5,43 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use eddy_service::{Service, ServiceConfig};
 
+/// What `eddy serve` and `eddy coordinator` take and keep.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServiceFlags {
+    /// Largest artifact accepted, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_artifact_bytes: u64,
+    /// The memory all running jobs together may make the server hold (instances, heap state,
+    /// RocksDB caches); default: three quarters of the machine's or the cgroup's memory.
+    #[arg(long, env = "EDDY_MEMORY_BUDGET_BYTES")]
+    pub memory_budget_bytes: Option<u64>,
+    /// How often stores are measured for the `checkpoint_bytes` quota and ended jobs expire.
+    #[arg(long, default_value_t = 30_000)]
+    pub housekeeping_ms: u64,
+    /// How long an ended job's record, output, checkpoints and savepoints are kept.
+    #[arg(long, default_value_t = 7 * 24)]
+    pub retention_hours: u64,
+}
+
+impl ServiceFlags {
+    /// Sets these in `config`.
+    pub fn apply(&self, config: &mut ServiceConfig) {
+        config.max_artifact_bytes = self.max_artifact_bytes;
+        config.memory_budget_bytes = self.memory_budget_bytes;
+        config.housekeeping_interval = std::time::Duration::from_millis(self.housekeeping_ms.max(100));
+        config.ended_job_retention = std::time::Duration::from_secs(self.retention_hours.saturating_mul(3600));
+    }
+}
+
 /// Runs the server until SIGINT or SIGTERM; running jobs stop and resume at the next start.
-pub fn serve(listen: &str, data_dir: PathBuf, slots: u32, max_artifact_bytes: u64) -> Result<()> {
+pub fn serve(listen: &str, data_dir: PathBuf, slots: u32, flags: &ServiceFlags) -> Result<()> {
     let runtime = runtime()?;
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind(listen))
         .with_context(|| format!("cannot listen on {listen}: is another server using it?"))?;
     let mut config = ServiceConfig::new(data_dir);
     config.slots = slots;
-    config.max_artifact_bytes = max_artifact_bytes;
+    flags.apply(&mut config);
     run(&runtime, listener, config)
 }
 
@@ -31,14 +59,16 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
 pub fn run(runtime: &tokio::runtime::Runtime, listener: tokio::net::TcpListener, config: ServiceConfig) -> Result<()> {
     let (data_dir, slots) = (config.data_dir.clone(), config.slots);
     let (service, admin_token) = Service::open(config).with_context(|| format!("opening {}", data_dir.display()))?;
-    if let Some(token) = admin_token {
-        eprintln!("created the admin token (shown once; also in {}):", data_dir.join("admin.token").display());
-        eprintln!("  {token}");
+    // Not printed: standard error ends up in logs, which others read.
+    if admin_token.is_some() {
+        eprintln!("created the admin token in {} (mode 0600): keep it secret", data_dir.join("admin.token").display());
     }
     let addr = listener.local_addr()?;
     eprintln!(
-        "eddy serving on http://{addr} (data in {}, {slots} slots); API at /v1, OpenAPI at /v1/openapi.json",
-        data_dir.display()
+        "eddy serving on http://{addr} (data in {}, {slots} slots, {} MiB of memory for jobs); API at /v1, OpenAPI \
+         at /v1/openapi.json",
+        data_dir.display(),
+        service.state().supervisor.memory_budget() >> 20
     );
     runtime.block_on(service.serve(listener, stop_signal())).context("serving")?;
     eprintln!("stopped; running jobs resume at the next start");

@@ -10,7 +10,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::fleet::{Worker, eventually, names, workers};
+use common::fleet::{Worker, eventually, join_token, names, workers};
 use common::{Server, client};
 
 #[test]
@@ -25,12 +25,15 @@ fn workers_register_beat_die_when_killed_and_find_a_restarted_coordinator() {
         assert_eq!((w["slots"].as_u64(), w["free_slots"].as_u64()), (Some(2), Some(2)), "{w}");
         assert!(w["data_addr"].as_str().unwrap().starts_with("127.0.0.1:"), "{w}");
     }
-    // Tenants see the workers too; nobody without a token does.
+    // Only the admin sees the workers: a tenant has no business with the machines.
     assert_eq!(client().get(coordinator.url("/v1/workers")).send().unwrap().status(), 401);
-    // A live worker's name, or the coordinator's, cannot be enrolled again.
+    let (_, tenant) = common::tenant(&coordinator, "acme");
+    assert_eq!(client().get(coordinator.url("/v1/workers")).bearer_auth(&tenant).send().unwrap().status(), 403);
+    // A live worker's name, or the coordinator's, cannot be enrolled again, even with a token.
     for taken in ["worker-1", "coordinator"] {
         let response = client()
             .post(coordinator.url("/v1/cluster/enroll"))
+            .bearer_auth(join_token(&coordinator, None))
             .json(&serde_json::json!({ "name": taken }))
             .send()
             .unwrap();
@@ -55,6 +58,93 @@ fn workers_register_beat_die_when_killed_and_find_a_restarted_coordinator() {
     for w in fleet.iter().flatten() {
         assert!(w.log().contains("registering again"), "{}", w.log());
     }
+}
+
+/// Asks `coordinator` to enroll `name` with `token` (if any); the status and the body.
+fn enroll(coordinator: &Server, token: Option<&str>, name: &str) -> (u16, serde_json::Value) {
+    let mut request = client().post(coordinator.url("/v1/cluster/enroll")).json(&serde_json::json!({ "name": name }));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().unwrap_or_default())
+}
+
+/// The admin's join token of `coordinator` for `body` (`name`, `uses`, `ttl_s`).
+fn join_token_with(coordinator: &Server, body: serde_json::Value) -> String {
+    let response =
+        client().post(coordinator.url("/v1/cluster/join-tokens")).bearer_auth(coordinator.admin()).json(&body).send();
+    let answer: serde_json::Value = common::expect(response.unwrap(), 201);
+    answer["token"].as_str().unwrap().to_owned()
+}
+
+/// Enrollment is what makes a node a member, so it needs the admin's join token, spends it,
+/// refuses every spelling of the coordinator's names and names issued before, and issues
+/// certificates that expire. (Before: any local process enrolled with no credential, and
+/// `COORDINATOR` and `Localhost` were issued, which TLS matches as the coordinator's names.)
+#[test]
+fn enrolling_takes_a_join_token_once_and_refuses_the_coordinators_names_in_any_spelling() {
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator = Server::start_as("coordinator", &dir.path().join("coordinator"), &[]);
+    let (status, problem) = enroll(&coordinator, None, "worker-a");
+    assert_eq!(status, 401, "no token: {problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("join token"), "{problem}");
+    assert_eq!(enroll(&coordinator, Some("eddy_join_00"), "worker-a").0, 401, "an unknown token");
+    // A tenant's API token is no join token, nor may a tenant issue one.
+    let (_, tenant) = common::tenant(&coordinator, "acme");
+    assert_eq!(enroll(&coordinator, Some(&tenant), "worker-a").0, 401);
+    let by_tenant =
+        client().post(coordinator.url("/v1/cluster/join-tokens")).bearer_auth(&tenant).json(&serde_json::json!({}));
+    assert_eq!(by_tenant.send().unwrap().status(), 403);
+
+    let token = join_token_with(&coordinator, serde_json::json!({}));
+    for spelled in ["COORDINATOR", "Coordinator", "Localhost", "LOCALHOST", "Worker-A", "worker.a", "-a", ""] {
+        assert_eq!(enroll(&coordinator, Some(&token), spelled).0, 422, "`{spelled}` is no lowercase DNS label");
+    }
+    for reserved in ["coordinator", "localhost"] {
+        assert_eq!(enroll(&coordinator, Some(&token), reserved).0, 409, "{reserved}");
+    }
+    // None of those refusals spent the token; enrolling does, once.
+    let (status, credentials) = enroll(&coordinator, Some(&token), "worker-a");
+    assert_eq!(status, 200, "{credentials}");
+    assert_eq!(enroll(&coordinator, Some(&token), "worker-b").0, 401, "a single-use token works once");
+    let identity = eddy_transport::quic::NodeIdentity {
+        name: "worker-a".into(),
+        ca_pem: credentials["ca_pem"].as_str().unwrap().into(),
+        cert_pem: credentials["cert_pem"].as_str().unwrap().into(),
+        key_pem: credentials["key_pem"].as_str().unwrap().into(),
+    };
+    let left = identity.expires_at().unwrap().duration_since(std::time::SystemTime::now()).unwrap();
+    assert!((29 * 86_400..=30 * 86_400).contains(&left.as_secs()), "an enrolled certificate lasts 30 days: {left:?}");
+
+    // A name issued once is not issued again to whoever asks; a token for that very name
+    // (the admin's renewal) issues it; a token for one name enrolls no other.
+    let any = join_token_with(&coordinator, serde_json::json!({}));
+    assert_eq!(enroll(&coordinator, Some(&any), "worker-a").0, 409, "enrolled before");
+    let renewal = join_token_with(&coordinator, serde_json::json!({ "name": "worker-a" }));
+    assert_eq!(enroll(&coordinator, Some(&renewal), "worker-a").0, 200);
+    let for_b = join_token_with(&coordinator, serde_json::json!({ "name": "worker-b" }));
+    assert_eq!(enroll(&coordinator, Some(&for_b), "worker-c").0, 403);
+    // An expired token is refused.
+    let short = join_token_with(&coordinator, serde_json::json!({ "ttl_s": 1 }));
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(enroll(&coordinator, Some(&short), "worker-d").0, 401, "expired");
+    // `eddy cluster cert` refuses the same spellings.
+    let ca = dir.path().join("ca").to_str().unwrap().to_owned();
+    assert!(eddy(&["cluster", "init", "--out", &ca]).status.success());
+    let upper = eddy(&["cluster", "cert", "--ca", &ca, "--name", "COORDINATOR", "--out", &format!("{ca}/x")]);
+    assert!(!upper.status.success(), "an uppercase name was issued");
+
+    // A source that keeps sending wrong join tokens is answered 429 for a while (last: every
+    // request of this test comes from the same address).
+    let statuses: Vec<u16> = (0..25).map(|_| enroll(&coordinator, Some("eddy_join_bad"), "worker-e").0).collect();
+    let first_429 = statuses.iter().position(|s| *s == 429).expect("shut out at last");
+    assert!(
+        statuses[..first_429].iter().all(|s| *s == 401) && statuses[first_429..].iter().all(|s| *s == 429),
+        "{statuses:?}"
+    );
+    assert!(coordinator.log().contains("requests with wrong tokens"), "{}", coordinator.log());
 }
 
 fn eddy(args: &[&str]) -> std::process::Output {

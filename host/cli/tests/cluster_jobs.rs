@@ -116,7 +116,7 @@ fn crash_job(events: u64, rate: u64) -> String {
         "name: counts\nparallelism: 3\nsources:\n  - {{type: generator, name: g, seed: 7, events: {events}, keys: 30, \
          key_field: user, key_prefix: u-, value_field: v, min_value: 1, max_value: 9, start_ms: 0, interval_ms: 5, \
          rate_per_sec: {rate}}}\nsteps:\n  - {{name: count, wasm: count@1, key_by: /user}}\n\
-         checkpoints: {{interval_ms: 200}}\nrestart: {{strategy: fixed_delay, attempts: 1000, delay_ms: 100}}\n\
+         checkpoints: {{interval_ms: 200}}\nrestart: {{strategy: fixed_delay, attempts: 100, delay_ms: 500}}\n\
          sink: {{type: files, dir: out}}\n"
     )
 }
@@ -366,7 +366,7 @@ fn q5_across_worker_processes_behind_a_faulty_network_equals_the_native_baseline
     assert_eq!(done["status"], "finished", "{done}");
     let mut got: Vec<String> = output_lines(&coordinator, &token, &id).iter().map(|l| l["value"].to_string()).collect();
     got.sort();
-    assert_eq!(got.len(), expected.len(), "row count");
+    assert_eq!(got.len(), expected.len(), "row count: {done}");
     assert!(got == expected, "rows differ from the native baseline");
     let lost: u64 = relays.iter().map(|r| r.stats().dropped.load(Ordering::Relaxed)).sum();
     let carried: u64 = relays.iter().map(|r| r.stats().received.load(Ordering::Relaxed)).sum();

@@ -360,7 +360,7 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     browser.wait_text("its own job running", &format!("{other_row} {}", tid("job-row-status")), |t| t == "running");
     assert_eq!(browser.count(&row), 0, "the first tenant's job is not listed for the second");
     browser.screenshot("jobs-second-tenant.png");
-    let cancel = client().delete(server.url(&format!("/v1/jobs/{other_id}"))).bearer_auth(&other_token);
+    let cancel = client().post(server.url(&format!("/v1/jobs/{other_id}/cancel"))).bearer_auth(&other_token);
     expect(cancel.send().unwrap(), 202);
 
     let errors = browser.call(json!({"op": "errors"}));

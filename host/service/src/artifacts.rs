@@ -5,6 +5,12 @@
 //! only then moved to `artifacts/sha256-<hex>.wasm`; a failed or interrupted upload leaves
 //! nothing behind. Each tenant sees its own artifacts: the same bytes from two tenants are one
 //! file but two records.
+//!
+//! An upload takes the same path whatever other tenants uploaded: it is validated and
+//! compiled afresh ([`eddy_runtime::Runtime::load_fresh`]) unless the uploading tenant holds
+//! the artifact already, so its time says nothing about another tenant's artifacts. Storing
+//! the file and recording it, like deleting the last record and its file, happen under the
+//! admission lock, so an upload racing a deletion of the same bytes cannot lose its file.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,12 +22,12 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::AppState;
-use crate::auth::Caller;
+use crate::auth::TenantCaller;
 use crate::model::{Artifact, JobRecord, World, now_ms};
 use crate::problem::{ApiError, ApiResult, CheckedQuery, Problem, identifier};
 use crate::store::Table;
 use crate::upload::{Received, receive};
+use crate::{AppState, blocking};
 
 /// `POST /v1/artifacts` query: an optional name and version to refer to the artifact by.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -86,19 +92,20 @@ pub fn resolve(state: &AppState, tenant: &str, reference: &str) -> Result<Option
     Ok(state.store.get(Table::Artifacts, &key(tenant, &digest))?)
 }
 
-/// Validates and compiles the upload (on a blocking thread: compiling takes a while).
-async fn inspect(state: &Arc<AppState>, path: &std::path::Path, digest: &str) -> ApiResult<World> {
+/// Validates and compiles the upload (on a blocking thread: compiling takes a while), afresh
+/// unless `own` (the tenant holds these bytes already).
+async fn inspect(state: &Arc<AppState>, path: &std::path::Path, digest: &str, own: bool) -> ApiResult<World> {
     let (state, path, digest) = (state.clone(), path.to_owned(), digest.to_owned());
-    let world = tokio::task::spawn_blocking(move || {
+    let world = blocking(move || {
         let bytes = std::fs::read(&path).map_err(ApiError::internal)?;
-        let component = state.runtime.load(&digest, &bytes).map_err(|e| match e {
+        let loaded = if own { state.runtime.load(&digest, &bytes) } else { state.runtime.load_fresh(&digest, &bytes) };
+        let component = loaded.map_err(|e| match e {
             eddy_runtime::LoadError::TooLarge { .. } => ApiError::too_large(e.to_string()),
             e => ApiError::unprocessable(e.to_string()).at("body"),
         })?;
-        Ok::<_, ApiError>(component.world())
+        Ok(component.world())
     })
-    .await
-    .map_err(ApiError::internal)??;
+    .await?;
     Ok(match world {
         eddy_runtime::World::KeyedOperator => World::KeyedOperator,
         eddy_runtime::World::WindowAggregate => World::WindowAggregate,
@@ -115,13 +122,14 @@ async fn inspect(state: &Arc<AppState>, path: &std::path::Path, digest: &str) ->
     security(("bearer" = [])))]
 pub async fn upload(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    caller: TenantCaller,
     CheckedQuery(query): CheckedQuery<UploadQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<Artifact>)> {
-    let tenant = caller.tenant()?.to_string();
+    let tenant = caller.tenant;
     let label = label(&query)?;
+    // The quota is checked once the digest is known: the same bytes again take no more of it.
     let incoming = state.data_dir.join("artifacts").join(".incoming");
     let advice = "build it in release mode and strip it";
     let Received { file: temp, size, digest } =
@@ -129,31 +137,48 @@ pub async fn upload(
     if size == 0 {
         return Err(ApiError::unprocessable("the body is empty: send the .wasm bytes").at("body"));
     }
+    let own = state.store.get::<Artifact>(Table::Artifacts, &key(&tenant, &digest))?.is_some();
+    let world = inspect(&state, &temp, &digest, own).await?;
+    let (st, t, d) = (state.clone(), tenant.clone(), digest.clone());
+    let (artifact, created) =
+        blocking(move || st.supervisor.admitting(|| record(&st, &t, &d, temp, size, world, label))).await?;
+    tracing::info!(tenant = %tenant, digest = %digest, size, created, "artifact uploaded");
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(artifact)))
+}
 
-    let world = inspect(&state, &temp, &digest).await?;
-    let dest = wasm_path(&state, &digest);
+/// Stores the file of a validated upload (unless the bytes are there) and records it for the
+/// tenant: under the admission lock, so a deletion of the same bytes cannot come between.
+fn record(
+    state: &AppState,
+    tenant: &str,
+    digest: &str,
+    temp: tempfile::TempPath,
+    size: u64,
+    world: World,
+    label: Option<String>,
+) -> ApiResult<(Artifact, bool)> {
+    let dest = wasm_path(state, digest);
     if dest.exists() {
         drop(temp);
     } else {
         temp.persist(&dest).map_err(ApiError::internal)?;
     }
-    let admission = state.supervisor.admission();
-    let (artifact, created) = state.store.write(|txn| -> ApiResult<(Artifact, bool)> {
-        let existing: Option<Artifact> = txn.get(Table::Artifacts, &key(&tenant, &digest))?;
+    state.store.write(|txn| -> ApiResult<(Artifact, bool)> {
+        let existing: Option<Artifact> = txn.get(Table::Artifacts, &key(tenant, digest))?;
         let created = existing.is_none();
         if created {
-            crate::quotas::admit_artifact(&state, &tenant, size)?;
+            crate::quotas::admit_artifact(state, tenant, size)?;
         }
         let mut artifact = existing.unwrap_or_else(|| Artifact {
-            digest: digest.clone(),
-            tenant: tenant.clone(),
+            digest: digest.to_owned(),
+            tenant: tenant.to_owned(),
             size,
             world,
             names: Vec::new(),
             created_ms: now_ms(),
         });
         if let Some(label) = &label {
-            match txn.get::<String>(Table::ArtifactNames, &key(&tenant, label))? {
+            match txn.get::<String>(Table::ArtifactNames, &key(tenant, label))? {
                 Some(other) if other != digest => {
                     return Err(ApiError::conflict(format!(
                         "`{label}` already names {other}; upload these bytes under a new version"
@@ -162,31 +187,27 @@ pub async fn upload(
                 }
                 Some(_) => {}
                 None => {
-                    txn.put(Table::ArtifactNames, &key(&tenant, label), &digest)?;
+                    txn.put(Table::ArtifactNames, &key(tenant, label), &digest)?;
                     artifact.names.push(label.clone());
                 }
             }
         }
-        txn.put(Table::Artifacts, &key(&tenant, &digest), &artifact)?;
+        txn.put(Table::Artifacts, &key(tenant, digest), &artifact)?;
         Ok((artifact, created))
-    })?;
-    drop(admission);
-    tracing::info!(tenant = %tenant, digest = %digest, size, created, "artifact uploaded");
-    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(artifact)))
+    })
 }
 
 /// Lists the caller's artifacts.
 #[utoipa::path(get, path = "/v1/artifacts", tag = "artifacts",
     responses((status = 200, body = Vec<Artifact>), (status = 401, body = Problem)),
     security(("bearer" = [])))]
-pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResult<Json<Vec<Artifact>>> {
-    let tenant = caller.tenant()?;
-    Ok(Json(state.store.list(Table::Artifacts, &format!("{tenant}/"))?))
+pub async fn list(State(state): State<Arc<AppState>>, caller: TenantCaller) -> ApiResult<Json<Vec<Artifact>>> {
+    Ok(Json(state.store.list(Table::Artifacts, &format!("{}/", caller.tenant))?))
 }
 
 fn jobs_using(state: &AppState, tenant: &str, digest: &str) -> Result<Vec<JobRecord>, ApiError> {
-    let jobs: Vec<JobRecord> = state.store.list(Table::Jobs, "")?;
-    Ok(jobs.into_iter().filter(|j| j.tenant == tenant && j.artifacts.iter().any(|a| a == digest)).collect())
+    let jobs: Vec<JobRecord> = state.store.list(Table::Jobs, &format!("{tenant}/"))?;
+    Ok(jobs.into_iter().filter(|j| j.artifacts.iter().any(|a| a == digest)).collect())
 }
 
 /// Shows one artifact, by digest or `name@version`.
@@ -196,10 +217,10 @@ fn jobs_using(state: &AppState, tenant: &str, digest: &str) -> Result<Vec<JobRec
     security(("bearer" = [])))]
 pub async fn show(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    caller: TenantCaller,
     Path(reference): Path<String>,
 ) -> ApiResult<Json<ArtifactDetail>> {
-    let tenant = caller.tenant()?;
+    let tenant = caller.tenant.as_str();
     let artifact = resolve(&state, tenant, &reference)?.ok_or_else(|| ApiError::not_found("artifact", &reference))?;
     let used_by = jobs_using(&state, tenant, &artifact.digest)?.into_iter().map(|j| j.id).collect();
     let exports = vec![
@@ -219,18 +240,27 @@ pub async fn show(
     security(("bearer" = [])))]
 pub async fn delete(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    caller: TenantCaller,
     Path(reference): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let tenant = caller.tenant()?.to_string();
+    let tenant = caller.tenant;
     let artifact = resolve(&state, &tenant, &reference)?.ok_or_else(|| ApiError::not_found("artifact", &reference))?;
     let digest = artifact.digest.clone();
+    let (st, t, d) = (state.clone(), tenant.clone(), digest.clone());
+    blocking(move || st.supervisor.admitting(|| forget(&st, &t, &d, &artifact))).await?;
+    tracing::info!(tenant = %tenant, digest = %digest, "artifact deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Removes the tenant's record of `artifact`, and its file when no tenant records it any
+/// more: under the admission lock (see [`record`]).
+fn forget(state: &AppState, tenant: &str, digest: &str, artifact: &Artifact) -> ApiResult<()> {
     let last_user = state.store.write(|txn| -> ApiResult<bool> {
         let live: Vec<String> = txn
-            .list_keyed::<JobRecord>(Table::Jobs, "")?
+            .list_keyed::<JobRecord>(Table::Jobs, &format!("{tenant}/"))?
             .into_iter()
-            .filter(|(_, j)| j.tenant == tenant && !j.status.is_terminal() && j.artifacts.contains(&digest))
-            .map(|(id, _)| id)
+            .filter(|(_, j)| !j.status.is_terminal() && j.artifacts.iter().any(|a| a == digest))
+            .map(|(_, j)| j.id)
             .collect();
         if !live.is_empty() {
             return Err(ApiError::conflict(format!(
@@ -238,19 +268,18 @@ pub async fn delete(
                 live.join(", ")
             )));
         }
-        txn.delete(Table::Artifacts, &key(&tenant, &digest))?;
+        txn.delete(Table::Artifacts, &key(tenant, digest))?;
         for label in &artifact.names {
-            txn.delete(Table::ArtifactNames, &key(&tenant, label))?;
+            txn.delete(Table::ArtifactNames, &key(tenant, label))?;
         }
         let others = txn.list_keyed::<Artifact>(Table::Artifacts, "")?;
         Ok(!others.iter().any(|(_, a)| a.digest == digest))
     })?;
     if last_user {
         // The store no longer names the file, so a crash here only leaves an orphan file.
-        if let Err(e) = std::fs::remove_file(wasm_path(&state, &digest)) {
+        if let Err(e) = std::fs::remove_file(wasm_path(state, digest)) {
             tracing::warn!(digest = %digest, error = %e, "could not remove an unused artifact file");
         }
     }
-    tracing::info!(tenant = %tenant, digest = %digest, "artifact deleted");
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }

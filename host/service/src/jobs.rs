@@ -1,28 +1,32 @@
-//! `/v1/jobs`: submit a pipeline, watch it, cancel it, read its committed output.
+//! `/v1/jobs`: submit a pipeline, watch it, cancel, resume or delete it, read its committed
+//! output, and change it through savepoints.
+//!
+//! Every handler reads as the same pipeline: the caller's role is checked by its extractor
+//! (before any body is read), the body is bounded before it is read, and the work that reads
+//! or writes the store, parses or places a spec runs on a blocking thread
+//! ([`crate::blocking`]), so no request holds up the async threads that answer the others.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use eddy_core::limits::MAX_SPEC_BYTES;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::artifacts::resolve;
-use crate::auth::Caller;
-use crate::model::{Failure, JobRecord, JobStatus, Overrides, Savepoint, now_ms};
-use crate::placement::{self, output_dir, place};
+use crate::auth::TenantCaller;
+use crate::model::{Failure, JobRecord, JobStatus, Overrides, Savepoint, job_key, now_ms};
+use crate::placement::{self, check_world, output_dir, place};
 use crate::problem::{ApiError, ApiResult, Checked, Problem};
-use crate::quotas;
+use crate::quotas::{self, Demand};
 use crate::secret::new_id;
 use crate::store::Table;
-use crate::supervisor::{Control, LiveView, slots_of};
-
-/// Largest pipeline spec accepted.
-pub const MAX_SPEC_BYTES: usize = 1 << 20;
+use crate::supervisor::{Control, LiveView};
+use crate::{AppState, blocking};
 
 /// `POST /v1/jobs` answer.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -80,50 +84,62 @@ pub struct JobSummary {
     pub created_ms: i64,
 }
 
-fn spec_text(headers: &HeaderMap, body: &[u8]) -> Result<String, ApiError> {
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let media = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    let known = ["application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "application/json"];
-    if !known.contains(&media.as_str()) {
-        return Err(ApiError::unsupported_media(format!(
-            "send the pipeline as YAML (`Content-Type: application/yaml`) or JSON (`application/json`), not `{content_type}`"
-        ))
-        .at("Content-Type"));
+/// A pipeline spec body: YAML or JSON, at most [`MAX_SPEC_BYTES`], refused by its declared
+/// type and length before a byte of it is read.
+#[derive(Debug)]
+pub struct SpecBody(pub String);
+
+impl<S: Send + Sync> FromRequest<S> for SpecBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, _state: &S) -> Result<Self, ApiError> {
+        let headers = request.headers();
+        let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let media = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        let known = ["application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "application/json"];
+        if !known.contains(&media.as_str()) {
+            return Err(ApiError::unsupported_media(format!(
+                "send the pipeline as YAML (`Content-Type: application/yaml`) or JSON (`application/json`), not \
+                 `{content_type}`"
+            ))
+            .at("Content-Type"));
+        }
+        let too_large = || ApiError::too_large(format!("a pipeline spec may have at most {MAX_SPEC_BYTES} bytes"));
+        let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > MAX_SPEC_BYTES as u64) {
+            return Err(too_large());
+        }
+        let body = http_body_util::Limited::new(request.into_body(), MAX_SPEC_BYTES);
+        let bytes = match http_body_util::BodyExt::collect(body).await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
+            Err(e) => return Err(ApiError::bad_request(format!("the spec broke off: {e}")).at("body")),
+        };
+        String::from_utf8(bytes.to_vec())
+            .map(SpecBody)
+            .map_err(|_| ApiError::bad_request("the pipeline spec is not UTF-8").at("body"))
     }
-    if body.len() > MAX_SPEC_BYTES {
-        return Err(ApiError::too_large(format!("a pipeline spec may have at most {MAX_SPEC_BYTES} bytes")));
-    }
-    String::from_utf8(body.to_vec()).map_err(|_| ApiError::bad_request("the pipeline spec is not UTF-8").at("body"))
 }
 
-fn owned(state: &AppState, tenant: &str, id: &str) -> ApiResult<JobRecord> {
-    match state.store.get::<JobRecord>(Table::Jobs, id)? {
-        Some(job) if job.tenant == tenant => Ok(job),
-        // Another tenant's job looks exactly like a missing one.
-        _ => Err(ApiError::not_found("job", id)),
-    }
+/// The caller's job `id`; another tenant's looks exactly like a missing one.
+pub fn owned(state: &AppState, tenant: &str, id: &str) -> ApiResult<JobRecord> {
+    state.store.get::<JobRecord>(Table::Jobs, &job_key(tenant, id))?.ok_or_else(|| ApiError::not_found("job", id))
 }
 
-/// Submits a pipeline whose steps name uploaded artifacts (`sha256:<hex>` or `name@version`).
-#[utoipa::path(post, path = "/v1/jobs", tag = "jobs",
-    request_body(content = String, content_type = "application/yaml", description = "The pipeline spec, YAML or JSON"),
-    responses((status = 201, body = Submitted), (status = 401, body = Problem), (status = 409, body = Problem),
-        (status = 413, body = Problem), (status = 415, body = Problem), (status = 422, body = Problem)),
-    security(("bearer" = [])))]
-pub async fn submit(
-    State(state): State<Arc<AppState>>,
-    caller: Caller,
-    headers: HeaderMap,
-    Checked(body): Checked<axum::body::Bytes>,
-) -> ApiResult<(StatusCode, Json<Submitted>)> {
-    let tenant = caller.tenant()?.to_string();
-    let text = spec_text(&headers, &body)?;
-    let id = new_id("j_")?;
-    let record = JobRecord {
-        id: id.clone(),
-        tenant: tenant.clone(),
+/// The spec text `record` was submitted with.
+pub fn spec_of(state: &AppState, record: &JobRecord) -> ApiResult<String> {
+    state
+        .store
+        .get::<String>(Table::JobSpecs, &record.key())?
+        .ok_or_else(|| ApiError::internal(format!("job {} has no stored spec", record.key())))
+}
+
+/// A new record for `tenant`'s job `id`, before its spec is placed.
+fn new_record(tenant: &str, id: String) -> JobRecord {
+    JobRecord {
+        id,
+        tenant: tenant.to_owned(),
         name: String::new(),
-        spec: text,
         artifacts: Vec::new(),
         slots: 0,
         state_bytes: 0,
@@ -138,43 +154,58 @@ pub async fn submit(
         generation: 0,
         restore_from: None,
         savepoints: Vec::new(),
-    };
-    // Parsing and placing read the store and may take a while on a large spec: off the
-    // async workers, so one request cannot hold up the others.
-    let (spec, artifacts, record) = {
-        let state = state.clone();
-        tokio::task::spawn_blocking(move || place(&state, &record).map(|(spec, artifacts)| (spec, artifacts, record)))
-            .await
-            .map_err(ApiError::internal)??
-    };
-    let mut record = record;
-    let slots = slots_of(&spec);
+        crash_resumes: 0,
+        fast_failures: 0,
+        ended_ms: None,
+    }
+}
+
+/// Fills in what `record` holds once its spec is placed.
+pub fn describe(state: &AppState, record: &mut JobRecord, text: &str) -> ApiResult<(eddy_plan::PipelineSpec, Demand)> {
+    let (spec, digests) = place(state, record, text)?;
+    crate::spread::check_deployment_size(state, record, &spec, &digests)?;
+    let demand = Demand::of(&spec, quotas::of(state, &record.tenant)?.instance_memory_bytes);
     record.name = spec.name.clone();
     record.plan = eddy_plan::PhysicalPlan::new(&spec).to_string();
-    record.artifacts = artifacts;
-    record.slots = slots;
-    record.state_bytes = quotas::state_bytes_of(&spec);
-    record.memory_bytes = quotas::memory_of(&state, &tenant, &spec)?;
-    {
-        let _admission = state.supervisor.admission();
-        quotas::admit_job(&state, &tenant, slots, record.state_bytes, record.memory_bytes)?;
-        state.supervisor.admit(&state, record)?;
-    }
-    tracing::info!(tenant = %tenant, job = %id, name = %spec.name, slots, "job submitted");
-    Ok((StatusCode::CREATED, Json(Submitted { id, slots })))
+    record.artifacts = digests;
+    record.slots = demand.slots;
+    record.state_bytes = demand.state_bytes;
+    record.memory_bytes = demand.memory_bytes;
+    Ok((spec, demand))
+}
+
+/// Submits a pipeline whose steps name uploaded artifacts (`sha256:<hex>` or `name@version`).
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs",
+    request_body(content = String, content_type = "application/yaml", description = "The pipeline spec, YAML or JSON"),
+    responses((status = 201, body = Submitted), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 409, body = Problem), (status = 413, body = Problem), (status = 415, body = Problem),
+        (status = 422, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn submit(
+    State(state): State<Arc<AppState>>,
+    caller: TenantCaller,
+    SpecBody(text): SpecBody,
+) -> ApiResult<(StatusCode, Json<Submitted>)> {
+    let id = new_id("j_")?;
+    let submitted = blocking(move || {
+        let mut record = new_record(&caller.tenant, id.clone());
+        let (spec, demand) = describe(&state, &mut record, &text)?;
+        state.supervisor.admit(&state, record, &text, demand)?;
+        tracing::info!(tenant = %caller.tenant, job = %id, name = %spec.name, slots = demand.slots, "job submitted");
+        Ok(Submitted { id, slots: demand.slots })
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(submitted)))
 }
 
 /// Lists the caller's jobs, newest first.
 #[utoipa::path(get, path = "/v1/jobs", tag = "jobs",
     responses((status = 200, body = Vec<JobSummary>), (status = 401, body = Problem)),
     security(("bearer" = [])))]
-pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResult<Json<Vec<JobSummary>>> {
-    let tenant = caller.tenant()?;
-    let mut jobs: Vec<JobSummary> = state
-        .store
-        .list::<JobRecord>(Table::Jobs, "")?
+pub async fn list(State(state): State<Arc<AppState>>, caller: TenantCaller) -> ApiResult<Json<Vec<JobSummary>>> {
+    let records: Vec<JobRecord> = state.store.list(Table::Jobs, &format!("{}/", caller.tenant))?;
+    let mut jobs: Vec<JobSummary> = records
         .into_iter()
-        .filter(|j| j.tenant == tenant)
         .map(|j| JobSummary { id: j.id, name: j.name, status: j.status, created_ms: j.created_ms })
         .collect();
     jobs.sort_by_key(|j| std::cmp::Reverse(j.created_ms));
@@ -188,11 +219,11 @@ pub async fn list(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResu
     security(("bearer" = [])))]
 pub async fn show(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    caller: TenantCaller,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobView>> {
-    let job = owned(&state, caller.tenant()?, &id)?;
-    let live = state.supervisor.live(&id).and_then(|l| l.view());
+    let job = owned(&state, &caller.tenant, &id)?;
+    let live = state.supervisor.live(&job.key()).and_then(|l| l.view());
     Ok(Json(JobView {
         plan: job.plan,
         id: job.id,
@@ -212,42 +243,95 @@ pub async fn show(
 }
 
 /// Cancels a job (no savepoint). Answers at once; the status turns `canceled` when it stopped.
-#[utoipa::path(delete, path = "/v1/jobs/{id}", tag = "jobs",
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs",
     params(("id" = String, Path, description = "The job's id")),
     responses((status = 202), (status = 401, body = Problem), (status = 404, body = Problem), (status = 409, body = Problem)),
     security(("bearer" = [])))]
 pub async fn cancel(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    caller: TenantCaller,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let job = owned(&state, caller.tenant()?, &id)?;
-    if job.status.is_terminal() || !state.supervisor.cancel(&id) {
-        return Err(ApiError::conflict(format!("job {id} is {:?}, not running", job.status).to_lowercase()));
+    let job = owned(&state, &caller.tenant, &id)?;
+    if job.status == JobStatus::Held {
+        let key = job.key();
+        blocking(move || {
+            crate::supervisor::end(&state, &key, JobStatus::Canceled);
+            Ok(())
+        })
+        .await?;
+    } else if job.status.is_terminal() || !state.supervisor.cancel(&job.key()) {
+        return Err(ApiError::conflict(format!("job {id} is {}, not running", job.status.name())));
     }
     tracing::info!(tenant = %job.tenant, job = %id, "job cancel requested");
     Ok(StatusCode::ACCEPTED)
 }
 
-/// The committed output of the job's sink as JSON lines (all committed files, in order).
+/// Deletes an ended job: its record, output, checkpoints and savepoints.
+#[utoipa::path(delete, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses((status = 204), (status = 401, body = Problem), (status = 404, body = Problem), (status = 409, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    caller: TenantCaller,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let job = owned(&state, &caller.tenant, &id)?;
+    if !job.status.is_terminal() {
+        return Err(ApiError::conflict(format!(
+            "job {id} is {}: cancel or stop it first (POST /v1/jobs/{id}/cancel)",
+            job.status.name()
+        )));
+    }
+    blocking(move || crate::janitor::delete_job(&state, &job)).await?;
+    tracing::info!(tenant = %caller.tenant, job = %id, "job deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Starts a held job again (one the server held after dying twice in a row while it ran).
+#[utoipa::path(post, path = "/v1/jobs/{id}/resume", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses((status = 202), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn resume(
+    State(state): State<Arc<AppState>>,
+    caller: TenantCaller,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let job = owned(&state, &caller.tenant, &id)?;
+    if job.status != JobStatus::Held {
+        return Err(ApiError::conflict(format!("job {id} is {}, not held", job.status.name())));
+    }
+    blocking(move || state.supervisor.resume_held(&state, job)).await?;
+    tracing::info!(tenant = %caller.tenant, job = %id, "held job resumed by its owner");
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// The committed output of the job's sink as JSON lines (all committed files, in order),
+/// streamed as it is read.
 #[utoipa::path(get, path = "/v1/jobs/{id}/output", tag = "jobs",
     params(("id" = String, Path, description = "The job's id")),
     responses((status = 200, content_type = "application/x-ndjson", body = String), (status = 401, body = Problem),
         (status = 404, body = Problem), (status = 409, body = Problem)),
     security(("bearer" = [])))]
-pub async fn output(State(state): State<Arc<AppState>>, caller: Caller, Path(id): Path<String>) -> ApiResult<Response> {
-    let job = owned(&state, caller.tenant()?, &id)?;
-    let table = output_dir(&state, &job.tenant, &job.id).join("table");
-    if table.is_dir() {
-        let lines = tokio::task::spawn_blocking(move || upsert_lines(&table)).await.map_err(ApiError::internal)??;
-        return Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], lines).into_response());
-    }
-    // A files sink's output may be in a bucket, whose client blocks: one blocking thread
-    // opens it, reads the committed files in commit order and hands each to the response.
+pub async fn output(
+    State(state): State<Arc<AppState>>,
+    caller: TenantCaller,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let job = owned(&state, &caller.tenant, &id)?;
+    // Both readers block (RocksDB, a bucket's client): one blocking thread reads and hands
+    // each chunk to the response, at most two chunks ahead of the client.
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(2);
     let listed = tokio::sync::oneshot::channel::<Result<(), String>>();
+    let table = output_dir(&state, &job.tenant, &job.id).join("table");
     let (state, tenant, job_id) = (state.clone(), job.tenant.clone(), job.id.clone());
     tokio::task::spawn_blocking(move || {
+        if table.is_dir() {
+            return stream_upsert_table(&table, listed.0, &tx);
+        }
         let out = match placement::job_files_output(&state, &tenant, &job_id) {
             Ok(out) => out,
             Err(e) => return drop(listed.0.send(Err(e))),
@@ -258,8 +342,18 @@ pub async fn output(State(state): State<Arc<AppState>>, caller: Caller, Path(id)
         };
         let _ = listed.0.send(Ok(()));
         for name in names {
-            if tx.blocking_send(out.read(&name)).is_err() {
-                break;
+            let mut gone = false;
+            let read = out.read_chunks(&name, &mut |chunk| {
+                gone = tx.blocking_send(Ok(chunk.to_vec())).is_err();
+                !gone
+            });
+            if gone {
+                return;
+            }
+            if let Err(e) = read {
+                // The client sees the stream break off rather than a silently short output.
+                let _ = tx.blocking_send(Err(e));
+                return;
             }
         }
     });
@@ -267,34 +361,49 @@ pub async fn output(State(state): State<Arc<AppState>>, caller: Caller, Path(id)
         .1
         .await
         .map_err(ApiError::internal)?
-        .map_err(|e| ApiError::conflict(format!("the output cannot be listed now ({e}); try again")))?;
+        .map_err(|e| ApiError::conflict(format!("the output cannot be read now ({e}); try again")))?;
     let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response())
 }
 
-/// An upsert sink's table as JSON lines `{"key", "value"}`, in key order.
-fn upsert_lines(table: &std::path::Path) -> ApiResult<Vec<u8>> {
-    let rows = eddy_engine::UpsertSink::read_table(table)
-        .map_err(|e| ApiError::conflict(format!("the upsert table cannot be read now ({e}); try again")))?;
-    let mut out = Vec::new();
-    for (key, value) in rows {
-        out.extend_from_slice(b"{\"key\":");
-        out.extend_from_slice(&eddy_engine::values::json_text(&key));
-        out.extend_from_slice(b",\"value\":");
-        out.extend_from_slice(&eddy_engine::values::json_text(&value));
-        out.extend_from_slice(b"}\n");
+/// An upsert sink's table as JSON lines `{"key", "value"}` in key order, a row at a time.
+fn stream_upsert_table(
+    table: &std::path::Path,
+    listed: tokio::sync::oneshot::Sender<Result<(), String>>,
+    tx: &tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>,
+) {
+    let mut started = Some(listed);
+    let mut gone = false;
+    let scanned = eddy_engine::UpsertSink::scan_table(table, &mut |key, value| {
+        if let Some(listed) = started.take() {
+            let _ = listed.send(Ok(()));
+        }
+        if gone {
+            return;
+        }
+        let mut line = b"{\"key\":".to_vec();
+        line.extend_from_slice(&eddy_engine::values::json_text(key));
+        line.extend_from_slice(b",\"value\":");
+        line.extend_from_slice(&eddy_engine::values::json_text(value));
+        line.extend_from_slice(b"}\n");
+        gone = tx.blocking_send(Ok(line)).is_err();
+    });
+    match (scanned, started.take()) {
+        (Ok(()), Some(listed)) => drop(listed.send(Ok(()))),
+        (Err(e), Some(listed)) => drop(listed.send(Err(e.to_string()))),
+        (Err(e), None) => drop(tx.blocking_send(Err(e))),
+        (Ok(()), None) => {}
     }
-    Ok(out)
 }
 
-/// Sends `control` to the running job `id` of the caller's and waits for its savepoint.
+/// Sends `control` to the caller's running job `id` and waits for its savepoint.
 async fn control(state: &AppState, tenant: &str, id: &str, control: Control) -> ApiResult<Savepoint> {
     let job = owned(state, tenant, id)?;
     let live = state
         .supervisor
-        .live(id)
+        .live(&job.key())
         .filter(|_| !job.status.is_terminal())
-        .ok_or_else(|| ApiError::conflict(format!("job {id} is {}, not running", status_name(job.status))))?;
+        .ok_or_else(|| ApiError::conflict(format!("job {id} is {}, not running", job.status.name())))?;
     let what = format!("{control:?}");
     let answer = live.request(control);
     drop(live);
@@ -304,37 +413,60 @@ async fn control(state: &AppState, tenant: &str, id: &str, control: Control) -> 
     Ok(savepoint)
 }
 
-fn status_name(status: JobStatus) -> String {
-    serde_json::to_value(status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+/// Refuses one more savepoint of `tenant`'s beyond its quota. Blocking.
+async fn admit_savepoint(state: &Arc<AppState>, tenant: &str) -> ApiResult<()> {
+    let (state, tenant) = (state.clone(), tenant.to_owned());
+    blocking(move || quotas::admit_savepoint(&state, &tenant)).await
 }
 
 /// Takes a savepoint; the job keeps running.
 #[utoipa::path(post, path = "/v1/jobs/{id}/savepoints", tag = "jobs",
     params(("id" = String, Path, description = "The job's id")),
-    responses((status = 201, body = Savepoint), (status = 401, body = Problem), (status = 404, body = Problem),
-        (status = 409, body = Problem)),
+    responses((status = 201, body = Savepoint), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem)),
     security(("bearer" = [])))]
 pub async fn savepoint(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    caller: TenantCaller,
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, Json<Savepoint>)> {
-    let savepoint = control(&state, caller.tenant()?, &id, Control::Savepoint).await?;
+    owned(&state, &caller.tenant, &id)?;
+    admit_savepoint(&state, &caller.tenant).await?;
+    let savepoint = control(&state, &caller.tenant, &id, Control::Savepoint).await?;
     Ok((StatusCode::CREATED, Json(savepoint)))
+}
+
+/// Deletes one of a job's savepoints (not the one its current generation starts from while
+/// that generation has no checkpoint of its own).
+#[utoipa::path(delete, path = "/v1/jobs/{id}/savepoints/{name}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id"),
+        ("name" = String, Path, description = "The savepoint's name: the last part of its `path`")),
+    responses((status = 204), (status = 401, body = Problem), (status = 404, body = Problem), (status = 409, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn delete_savepoint(
+    State(state): State<Arc<AppState>>,
+    caller: TenantCaller,
+    Path((id, name)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    let job = owned(&state, &caller.tenant, &id)?;
+    blocking(move || crate::janitor::delete_savepoint(&state, &job, &name)).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Stops the job with a savepoint (status `stopped`).
 #[utoipa::path(post, path = "/v1/jobs/{id}/stop", tag = "jobs",
     params(("id" = String, Path, description = "The job's id")),
-    responses((status = 200, body = Savepoint), (status = 401, body = Problem), (status = 404, body = Problem),
-        (status = 409, body = Problem)),
+    responses((status = 200, body = Savepoint), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem)),
     security(("bearer" = [])))]
 pub async fn stop(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    caller: TenantCaller,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Savepoint>> {
-    Ok(Json(control(&state, caller.tenant()?, &id, Control::Stop).await?))
+    owned(&state, &caller.tenant, &id)?;
+    admit_savepoint(&state, &caller.tenant).await?;
+    Ok(Json(control(&state, &caller.tenant, &id, Control::Stop).await?))
 }
 
 /// `POST /v1/jobs/{id}/rescale`.
@@ -349,32 +481,35 @@ pub struct Rescale {
 /// key groups).
 #[utoipa::path(post, path = "/v1/jobs/{id}/rescale", tag = "jobs", request_body = Rescale,
     params(("id" = String, Path, description = "The job's id")),
-    responses((status = 200, body = Savepoint), (status = 401, body = Problem), (status = 404, body = Problem),
-        (status = 409, body = Problem), (status = 422, body = Problem)),
+    responses((status = 200, body = Savepoint), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem)),
     security(("bearer" = [])))]
 pub async fn rescale(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    caller: TenantCaller,
     Path(id): Path<String>,
     Checked(Json(body)): Checked<Json<Rescale>>,
 ) -> ApiResult<Json<Savepoint>> {
-    let tenant = caller.tenant()?;
-    let mut job = owned(&state, tenant, &id)?;
-    job.overrides.parallelism = Some(body.parallelism);
-    let (spec, _) = place(&state, &job)?;
-    if body.parallelism == 0 || body.parallelism > spec.max_parallelism {
-        return Err(ApiError::unprocessable(format!(
-            "parallelism {} is outside 1..={} (the pipeline's max_parallelism)",
-            body.parallelism, spec.max_parallelism
-        ))
-        .at("parallelism"));
-    }
-    {
-        let _admission = state.supervisor.admission();
-        quotas::admit_rescale(&state, &job, &spec)?;
-        state.supervisor.reserve(&id, slots_of(&spec))?;
-    }
-    Ok(Json(control(&state, tenant, &id, Control::Rescale(body.parallelism)).await?))
+    let (st, tenant, job_id) = (state.clone(), caller.tenant.clone(), id.clone());
+    blocking(move || {
+        let mut job = owned(&st, &tenant, &job_id)?;
+        let text = spec_of(&st, &job)?;
+        let before = job.clone();
+        job.overrides.parallelism = Some(body.parallelism);
+        let max = eddy_plan::PipelineSpec::parse(&text).map(|s| s.max_parallelism).unwrap_or(0);
+        if body.parallelism == 0 || body.parallelism > max {
+            return Err(ApiError::unprocessable(format!(
+                "parallelism {} is outside 1..={max} (the pipeline's max_parallelism)",
+                body.parallelism
+            ))
+            .at("parallelism"));
+        }
+        let (_, demand) = describe(&st, &mut job, &text)?;
+        quotas::admit_savepoint(&st, &tenant)?;
+        st.supervisor.reserve(&st, &before, demand)
+    })
+    .await?;
+    Ok(Json(control(&state, &caller.tenant, &id, Control::Rescale(body.parallelism)).await?))
 }
 
 /// `POST /v1/jobs/{id}/upgrade`.
@@ -391,26 +526,36 @@ pub struct Upgrade {
 /// its state (state belongs to step names).
 #[utoipa::path(post, path = "/v1/jobs/{id}/upgrade", tag = "jobs", request_body = Upgrade,
     params(("id" = String, Path, description = "The job's id")),
-    responses((status = 200, body = Savepoint), (status = 401, body = Problem), (status = 404, body = Problem),
-        (status = 409, body = Problem), (status = 422, body = Problem)),
+    responses((status = 200, body = Savepoint), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem)),
     security(("bearer" = [])))]
 pub async fn upgrade(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    caller: TenantCaller,
     Path(id): Path<String>,
     Checked(Json(body)): Checked<Json<Upgrade>>,
 ) -> ApiResult<Json<Savepoint>> {
-    let tenant = caller.tenant()?;
-    let job = owned(&state, tenant, &id)?;
-    let (spec, _) = place(&state, &job)?;
-    if !spec.steps.iter().any(|s| s.name == body.step) {
-        let steps: Vec<&str> = spec.steps.iter().map(|s| s.name.as_str()).collect();
-        return Err(
-            ApiError::unprocessable(format!("no step `{}`; the steps are {}", body.step, steps.join(", "))).at("step")
-        );
-    }
-    let artifact = resolve(&state, tenant, &body.wasm)?
-        .ok_or_else(|| ApiError::unprocessable(format!("`{}` is not one of your artifacts", body.wasm)).at("wasm"))?;
-    let change = Control::Upgrade { step: body.step, digest: artifact.digest };
-    Ok(Json(control(&state, tenant, &id, change).await?))
+    let (st, tenant, job_id) = (state.clone(), caller.tenant.clone(), id.clone());
+    let change = blocking(move || {
+        let job = owned(&st, &tenant, &job_id)?;
+        let text = spec_of(&st, &job)?;
+        let (spec, _) = place(&st, &job, &text)?;
+        let Some(index) = spec.steps.iter().position(|s| s.name == body.step) else {
+            let steps: Vec<&str> = spec.steps.iter().map(|s| s.name.as_str()).collect();
+            return Err(ApiError::unprocessable(format!(
+                "no step `{}`; the steps are {}",
+                body.step,
+                steps.join(", ")
+            ))
+            .at("step"));
+        };
+        let artifact = resolve(&st, &tenant, &body.wasm)?.ok_or_else(|| {
+            ApiError::unprocessable(format!("`{}` is not one of your artifacts", body.wasm)).at("wasm")
+        })?;
+        check_world(&spec.steps[index], index, &body.wasm, artifact.world).map_err(|e| e.at("wasm"))?;
+        quotas::admit_savepoint(&st, &tenant)?;
+        Ok(Control::Upgrade { step: body.step, digest: artifact.digest })
+    })
+    .await?;
+    Ok(Json(control(&state, &caller.tenant, &id, change).await?))
 }

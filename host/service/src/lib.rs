@@ -6,6 +6,7 @@
 //! ```text
 //! DIR/eddy.redb          tenants, token hashes, artifacts, jobs (redb: ACID, synced commits)
 //! DIR/admin.token        the admin token, written once at the first start (mode 0600)
+//! DIR/server.running     present while a server runs: found at a start, the last one crashed
 //! DIR/artifacts/         uploaded components by digest, and the runtime's compiled cache
 //! DIR/tenants/<id>/      each tenant's files (`/v1/files`), jobs, output, checkpoints and state
 //! ```
@@ -50,13 +51,17 @@ use utoipa_axum::routes;
 
 pub mod artifacts;
 pub mod auth;
+pub mod enrollment;
 pub mod files;
+pub mod http;
+pub mod janitor;
 pub mod jobs;
 pub mod metrics;
 pub mod model;
 pub mod placement;
 pub mod problem;
 pub mod quotas;
+pub mod restarts;
 pub mod secret;
 mod spread;
 pub mod store;
@@ -88,6 +93,15 @@ pub struct ServiceConfig {
     /// Where jobs' checkpoints go when not in the data directory: a store every worker
     /// reaches (see [`placement::job_store`]).
     pub checkpoint_store: Option<placement::StoreLocation>,
+    /// The memory all running jobs together may make the server hold (their
+    /// [`quotas::Demand`]s); `None`: three quarters of the machine's (or its cgroup's) memory.
+    pub memory_budget_bytes: Option<u64>,
+    /// How often [`janitor`] measures stores, enforces `checkpoint_bytes` and expires jobs.
+    pub housekeeping_interval: std::time::Duration,
+    /// How long an ended job's record, output, checkpoints and savepoints are kept.
+    pub ended_job_retention: std::time::Duration,
+    /// Limits of the HTTP server (timeouts, connections).
+    pub http: http::HttpLimits,
 }
 
 /// What a coordinating service holds of its cluster.
@@ -113,8 +127,35 @@ impl ServiceConfig {
             default_quotas: quotas::Quotas::default(),
             cluster: None,
             checkpoint_store: None,
+            memory_budget_bytes: None,
+            housekeeping_interval: std::time::Duration::from_secs(30),
+            ended_job_retention: std::time::Duration::from_secs(7 * 24 * 3600),
+            http: http::HttpLimits::default(),
         }
     }
+}
+
+/// Three quarters of the memory this process may use: the cgroup's limit when it has one,
+/// else the machine's.
+pub fn default_memory_budget() -> u64 {
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok().and_then(|t| t.trim().parse::<u64>().ok());
+    let machine = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+    });
+    let total = match (cgroup, machine) {
+        (Some(c), Some(m)) => c.min(m),
+        (c, m) => c.or(m).unwrap_or(8 << 30),
+    };
+    total / 4 * 3
+}
+
+/// Runs blocking work (the store, parsing, placing, admission) off the async threads, so a
+/// slow request holds up no other.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> problem::ApiResult<T> + Send + 'static,
+) -> problem::ApiResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(problem::ApiError::internal)?
 }
 
 /// What every request handler shares.
@@ -129,6 +170,20 @@ pub struct AppState {
     pub runtime: Runtime,
     /// The running jobs.
     pub supervisor: Supervisor,
+    /// Wrong tokens per source.
+    pub throttle: std::sync::Mutex<auth::FailureThrottle>,
+}
+
+impl AppState {
+    /// Whether jobs run on the cluster's workers (a coordinator without slots of its own).
+    pub fn supervisor_runs_on_workers(&self) -> bool {
+        self.config.cluster.is_some() && self.config.slots == 0
+    }
+
+    /// The throttle of wrong tokens.
+    pub fn throttle(&self) -> std::sync::MutexGuard<'_, auth::FailureThrottle> {
+        self.throttle.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl std::fmt::Debug for AppState {
@@ -192,18 +247,41 @@ pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(artifacts::upload, artifacts::list))
         .routes(routes!(artifacts::show, artifacts::delete))
         .routes(routes!(jobs::submit, jobs::list))
-        .routes(routes!(jobs::show, jobs::cancel))
+        .routes(routes!(jobs::show, jobs::delete))
+        .routes(routes!(jobs::cancel))
+        .routes(routes!(jobs::resume))
         .routes(routes!(jobs::output))
         .routes(routes!(jobs::savepoint))
+        .routes(routes!(jobs::delete_savepoint))
         .routes(routes!(jobs::stop))
         .routes(routes!(jobs::rescale))
         .routes(routes!(jobs::upgrade))
         .routes(routes!(metrics::metrics))
         .routes(routes!(files::list))
-        .routes(routes!(files::put))
+        .routes(routes!(files::put, files::delete))
         .routes(routes!(workers::list))
-        .routes(routes!(workers::enroll))
+        .routes(routes!(enrollment::enroll))
+        .routes(routes!(enrollment::issue_join_token))
         .split_for_parts()
+}
+
+/// The file that marks a data directory a server runs on (see [`Service::open`]).
+const RUNNING_MARKER: &str = "server.running";
+
+/// Removes what uploads cut off by a crash left: the artifacts' `.incoming/` and each
+/// tenant's `files/.upload-*`.
+fn clear_cut_off_uploads(data_dir: &std::path::Path) {
+    let remove_where = |dir: &std::path::Path, keep: &dyn Fn(&str) -> bool| {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if !keep(&entry.file_name().to_string_lossy()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    };
+    remove_where(&data_dir.join("artifacts").join(".incoming"), &|_| false);
+    for tenant in std::fs::read_dir(data_dir.join("tenants")).into_iter().flatten().flatten() {
+        remove_where(&tenant.path().join("files"), &|name| !name.starts_with(crate::upload::PREFIX));
+    }
 }
 
 /// A running service.
@@ -239,12 +317,7 @@ impl Service {
         let data_dir = std::fs::canonicalize(&config.data_dir)
             .map_err(|error| StartError::DataDir { dir: config.data_dir.display().to_string(), error })?;
         create_dir(&data_dir.join("artifacts").join(".incoming"))?;
-        // Uploads cut off by a crash.
-        if let Ok(entries) = std::fs::read_dir(data_dir.join("artifacts").join(".incoming")) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
+        clear_cut_off_uploads(&data_dir);
         let store = Store::open(&data_dir.join("eddy.redb"))?;
         let runtime = Runtime::new(RuntimeConfig {
             cache_dir: Some(data_dir.join("artifacts").join("compiled")),
@@ -259,8 +332,10 @@ impl Service {
             let dir = data_dir.clone();
             control.serve_artifacts(Box::new(move |digest: &str| Some(artifacts::wasm_file(&dir, digest))));
         }
-        let supervisor = Supervisor::new(config.slots, workers);
-        let state = Arc::new(AppState { config, data_dir: data_dir.clone(), store, runtime, supervisor });
+        let budget = config.memory_budget_bytes.unwrap_or_else(default_memory_budget);
+        let supervisor = Supervisor::new(config.slots, workers, budget);
+        let throttle = std::sync::Mutex::default();
+        let state = Arc::new(AppState { config, data_dir: data_dir.clone(), store, runtime, supervisor, throttle });
         let admin_path = data_dir.join("admin.token");
         let admin_token = if admin_path.exists() {
             None
@@ -273,10 +348,16 @@ impl Service {
             write_admin_token(&admin_path, &token)?;
             Some(token)
         };
-        let resumed = state.supervisor.resume_all(&state).map_err(|e| StartError::Other(e.detail))?;
-        if resumed > 0 {
-            tracing::info!(jobs = resumed, "resumed the jobs that were running");
+        // Present at a start: the previous server did not stop cleanly.
+        let marker = data_dir.join(RUNNING_MARKER);
+        let crashed = marker.exists();
+        std::fs::write(&marker, b"")
+            .map_err(|error| StartError::DataDir { dir: marker.display().to_string(), error })?;
+        let (resumed, held) = state.supervisor.resume_all(&state, crashed).map_err(|e| StartError::Other(e.detail))?;
+        if resumed > 0 || held > 0 {
+            tracing::info!(resumed, held, crashed, "resumed the jobs that were running");
         }
+        janitor::run(state.clone(), state.config.housekeeping_interval);
         Ok((Self { state }, admin_token))
     }
 
@@ -285,7 +366,7 @@ impl Service {
         &self.state
     }
 
-    /// The HTTP application.
+    /// The HTTP application (without the server loop's limits: see [`Service::serve`]).
     pub fn router(&self) -> Router {
         let (routes, doc) = api();
         let doc = Arc::new(doc);
@@ -302,11 +383,14 @@ impl Service {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let app = self.router();
-        let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-        let result = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+        let result = http::serve(listener, self.router(), self.state.config.http, shutdown).await;
         let state = self.state.clone();
-        let _ = tokio::task::spawn_blocking(move || state.supervisor.shutdown()).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            state.supervisor.shutdown(&state);
+            // A clean stop: the next start resumes its jobs without counting a crash.
+            let _ = std::fs::remove_file(state.data_dir.join(RUNNING_MARKER));
+        })
+        .await;
         result
     }
 }

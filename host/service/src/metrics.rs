@@ -59,7 +59,7 @@ impl Collector for Jobs {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let status = self.jobs.iter().map(|j| {
             let mut labels = job_labels(&j.record);
-            labels.push(("status", format!("{:?}", j.record.status).to_lowercase()));
+            labels.push(("status", j.record.status.name().to_owned()));
             (labels, ConstGauge::new(1i64))
         });
         family(&mut encoder, "eddy_job_info", "A job and its status (always 1).", MetricType::Gauge, status)?;
@@ -152,16 +152,16 @@ impl Collector for Jobs {
     responses((status = 200, content_type = "application/openmetrics-text", body = String), (status = 401, body = Problem)),
     security(("bearer" = [])))]
 pub async fn metrics(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResult<impl IntoResponse> {
-    let records: Vec<JobRecord> = state.store.list(Table::Jobs, "")?;
-    let visible = |r: &JobRecord| match &caller.principal {
-        Principal::Admin => true,
-        Principal::Tenant { tenant } => &r.tenant == tenant,
+    // The admin sees every tenant's jobs, a tenant only its own (a range of its keys).
+    let prefix = match &caller.principal {
+        Principal::Admin => String::new(),
+        Principal::Tenant { tenant } => format!("{tenant}/"),
     };
+    let records: Vec<JobRecord> = state.store.list(Table::Jobs, &prefix)?;
     let jobs = records
         .into_iter()
-        .filter(visible)
         .map(|record| {
-            let live = state.supervisor.live(&record.id).and_then(|l| l.view());
+            let live = state.supervisor.live(&record.key()).and_then(|l| l.view());
             JobSample { record, live }
         })
         .collect();

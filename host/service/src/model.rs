@@ -58,6 +58,16 @@ pub enum World {
     WindowAggregate,
 }
 
+impl World {
+    /// Its WIT name.
+    pub fn name(self) -> &'static str {
+        match self {
+            World::KeyedOperator => "keyed-operator",
+            World::WindowAggregate => "window-aggregate",
+        }
+    }
+}
+
 /// An uploaded component, as one tenant sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Artifact {
@@ -95,12 +105,34 @@ pub enum JobStatus {
     Canceled,
     /// A client stopped it with a savepoint (its newest savepoint holds its state).
     Stopped,
+    /// The server died twice in a row while it ran: it waits for its owner to resume it
+    /// (`POST /v1/jobs/{id}/resume`) rather than being started into a crash loop.
+    Held,
 }
 
 impl JobStatus {
     /// Whether the job will not run again.
     pub fn is_terminal(self) -> bool {
         matches!(self, JobStatus::Finished | JobStatus::Failed | JobStatus::Canceled | JobStatus::Stopped)
+    }
+
+    /// Whether it holds slots and memory: it runs, or is about to (not held, not ended).
+    pub fn is_active(self) -> bool {
+        !self.is_terminal() && self != JobStatus::Held
+    }
+
+    /// Its name in the API (`running`, `held`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            JobStatus::Created => "created",
+            JobStatus::Running => "running",
+            JobStatus::Restarting => "restarting",
+            JobStatus::Finished => "finished",
+            JobStatus::Failed => "failed",
+            JobStatus::Canceled => "canceled",
+            JobStatus::Stopped => "stopped",
+            JobStatus::Held => "held",
+        }
     }
 }
 
@@ -135,7 +167,13 @@ pub struct Overrides {
     pub artifacts: std::collections::BTreeMap<String, String>,
 }
 
-/// A job as stored.
+/// The store key of `tenant`'s job `id` (in [`crate::store::Table::Jobs`] and
+/// [`crate::store::Table::JobSpecs`]).
+pub fn job_key(tenant: &str, id: &str) -> String {
+    format!("{tenant}/{id}")
+}
+
+/// A job as stored (its spec is stored apart, under the same key).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
     /// `j_` and 16 hex digits.
@@ -144,8 +182,6 @@ pub struct JobRecord {
     pub tenant: String,
     /// The pipeline's name.
     pub name: String,
-    /// The pipeline as submitted (YAML or JSON).
-    pub spec: String,
     /// The digests of the artifacts its steps run, in step order.
     pub artifacts: Vec<String>,
     /// Slots it holds while it runs.
@@ -182,6 +218,54 @@ pub struct JobRecord {
     /// Savepoints taken, oldest first.
     #[serde(default)]
     pub savepoints: Vec<Savepoint>,
+    /// Server starts after a crash (not a clean stop) that found this job running, in a row:
+    /// at [`MAX_CRASH_RESUMES`] the job is held instead of resumed.
+    #[serde(default)]
+    pub crash_resumes: u32,
+    /// Attempts in a row that failed soon after they started (see
+    /// [`crate::restarts::RestartPolicy`]).
+    #[serde(default)]
+    pub fast_failures: u32,
+    /// When it ended (finished, failed, canceled, stopped): its outputs and checkpoints are
+    /// kept for the retention after this, then deleted with the record.
+    #[serde(default)]
+    pub ended_ms: Option<i64>,
+}
+
+/// Crashes of the server in a row that a running job survives before it is held.
+pub const MAX_CRASH_RESUMES: u32 = 2;
+
+impl JobRecord {
+    /// Its store key.
+    pub fn key(&self) -> String {
+        job_key(&self.tenant, &self.id)
+    }
+}
+
+/// A join token (only its hash is the key): lets a worker enroll with the coordinator's CA.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinToken {
+    /// A short public id, to list it by.
+    pub id: String,
+    /// The worker name it may enroll; `None`: any name not issued before.
+    pub name: Option<String>,
+    /// Enrollments it still allows.
+    pub uses_left: u32,
+    /// When it stops working (ms since the epoch).
+    pub expires_ms: i64,
+    /// When the admin issued it.
+    pub created_ms: i64,
+}
+
+/// A worker name the cluster CA issued a certificate for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssuedName {
+    /// When.
+    pub issued_ms: i64,
+    /// When that certificate expires.
+    pub expires_ms: i64,
+    /// The join token's public id it was enrolled with.
+    pub token_id: String,
 }
 
 /// Failures kept per job.

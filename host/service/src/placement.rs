@@ -26,7 +26,7 @@ use eddy_plan::{CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec};
 
 use crate::AppState;
 use crate::artifacts::{resolve, wasm_path};
-use crate::model::JobRecord;
+use crate::model::{JobRecord, World};
 use crate::problem::ApiError;
 
 pub use eddy_plan::StoreLocation;
@@ -108,47 +108,6 @@ pub fn confined(field: &str, path: &Path) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Deepest `[`/`{` nesting a spec may have. Real specs nest a handful of levels; the YAML
-/// parser slows down far faster than linearly with depth (50 000 levels took 15 s), so deeper
-/// text is refused before it is parsed.
-pub const MAX_SPEC_NESTING: usize = 64;
-
-/// The deepest flow nesting of `text`, ignoring brackets inside quoted strings and comments
-/// (a `#` at the start of a line or after a space, as YAML has it).
-fn flow_depth(text: &str) -> usize {
-    let (mut depth, mut deepest, mut quote, mut escaped, mut comment) = (0usize, 0usize, None, false, false);
-    let mut after_space = true;
-    for c in text.chars() {
-        let spaced = std::mem::replace(&mut after_space, c.is_whitespace());
-        if comment {
-            comment = c != '\n';
-            continue;
-        }
-        match quote {
-            Some(q) => {
-                if escaped {
-                    escaped = false;
-                } else if c == '\\' && q == '"' {
-                    escaped = true;
-                } else if c == q {
-                    quote = None;
-                }
-            }
-            None => match c {
-                '"' | '\'' => quote = Some(c),
-                '#' if spaced => comment = true,
-                '[' | '{' => {
-                    depth += 1;
-                    deepest = deepest.max(depth);
-                }
-                ']' | '}' => depth = depth.saturating_sub(1),
-                _ => {}
-            },
-        }
-    }
-    deepest
-}
-
 /// Where a job's files sink writes: beside its checkpoints, so every worker writes it and the
 /// job master recovers it.
 fn files_location(state: &AppState, tenant: &str, job: &str) -> (Option<PathBuf>, Option<eddy_plan::S3Spec>) {
@@ -167,40 +126,63 @@ pub fn job_files_output(state: &AppState, tenant: &str, job: &str) -> Result<Arc
     }
 }
 
-/// A spec error as a 422 naming the field.
-fn refused(e: eddy_plan::SpecError) -> ApiError {
-    {
-        let field = match &e {
-            eddy_plan::SpecError::Invalid { field, .. } => Some(field.clone()),
-            _ => None,
-        };
-        let error = ApiError::unprocessable(e.to_string());
-        match field {
-            Some(f) => error.at(f),
-            None => error,
-        }
+/// A spec error as a 422 naming the field (paths shown as the tenant sees them).
+fn refused(state: &AppState, tenant: &str, e: eddy_plan::SpecError) -> ApiError {
+    let field = match &e {
+        eddy_plan::SpecError::Invalid { field, .. } => Some(field.clone()),
+        _ => None,
+    };
+    let error = ApiError::unprocessable(redact(state, tenant, &e.to_string()));
+    match field {
+        Some(f) => error.at(f),
+        None => error,
     }
 }
 
-/// The spec as the job runs it, and the digests of its steps' artifacts in step order: the
-/// submitted text with the record's overrides, its paths in the tenant's area and its
-/// checkpoints in the directory of the record's generation.
-pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<String>), ApiError> {
-    let (tenant, job) = (record.tenant.as_str(), record.id.as_str());
-    if flow_depth(&record.spec) > MAX_SPEC_NESTING {
-        return Err(ApiError::unprocessable(format!(
-            "the spec nests `[` or `{{` deeper than {MAX_SPEC_NESTING} levels; no pipeline needs that"
-        ))
-        .at("body"));
+/// State one subtask of one step may hold when its spec sets no limit, in this service: the
+/// engine's own defaults (1 GiB on the heap, 64 GiB in RocksDB) would make a two-step RocksDB
+/// job ask 128 GiB, more than a tenant's whole default quota, so no example would run.
+pub const SERVICE_HEAP_STATE_BYTES: u64 = 256 << 20;
+/// See [`SERVICE_HEAP_STATE_BYTES`].
+pub const SERVICE_ROCKSDB_STATE_BYTES: u64 = 4 << 30;
+
+/// Refuses a step whose artifact implements the other world: a window step runs an aggregate
+/// (`window-aggregate`), any other a keyed operator. Checked at submit, rescale and upgrade,
+/// so the job does not fail at run time for it.
+pub fn check_world(step: &eddy_plan::StepSpec, index: usize, reference: &str, world: World) -> Result<(), ApiError> {
+    let needed = if step.window.is_some() { World::WindowAggregate } else { World::KeyedOperator };
+    if world == needed {
+        return Ok(());
     }
-    // JSON is YAML too, so one parser reads both.
-    let mut spec = PipelineSpec::parse(&record.spec).map_err(refused)?;
+    let what = if step.window.is_some() { "a window step" } else { "a step without `window`" };
+    Err(ApiError::unprocessable(format!(
+        "step `{}` is {what} and runs a `{}` component, but `{reference}` is a `{}` component: upload one of \
+         the right world, or {} the step's `window`",
+        step.name,
+        needed.name(),
+        world.name(),
+        if step.window.is_some() { "drop" } else { "add" }
+    ))
+    .at(format!("steps[{index}].wasm")))
+}
+
+/// The spec as the job runs it, and the digests of its steps' artifacts in step order: the
+/// submitted `text` with the record's overrides, its paths in the tenant's area and its
+/// checkpoints in the directory of the record's generation. Blocking (it reads the store):
+/// call it off the async threads.
+pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(PipelineSpec, Vec<String>), ApiError> {
+    let (tenant, job) = (record.tenant.as_str(), record.id.as_str());
+    // JSON is YAML too, so one parser reads both; it refuses anchors, aliases and deep
+    // nesting before it builds anything.
+    let mut spec = PipelineSpec::parse(text).map_err(|e| refused(state, tenant, e))?;
     if let Some(p) = record.overrides.parallelism {
         spec.parallelism = p;
         for step in &mut spec.steps {
             step.parallelism = Some(p);
         }
     }
+    crate::restarts::check_strategy(&spec.restart)
+        .map_err(|(field, problem)| ApiError::unprocessable(format!("`{field}`: {problem}")).at(field))?;
     let mut digests = Vec::with_capacity(spec.steps.len());
     for (i, step) in spec.steps.iter_mut().enumerate() {
         let field = format!("steps[{i}].wasm");
@@ -215,12 +197,13 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
             ))
             .at(field)
         })?;
+        check_world(step, i, &reference, artifact.world)?;
         step.wasm = wasm_path(state, &artifact.digest);
         digests.push(artifact.digest);
     }
     let (files, shared) = (files_dir(state, tenant), files_store(state, tenant));
     for (i, source) in spec.sources.iter_mut().enumerate() {
-        if let SourceSpec::File { path, follow, s3, .. } = source {
+        if let SourceSpec::File { path, follow, s3, beneath, .. } = source {
             confined(&format!("sources[{i}].path"), path)?;
             if s3.is_some() {
                 return Err(ApiError::unprocessable(
@@ -229,11 +212,19 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
                 .at(format!("sources[{i}].s3")));
             }
             // A followed file grows on this machine only; any other is read where every
-            // worker reaches it.
-            match (&shared, *follow) {
-                (Some(StoreLocation::S3(bucket)), false) => *s3 = Some(bucket.clone()),
-                (Some(StoreLocation::Dir(dir)), false) => *path = dir.join(&*path),
-                _ => *path = files.join(&*path),
+            // worker reaches it. A local file is opened without following links, which a
+            // shared volume could place in the area.
+            let area = match (&shared, *follow) {
+                (Some(StoreLocation::S3(bucket)), false) => {
+                    *s3 = Some(bucket.clone());
+                    None
+                }
+                (Some(StoreLocation::Dir(dir)), false) => Some(dir.clone()),
+                _ => Some(files.clone()),
+            };
+            *beneath = area.clone();
+            if let Some(area) = area {
+                *path = area.join(&*path);
             }
         }
     }
@@ -249,6 +240,12 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
         SinkSpec::Blackhole => SinkSpec::Blackhole,
     };
     spec.state.dir = Some(dir.join("state"));
+    if spec.state.max_bytes_per_subtask.is_none() {
+        spec.state.max_bytes_per_subtask = Some(match spec.state.backend {
+            eddy_plan::StateBackendKind::Heap => SERVICE_HEAP_STATE_BYTES,
+            eddy_plan::StateBackendKind::Rocksdb => SERVICE_ROCKSDB_STATE_BYTES,
+        });
+    }
     let checkpoints = match spec.checkpoints.take() {
         Some(c) if c.s3.is_some() => {
             return Err(ApiError::unprocessable(
@@ -261,8 +258,22 @@ pub fn place(state: &AppState, record: &JobRecord) -> Result<(PipelineSpec, Vec<
     };
     let (dir, s3) = job_store(state, tenant, job).join(&format!("checkpoints/{}", record.generation)).into_fields();
     spec.checkpoints = Some(CheckpointSpec { dir, s3, ..checkpoints });
-    spec.validate().map_err(refused)?;
+    spec.validate().map_err(|e| refused(state, tenant, e))?;
     Ok((spec, digests))
+}
+
+/// `text` as a tenant may see it: the server's paths of the tenant's own area are shown
+/// relative to it (`files/in.txt`, `jobs/j_1/output`), every other server path is hidden.
+/// Engine errors name the files they failed on, and those are the server's business.
+pub fn redact(state: &AppState, tenant: &str, text: &str) -> String {
+    let area = state.data_dir.join("tenants").join(tenant);
+    let mut out = text.replace(&format!("{}/", area.display()), "").replace(&area.display().to_string(), ".");
+    out = out.replace(&state.data_dir.display().to_string(), "<server>");
+    if let Some(store) = &state.config.checkpoint_store {
+        let mine = store.join(&format!("tenants/{tenant}")).to_string();
+        out = out.replace(&format!("{mine}/"), "").replace(&store.to_string(), "<store>");
+    }
+    out
 }
 
 #[cfg(test)]
@@ -293,21 +304,6 @@ mod tests {
         );
         for bad in ["s3:///x", "gs://bucket/x"] {
             assert!(parse_store(bad, |_| None).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn flow_depth_counts_brackets_outside_strings_and_comments() {
-        let cases = [
-            ("name: a\nsteps: []", 1),
-            ("{a: [1, {b: 2}]}", 3),
-            ("a: \"[[[[\"  # [[[[\nb: '{{{'", 0),
-            ("a: x#[[[", 3),
-            ("a: \"q\\\"[\" [ ]", 1),
-            ("[[[]]] [", 3),
-        ];
-        for (text, depth) in cases {
-            assert_eq!(flow_depth(text), depth, "{text}");
         }
     }
 

@@ -35,12 +35,24 @@ pub struct ApiError {
     pub detail: String,
     /// See [`Problem::field`].
     pub field: Option<String>,
+    /// Seconds after which a retry may succeed (the `Retry-After` header), when known.
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
     /// An error with `status` and `detail`.
     pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
-        Self { status, detail: detail.into(), field: None }
+        Self { status, detail: detail.into(), field: None, retry_after_s: None }
+    }
+
+    /// 429: this source sent too much; retry after `retry_after_s`.
+    pub fn too_many(detail: impl Into<String>, retry_after_s: u64) -> Self {
+        Self { retry_after_s: Some(retry_after_s), ..Self::new(StatusCode::TOO_MANY_REQUESTS, detail) }
+    }
+
+    /// 503: the server cannot do it now (a store is down, a budget is full); retry later.
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, detail)
     }
 
     /// Names the request field at fault.
@@ -124,6 +136,9 @@ impl IntoResponse for ApiError {
         let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
         let mut response = (self.status, body).into_response();
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(seconds) = self.retry_after_s {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
     }
 }

@@ -10,7 +10,6 @@
 //! and the sink's files, and only then do the workers start writing.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use eddy_cluster::protocol::{CoordinatorMessage, Deployment, PartState};
@@ -19,28 +18,65 @@ use eddy_engine::{CheckpointRole, Job, JobOptions};
 use eddy_plan::{PhysicalPlan, PipelineSpec};
 
 use crate::AppState;
-use crate::model::JobRecord;
+use crate::model::{JobRecord, now_ms};
+use crate::problem::{ApiError, ApiResult};
 use crate::quotas::Quotas;
+use crate::restarts::Cause;
 use crate::supervisor::{Live, Outcome, watch};
 
 /// How long an attempt waits for enough free slots (workers registering after a restart of
 /// the coordinator, or replacing a dead one) before it fails.
 const SCHEDULE_WAIT: Duration = Duration::from_secs(60);
 
-/// A number no earlier attempt of any job on this coordinator used, nor one before a restart
-/// of it (it starts from the wall clock): links and checkpoint streams are named after it, so
-/// a stale part can never feed a new attempt.
-fn next_attempt() -> u64 {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = crate::model::now_ms().max(0) as u64;
-    let mut last = LAST.load(Ordering::SeqCst);
-    loop {
-        let next = now.max(last + 1);
-        match LAST.compare_exchange(last, next, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(_) => return next,
-            Err(seen) => last = seen,
-        }
+/// A number no earlier attempt of any job on this coordinator used, before a restart of it
+/// too: links and checkpoint streams are named after it, so a stale part can never feed a new
+/// attempt. A counter in the store (not the wall clock, which steps back); a store that has
+/// none yet starts past the wall-clock numbers older versions used.
+fn next_attempt(state: &AppState) -> Result<u64, String> {
+    let first = u64::try_from(now_ms()).unwrap_or(0);
+    state.store.write(|txn| txn.next("attempt", first)).map_err(|e| e.to_string())
+}
+
+/// The largest worker name (a DNS label) and data address a deployment can name.
+const WORST_NAME: &str = "a-worker-name-as-long-as-a-dns-label-may-be-sixty-three-bytes-x";
+const WORST_ADDR: &str = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535";
+
+/// Refuses a job whose deployment could exceed the control protocol's message limit (a huge
+/// `config`, many steps at a high parallelism): sent, it would cost each worker its session,
+/// and every other tenant's job there an attempt. Counted as the deployment is encoded, with
+/// every worker name and address as long as they may be.
+pub(crate) fn check_deployment_size(
+    state: &AppState,
+    record: &JobRecord,
+    spec: &PipelineSpec,
+    digests: &[String],
+) -> ApiResult<()> {
+    if state.supervisor_runs_on_workers() {
+        let plan = PhysicalPlan::new(spec);
+        let slots = crate::supervisor::slots_of(spec);
+        let deployment = Deployment {
+            job: record.id.clone(),
+            tenant: record.tenant.clone(),
+            attempt: u64::MAX,
+            spec: spec.clone(),
+            artifacts: digests.to_vec(),
+            assignment: plan.tasks.iter().map(|t| vec![WORST_NAME.to_owned(); t.parallelism as usize]).collect(),
+            addrs: (0..slots).map(|i| (format!("{WORST_NAME}{i}"), WORST_ADDR.to_owned())).collect(),
+            master: WORST_NAME.to_owned(),
+            restore_from: Some(crate::placement::job_store(state, &record.tenant, &record.id).join("savepoints/x")),
+            cpu_millicores: Some(u32::MAX),
+            instance_memory_bytes: Some(u64::MAX),
+        };
+        let mut wire = Vec::new();
+        eddy_cluster::protocol::encode(&CoordinatorMessage::Deploy(Box::new(deployment)), &mut wire).map_err(|e| {
+            ApiError::unprocessable(format!(
+                "the job's deployment to its workers would be too large ({e}): make steps' `config` smaller or \
+                     use fewer steps or a lower parallelism"
+            ))
+            .at("steps")
+        })?;
     }
+    Ok(())
 }
 
 /// What an attempt runs.
@@ -70,14 +106,20 @@ struct Layout {
 pub(crate) fn attempt(state: &AppState, control: &ControlPlane, a: &Attempt<'_>, live: &Live) -> Outcome {
     let (record, spec) = (a.record, a.spec);
     let Some(node) = state.config.cluster.as_ref().map(|c| c.node.clone()) else {
-        return Outcome::Failed("this server coordinates no cluster".into());
+        return Outcome::job_failed("this server coordinates no cluster".into(), false);
     };
     let slots = crate::supervisor::slots_of(spec);
     let holders = match schedule(control, &record.id, slots, live, || state.supervisor.is_stopping()) {
         Ok(holders) => holders,
         Err(outcome) => return outcome,
     };
-    let attempt = next_attempt();
+    let attempt = match next_attempt(state) {
+        Ok(attempt) => attempt,
+        Err(e) => {
+            control.release(&record.id);
+            return Outcome::job_failed(format!("cannot number the attempt: {e}"), false);
+        }
+    };
     let plan = PhysicalPlan::new(spec);
     // The job holds as many slots as its widest task: every subtask index has its slot.
     let slot_of = |i: u32| holders.get(i as usize).map(|h| h.name.clone()).unwrap_or_default();
@@ -92,12 +134,15 @@ pub(crate) fn attempt(state: &AppState, control: &ControlPlane, a: &Attempt<'_>,
     let addrs: BTreeMap<String, String> =
         workers.iter().filter_map(|w| Some((w.name.clone(), members.get(&w.name)?.clone()))).collect();
     tracing::info!(attempt, slots, workers = ?addrs.keys().collect::<Vec<_>>(), "deploying the job on workers");
-    control.expect_parts(&record.id, attempt);
+    // Each worker may report on its part, and fetch its artifacts, from now on, and only that.
+    for w in &workers {
+        control.deployed(&record.id, attempt, w, a.digests);
+    }
     let layout = Layout { attempt, assignment, addrs, workers };
     let outcome = run(state, control, &node, a, &layout, live);
     // Whatever ended the attempt, no part of it may run on.
     for w in &layout.workers {
-        let _ = control.send(w, CoordinatorMessage::Cancel { job: record.id.clone(), attempt });
+        let _ = control.send(w, &CoordinatorMessage::Cancel { job: record.id.clone(), attempt });
     }
     control.forget_parts(&record.id, attempt);
     control.release(&record.id);
@@ -117,7 +162,14 @@ fn schedule(
     loop {
         match control.schedule(job, slots) {
             Ok(holders) => return Ok(holders),
-            Err(e) if since.elapsed() >= SCHEDULE_WAIT => return Err(Outcome::Failed(e.to_string())),
+            // The cluster had no room: not the tenant's doing.
+            Err(e) if since.elapsed() >= SCHEDULE_WAIT => {
+                return Err(Outcome::Failed {
+                    message: e.to_string(),
+                    cause: Cause::Infrastructure,
+                    checkpointed: false,
+                });
+            }
             Err(e) => {
                 if !logged {
                     tracing::warn!(reason = %e, "waiting for free slots");
@@ -150,13 +202,19 @@ fn run(
     for (name, addr) in &layout.addrs {
         match addr.parse() {
             Ok(a) => parsed.insert(name.clone(), a),
-            Err(e) => return Outcome::Failed(format!("worker `{name}` advertises `{addr}`, no address: {e}")),
+            Err(e) => {
+                let message = format!("worker `{name}` advertises `{addr}`, no address: {e}");
+                return Outcome::Failed { message, cause: Cause::Infrastructure, checkpointed: false };
+            }
         };
     }
     let parts: Vec<(String, std::net::SocketAddr)> = parsed.iter().map(|(n, a)| (n.clone(), *a)).collect();
     let master = match eddy_cluster::checkpoint_link::master_link(node, &record.id, attempt, &parts) {
         Ok(link) => link,
-        Err(e) => return Outcome::Failed(format!("cannot reach a worker's checkpoint stream: {e}")),
+        Err(e) => {
+            let message = format!("cannot reach a worker's checkpoint stream: {e}");
+            return Outcome::Failed { message, cause: Cause::Infrastructure, checkpointed: false };
+        }
     };
     let placement = QuicPlacement::new(node.clone(), record.id.clone(), attempt, assignment.clone(), parsed);
     let options = JobOptions {
@@ -167,7 +225,7 @@ fn run(
     };
     let job = match Job::start(a.spec, &state.runtime, options) {
         Ok(job) => job,
-        Err(e) => return Outcome::Failed(e.to_string()),
+        Err(e) => return Outcome::of_start(&e),
     };
     let deployment = Deployment {
         job: record.id.clone(),
@@ -182,25 +240,39 @@ fn run(
         cpu_millicores: Some(a.quotas.cpu_millicores),
         instance_memory_bytes: Some(a.quotas.instance_memory_bytes),
     };
+    let message = CoordinatorMessage::Deploy(Box::new(deployment));
     for w in &layout.workers {
-        if let Err(e) = control.send(w, CoordinatorMessage::Deploy(Box::new(deployment.clone()))) {
+        if let Err(e) = control.send(w, &message) {
             job.cancel();
             let _ = job.wait();
-            return Outcome::Failed(format!("cannot deploy: {e}"));
+            return Outcome::Failed {
+                message: format!("cannot deploy: {e}"),
+                cause: Cause::Infrastructure,
+                checkpointed: false,
+            };
         }
     }
     let parts = || control.part_metrics(&record.id, attempt);
     watch(state, record, live, job, assignment, parts, || lost(control, &record.id, attempt, &layout.workers))
 }
 
-/// Why the attempt is lost, if it is: a worker it runs on died or restarted, or a part failed.
-fn lost(control: &ControlPlane, job: &str, attempt: u64, workers: &[SlotHolder]) -> Option<String> {
+/// Why the attempt is lost, if it is, and whose doing that was: a worker it runs on died or
+/// restarted, or a link between workers broke (the cluster's), or a part failed (the job's).
+fn lost(control: &ControlPlane, job: &str, attempt: u64, workers: &[SlotHolder]) -> Option<(String, Cause)> {
     if let Some(gone) = control.first_gone(workers) {
-        return Some(format!("worker `{}` was lost (declared dead, or restarted)", gone.name));
+        return Some((format!("worker `{}` was lost (declared dead, or restarted)", gone.name), Cause::Infrastructure));
     }
     control.part_states(job, attempt).into_iter().find_map(|(worker, state)| match state {
-        PartState::Failed { reason } => Some(format!("the part on worker `{worker}` failed: {reason}")),
-        PartState::Canceled => Some(format!("the part on worker `{worker}` was cancelled")),
+        PartState::Failed { reason } => {
+            // An input from a worker that went away breaks before the worker is declared dead.
+            let cause = if reason.starts_with(eddy_cluster::executor::INPUT_BROKE) {
+                Cause::Infrastructure
+            } else {
+                Cause::Job
+            };
+            Some((format!("the part on worker `{worker}` failed: {reason}"), cause))
+        }
+        PartState::Canceled => Some((format!("the part on worker `{worker}` was cancelled"), Cause::Infrastructure)),
         PartState::Running | PartState::Finished => None,
     })
 }

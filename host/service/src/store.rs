@@ -1,7 +1,9 @@
 //! The service's own records (tenants, tokens, artifacts, jobs) in one embedded redb file.
 //!
 //! Each table maps a string key to a JSON document. A key starting with `<tenant>/` keeps a
-//! tenant's records contiguous, so listing them is a range scan. Every write is one
+//! tenant's records contiguous, so listing them is a range scan that decodes no other
+//! tenant's records. A job's spec (up to a MiB) is kept apart from its record, so listing,
+//! scraping and admission read summaries only. Every write is one
 //! transaction, durable when [`Store::write`] returns (redb syncs at commit): a server killed
 //! right after answering a request keeps what it answered.
 
@@ -22,8 +24,16 @@ pub enum Table {
     Artifacts,
     /// `<tenant>/<name>@<version>` → the digest it names.
     ArtifactNames,
-    /// Job id → [`crate::model::JobRecord`].
+    /// `<tenant>/<job>` → [`crate::model::JobRecord`].
     Jobs,
+    /// `<tenant>/<job>` → the pipeline spec as submitted (YAML or JSON text).
+    JobSpecs,
+    /// sha256 of a join token → [`crate::model::JoinToken`].
+    JoinTokens,
+    /// A worker name the cluster CA issued a certificate for → [`crate::model::IssuedName`].
+    IssuedNames,
+    /// The store's own counters (`attempt`: the last job attempt number handed out).
+    Meta,
 }
 
 impl Table {
@@ -34,10 +44,24 @@ impl Table {
             Table::Artifacts => "artifacts",
             Table::ArtifactNames => "artifact_names",
             Table::Jobs => "jobs",
+            Table::JobSpecs => "job_specs",
+            Table::JoinTokens => "join_tokens",
+            Table::IssuedNames => "issued_names",
+            Table::Meta => "meta",
         })
     }
 
-    const ALL: [Table; 5] = [Table::Tenants, Table::Tokens, Table::Artifacts, Table::ArtifactNames, Table::Jobs];
+    const ALL: [Table; 9] = [
+        Table::Tenants,
+        Table::Tokens,
+        Table::Artifacts,
+        Table::ArtifactNames,
+        Table::Jobs,
+        Table::JobSpecs,
+        Table::JoinTokens,
+        Table::IssuedNames,
+        Table::Meta,
+    ];
 }
 
 /// The store failed: disk, corruption, or a record this version cannot read.
@@ -77,7 +101,9 @@ impl Store {
             txn.open_table(table.definition()).map_err(db_error)?;
         }
         txn.commit().map_err(db_error)?;
-        Ok(Self { db })
+        let store = Self { db };
+        store.write(migrate_jobs)?;
+        Ok(store)
     }
 
     /// One record.
@@ -141,11 +167,40 @@ impl Txn<'_> {
         Ok(())
     }
 
+    /// Adds one to the counter `name` of [`Table::Meta`] (which starts at `first` when new) and
+    /// returns the new value: numbers that never repeat, across restarts too, since the
+    /// increment commits with the transaction.
+    pub fn next(&mut self, name: &str, first: u64) -> Result<u64, StoreError> {
+        let next = self.get::<u64>(Table::Meta, name)?.map_or(first, |n| n.saturating_add(1));
+        self.put(Table::Meta, name, &next)?;
+        Ok(next)
+    }
+
     /// Removes a record; whether it existed.
     pub fn delete(&mut self, table: Table, key: &str) -> Result<bool, StoreError> {
         let mut t = self.txn.open_table(table.definition()).map_err(db_error)?;
         Ok(t.remove(key).map_err(db_error)?.is_some())
     }
+}
+
+/// Stores written before jobs were keyed by tenant kept `id → record with its spec inline`:
+/// each such record moves to `<tenant>/<id>`, its spec to [`Table::JobSpecs`]. Idempotent
+/// (a migrated key holds a `/`), and one transaction, so a crash midway migrates nothing.
+fn migrate_jobs(txn: &mut Txn<'_>) -> Result<(), StoreError> {
+    let old: Vec<(String, serde_json::Value)> =
+        txn.list_keyed(Table::Jobs, "")?.into_iter().filter(|(key, _)| !key.contains('/')).collect();
+    for (id, mut record) in old {
+        let tenant = record.get("tenant").and_then(|t| t.as_str()).unwrap_or_default().to_owned();
+        let spec = record.as_object_mut().and_then(|o| o.remove("spec"));
+        let key = format!("{tenant}/{id}");
+        if let Some(serde_json::Value::String(spec)) = spec {
+            txn.put(Table::JobSpecs, &key, &spec)?;
+        }
+        txn.put(Table::Jobs, &key, &record)?;
+        txn.delete(Table::Jobs, &id)?;
+        tracing::info!(job = %id, tenant = %tenant, "moved a job record to its tenant's keys");
+    }
+    Ok(())
 }
 
 fn scan<T: DeserializeOwned>(
@@ -203,6 +258,35 @@ mod tests {
         });
         assert!(result.is_err());
         assert_eq!(store.get::<String>(Table::Tenants, "t").unwrap(), None);
+    }
+
+    #[test]
+    fn job_records_of_an_older_store_move_to_their_tenants_keys_with_the_spec_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("eddy.redb");
+        {
+            let store = Store::open(&path).unwrap();
+            let old = serde_json::json!({"id": "j_1", "tenant": "t_a", "name": "wc", "spec": "name: wc\n"});
+            store.write(|t| t.put(Table::Jobs, "j_1", &old)).unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let moved: serde_json::Value = store.get(Table::Jobs, "t_a/j_1").unwrap().expect("moved");
+        assert_eq!(moved, serde_json::json!({"id": "j_1", "tenant": "t_a", "name": "wc"}));
+        assert_eq!(store.get::<String>(Table::JobSpecs, "t_a/j_1").unwrap().as_deref(), Some("name: wc\n"));
+        assert_eq!(store.get::<serde_json::Value>(Table::Jobs, "j_1").unwrap(), None);
+        // Opening again changes nothing.
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.list::<serde_json::Value>(Table::Jobs, "").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn counters_increase_across_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("eddy.redb");
+        let first = Store::open(&path).unwrap().write(|t| t.next("attempt", 100)).unwrap();
+        let second = Store::open(&path).unwrap().write(|t| t.next("attempt", 100)).unwrap();
+        assert_eq!((first, second), (100, 101));
     }
 
     #[test]

@@ -1,14 +1,19 @@
-//! Runs accepted jobs on the embedded worker: one supervising thread per job starts it with
-//! the engine, publishes its live view, restarts it from its newest checkpoint after a failure
-//! (as its `restart` strategy allows), and records each change of status in the store.
+//! Runs accepted jobs on the embedded worker or the cluster's workers: one supervising thread
+//! per job starts it with the engine, publishes its live view, restarts it from its newest
+//! checkpoint after a failure (as [`RestartPolicy`] decides), and records each change of
+//! status in the store.
 //!
 //! The store is the truth about a job's status; the live view only carries what changes too
 //! fast to store (metrics, checkpoints). A server that dies leaves running jobs recorded as
 //! running, and [`Supervisor::resume_all`] starts them again at the next start: each resumes
-//! from its newest checkpoint, because every service job checkpoints.
+//! from its newest checkpoint, because every service job checkpoints. A job the server died
+//! under twice in a row is held instead ([`crate::model::MAX_CRASH_RESUMES`]).
+//!
+//! Admission takes a job's [`Demand`] under one lock: its tenant's quotas, the slots free, and
+//! the server's memory budget, so two submissions cannot both take the last of either.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -21,9 +26,11 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::AppState;
-use crate::model::{JobRecord, JobStatus, Savepoint, now_ms};
-use crate::placement::{StoreLocation, job_store, place};
+use crate::model::{JobRecord, JobStatus, MAX_CRASH_RESUMES, Savepoint, now_ms};
+use crate::placement::{StoreLocation, job_store, place, redact};
 use crate::problem::ApiError;
+use crate::quotas::Demand;
+use crate::restarts::{Cause, Counters, Failed, RestartPolicy, Verdict};
 use crate::store::Table;
 
 /// CPU time a tenant may save up and spend at once beyond its share.
@@ -148,8 +155,11 @@ impl LiveView {
 /// A job the supervisor runs.
 #[derive(Debug)]
 pub struct Live {
-    slots: AtomicU32,
+    /// What it holds: slots and memory (changes at a rescale or upgrade).
+    demand: Mutex<Demand>,
     cancel: AtomicBool,
+    /// Set when the service ends the job itself (a quota passed while it ran): why.
+    refused: Mutex<Option<String>>,
     view: Mutex<Option<LiveView>>,
     requests: Mutex<std::collections::VecDeque<Request>>,
 }
@@ -171,29 +181,49 @@ impl Live {
     pub fn view(&self) -> Option<LiveView> {
         lock(&self.view).clone()
     }
+
+    /// Ends the job as failed, for `reason`, without a restart.
+    pub fn refuse(&self, reason: String) {
+        *lock(&self.refused) = Some(reason);
+    }
+
+    fn refusal(&self) -> Option<String> {
+        lock(&self.refused).clone()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The jobs this server runs and the slots they hold.
+/// The jobs this server runs and what they hold.
 #[derive(Debug)]
 pub struct Supervisor {
     slots: u32,
     /// The cluster whose workers run the jobs (a coordinator without slots of its own).
     workers: Option<eddy_cluster::ControlPlane>,
+    /// The memory every running job together may make the server hold.
+    memory_budget: u64,
+    /// Running jobs by store key (`<tenant>/<job>`).
     live: Mutex<HashMap<String, Arc<Live>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     stopping: AtomicBool,
     admission: Mutex<()>,
     /// Each tenant's CPU share, with the quota it was made for.
     shares: Mutex<HashMap<String, (u32, Arc<CpuShare>)>>,
+    /// Bytes each job's store holds, as last listed (see [`crate::janitor`]).
+    stored: Mutex<HashMap<String, u64>>,
 }
 
-/// Slots the running jobs hold.
-fn held(live: &HashMap<String, Arc<Live>>) -> u32 {
-    live.values().map(|l| l.slots.load(Ordering::SeqCst)).sum()
+/// What the running jobs hold, summed.
+fn held(live: &HashMap<String, Arc<Live>>, except: Option<&str>) -> Demand {
+    let mut total = Demand::default();
+    for (_, l) in live.iter().filter(|(key, _)| Some(key.as_str()) != except) {
+        let d = *lock(&l.demand);
+        total.slots = total.slots.saturating_add(d.slots);
+        total.memory_bytes = total.memory_bytes.saturating_add(d.memory_bytes);
+    }
+    total
 }
 
 /// Slots a job holds: one subtask of every task shares a slot (as in Flink), so the widest task.
@@ -201,24 +231,41 @@ pub fn slots_of(spec: &PipelineSpec) -> u32 {
     PhysicalPlan::new(spec).tasks.iter().map(|t| t.parallelism).max().unwrap_or(1)
 }
 
+/// How long a job must run in one server run before a crash of the server no longer counts
+/// against it: a job that crashes the server does so sooner, or not at all.
+const STABLE_RUN: Duration = Duration::from_secs(600);
+
 impl Supervisor {
-    /// A supervisor with `slots` slots, or one that runs jobs on the live `workers`.
-    pub fn new(slots: u32, workers: Option<eddy_cluster::ControlPlane>) -> Self {
+    /// A supervisor with `slots` slots, or one that runs jobs on the live `workers`, whose
+    /// jobs together may take `memory_budget` bytes.
+    pub fn new(slots: u32, workers: Option<eddy_cluster::ControlPlane>, memory_budget: u64) -> Self {
         Self {
             slots,
             workers,
+            memory_budget,
             live: Mutex::default(),
             threads: Mutex::default(),
             stopping: AtomicBool::new(false),
             admission: Mutex::default(),
             shares: Mutex::default(),
+            stored: Mutex::default(),
         }
     }
 
-    /// Held while a request checks a tenant's quotas and takes what it checked, so two
-    /// requests cannot both take the last of a quota.
-    pub fn admission(&self) -> MutexGuard<'_, ()> {
+    /// The memory every running job together may take.
+    pub fn memory_budget(&self) -> u64 {
+        self.memory_budget
+    }
+
+    fn admission(&self) -> MutexGuard<'_, ()> {
         lock(&self.admission)
+    }
+
+    /// Runs `f` holding the admission lock, so that what it checks against quotas and what it
+    /// takes are one step (uploads of artifacts and files take it too).
+    pub fn admitting<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _admission = self.admission();
+        f()
     }
 
     /// The tenant's CPU share at `millicores` (a new one when the quota changed).
@@ -235,10 +282,10 @@ impl Supervisor {
     }
 
     /// Total slots: its own, or those of the live workers.
-    pub fn slots(&self) -> u32 {
+    pub fn slots(&self) -> u64 {
         match &self.workers {
-            Some(control) => control.workers().iter().map(|w| w.slots).sum(),
-            None => self.slots,
+            Some(control) => control.workers().iter().map(|w| u64::from(w.slots)).sum(),
+            None => u64::from(self.slots),
         }
     }
 
@@ -249,77 +296,155 @@ impl Supervisor {
 
     /// Slots held by running jobs.
     pub fn used_slots(&self) -> u32 {
-        held(&lock(&self.live))
+        held(&lock(&self.live), None).slots
     }
 
-    /// The live handle of a running job.
-    pub fn live(&self, job: &str) -> Option<Arc<Live>> {
-        lock(&self.live).get(job).cloned()
+    /// The live handle of a running job, by store key.
+    pub fn live(&self, key: &str) -> Option<Arc<Live>> {
+        lock(&self.live).get(key).cloned()
     }
 
-    /// Stores `record` and starts it, if its slots are free; atomically, so two submissions
-    /// cannot both take the last slot.
-    pub fn admit(&self, state: &Arc<AppState>, record: JobRecord) -> Result<(), ApiError> {
+    /// Bytes the store of job `key` held when last listed.
+    pub fn stored_bytes(&self, key: &str) -> u64 {
+        lock(&self.stored).get(key).copied().unwrap_or(0)
+    }
+
+    /// Records what each job's store holds now.
+    pub fn set_stored_bytes(&self, stored: HashMap<String, u64>) {
+        *lock(&self.stored) = stored;
+    }
+
+    /// Refuses `demand` beyond the slots free and the server's memory budget, not counting
+    /// what job `except` holds now.
+    fn check_room(
+        &self,
+        live: &HashMap<String, Arc<Live>>,
+        demand: Demand,
+        except: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let used = held(live, except);
         let total = self.slots();
-        let mut live = lock(&self.live);
-        let used = held(&live);
-        let free = total.saturating_sub(used);
-        if record.slots > free {
+        let free = total.saturating_sub(u64::from(used.slots));
+        if u64::from(demand.slots) > free {
             let next = if self.workers.is_some() { "start more workers" } else { "wait for a job to end" };
             return Err(ApiError::conflict(format!(
                 "the job needs {} slot(s) and {free} of {total} are free: {next}, or lower its parallelism",
-                record.slots
+                demand.slots
             ))
             .at("parallelism"));
         }
-        state.store.write(|txn| txn.put(Table::Jobs, &record.id, &record))?;
-        self.spawn(state, &mut live, record);
-        Ok(())
-    }
-
-    /// Reserves the slots a running job needs at a new parallelism, or refuses with 409.
-    pub fn reserve(&self, job: &str, slots: u32) -> Result<(), ApiError> {
-        let total = self.slots();
-        let live = lock(&self.live);
-        let Some(own) = live.get(job) else { return Err(ApiError::conflict(format!("job {job} is not running"))) };
-        let used = held(&live);
-        let free = total.saturating_sub(used) + own.slots.load(Ordering::SeqCst);
-        if slots > free {
+        let free = self.memory_budget.saturating_sub(used.memory_bytes);
+        if demand.memory_bytes > free {
             return Err(ApiError::conflict(format!(
-                "at that parallelism the job needs {slots} slot(s) and {free} of {total} are free to it"
+                "the job may take {} bytes of memory (instances, heap state, RocksDB caches) and {free} of the \
+                 server's {} are free: wait for a job to end, or lower its parallelism or state limits",
+                demand.memory_bytes, self.memory_budget
             ))
-            .at("parallelism"));
+            .at("server.memory_budget_bytes"));
         }
-        own.slots.store(slots, Ordering::SeqCst);
         Ok(())
     }
 
-    /// Starts every job the store records as not yet ended (after a restart of the server).
-    pub fn resume_all(&self, state: &Arc<AppState>) -> Result<usize, ApiError> {
+    /// Admits `record` (spec `text`) with `demand` against its tenant's quotas, the slots and
+    /// the server's memory, stores it and starts it: one step under the admission lock.
+    /// Blocking.
+    pub fn admit(&self, state: &Arc<AppState>, record: JobRecord, text: &str, demand: Demand) -> Result<(), ApiError> {
+        let _admission = self.admission();
+        crate::quotas::admit(state, &record.tenant, demand, false)?;
+        let mut live = lock(&self.live);
+        self.check_room(&live, demand, None)?;
+        let key = record.key();
+        state.store.write(|txn| -> Result<(), ApiError> {
+            txn.put(Table::Jobs, &key, &record)?;
+            Ok(txn.put(Table::JobSpecs, &key, &text)?)
+        })?;
+        self.spawn(state, &mut live, record, demand);
+        Ok(())
+    }
+
+    /// Reserves what a running job `before` takes at `demand` (a rescale), or refuses with
+    /// the quota or the room it lacks. Blocking.
+    pub fn reserve(&self, state: &AppState, before: &JobRecord, demand: Demand) -> Result<(), ApiError> {
+        let _admission = self.admission();
+        crate::quotas::admit(state, &before.tenant, crate::quotas::growth(before, demand), true)?;
+        let key = before.key();
+        let live = lock(&self.live);
+        let Some(own) = live.get(&key) else {
+            return Err(ApiError::conflict(format!("job {} is not running", before.id)));
+        };
+        self.check_room(&live, demand, Some(&key))?;
+        *lock(&own.demand) = demand;
+        Ok(())
+    }
+
+    /// Starts a held job again on its owner's word. Blocking.
+    pub fn resume_held(&self, state: &Arc<AppState>, record: JobRecord) -> Result<(), ApiError> {
+        let _admission = self.admission();
+        let demand = Demand { slots: record.slots, state_bytes: record.state_bytes, memory_bytes: record.memory_bytes };
+        crate::quotas::admit(state, &record.tenant, demand, true)?;
+        let mut live = lock(&self.live);
+        self.check_room(&live, demand, None)?;
+        let key = record.key();
+        update(state, &key, |r| {
+            r.status = JobStatus::Created;
+            r.crash_resumes = 0;
+        });
+        self.spawn(state, &mut live, record, demand);
+        Ok(())
+    }
+
+    /// Starts every job the store records as active (after a start of the server). After a
+    /// crash (`crashed`: the previous run did not stop cleanly) each counts one more crash
+    /// resume, and one at [`MAX_CRASH_RESUMES`] is held instead. Returns (resumed, held).
+    pub fn resume_all(&self, state: &Arc<AppState>, crashed: bool) -> Result<(usize, usize), ApiError> {
         let jobs: Vec<JobRecord> = state.store.list(Table::Jobs, "")?;
         let mut live = lock(&self.live);
-        let mut resumed = 0;
-        for record in jobs.into_iter().filter(|j| !j.status.is_terminal()) {
+        let (mut resumed, mut held_back) = (0, 0);
+        for mut record in jobs.into_iter().filter(|j| j.status.is_active()) {
+            let key = record.key();
+            if crashed {
+                record.crash_resumes += 1;
+                if record.crash_resumes >= MAX_CRASH_RESUMES {
+                    tracing::warn!(tenant = %record.tenant, job = %record.id, "the server died twice in a row while this job ran: held for its owner");
+                    update(state, &key, |r| {
+                        r.crash_resumes = record.crash_resumes;
+                        r.status = JobStatus::Held;
+                        r.push_failure(format!(
+                            "held: the server stopped without shutting down {MAX_CRASH_RESUMES} times in a row while \
+                             this job ran; check its state and memory, then resume it (POST /v1/jobs/{}/resume) or \
+                             cancel it",
+                            r.id
+                        ));
+                    });
+                    held_back += 1;
+                    continue;
+                }
+                update(state, &key, |r| r.crash_resumes = record.crash_resumes);
+            }
             tracing::info!(tenant = %record.tenant, job = %record.id, "resuming job after a server start");
-            self.spawn(state, &mut live, record);
+            let demand =
+                Demand { slots: record.slots, state_bytes: record.state_bytes, memory_bytes: record.memory_bytes };
+            self.spawn(state, &mut live, record, demand);
             resumed += 1;
         }
-        Ok(resumed)
+        Ok((resumed, held_back))
     }
 
-    fn spawn(&self, state: &Arc<AppState>, live: &mut HashMap<String, Arc<Live>>, record: JobRecord) {
+    fn spawn(&self, state: &Arc<AppState>, live: &mut HashMap<String, Arc<Live>>, record: JobRecord, demand: Demand) {
         let handle = Arc::new(Live {
-            slots: AtomicU32::new(record.slots),
+            demand: Mutex::new(demand),
             cancel: AtomicBool::new(false),
+            refused: Mutex::new(None),
             view: Mutex::new(None),
             requests: Mutex::default(),
         });
-        live.insert(record.id.clone(), handle.clone());
+        let key = record.key();
+        live.insert(key.clone(), handle.clone());
         let state = state.clone();
         let name = format!("job-{}", record.id);
         let thread = std::thread::Builder::new().name(name).spawn(move || {
-            supervise(&state, &record.id, &handle);
-            lock(&state.supervisor.live).remove(&record.id);
+            supervise(&state, &key, &handle);
+            lock(&state.supervisor.live).remove(&key);
             // Requests that came after the last attempt ended get an answer, not silence.
             for request in lock(&handle.requests).drain(..) {
                 let _ = request.reply.send(Err(ApiError::conflict(format!(
@@ -330,14 +455,18 @@ impl Supervisor {
             }
         });
         match thread {
-            Ok(t) => lock(&self.threads).push(t),
+            Ok(t) => {
+                let mut threads = lock(&self.threads);
+                threads.retain(|t| !t.is_finished());
+                threads.push(t);
+            }
             Err(e) => tracing::error!(error = %e, "cannot start a job thread"),
         }
     }
 
     /// Asks a running job to cancel; false if it does not run.
-    pub fn cancel(&self, job: &str) -> bool {
-        match self.live(job) {
+    pub fn cancel(&self, key: &str) -> bool {
+        match self.live(key) {
             Some(l) => {
                 l.cancel.store(true, Ordering::SeqCst);
                 true
@@ -346,27 +475,40 @@ impl Supervisor {
         }
     }
 
-    /// Stops every job without changing its recorded status, so the next start resumes it.
-    pub fn shutdown(&self) {
+    /// Stops every job without changing its recorded status, so the next start resumes it; a
+    /// clean stop, so no job counts it as a crash.
+    pub fn shutdown(&self, state: &AppState) {
         self.stopping.store(true, Ordering::SeqCst);
         let threads = std::mem::take(&mut *lock(&self.threads));
         for t in threads {
             let _ = t.join();
         }
+        let jobs: Vec<JobRecord> = state.store.list(Table::Jobs, "").unwrap_or_default();
+        for job in jobs.into_iter().filter(|j| j.status.is_active() && j.crash_resumes > 0) {
+            update(state, &job.key(), |r| r.crash_resumes = 0);
+        }
     }
 }
 
-/// Writes a change to the job's record.
-fn update(state: &AppState, id: &str, change: impl FnOnce(&mut JobRecord)) {
+/// Writes a change to the record of job `key`.
+fn update(state: &AppState, key: &str, change: impl FnOnce(&mut JobRecord)) {
     let result = state.store.write(|txn| -> Result<(), crate::store::StoreError> {
-        let Some(mut record) = txn.get::<JobRecord>(Table::Jobs, id)? else { return Ok(()) };
+        let Some(mut record) = txn.get::<JobRecord>(Table::Jobs, key)? else { return Ok(()) };
         change(&mut record);
         record.updated_ms = now_ms();
-        txn.put(Table::Jobs, id, &record)
+        txn.put(Table::Jobs, key, &record)
     });
     if let Err(e) = result {
-        tracing::error!(job = %id, error = %e, "cannot record the job's status");
+        tracing::error!(job = %key, error = %e, "cannot record the job's status");
     }
+}
+
+/// Records that job `key` ended with `status`.
+pub fn end(state: &AppState, key: &str, status: JobStatus) {
+    update(state, key, |r| {
+        r.status = status;
+        r.ended_ms = Some(now_ms());
+    });
 }
 
 /// What a client asks of a running job.
@@ -411,10 +553,33 @@ pub struct Request {
 pub(crate) enum Outcome {
     Finished,
     Canceled,
-    Failed(String),
+    /// It failed; whether it completed a checkpoint first.
+    Failed {
+        message: String,
+        cause: Cause,
+        checkpointed: bool,
+    },
+    /// The service ended it (a quota it passed while running): no restart.
+    Refused(String),
     /// Stopped with a savepoint, to stay stopped (`None`, or `Stop`) or restart with a change;
     /// the client's answer waits until the record says so.
     Savepointed(Option<(Control, Reply, Savepoint)>),
+}
+
+impl Outcome {
+    /// A failure of the job's own (its operators, spec or data).
+    pub(crate) fn job_failed(message: String, checkpointed: bool) -> Self {
+        Outcome::Failed { message, cause: Cause::Job, checkpointed }
+    }
+
+    /// How a start that failed ends the attempt: a job that had already finished (killed
+    /// after its final checkpoint, before its status was written) is finished, not failed.
+    pub(crate) fn of_start(e: &eddy_engine::RunError) -> Self {
+        match e {
+            eddy_engine::RunError::AlreadyFinished { .. } => Outcome::Finished,
+            e => Outcome::job_failed(e.to_string(), false),
+        }
+    }
 }
 
 /// Where a control request's answer goes.
@@ -428,9 +593,11 @@ fn take_savepoint(state: &AppState, record: &JobRecord, job: &Job, reason: &str)
     let at_ms = now_ms();
     let path = format!("savepoints/{at_ms}-{reason}");
     let to = job_store(state, &record.tenant, &record.id).join(&path);
-    let id = job.savepoint(&to, SAVEPOINT_TIMEOUT).map_err(|e| ApiError::conflict(format!("no savepoint: {e}")))?;
+    let id = job
+        .savepoint(&to, SAVEPOINT_TIMEOUT)
+        .map_err(|e| ApiError::conflict(format!("no savepoint: {}", redact(state, &record.tenant, &e.to_string()))))?;
     let savepoint = Savepoint { id, path, at_ms, reason: reason.to_string() };
-    update(state, &record.id, |r| r.savepoints.push(savepoint.clone()));
+    update(state, &record.key(), |r| r.savepoints.push(savepoint.clone()));
     tracing::info!(savepoint = id, reason, "savepoint taken");
     Ok(savepoint)
 }
@@ -441,7 +608,7 @@ fn stop_with_savepoint(state: &AppState, record: &JobRecord, job: Job, reason: &
     job.cancel();
     let _ = job.wait();
     let savepoint = taken?;
-    update(state, &record.id, |r| {
+    update(state, &record.key(), |r| {
         r.generation += 1;
         r.restore_from = Some(savepoint.path.clone());
     });
@@ -453,7 +620,7 @@ fn stop_with_savepoint(state: &AppState, record: &JobRecord, job: Job, reason: &
 fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, digests: &[String], live: &Live) -> Outcome {
     let quotas = match crate::quotas::of(state, &record.tenant) {
         Ok(q) => q,
-        Err(e) => return Outcome::Failed(format!("cannot read the tenant's quotas: {}", e.detail)),
+        Err(e) => return Outcome::job_failed(format!("cannot read the tenant's quotas: {}", e.detail), false),
     };
     let restore_from = restore_point(state, record, spec);
     if let Some(control) = &state.supervisor.workers {
@@ -469,14 +636,14 @@ fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, digests: &
     };
     let job = match Job::start(spec, &state.runtime, options) {
         Ok(job) => job,
-        Err(e) => return Outcome::Failed(e.to_string()),
+        Err(e) => return Outcome::of_start(&e),
     };
     watch(state, record, live, job, &[], Vec::new, || None)
 }
 
 /// Watches a started attempt until it ends: serves control requests, publishes the live view
 /// (naming each subtask's worker from `assignment`, and adding the metrics of the `parts` in
-/// other processes to the job's own), and fails it when `lost` names a reason.
+/// other processes to the job's own), and fails it when `lost` names a reason (and whose).
 pub(crate) fn watch(
     state: &AppState,
     record: &JobRecord,
@@ -484,7 +651,7 @@ pub(crate) fn watch(
     job: Job,
     assignment: &[Vec<String>],
     parts: impl Fn() -> Vec<MetricsSnapshot>,
-    mut lost: impl FnMut() -> Option<String>,
+    mut lost: impl FnMut() -> Option<(String, Cause)>,
 ) -> Outcome {
     let metrics = || {
         let mut all = job.metrics();
@@ -493,14 +660,22 @@ pub(crate) fn watch(
         }
         all
     };
+    let started = Instant::now();
     let mut before = metrics();
     let mut last = Instant::now();
+    let (mut checkpointed, mut stable) = (false, record.crash_resumes == 0);
+    let key = record.key();
     while !job.is_done() {
         std::thread::sleep(Duration::from_millis(20));
         if live.cancel.load(Ordering::SeqCst) {
             job.cancel();
             let _ = job.wait();
             return Outcome::Canceled;
+        }
+        if let Some(reason) = live.refusal() {
+            job.cancel();
+            let _ = job.wait();
+            return Outcome::Refused(reason);
         }
         if state.supervisor.stopping.load(Ordering::SeqCst) {
             // Resumed from this savepoint at the next start; from the newest checkpoint if it fails.
@@ -521,26 +696,45 @@ pub(crate) fn watch(
                     // The cancel stopped the job anyway: it restarts from its newest checkpoint.
                     let message = format!("{} failed: {}", control.reason(), e.detail);
                     let _ = reply.send(Err(e));
-                    Outcome::Failed(message)
+                    Outcome::job_failed(message, checkpointed)
                 }
             };
         }
-        if let Some(reason) = lost() {
+        if let Some((reason, cause)) = lost() {
             job.cancel();
             let _ = job.wait();
-            return Outcome::Failed(reason);
+            return Outcome::Failed { message: reason, cause, checkpointed };
         }
         if last.elapsed() >= REFRESH {
             last = Instant::now();
             let now = metrics();
-            *lock(&live.view) = Some(LiveView::of(&job, &now, &before, assignment));
+            let view = LiveView::of(&job, &now, &before, assignment);
+            if !checkpointed && !view.checkpoints.is_empty() {
+                checkpointed = true;
+                progressed(state, record);
+            }
+            *lock(&live.view) = Some(view);
             before = now;
+        }
+        if !stable && started.elapsed() >= STABLE_RUN {
+            stable = true;
+            update(state, &key, |r| r.crash_resumes = 0);
         }
     }
     match job.wait() {
         Ok(summary) if summary.finished => Outcome::Finished,
         Ok(_) => Outcome::Canceled,
-        Err(e) => Outcome::Failed(e.to_string()),
+        Err(e) => Outcome::job_failed(e.to_string(), checkpointed),
+    }
+}
+
+/// The attempt completed its first checkpoint: a run of fast failures before it is over (in
+/// the record, so a server restart keeps that), and the generations before the current one,
+/// superseded now, are collected.
+fn progressed(state: &AppState, record: &JobRecord) {
+    update(state, &record.key(), |r| r.fast_failures = 0);
+    if record.generation > 0 {
+        crate::janitor::collect_old_generations(state, record);
     }
 }
 
@@ -557,84 +751,114 @@ fn restore_point(state: &AppState, record: &JobRecord, spec: &PipelineSpec) -> O
 }
 
 /// Applies a change that restarts the job, to its record.
-fn apply(state: &AppState, id: &str, control: &Control) {
-    update(state, id, |r| match control {
+fn apply(state: &AppState, key: &str, control: &Control) {
+    update(state, key, |r| match control {
         Control::Rescale(p) => r.overrides.parallelism = Some(*p),
         Control::Upgrade { step, digest } => {
             r.overrides.artifacts.insert(step.clone(), digest.clone());
         }
         Control::Savepoint | Control::Stop => {}
     });
-    update(state, id, |r| {
-        if let Ok((spec, digests)) = place(state, r) {
-            r.slots = slots_of(&spec);
-            r.plan = PhysicalPlan::new(&spec).to_string();
-            r.state_bytes = crate::quotas::state_bytes_of(&spec);
-            if let Ok(memory) = crate::quotas::memory_of(state, &r.tenant, &spec) {
-                r.memory_bytes = memory;
-            }
-            r.artifacts = digests;
-        }
-    });
+    let Ok(Some(mut record)) = state.store.get::<JobRecord>(Table::Jobs, key) else { return };
+    let described =
+        crate::jobs::spec_of(state, &record).and_then(|text| crate::jobs::describe(state, &mut record, &text));
+    match described {
+        Ok(_) => update(state, key, |r| *r = record),
+        Err(e) => tracing::warn!(error = %e.detail, "the changed spec does not place"),
+    }
 }
 
 /// The job's life on this server: attempts and restarts until it ends or the server stops.
-fn supervise(state: &AppState, id: &str, live: &Live) {
+fn supervise(state: &AppState, key: &str, live: &Live) {
+    let mut counters: Option<Counters> = None;
     loop {
-        let record = match state.store.get::<JobRecord>(Table::Jobs, id) {
+        let record = match state.store.get::<JobRecord>(Table::Jobs, key) {
             Ok(Some(r)) => r,
             Ok(None) => return,
-            Err(e) => return tracing::error!(job = %id, error = %e, "cannot read the job"),
+            Err(e) => return tracing::error!(job = %key, error = %e, "cannot read the job"),
         };
+        let counters = counters.get_or_insert(Counters {
+            restarts: record.restarts,
+            fast_failures: record.fast_failures,
+            infrastructure_failures: 0,
+        });
         let span = tracing::info_span!("job", tenant = %record.tenant, job = %record.id, name = %record.name);
         let _entered = span.enter();
-        let (spec, digests) = match place(state, &record) {
+        let placed = crate::jobs::spec_of(state, &record).and_then(|text| place(state, &record, &text));
+        let (spec, digests) = match placed {
             Ok(placed) => placed,
             Err(e) => {
                 tracing::warn!(error = %e.detail, "the job's spec no longer places");
-                return update(state, id, |r| {
-                    r.push_failure(e.detail.clone());
-                    r.status = JobStatus::Failed;
-                });
+                update(state, key, |r| r.push_failure(e.detail.clone()));
+                return end(state, key, JobStatus::Failed);
             }
         };
-        update(state, id, |r| r.status = JobStatus::Running);
+        let policy = RestartPolicy::new(spec.restart);
+        update(state, key, |r| r.status = JobStatus::Running);
         tracing::info!(generation = record.generation, "job running");
+        let started = Instant::now();
         let outcome = attempt(state, &record, &spec, &digests, live);
         *lock(&live.view) = None;
         match outcome {
             Outcome::Finished => {
                 tracing::info!("job finished");
-                return update(state, id, |r| r.status = JobStatus::Finished);
+                return end(state, key, JobStatus::Finished);
             }
             Outcome::Canceled => {
                 tracing::info!("job canceled");
-                return update(state, id, |r| r.status = JobStatus::Canceled);
+                return end(state, key, JobStatus::Canceled);
+            }
+            Outcome::Refused(reason) => {
+                tracing::warn!(reason, "the service ended the job");
+                update(state, key, |r| r.push_failure(reason.clone()));
+                return end(state, key, JobStatus::Failed);
             }
             Outcome::Savepointed(None) => return,
             Outcome::Savepointed(Some((Control::Stop, reply, savepoint))) => {
                 tracing::info!("job stopped with a savepoint");
-                update(state, id, |r| r.status = JobStatus::Stopped);
+                end(state, key, JobStatus::Stopped);
                 let _ = reply.send(Ok(savepoint));
                 return;
             }
             Outcome::Savepointed(Some((change, reply, savepoint))) => {
                 tracing::info!(change = ?change, "job restarts from its savepoint with a change");
-                apply(state, id, &change);
+                apply(state, key, &change);
                 let _ = reply.send(Ok(savepoint));
             }
-            Outcome::Failed(message) => {
-                tracing::warn!(error = %message, "job failed");
-                let delay = spec.restart.delay_before(record.restarts + 1);
-                update(state, id, |r| {
+            Outcome::Failed { message, cause, checkpointed } => {
+                let message = redact(state, &record.tenant, &message);
+                tracing::warn!(error = %message, ?cause, "job failed");
+                if checkpointed {
+                    policy.on_progress(counters);
+                }
+                let ran_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                let verdict = policy.on_failure(counters, Failed { cause, ran_ms, checkpointed });
+                let c = *counters;
+                // One change, so nobody sees the failure without the status it led to.
+                update(state, key, |r| {
                     r.push_failure(message.clone());
-                    r.status = if delay.is_some() { JobStatus::Restarting } else { JobStatus::Failed };
-                    if delay.is_some() {
-                        r.restarts += 1;
+                    r.restarts = c.restarts;
+                    r.fast_failures = c.fast_failures;
+                    match &verdict {
+                        Verdict::Restart { .. } => r.status = JobStatus::Restarting,
+                        Verdict::Exhausted => {}
+                        Verdict::Stop { reason } => r.push_failure(reason.clone()),
+                    }
+                    if !matches!(verdict, Verdict::Restart { .. }) {
+                        r.status = JobStatus::Failed;
+                        r.ended_ms = Some(now_ms());
                     }
                 });
-                let Some(delay) = delay else { return };
-                if !wait_or_stop(state, id, live, delay) {
+                let Verdict::Restart { after } = verdict else {
+                    tracing::warn!("the job failed for good");
+                    return;
+                };
+                // A spinning operator's CPU is charged to its tenant's share: its restart
+                // waits until the share has paid it off.
+                let debt = crate::quotas::of(state, &record.tenant)
+                    .map(|q| state.supervisor.cpu_share(&record.tenant, q.cpu_millicores).debt())
+                    .unwrap_or_default();
+                if !wait_or_stop(state, key, live, after.max(debt)) {
                     return;
                 }
             }
@@ -643,11 +867,11 @@ fn supervise(state: &AppState, id: &str, live: &Live) {
 }
 
 /// Waits out a restart delay; false if the job was cancelled or the server stops meanwhile.
-fn wait_or_stop(state: &AppState, id: &str, live: &Live, delay: Duration) -> bool {
+fn wait_or_stop(state: &AppState, key: &str, live: &Live, delay: Duration) -> bool {
     let until = Instant::now() + delay;
     while Instant::now() < until {
         if live.cancel.load(Ordering::SeqCst) {
-            update(state, id, |r| r.status = JobStatus::Canceled);
+            end(state, key, JobStatus::Canceled);
             return false;
         }
         if state.supervisor.stopping.load(Ordering::SeqCst) {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::AppState;
-use crate::auth::Caller;
+use crate::auth::{AdminCaller, Caller};
 use crate::model::{Principal, Tenant, Token, now_ms};
 use crate::problem::{ApiError, ApiResult, Checked, Problem, identifier};
 use crate::secret::{new_id, new_token, token_hash};
@@ -66,10 +66,9 @@ pub(crate) fn issue(txn: &mut Txn<'_>, principal: Principal) -> Result<(String, 
     security(("bearer" = [])))]
 pub async fn create_tenant(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    _admin: AdminCaller,
     Checked(Json(new)): Checked<Json<NewTenant>>,
 ) -> ApiResult<(StatusCode, Json<CreatedTenant>)> {
-    caller.admin()?;
     identifier("name", &new.name, true, b"-_")?;
     let created = state.store.write(|txn| -> ApiResult<CreatedTenant> {
         // Few tenants, so uniqueness is a scan inside the same transaction.
@@ -90,8 +89,7 @@ pub async fn create_tenant(
 #[utoipa::path(get, path = "/v1/tenants", tag = "tenants",
     responses((status = 200, body = Vec<Tenant>), (status = 401, body = Problem), (status = 403, body = Problem)),
     security(("bearer" = [])))]
-pub async fn list_tenants(State(state): State<Arc<AppState>>, caller: Caller) -> ApiResult<Json<Vec<Tenant>>> {
-    caller.admin()?;
+pub async fn list_tenants(State(state): State<Arc<AppState>>, _admin: AdminCaller) -> ApiResult<Json<Vec<Tenant>>> {
     Ok(Json(state.store.list(Table::Tenants, "")?))
 }
 
@@ -103,10 +101,9 @@ pub async fn list_tenants(State(state): State<Arc<AppState>>, caller: Caller) ->
     security(("bearer" = [])))]
 pub async fn issue_token(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    _admin: AdminCaller,
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, Json<IssuedToken>)> {
-    caller.admin()?;
     let issued = state.store.write(|txn| -> ApiResult<IssuedToken> {
         txn.get::<Tenant>(Table::Tenants, &id)?.ok_or_else(|| ApiError::not_found("tenant", &id))?;
         let (token_id, token) = issue(txn, Principal::Tenant { tenant: id.clone() })?;
@@ -123,10 +120,9 @@ pub async fn issue_token(
     security(("bearer" = [])))]
 pub async fn revoke_token(
     State(state): State<Arc<AppState>>,
-    caller: Caller,
+    _admin: AdminCaller,
     Path((id, token_id)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    caller.admin()?;
     state.store.write(|txn| -> ApiResult<()> {
         let tokens = txn.list_keyed::<Token>(Table::Tokens, "")?;
         let owned = Principal::Tenant { tenant: id.clone() };

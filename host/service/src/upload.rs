@@ -12,6 +12,10 @@ use tokio::io::AsyncWriteExt;
 use crate::problem::{ApiError, ApiResult};
 use crate::secret::hex;
 
+/// What the temporary file of an upload in progress is called first: a start removes those
+/// a crash left behind, and listings skip them.
+pub const PREFIX: &str = ".upload-";
+
 /// A body received whole.
 #[derive(Debug)]
 pub struct Received {
@@ -38,8 +42,7 @@ pub async fn receive(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    let path =
-        tempfile::Builder::new().prefix(".upload-").tempfile_in(dir).map_err(ApiError::internal)?.into_temp_path();
+    let path = tempfile::Builder::new().prefix(PREFIX).tempfile_in(dir).map_err(ApiError::internal)?.into_temp_path();
     let mut file = tokio::fs::File::create(&path).await.map_err(ApiError::internal)?;
     let (mut size, mut hasher) = (0u64, Sha256::new());
     let mut stream = body.into_data_stream();

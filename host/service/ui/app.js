@@ -467,7 +467,7 @@
       button.disabled = true;
       button.textContent = 'Canceling…';
       try {
-        await api(`/v1/jobs/${encodeURIComponent(id)}`, { method: 'DELETE' });
+        await api(`/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: 'POST' });
       } catch (error) {
         reportError(error);
         reset();

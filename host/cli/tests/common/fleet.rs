@@ -46,11 +46,19 @@ impl Worker {
         let log = dir.join(format!("{name}.log"));
         let tmp = temp_dir(dir);
         std::fs::create_dir_all(&tmp).unwrap();
+        // A worker without --tls enrolls: the admin gives it a join token for its name, which
+        // also lets a restart with an empty data directory enroll the same name again.
+        let enroll = if extra.contains(&"--tls") {
+            Vec::new()
+        } else {
+            vec!["--join-token".to_owned(), join_token(coordinator, Some(name))]
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
             .args(["worker", "--coordinator", &format!("127.0.0.1:{}", coordinator.port()), "--name", name])
             .args(["--slots", slots, "--data-dir"])
             .arg(dir.join(name))
             .args(extra)
+            .args(&enroll)
             .env("EDDY_LOG", "info")
             .env("TMPDIR", tmp)
             .envs(super::S3_CREDENTIALS)
@@ -76,6 +84,18 @@ impl Worker {
 /// sees what they leave behind.
 pub fn temp_dir(dir: &Path) -> std::path::PathBuf {
     dir.join("tmp")
+}
+
+/// A join token of `coordinator`'s for `name` (any new name if none), from its admin.
+pub fn join_token(coordinator: &Server, name: Option<&str>) -> String {
+    let response = client()
+        .post(coordinator.url("/v1/cluster/join-tokens"))
+        .bearer_auth(coordinator.admin())
+        .json(&serde_json::json!({ "name": name }))
+        .send()
+        .unwrap();
+    assert_eq!(response.status(), 201, "no join token: {}", response.text().unwrap_or_default());
+    response.json::<Value>().unwrap()["token"].as_str().unwrap().to_owned()
 }
 
 pub fn workers(server: &Server) -> Vec<Value> {

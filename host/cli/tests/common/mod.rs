@@ -259,3 +259,28 @@ pub fn counted_once(server: &Server, token: &str, id: &str) -> u64 {
 pub fn post(server: &Server, token: &str, path: &str, body: Value) -> Response {
     client().post(server.url(path)).bearer_auth(token).json(&body).send().unwrap()
 }
+
+/// The admin sets tenant `id`'s quotas (fields left out take the defaults).
+pub fn set_quotas(server: &Server, id: &str, quotas: Value) {
+    let set = client().put(server.url(&format!("/v1/tenants/{id}/quotas"))).bearer_auth(server.admin()).json(&quotas);
+    expect(set.send().unwrap(), 200);
+}
+
+/// The most memory the process `pid` has held so far (its `VmHWM`), in bytes.
+pub fn peak_rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM in /proc/<pid>/status");
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// Writes `request` (bytes as they go on the wire) to `server` and reads the answer until the
+/// server closes the connection or `wait` passes; the answer as text (empty if none came).
+pub fn raw_exchange(server: &Server, request: &[u8], wait: Duration) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(server.base.trim_start_matches("http://")).unwrap();
+    stream.write_all(request).unwrap();
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
