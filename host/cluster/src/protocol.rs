@@ -6,9 +6,8 @@ use serde::{Deserialize, Serialize};
 
 /// The largest control message either side accepts or sends (`eddy_core::limits`).
 pub const MAX_MESSAGE_BYTES: u32 = eddy_core::limits::MAX_CONTROL_MESSAGE_BYTES as u32;
-/// The largest message of a spread job's checkpoint link: a subtask's state lists its files
-/// and carries its pending timers inline, which can be many.
-pub const MAX_CHECKPOINT_MESSAGE_BYTES: u32 = 1 << 30;
+/// The largest message of a spread job's checkpoint link (`eddy_core::limits`).
+pub const MAX_CHECKPOINT_MESSAGE_BYTES: u32 = eddy_core::limits::MAX_CHECKPOINT_MESSAGE_BYTES as u32;
 
 /// What a worker tells the coordinator.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

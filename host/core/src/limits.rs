@@ -157,8 +157,17 @@ const _: () = assert!(MAX_FRAME_BYTES < u32::MAX as usize);
 const _: () = assert!(MAX_FRAME_OVERHEAD_BYTES + (32 << 10) * (1 + FRAME_BYTES_PER_RECORD) <= FRAME_TARGET_BYTES);
 const _: () = assert!(MAX_PENDING_STREAMS <= MAX_DATA_STREAMS);
 
+// ---- Checkpoint link (job master <-> parts) ------------------------------------------------
+
+/// The largest message between a spread job's master and its parts. A part's report is one
+/// subtask's part of the metadata: its source position, its sink's pending files, and per step
+/// the names of its files (state and timers are in files, never inline), so 64 MiB holds tens
+/// of thousands of RocksDB files per step.
+pub const MAX_CHECKPOINT_MESSAGE_BYTES: usize = 64 << 20;
+
 // ---- Compile-time checks of the derivations ------------------------------------------------
 
 const _: () = assert!(MAX_STEP_CONFIG_BYTES < MAX_SPEC_BYTES);
 const _: () = assert!(MAX_CONTROL_MESSAGE_BYTES > 2 * MAX_SPEC_BYTES);
 const _: () = assert!(MAX_CONTROL_MESSAGE_BYTES <= u32::MAX as usize);
+const _: () = assert!(MAX_CHECKPOINT_MESSAGE_BYTES <= u32::MAX as usize);

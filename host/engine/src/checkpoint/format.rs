@@ -49,6 +49,34 @@ pub fn encode_entry(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
     out.extend_from_slice(value);
 }
 
+/// Appends one pending timer as a state-file entry: the key is the timer's key, the value
+/// `event time (u8: 1 or 0) | timestamp (i64) | key group (u16)`, big-endian.
+pub fn encode_timer(out: &mut Vec<u8>, timer: &super::metadata::TimerState) {
+    let mut value = [0u8; 11];
+    value[0] = u8::from(timer.event_time);
+    value[1..9].copy_from_slice(&timer.timestamp.to_be_bytes());
+    value[9..].copy_from_slice(&timer.key_group.to_be_bytes());
+    encode_entry(out, &timer.key, &value);
+}
+
+/// The timer of an entry [`encode_timer`] wrote, or why the entry is none.
+pub fn decode_timer(key: &[u8], value: &[u8]) -> Result<super::metadata::TimerState, String> {
+    let value: &[u8; 11] = value.try_into().map_err(|_| format!("a timer entry of {} bytes, not 11", value.len()))?;
+    let event_time = match value[0] {
+        0 => false,
+        1 => true,
+        other => return Err(format!("a timer's time domain is {other}, not 0 or 1")),
+    };
+    let mut timestamp = [0u8; 8];
+    timestamp.copy_from_slice(&value[1..9]);
+    Ok(super::metadata::TimerState {
+        event_time,
+        timestamp: i64::from_be_bytes(timestamp),
+        key_group: u16::from_be_bytes([value[9], value[10]]),
+        key: key.to_vec(),
+    })
+}
+
 /// Splits `entries` into payloads of about `max_bytes` (at least one entry each, so at least
 /// one payload even when empty) and hands each to `emit` as it fills, so a large state is
 /// never encoded into memory at once.

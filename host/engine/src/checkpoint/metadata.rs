@@ -59,8 +59,15 @@ pub struct TimerState {
 pub struct OperatorState {
     /// The step's name in the pipeline (state follows the name across plan changes).
     pub step: String,
-    /// Pending timers.
+    /// Pending timers, inline: checkpoints written before timers went into files
+    /// ([`OperatorState::timer_files`]); empty in newer ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timers: Vec<TimerState>,
+    /// Pending timers, in sealed files ([`super::format::encode_timer`] entries), so that a
+    /// subtask's part of the metadata (and the report a part sends the job master) stays small
+    /// however many timers it holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timer_files: Vec<FileRef>,
     /// Its keyed state.
     pub state: StoredState,
     /// What the step's state quota counted in it: a subtask that opens this state as its
@@ -84,6 +91,7 @@ impl OperatorState {
     /// dropped when a non-keyed step changes parallelism.
     pub fn is_empty(&self) -> bool {
         self.timers.is_empty()
+            && self.timer_files.is_empty()
             && match &self.state {
                 StoredState::Entries(files) => files.iter().all(|f| f.bytes <= super::format::EMPTY_FILE_BYTES),
                 StoredState::Rocksdb(_) => false,
@@ -121,9 +129,12 @@ impl SubtaskState {
     pub fn files(&self) -> impl Iterator<Item = &FileRef> {
         self.operators
             .iter()
-            .flat_map(|o| match &o.state {
-                StoredState::Entries(files) => files.iter().collect::<Vec<_>>(),
-                StoredState::Rocksdb(files) => files.iter().map(|(_, f)| f).collect(),
+            .flat_map(|o| {
+                let state: Vec<&FileRef> = match &o.state {
+                    StoredState::Entries(files) => files.iter().collect(),
+                    StoredState::Rocksdb(files) => files.iter().map(|(_, f)| f).collect(),
+                };
+                state.into_iter().chain(&o.timer_files)
             })
             .chain(&self.in_flight)
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use eddy_core::KeyGroupRange;
 use eddy_state::{RocksDbBackend, StateBackend, StateUsage};
 
-use super::format::{InFlightBatch, decode_entries, decode_in_flight, unseal};
+use super::format::{InFlightBatch, decode_entries, decode_in_flight, decode_timer, unseal};
 use super::metadata::{CheckpointMetadata, FileRef, StoredState, SubtaskState, TimerState, completed_ids};
 use super::store::CheckpointStore;
 use super::{CheckpointError, CheckpointId};
@@ -40,6 +40,11 @@ pub enum Share {
 
 fn local_path(root: &Path, state: &SubtaskState, operator: usize) -> PathBuf {
     root.join(format!("t{}-s{}-op{operator}", state.task, state.subtask))
+}
+
+/// Where a fetched operator's `n`th timer file is (beside its state, in its directory).
+fn timers_path(operator_dir: &Path, n: usize) -> PathBuf {
+    operator_dir.join(format!("timers.{n}"))
 }
 
 fn in_flight_path(root: &Path, state: &SubtaskState, n: usize) -> PathBuf {
@@ -95,6 +100,11 @@ impl RestorePoint {
                     what: format!("creating {}", path.display()),
                     problem: e.to_string(),
                 })?;
+                for (n, file) in op.timer_files.iter().enumerate() {
+                    let bytes = fetch_verified(store, file)?;
+                    unseal(&bytes, &file.path)?;
+                    write(&timers_path(&path, n), &bytes)?;
+                }
                 match &op.state {
                     StoredState::Entries(files) => {
                         for (n, file) in files.iter().enumerate() {
@@ -322,8 +332,24 @@ impl RestorePoint {
                 for t in op.timers.iter().filter(|t| in_range(t.key_group)) {
                     timer(t);
                 }
-                let Some(target) = target.as_deref_mut() else { continue };
                 let path = local_path(self.local.path(), state, i);
+                for (n, file) in op.timer_files.iter().enumerate() {
+                    let local = timers_path(&path, n);
+                    let bytes = std::fs::read(&local).map_err(|e| CheckpointError::Storage {
+                        what: format!("reading {}", local.display()),
+                        problem: e.to_string(),
+                    })?;
+                    let mut bad = None;
+                    decode_entries(unseal(&bytes, &file.path)?, &file.path, &mut |k, v| match decode_timer(k, v) {
+                        Ok(t) if in_range(t.key_group) => timer(&t),
+                        Ok(_) => {}
+                        Err(problem) => bad = bad.take().or(Some(problem)),
+                    })?;
+                    if let Some(problem) = bad {
+                        return Err(CheckpointError::Corrupt { file: file.path.clone(), problem });
+                    }
+                }
+                let Some(target) = target.as_deref_mut() else { continue };
                 let mut failed = None;
                 let mut put = |k: &[u8], v: &[u8]| {
                     let group = k.get(..2).map_or(0, |g| u16::from_be_bytes([g[0], g[1]]));
@@ -471,6 +497,48 @@ mod tests {
         assert_eq!(one, in_flight(1, &keys[2..3]), "a non-keyed subtask gets its own records back");
         let err = point.in_flight(Some("count"), Share::Subtask { index: 0, parallelism: 3 }).expect_err("rescaled");
         assert!(err.to_string().contains("parallelism changed from 2 to 3"), "{err}");
+    }
+
+    use eddy_core::TimeDomain;
+
+    /// Many timers go into the checkpoint's files, not into its metadata (which a part sends
+    /// the job master whole), and come back at restore, split by key group like state.
+    #[test]
+    fn timers_are_kept_in_files_and_restored_by_key_group() {
+        let mut snapshot = taken(0, 1, true, &[("count", &["a"])]);
+        let timers: Vec<eddy_core::FiredTimer> = (0..50_000i64)
+            .map(|i| {
+                let key = format!("key-{i}").into_bytes();
+                let key_group = eddy_core::key_group_of(&key, MAX_P);
+                let domain = if i % 3 == 0 { TimeDomain::ProcessingTime } else { TimeDomain::EventTime };
+                eddy_core::FiredTimer { domain, timestamp: i - 7, key_group, key }
+            })
+            .collect();
+        snapshot.operators[0].1.timers = timers.clone();
+        let (_dir, point) = checkpoint(vec![snapshot]);
+        let op = &point.metadata().subtasks[0].operators[0];
+        assert!(op.timers.is_empty() && !op.timer_files.is_empty(), "{} inline", op.timers.len());
+        let part = serde_json::to_vec(&point.metadata().subtasks[0]).expect("json");
+        assert!(part.len() < 4 << 10, "a subtask's part of the metadata is {} bytes", part.len());
+        // Two new subtasks share the key groups: each gets its own timers, together all.
+        let mut seen = Vec::new();
+        for subtask in 0..2 {
+            let range = eddy_core::KeyGroupRange::for_subtask(MAX_P, 2, subtask);
+            let mut backend = HeapStateBackend::default();
+            point
+                .restore_operator("count", Share::KeyGroups(range), &mut backend, &mut |t| {
+                    assert!(range.contains(t.key_group), "a timer of another subtask's key group");
+                    seen.push((t.event_time, t.timestamp, t.key_group, t.key.clone()));
+                })
+                .expect("restore");
+        }
+        let mut expected: Vec<_> = timers
+            .iter()
+            .map(|t| (t.domain == TimeDomain::EventTime, t.timestamp, t.key_group, t.key.clone()))
+            .collect();
+        expected.sort();
+        seen.sort();
+        assert_eq!(seen, expected);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use eddy_core::TimeDomain;
 use eddy_state::BackendSnapshot;
 use sha2::{Digest, Sha256};
 
-use super::format::{InFlightBatch, encode_chunks, encode_in_flight, seal};
+use super::format::{InFlightBatch, encode_chunks, encode_in_flight, encode_timer, seal};
 use super::metadata::{FileRef, OperatorState, StoredState, StoredUsage, SubtaskState, TimerState};
 use super::store::CheckpointStore;
 use super::{CheckpointError, CheckpointId};
@@ -139,16 +139,26 @@ impl Uploader {
         let mut written_bytes = 0;
         let mut operators = Vec::with_capacity(taken.operators.len());
         for (index, (step, snapshot)) in taken.operators.into_iter().enumerate() {
-            let timers = snapshot
-                .timers
-                .into_iter()
-                .map(|t| TimerState {
+            // Timers go into files like state: a million of them would otherwise make the
+            // subtask's part of the metadata (and a part's report) hundreds of MiB.
+            let mut timer_files = Vec::new();
+            let mut chunk = Vec::new();
+            let timers = snapshot.timers.len();
+            for (n, t) in snapshot.timers.into_iter().enumerate() {
+                let timer = TimerState {
                     event_time: t.domain == TimeDomain::EventTime,
                     timestamp: t.timestamp,
                     key_group: t.key_group,
                     key: t.key,
-                })
-                .collect();
+                };
+                encode_timer(&mut chunk, &timer);
+                if chunk.len() >= STATE_FILE_BYTES || n + 1 == timers {
+                    let file = put(store, format!("{dir}/op{index}.timers.{}", timer_files.len()), seal(&chunk))?;
+                    chunk.clear();
+                    written_bytes += file.bytes;
+                    timer_files.push(file);
+                }
+            }
             let state = match snapshot.state {
                 BackendSnapshot::Frozen(entries) => {
                     let mut files = Vec::new();
@@ -169,7 +179,7 @@ impl Uploader {
                 }
             };
             let usage = snapshot.usage.map(|u| StoredUsage { bytes: u.bytes, entries: u.entries });
-            operators.push(OperatorState { step, timers, state, usage });
+            operators.push(OperatorState { step, timers: Vec::new(), timer_files, state, usage });
         }
         drop(taken.staging);
         let mut in_flight = Vec::new();
