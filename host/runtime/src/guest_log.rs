@@ -79,6 +79,12 @@ impl LogThrottle {
         self.reported_at_ms = Some(now_ms);
         Some(std::mem::take(&mut self.dropped_since_report))
     }
+
+    /// The lines dropped since the last report, whether or not one is due: the instance ends,
+    /// and a count left for a next report would never be told.
+    pub(crate) fn report_last(&mut self) -> Option<u64> {
+        (self.dropped_since_report > 0).then(|| std::mem::take(&mut self.dropped_since_report))
+    }
 }
 
 /// The longest prefix of `text` within `max` bytes that ends on a character boundary.
@@ -122,7 +128,19 @@ impl GuestLog {
 
     /// Logs how many lines were dropped, if a report is due.
     pub(crate) fn report_drops(&mut self, operator: &str) {
-        if let Some(dropped) = self.throttle.report(self.now_ms()) {
+        let now = self.now_ms();
+        let dropped = self.throttle.report(now);
+        self.warn_dropped(operator, dropped);
+    }
+
+    /// Logs the lines dropped since the last report, at the instance's end.
+    pub(crate) fn report_last_drops(&mut self, operator: &str) {
+        let dropped = self.throttle.report_last();
+        self.warn_dropped(operator, dropped);
+    }
+
+    fn warn_dropped(&self, operator: &str, dropped: Option<u64>) {
+        if let Some(dropped) = dropped {
             tracing::warn!(
                 operator,
                 dropped,
@@ -205,6 +223,18 @@ mod tests {
     #[test]
     fn time_going_back_refills_nothing() {
         assert_eq!(admitted(10, 1, &[1_000, 500, 1_050, 1_100]), [true, false, false, true]);
+    }
+
+    #[test]
+    fn drops_not_yet_reported_are_told_at_the_end() {
+        let mut t = LogThrottle::new(0, 1);
+        assert!(t.admit(0));
+        assert!(!t.admit(0));
+        assert_eq!(t.report(1), Some(1));
+        assert!(!t.admit(2) && !t.admit(3));
+        assert_eq!(t.report(4), None, "the next report is not due");
+        assert_eq!(t.report_last(), Some(2), "the end tells them anyway");
+        assert_eq!(t.report_last(), None);
     }
 
     #[test]

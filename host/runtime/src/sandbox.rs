@@ -126,7 +126,17 @@ impl Sandbox {
     pub(crate) fn end_call(&mut self) {
         self.log.report_drops(&self.operator);
     }
+}
 
+impl Drop for Sandbox {
+    /// The instance is gone (its job ended or restarts): the drops since the last report are
+    /// told now, or never.
+    fn drop(&mut self) {
+        self.log.report_last_drops(&self.operator);
+    }
+}
+
+impl Sandbox {
     /// The guest's own account of a failure: its last error log in this call (the SDKs log
     /// panics there), else the tail of what it wrote to stderr (Python tracebacks land there).
     pub(crate) fn guest_message(&self) -> Option<String> {

@@ -8,12 +8,12 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::AppState;
 use crate::auth::{AdminCaller, Caller};
 use crate::model::{Principal, Tenant, Token, now_ms};
 use crate::problem::{ApiError, ApiResult, Checked, Problem, identifier};
 use crate::secret::{new_id, new_token, token_hash};
 use crate::store::{Table, Txn};
+use crate::{AppState, blocking};
 
 /// `POST /v1/tenants`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -70,17 +70,20 @@ pub async fn create_tenant(
     Checked(Json(new)): Checked<Json<NewTenant>>,
 ) -> ApiResult<(StatusCode, Json<CreatedTenant>)> {
     identifier("name", &new.name, true, b"-_")?;
-    let created = state.store.write(|txn| -> ApiResult<CreatedTenant> {
-        // Few tenants, so uniqueness is a scan inside the same transaction.
-        let taken = txn.list_keyed::<Tenant>(Table::Tenants, "")?.iter().any(|(_, t)| t.name == new.name);
-        if taken {
-            return Err(ApiError::conflict(format!("a tenant named `{}` exists", new.name)).at("name"));
-        }
-        let tenant = Tenant { id: new_id("t_")?, name: new.name.clone(), created_ms: now_ms(), quotas: None };
-        txn.put(Table::Tenants, &tenant.id, &tenant)?;
-        let (token_id, token) = issue(txn, Principal::Tenant { tenant: tenant.id.clone() })?;
-        Ok(CreatedTenant { id: tenant.id, name: tenant.name, token_id, token })
-    })?;
+    let created = blocking(move || {
+        state.store.write(|txn| -> ApiResult<CreatedTenant> {
+            // Few tenants, so uniqueness is a scan inside the same transaction.
+            let taken = txn.list_keyed::<Tenant>(Table::Tenants, "")?.iter().any(|(_, t)| t.name == new.name);
+            if taken {
+                return Err(ApiError::conflict(format!("a tenant named `{}` exists", new.name)).at("name"));
+            }
+            let tenant = Tenant { id: new_id("t_")?, name: new.name.clone(), created_ms: now_ms(), quotas: None };
+            txn.put(Table::Tenants, &tenant.id, &tenant)?;
+            let (token_id, token) = issue(txn, Principal::Tenant { tenant: tenant.id.clone() })?;
+            Ok(CreatedTenant { id: tenant.id, name: tenant.name, token_id, token })
+        })
+    })
+    .await?;
     tracing::info!(tenant = %created.id, name = %created.name, "tenant created");
     Ok((StatusCode::CREATED, Json(created)))
 }
@@ -104,11 +107,15 @@ pub async fn issue_token(
     _admin: AdminCaller,
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, Json<IssuedToken>)> {
-    let issued = state.store.write(|txn| -> ApiResult<IssuedToken> {
-        txn.get::<Tenant>(Table::Tenants, &id)?.ok_or_else(|| ApiError::not_found("tenant", &id))?;
-        let (token_id, token) = issue(txn, Principal::Tenant { tenant: id.clone() })?;
-        Ok(IssuedToken { tenant: id.clone(), token_id, token })
-    })?;
+    let tenant = id.clone();
+    let issued = blocking(move || {
+        state.store.write(|txn| -> ApiResult<IssuedToken> {
+            txn.get::<Tenant>(Table::Tenants, &tenant)?.ok_or_else(|| ApiError::not_found("tenant", &tenant))?;
+            let (token_id, token) = issue(txn, Principal::Tenant { tenant: tenant.clone() })?;
+            Ok(IssuedToken { tenant: tenant.clone(), token_id, token })
+        })
+    })
+    .await?;
     tracing::info!(tenant = %id, token = %issued.token_id, "token issued");
     Ok((StatusCode::CREATED, Json(issued)))
 }
@@ -123,16 +130,20 @@ pub async fn revoke_token(
     _admin: AdminCaller,
     Path((id, token_id)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    state.store.write(|txn| -> ApiResult<()> {
-        let tokens = txn.list_keyed::<Token>(Table::Tokens, "")?;
-        let owned = Principal::Tenant { tenant: id.clone() };
-        let (hash, mut token) = tokens
-            .into_iter()
-            .find(|(_, t)| t.id == token_id && t.principal == owned)
-            .ok_or_else(|| ApiError::not_found("token", &token_id))?;
-        token.revoked_ms.get_or_insert_with(now_ms);
-        Ok(txn.put(Table::Tokens, &hash, &token)?)
-    })?;
+    let (tenant, token) = (id.clone(), token_id.clone());
+    blocking(move || {
+        state.store.write(|txn| -> ApiResult<()> {
+            let tokens = txn.list_keyed::<Token>(Table::Tokens, "")?;
+            let owned = Principal::Tenant { tenant: tenant.clone() };
+            let (hash, mut stored) = tokens
+                .into_iter()
+                .find(|(_, t)| t.id == token && t.principal == owned)
+                .ok_or_else(|| ApiError::not_found("token", &token))?;
+            stored.revoked_ms.get_or_insert_with(now_ms);
+            Ok(txn.put(Table::Tokens, &hash, &stored)?)
+        })
+    })
+    .await?;
     tracing::info!(tenant = %id, token = %token_id, "token revoked");
     Ok(StatusCode::NO_CONTENT)
 }

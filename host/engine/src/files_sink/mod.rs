@@ -77,7 +77,18 @@ impl FilesSink {
                 Self::commit(out, &state.pending)?;
             }
             for name in out.committed()? {
-                if committed_by(&name).is_some_and(|c| c > checkpoint) {
+                if let Some(by) = committed_by(&name).filter(|c| *c > checkpoint) {
+                    // Exactly once needs it: the restore replays what produced this file, so
+                    // keeping it would emit its records twice. Said, since it is output lost
+                    // to a reader who saw it.
+                    tracing::warn!(
+                        file = %name,
+                        committed_by = by,
+                        restored = checkpoint,
+                        output = %out.describe(),
+                        "removed committed output of a checkpoint newer than the one restored (it was damaged or \
+                         cut short); its records are emitted again from the restored checkpoint"
+                    );
                     out.remove_committed(&name)?;
                 }
             }
