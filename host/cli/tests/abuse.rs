@@ -800,10 +800,12 @@ fn largest_spec() -> String {
         .replace("    key_by: /user\n", &format!("    key_by: /user\n    config: [{}]\n", vec!["1"; 99_000].join(",")))
 }
 
-/// Forty requests that parse and place the largest spec a server takes (upgrades naming no
-/// such step, rescales to parallelism 0: both refused only after the spec was parsed), sent at
-/// once, must not stop anyone else's requests meanwhile. Before, rescale and upgrade parsed on
-/// the two async threads that answer every request, and a whoami waited seconds behind them.
+/// A hundred and twenty requests that parse and place the largest spec a server takes
+/// (upgrades naming no such step, rescales to parallelism 0: both refused only after the spec
+/// was parsed), sent at once, must not stop anyone else's requests meanwhile. Before, rescale
+/// and upgrade parsed on the two async threads that answer every request, and a whoami waited
+/// seconds behind them; parsed on blocking threads without a bound, they took every core and
+/// a whoami still waited seconds: at most one runs per core (`eddy_service::heavy`).
 #[test]
 fn requests_that_parse_large_specs_hold_up_no_other_request() {
     let dir = tempfile::tempdir().unwrap();
@@ -813,9 +815,9 @@ fn requests_that_parse_large_specs_hold_up_no_other_request() {
     // The job need not run (its operator takes no config and fails): both requests parse its
     // spec before anything else.
     let id = expect(submit(&server, &token, &largest_spec()), 201)["id"].as_str().unwrap().to_string();
-    let in_flight = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(40));
+    let in_flight = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(120));
     let started = Instant::now();
-    let slow: Vec<std::thread::JoinHandle<u16>> = (0..40)
+    let slow: Vec<std::thread::JoinHandle<u16>> = (0..120)
         .map(|i| {
             let (url, token, in_flight) = (server.base.clone(), token.clone(), in_flight.clone());
             let id = id.clone();
@@ -844,9 +846,9 @@ fn requests_that_parse_large_specs_hold_up_no_other_request() {
     let statuses: Vec<u16> = slow.into_iter().map(|t| t.join().unwrap()).collect();
     assert!(statuses.iter().all(|s| *s == 422), "each was refused after parsing: {statuses:?}");
     // The slow requests did keep the server busy: otherwise this test proves nothing.
-    assert!(busy > Duration::from_millis(500) && waits.len() >= 3, "40 parses took {busy:?}, {} probes", waits.len());
+    assert!(busy > Duration::from_millis(500) && waits.len() >= 3, "120 parses took {busy:?}, {} probes", waits.len());
     let longest = waits.iter().max().copied().unwrap_or_default();
     assert!(longest < Duration::from_secs(2), "a whoami waited {longest:?} behind the parsing: {waits:?}");
-    println!("40 large parses in {busy:?}; {} whoami answered meanwhile, the slowest in {longest:?}", waits.len());
+    println!("120 large parses in {busy:?}; {} whoami answered meanwhile, the slowest in {longest:?}", waits.len());
     assert_healthy(&mut server);
 }

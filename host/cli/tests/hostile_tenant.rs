@@ -598,7 +598,7 @@ fn a_rescale_is_held_to_the_state_quota_like_a_submission() {
 #[test]
 fn heap_state_is_charged_as_memory_and_the_server_keeps_to_its_memory_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let budget: u64 = 1_500_000_000;
+    let budget: u64 = 1_000_000_000;
     let server = Server::start(&dir.path().join("data"), &["--memory-budget-bytes", &budget.to_string()]);
     let (_, token) = tenant(&server, "mallory");
     expect(upload(&server, &token, eddy_guest_artifacts::HOSTILE, Some(("hostile", "1"))), 201);
@@ -609,8 +609,8 @@ fn heap_state_is_charged_as_memory_and_the_server_keeps_to_its_memory_budget() {
              {{mode: state-flood}}{limit}}}\nrestart: {{strategy: none}}\nsink: {{type: blackhole}}\n"
         )
     };
-    // Two subtasks of 256 MiB of heap state each (the service's default), and the memory that
-    // can stand for, are more than the server's budget: refused, naming it.
+    // Two subtasks of 128 MiB of heap state each (the service's default), with the memory that
+    // can stand for and their instances' caps, are more than the server's budget: refused.
     let refused = expect(submit(&server, &token, &flood(2, "")), 409);
     assert_eq!(refused["field"], "server.memory_budget_bytes", "{refused}");
     // One of 64 MiB (reached within a call's deadline) fits, floods its state to the limit and

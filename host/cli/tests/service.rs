@@ -578,7 +578,7 @@ fn memory_quotas_bound_each_instance_and_all_of_a_tenants_instances() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"), &[]);
     let (id, token) = tenant(&server, "acme");
-    let quotas = json!({"instance_memory_bytes": 64 << 20, "memory_bytes": 900 << 20});
+    let quotas = json!({"instance_memory_bytes": 64 << 20, "memory_bytes": 700 << 20});
     let set = client().put(server.url(&format!("/v1/tenants/{id}/quotas"))).bearer_auth(server.admin()).json(&quotas);
     expect(set.send().unwrap(), 200);
     expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
@@ -593,8 +593,8 @@ fn memory_quotas_bound_each_instance_and_all_of_a_tenants_instances() {
     assert_eq!(failed["status"], "failed");
     let message = failed["failures"][0]["message"].as_str().unwrap();
     assert!(message.contains(&(64u64 << 20).to_string()), "the failure names the 64 MiB limit: {message}");
-    // One job fits in 900 MiB (an instance of 64 MiB, and the memory the service's default
-    // 256 MiB of heap state stands for, about 780 MiB), a second does not.
+    // One job fits in 700 MiB (an instance of 64 MiB, and the memory the service's default
+    // 128 MiB of heap state stands for, about 390 MiB), a second does not.
     let first = expect(submit(&server, &token, &counts_job(1_000_000)), 201)["id"].as_str().unwrap().to_string();
     let refused = expect(submit(&server, &token, &counts_job(10)), 403);
     assert_eq!(refused["field"], "quotas.memory_bytes", "{refused}");

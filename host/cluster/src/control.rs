@@ -124,6 +124,11 @@ impl ControlPlane {
         Ok(Self { inner })
     }
 
+    /// How long a silent worker has before it is declared dead.
+    pub fn heartbeat_timeout(&self) -> Duration {
+        self.inner.config.heartbeat_timeout
+    }
+
     /// The bound UDP address.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.inner.endpoint.local_addr()

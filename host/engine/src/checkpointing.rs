@@ -21,6 +21,10 @@ use crate::checkpoint_parts::{MasterCommand, MasterLink, PartReport};
 use crate::task::now_ms;
 use eddy_plan::CheckpointSpec;
 
+/// How the master's failure reads when a part's checkpoint link closed before it finished (its
+/// process went away): the cluster's doing, not the job's.
+pub const PARTS_LINK_CLOSED: &str = "their checkpoint link closed before they finished";
+
 /// Shared between the checkpoint thread, the subtasks and the job's owner.
 #[derive(Debug, Default)]
 pub(crate) struct Signals {
@@ -248,7 +252,7 @@ impl CheckpointThread {
                     Some(Err(TryRecvError::Disconnected)) if remote_running(&finished, &self.participants) => {
                         return Err(CheckpointError::Storage {
                             what: "the job's other parts".into(),
-                            problem: "their checkpoint link closed before they finished".into(),
+                            problem: PARTS_LINK_CLOSED.into(),
                         });
                     }
                     _ => break,

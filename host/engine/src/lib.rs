@@ -32,7 +32,7 @@ mod wasm_operator;
 pub mod window_operator;
 
 pub use checkpoint_parts::{CheckpointRole, MasterCommand, MasterLink, PartLink, PartReport, local_links};
-pub use checkpointing::{CompletedCheckpoint, FaultHook, FaultPoint};
+pub use checkpointing::{CompletedCheckpoint, FaultHook, FaultPoint, PARTS_LINK_CLOSED};
 pub use files_sink::{FilesSink, FilesSinkState, LocalDir, OutputDir, StoreDir};
 pub use job::{Job, JobOptions, Placement, RunError, RunSummary, SinkFactory, files_output};
 pub use metrics::MetricsSnapshot;

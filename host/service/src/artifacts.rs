@@ -27,7 +27,7 @@ use crate::model::{Artifact, JobRecord, World, now_ms};
 use crate::problem::{ApiError, ApiResult, CheckedQuery, Problem, identifier};
 use crate::store::Table;
 use crate::upload::{Received, receive};
-use crate::{AppState, blocking};
+use crate::{AppState, blocking, heavy};
 
 /// `POST /v1/artifacts` query: an optional name and version to refer to the artifact by.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -96,7 +96,7 @@ pub fn resolve(state: &AppState, tenant: &str, reference: &str) -> Result<Option
 /// unless `own` (the tenant holds these bytes already).
 async fn inspect(state: &Arc<AppState>, path: &std::path::Path, digest: &str, own: bool) -> ApiResult<World> {
     let (state, path, digest) = (state.clone(), path.to_owned(), digest.to_owned());
-    let world = blocking(move || {
+    let world = heavy(&state.clone(), move || {
         let bytes = std::fs::read(&path).map_err(ApiError::internal)?;
         let loaded = if own { state.runtime.load(&digest, &bytes) } else { state.runtime.load_fresh(&digest, &bytes) };
         let component = loaded.map_err(|e| match e {

@@ -26,7 +26,7 @@ use crate::quotas::{self, Demand};
 use crate::secret::new_id;
 use crate::store::Table;
 use crate::supervisor::{Control, LiveView};
-use crate::{AppState, blocking};
+use crate::{AppState, blocking, heavy};
 
 /// `POST /v1/jobs` answer.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -50,8 +50,10 @@ pub struct JobView {
     pub artifacts: Vec<String>,
     /// Slots it holds while it runs.
     pub slots: u32,
-    /// Restarts after failures.
+    /// Restarts after failures, charged to its restart strategy.
     pub restarts: u32,
+    /// Attempts started, whatever ended them (a lost worker's too).
+    pub attempts: u32,
     /// The newest failures, oldest first.
     pub failures: Vec<Failure>,
     /// Submitted at (ms since the epoch).
@@ -147,6 +149,7 @@ fn new_record(tenant: &str, id: String) -> JobRecord {
         status: JobStatus::Created,
         failures: Vec::new(),
         restarts: 0,
+        attempts: 0,
         created_ms: now_ms(),
         updated_ms: now_ms(),
         overrides: Overrides::default(),
@@ -187,7 +190,8 @@ pub async fn submit(
     SpecBody(text): SpecBody,
 ) -> ApiResult<(StatusCode, Json<Submitted>)> {
     let id = new_id("j_")?;
-    let submitted = blocking(move || {
+    let st = state.clone();
+    let submitted = heavy(&st, move || {
         let mut record = new_record(&caller.tenant, id.clone());
         let (spec, demand) = describe(&state, &mut record, &text)?;
         state.supervisor.admit(&state, record, &text, demand)?;
@@ -232,6 +236,7 @@ pub async fn show(
         artifacts: job.artifacts,
         slots: job.slots,
         restarts: job.restarts,
+        attempts: job.attempts,
         failures: job.failures,
         created_ms: job.created_ms,
         updated_ms: job.updated_ms,
@@ -491,7 +496,7 @@ pub async fn rescale(
     Checked(Json(body)): Checked<Json<Rescale>>,
 ) -> ApiResult<Json<Savepoint>> {
     let (st, tenant, job_id) = (state.clone(), caller.tenant.clone(), id.clone());
-    blocking(move || {
+    heavy(&state, move || {
         let mut job = owned(&st, &tenant, &job_id)?;
         let text = spec_of(&st, &job)?;
         let before = job.clone();
@@ -536,7 +541,7 @@ pub async fn upgrade(
     Checked(Json(body)): Checked<Json<Upgrade>>,
 ) -> ApiResult<Json<Savepoint>> {
     let (st, tenant, job_id) = (state.clone(), caller.tenant.clone(), id.clone());
-    let change = blocking(move || {
+    let change = heavy(&state, move || {
         let job = owned(&st, &tenant, &job_id)?;
         let text = spec_of(&st, &job)?;
         let (spec, _) = place(&st, &job, &text)?;

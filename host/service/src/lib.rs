@@ -150,8 +150,19 @@ pub fn default_memory_budget() -> u64 {
     total / 4 * 3
 }
 
-/// Runs blocking work (the store, parsing, placing, admission) off the async threads, so a
-/// slow request holds up no other.
+/// Runs work that takes CPU (parsing and placing a spec, validating and compiling a
+/// component) off the async threads, at most one such job per core at a time: a crowd of them
+/// queues for a permit instead of taking every core from the requests that cost nothing.
+pub async fn heavy<T: Send + 'static>(
+    state: &AppState,
+    f: impl FnOnce() -> problem::ApiResult<T> + Send + 'static,
+) -> problem::ApiResult<T> {
+    let _permit = state.heavy.acquire().await.map_err(problem::ApiError::internal)?;
+    blocking(f).await
+}
+
+/// Runs blocking work (the store, admission) off the async threads, so a slow request holds up
+/// no other.
 pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> problem::ApiResult<T> + Send + 'static,
 ) -> problem::ApiResult<T> {
@@ -172,6 +183,8 @@ pub struct AppState {
     pub supervisor: Supervisor,
     /// Wrong tokens per source.
     pub throttle: std::sync::Mutex<auth::FailureThrottle>,
+    /// Permits for work that takes CPU ([`heavy`]): one per core.
+    pub heavy: tokio::sync::Semaphore,
 }
 
 impl AppState {
@@ -335,7 +348,10 @@ impl Service {
         let budget = config.memory_budget_bytes.unwrap_or_else(default_memory_budget);
         let supervisor = Supervisor::new(config.slots, workers, budget);
         let throttle = std::sync::Mutex::default();
-        let state = Arc::new(AppState { config, data_dir: data_dir.clone(), store, runtime, supervisor, throttle });
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let heavy = tokio::sync::Semaphore::new(cores);
+        let state =
+            Arc::new(AppState { config, data_dir: data_dir.clone(), store, runtime, supervisor, throttle, heavy });
         let admin_path = data_dir.join("admin.token");
         let admin_token = if admin_path.exists() {
             None

@@ -196,8 +196,12 @@ pub struct JobRecord {
     pub status: JobStatus,
     /// The newest failures, oldest first (at most [`MAX_FAILURES`]).
     pub failures: Vec<Failure>,
-    /// Restarts after failures so far.
+    /// Restarts after failures so far, charged to the job's restart strategy (the cluster's
+    /// failures, such as a lost worker, are not).
     pub restarts: u32,
+    /// Attempts started so far, whatever ended them.
+    #[serde(default)]
+    pub attempts: u32,
     /// Submitted at.
     pub created_ms: i64,
     /// Last status change.

@@ -142,7 +142,7 @@ fn refused(state: &AppState, tenant: &str, e: eddy_plan::SpecError) -> ApiError 
 /// State one subtask of one step may hold when its spec sets no limit, in this service: the
 /// engine's own defaults (1 GiB on the heap, 64 GiB in RocksDB) would make a two-step RocksDB
 /// job ask 128 GiB, more than a tenant's whole default quota, so no example would run.
-pub const SERVICE_HEAP_STATE_BYTES: u64 = 256 << 20;
+pub const SERVICE_HEAP_STATE_BYTES: u64 = 128 << 20;
 /// See [`SERVICE_HEAP_STATE_BYTES`].
 pub const SERVICE_ROCKSDB_STATE_BYTES: u64 = 4 << 30;
 

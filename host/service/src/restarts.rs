@@ -10,7 +10,8 @@
 //!   [`MAX_BACKOFF_MS`]), and after [`MAX_FAST_FAILURES`] in a row the job is stopped with a
 //!   status saying so, whatever attempts the strategy has left;
 //! - a failure the tenant did not cause (a worker was lost, the cluster had no room) costs
-//!   it no attempt: the job restarts after a pause that doubles while such failures repeat.
+//!   it no attempt: the job restarts after [`INFRASTRUCTURE_FIRST_DELAY_MS`], a pause that
+//!   doubles while such failures repeat.
 
 use std::time::Duration;
 
@@ -107,10 +108,19 @@ pub fn check_strategy(strategy: &RestartSpec) -> Result<(), (String, String)> {
     Ok(())
 }
 
-/// `base` doubled `times - 1` times, capped at [`MAX_BACKOFF_MS`].
+/// The first pause after a failure of the cluster's: short, since the job did nothing wrong
+/// (recovery time is what a user sees of a lost worker); it doubles while such failures repeat.
+pub const INFRASTRUCTURE_FIRST_DELAY_MS: u64 = 100;
+
+/// `base` (at least [`MIN_RESTART_DELAY_MS`]) doubled `times - 1` times, capped at
+/// [`MAX_BACKOFF_MS`].
 fn backoff(base_ms: u64, times: u32) -> Duration {
+    backoff_from(base_ms.max(MIN_RESTART_DELAY_MS), times)
+}
+
+fn backoff_from(base_ms: u64, times: u32) -> Duration {
     let factor = 1u64.checked_shl(times.saturating_sub(1)).unwrap_or(u64::MAX);
-    Duration::from_millis(base_ms.max(MIN_RESTART_DELAY_MS).saturating_mul(factor).min(MAX_BACKOFF_MS))
+    Duration::from_millis(base_ms.saturating_mul(factor).min(MAX_BACKOFF_MS))
 }
 
 /// The job's restart decisions.
@@ -129,7 +139,9 @@ impl RestartPolicy {
     pub fn on_failure(&self, counters: &mut Counters, failed: Failed) -> Verdict {
         if failed.cause == Cause::Infrastructure {
             counters.infrastructure_failures = counters.infrastructure_failures.saturating_add(1);
-            return Verdict::Restart { after: backoff(MIN_RESTART_DELAY_MS, counters.infrastructure_failures) };
+            return Verdict::Restart {
+                after: backoff_from(INFRASTRUCTURE_FIRST_DELAY_MS, counters.infrastructure_failures),
+            };
         }
         counters.infrastructure_failures = 0;
         let fast = failed.ran_ms < FAST_FAILURE_MS && !failed.checkpointed;
@@ -210,7 +222,7 @@ mod tests {
         let policy = RestartPolicy::new(RestartSpec::FixedDelay { attempts: 1, delay_ms: 1_000 });
         let mut counters = Counters::default();
         let pauses: Vec<Option<u64>> = (0..4).map(|_| ms(&policy.on_failure(&mut counters, LOST))).collect();
-        assert_eq!(pauses, [Some(500), Some(1_000), Some(2_000), Some(4_000)]);
+        assert_eq!(pauses, [Some(100), Some(200), Some(400), Some(800)]);
         assert_eq!((counters.restarts, counters.fast_failures), (0, 0));
         // The one attempt of its own is still there.
         assert_eq!(ms(&policy.on_failure(&mut counters, JOB_SLOW)), Some(1_000));

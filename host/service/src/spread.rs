@@ -253,18 +253,81 @@ fn run(
         }
     }
     let parts = || control.part_metrics(&record.id, attempt);
-    watch(state, record, live, job, assignment, parts, || lost(control, &record.id, attempt, &layout.workers))
+    let mut judge = Judge::new(control.heartbeat_timeout());
+    let outcome = watch(state, record, live, job, assignment, parts, || {
+        judge.lost(control, &record.id, attempt, &layout.workers)
+    });
+    judge.settle(outcome, control, &layout.workers)
 }
 
-/// Why the attempt is lost, if it is, and whose doing that was: a worker it runs on died or
-/// restarted, or a link between workers broke (the cluster's), or a part failed (the job's).
-fn lost(control: &ControlPlane, job: &str, attempt: u64, workers: &[SlotHolder]) -> Option<(String, Cause)> {
-    if let Some(gone) = control.first_gone(workers) {
-        return Some((format!("worker `{}` was lost (declared dead, or restarted)", gone.name), Cause::Infrastructure));
+/// Whose doing the end of an attempt was. A dead worker takes its parts' inputs and outputs,
+/// and the master's link to it, down with it, and those failures may be seen before the
+/// membership declares the worker dead (a heartbeat timeout later): a failure is the job's
+/// only if no worker of the attempt goes away within that time.
+struct Judge {
+    grace: Duration,
+    /// The first part failure seen, and when.
+    failed: Option<(Instant, String)>,
+}
+
+impl Judge {
+    fn new(grace: Duration) -> Self {
+        Self { grace, failed: None }
     }
+
+    /// Why the attempt is lost, if it is, and whose doing that was.
+    fn lost(
+        &mut self,
+        control: &ControlPlane,
+        job: &str,
+        attempt: u64,
+        workers: &[SlotHolder],
+    ) -> Option<(String, Cause)> {
+        if let Some(gone) = control.first_gone(workers) {
+            let why = format!("worker `{}` was lost (declared dead, or restarted)", gone.name);
+            return Some((why, Cause::Infrastructure));
+        }
+        if let Some((at, reason)) = &self.failed {
+            return (at.elapsed() >= self.grace).then(|| (reason.clone(), Cause::Job));
+        }
+        let (reason, cause) = part_failure(control, job, attempt)?;
+        if cause == Cause::Infrastructure {
+            return Some((reason, cause));
+        }
+        tracing::info!(
+            reason,
+            grace_ms = self.grace.as_millis() as u64,
+            "a part failed: waiting to see whether a worker was lost"
+        );
+        self.failed = Some((Instant::now(), reason));
+        None
+    }
+
+    /// The master itself failed (`outcome`): the cluster's doing if a worker of the attempt
+    /// goes away within the grace.
+    fn settle(&self, outcome: Outcome, control: &ControlPlane, workers: &[SlotHolder]) -> Outcome {
+        let Outcome::Failed { message, cause: Cause::Job, checkpointed } = outcome else { return outcome };
+        // A part's end of the checkpoint link closed: its process went away.
+        if message.contains(eddy_engine::PARTS_LINK_CLOSED) {
+            return Outcome::Failed { message, cause: Cause::Infrastructure, checkpointed };
+        }
+        let since = Instant::now();
+        while since.elapsed() < self.grace {
+            if let Some(gone) = control.first_gone(workers) {
+                let message = format!("{message} (worker `{}` was lost)", gone.name);
+                return Outcome::Failed { message, cause: Cause::Infrastructure, checkpointed };
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Outcome::Failed { message, cause: Cause::Job, checkpointed }
+    }
+}
+
+/// A part's failure, if one reported one, and whose doing it was by its reason: an input from
+/// another worker that broke, or a cancellation it did not ask for, is the cluster's.
+fn part_failure(control: &ControlPlane, job: &str, attempt: u64) -> Option<(String, Cause)> {
     control.part_states(job, attempt).into_iter().find_map(|(worker, state)| match state {
         PartState::Failed { reason } => {
-            // An input from a worker that went away breaks before the worker is declared dead.
             let cause = if reason.starts_with(eddy_cluster::executor::INPUT_BROKE) {
                 Cause::Infrastructure
             } else {

@@ -794,7 +794,10 @@ fn supervise(state: &AppState, key: &str, live: &Live) {
             }
         };
         let policy = RestartPolicy::new(spec.restart);
-        update(state, key, |r| r.status = JobStatus::Running);
+        update(state, key, |r| {
+            r.status = JobStatus::Running;
+            r.attempts = r.attempts.saturating_add(1);
+        });
         tracing::info!(generation = record.generation, "job running");
         let started = Instant::now();
         let outcome = attempt(state, &record, &spec, &digests, live);
