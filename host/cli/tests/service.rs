@@ -534,7 +534,12 @@ fn quotas_refuse_what_would_pass_them_naming_the_quota_and_nothing_else_breaks()
     refused(submit(&server, &token, &counts_job(10)), "slots");
     refused(post(&server, &token, &format!("/v1/jobs/{first}/rescale"), json!({"parallelism": 2})), "slots");
     set(json!({"jobs": 2, "slots": 2, "state_bytes": 1 << 20}));
-    refused(submit(&server, &token, &counts_job(10)), "state_bytes");
+    // State on disk (RocksDB) counts against `state_bytes`; state on the heap is memory.
+    let on_disk = counts_job(10).replace("checkpoints:", "state: {backend: rocksdb}\ncheckpoints:");
+    refused(submit(&server, &token, &on_disk), "state_bytes");
+    set(json!({"jobs": 2, "slots": 2, "state_bytes": 1 << 20, "memory_bytes": 1 << 20}));
+    refused(submit(&server, &token, &counts_job(10)), "memory_bytes");
+    set(json!({"jobs": 2, "slots": 2, "state_bytes": 1 << 20}));
 
     let report = expect(client().get(server.url("/v1/quotas")).bearer_auth(&token).send().unwrap(), 200);
     assert_eq!(report["usage"]["jobs"], 1, "{report}");
