@@ -586,20 +586,33 @@ mod tests {
         assert_eq!(values, [b"zero at the end".to_vec(), b"one at the end".to_vec()], "each subtask's final state");
     }
 
+    /// A master over `two_participants` in `dir` with participant 1 in another part, running.
+    struct SpreadMaster {
+        store: CheckpointStore,
+        reports: mpsc::SyncSender<Report>,
+        signals: Arc<Signals>,
+        part: crate::checkpoint_parts::PartLink,
+        running: std::thread::JoinHandle<Result<(), CheckpointError>>,
+    }
+
+    fn spread_master(dir: &std::path::Path) -> SpreadMaster {
+        let (reports, received) = mpsc::sync_channel(16);
+        let signals = Arc::new(Signals::default());
+        let (master, mut parts) = crate::checkpoint_parts::local_links(1);
+        let part = parts.remove(0);
+        let thread = two_participants(dir, &signals, received, Some(master));
+        let running = std::thread::spawn(move || thread.run());
+        SpreadMaster { store: CheckpointStore::local(dir).expect("store"), reports, signals, part, running }
+    }
+
     /// A spread job: participant 0 runs here, participant 1 in another part. The master tells
     /// the part of each trigger and completion, counts the part's acknowledgements like local
     /// ones, and after every participant finished writes the final checkpoint and says so.
     #[test]
     fn the_master_of_a_spread_job_counts_the_other_parts_and_tells_them_each_step() {
-        use crate::checkpoint_parts::{MasterCommand, PartReport, local_links};
+        use crate::checkpoint_parts::{MasterCommand, PartReport};
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = CheckpointStore::local(dir.path()).expect("store");
-        let (reports, received) = mpsc::sync_channel(16);
-        let signals = Arc::new(Signals::default());
-        let (master, mut parts) = local_links(1);
-        let part = parts.remove(0);
-        let thread = two_participants(dir.path(), &signals, received, Some(master));
-        let running = std::thread::spawn(move || thread.run());
+        let SpreadMaster { store, reports, signals, part, running } = spread_master(dir.path());
         let next = || part.commands.recv_timeout(Duration::from_secs(30)).expect("a command");
         let MasterCommand::Trigger { id, .. } = next() else { panic!("the first command triggers") };
         assert_eq!(signals.trigger.load(Ordering::SeqCst), id, "the master's own sources are told too");
@@ -632,15 +645,9 @@ mod tests {
     /// metadata, and the job does not end on the part's word.
     #[test]
     fn a_part_cannot_acknowledge_or_finish_a_subtask_that_is_not_its_own() {
-        use crate::checkpoint_parts::{MasterCommand, PartReport, local_links};
+        use crate::checkpoint_parts::{MasterCommand, PartReport};
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = CheckpointStore::local(dir.path()).expect("store");
-        let (reports, received) = mpsc::sync_channel(16);
-        let signals = Arc::new(Signals::default());
-        let (master, mut parts) = local_links(1);
-        let part = parts.remove(0);
-        let thread = two_participants(dir.path(), &signals, received, Some(master));
-        let running = std::thread::spawn(move || thread.run());
+        let SpreadMaster { store, reports, signals, part, running } = spread_master(dir.path());
         let next = || part.commands.recv_timeout(Duration::from_secs(30)).expect("a command");
         let MasterCommand::Trigger { id, .. } = next() else { panic!("the first command triggers") };
         let mut uploader = Uploader::default();

@@ -12,7 +12,7 @@
   // Watermarks at or after this are wall-clock times worth showing as dates; smaller ones are
   // event times of a generator that started near 0.
   const YEAR_2000_MS = 946684800000;
-  const TERMINAL = new Set(['finished', 'failed', 'canceled']);
+  const TERMINAL = new Set(['finished', 'failed', 'canceled', 'stopped']);
 
   const byTestId = (id, root = document) => root.querySelector(`[data-testid="${id}"]`);
 
@@ -301,6 +301,7 @@
       fact('Submitted', new Date(job.created_ms).toLocaleString()),
       fact('Slots', String(job.slots)),
       fact('Restarts', String(job.restarts), 'job-restarts'),
+      fact('Attempts', String(job.attempts), 'job-attempts'),
     ];
     if (live) {
       facts.push(
