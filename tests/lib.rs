@@ -63,7 +63,7 @@ pub fn json_batch<K: serde::Serialize, V: serde::Serialize>(records: &[(Option<K
 
 /// A record value as JSON, as a sink shows it (rows rendered with their field names).
 pub fn value_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> T {
-    serde_json::from_slice(&eddy_engine::values::json_text(bytes)).expect("value renders as JSON")
+    serde_json::from_slice(&eddy_connectors::values::json_text(bytes)).expect("value renders as JSON")
 }
 
 /// Decodes a batch of JSON keys and row or JSON values.
@@ -91,7 +91,7 @@ pub struct MemorySink {
     pub delay: std::time::Duration,
 }
 
-impl eddy_engine::Sink for MemorySink {
+impl eddy_connectors::Sink for MemorySink {
     fn write(&mut self, output: Option<&str>, batch: &RecordBatch) -> std::io::Result<()> {
         std::thread::sleep(self.delay);
         let mut received = self.received.lock().expect("sink lock");

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use std::sync::{Arc, Mutex};
 
-use eddy_engine::checkpoint::store::StoreOp;
-use eddy_engine::connectors::generator_event;
+use eddy_checkpoint::store::StoreOp;
+use eddy_connectors::generator_event;
 use eddy_engine::{FaultPoint, Job, JobOptions, RunError};
 use eddy_plan::{PipelineSpec, SourceSpec, StoreLocation};
 use eddy_tests::S3Service;
@@ -421,7 +421,7 @@ fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool, throttle: 
 
 /// Whether the newest completed checkpoint in `dir` stored records in flight.
 fn newest_holds_records_in_flight(dir: &Path) -> bool {
-    use eddy_engine::checkpoint::{CheckpointMetadata, CheckpointStore, metadata::completed_ids};
+    use eddy_checkpoint::{CheckpointMetadata, CheckpointStore, metadata::completed_ids};
     let Ok(store) = CheckpointStore::local(dir) else { return false };
     let newest = completed_ids(&store).ok().and_then(|ids| ids.first().copied());
     newest
@@ -657,7 +657,7 @@ fn stop_with_savepoint_then_resume_with_new_wasm_at_another_parallelism() {
 /// (20) would refuse the first.
 #[test]
 fn the_state_quota_holds_across_a_resume_that_opens_the_checkpointed_database() {
-    use eddy_engine::checkpoint::{CheckpointStore, metadata::CheckpointMetadata};
+    use eddy_checkpoint::{CheckpointStore, metadata::CheckpointMetadata};
     let dir = tempfile::tempdir().expect("tempdir");
     let yaml = format!(
         "name: wc-quota\nbatch_size: 1\nsources: [{{type: file, name: lines, path: input.txt, follow: true}}]\n\
@@ -722,7 +722,7 @@ fn an_upsert_sink_converges_to_the_fault_free_table_across_a_restart() {
     for (user, start, n, sum) in oracle(&PipelineSpec::from_file(&path).expect("spec")) {
         expected.insert(user, (start, n, sum));
     }
-    let table = eddy_engine::UpsertSink::read_table(&dir.path().join("out")).expect("table");
+    let table = eddy_connectors::UpsertSink::read_table(&dir.path().join("out")).expect("table");
     let got: BTreeMap<String, (i64, u64, i64)> = table
         .iter()
         .map(|(k, v)| {
@@ -745,7 +745,7 @@ fn keys(s3: &S3Service, bucket: &str, prefix: &str) -> Vec<String> {
 }
 
 /// `s3`'s `bucket` as a store, with the credentials the jobs get.
-fn bucket_store(s3: &S3Service, bucket: &str) -> eddy_engine::checkpoint::CheckpointStore {
+fn bucket_store(s3: &S3Service, bucket: &str) -> eddy_checkpoint::CheckpointStore {
     let store = object_store::aws::AmazonS3Builder::new()
         .with_bucket_name(bucket)
         .with_region("us-east-1")
@@ -755,7 +755,7 @@ fn bucket_store(s3: &S3Service, bucket: &str) -> eddy_engine::checkpoint::Checkp
         .with_secret_access_key("test")
         .build()
         .expect("s3 client");
-    eddy_engine::checkpoint::CheckpointStore::over(std::sync::Arc::new(store), "moto".into()).expect("store")
+    eddy_checkpoint::CheckpointStore::over(std::sync::Arc::new(store), "moto".into()).expect("store")
 }
 
 /// Downloads from a bucket (a file source's object on restart): from an offset, each byte lands
@@ -807,7 +807,7 @@ fn a_download_from_a_bucket_starts_at_an_offset_and_stops_when_told() {
 /// than one request goes up in parts, is published whole, and nothing stays staged.
 #[test]
 fn a_files_sink_in_a_bucket_publishes_a_large_file_whole() {
-    use eddy_engine::{FilesSink, OutputDir, StoreDir};
+    use eddy_connectors::{FilesSink, OutputDir, StoreDir};
     let s3 = S3Service::start();
     s3.create_bucket("eddy-output");
     let out: Arc<dyn OutputDir> = Arc::new(StoreDir::new(bucket_store(&s3, "eddy-output")));
@@ -878,7 +878,7 @@ struct SlowAtFirst {
     records: Arc<Mutex<usize>>,
 }
 
-impl eddy_engine::Sink for SlowAtFirst {
+impl eddy_connectors::Sink for SlowAtFirst {
     fn write(&mut self, _: Option<&str>, batch: &eddy_core::RecordBatch) -> std::io::Result<()> {
         if self.slow_batches > 0 {
             self.slow_batches -= 1;

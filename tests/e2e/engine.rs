@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use eddy_engine::connectors::generator_event;
+use eddy_connectors::generator_event;
 use eddy_engine::{Job, JobOptions, RunError};
 use eddy_guest_artifacts as guests;
 use eddy_plan::{PipelineSpec, SourceSpec};

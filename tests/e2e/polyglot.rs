@@ -93,7 +93,7 @@ fn a_pure_python_reader_reads_rows_as_eddy_renders_them() {
     // What Eddy's sinks print for each row: the oracle the Python reader must meet.
     let expected: Vec<String> = rows
         .iter()
-        .map(|r| String::from_utf8(eddy_engine::values::json_text(r).into_owned()).expect("utf-8"))
+        .map(|r| String::from_utf8(eddy_connectors::values::json_text(r).into_owned()).expect("utf-8"))
         .collect();
 
     let dir = tempfile::tempdir().expect("tempdir");

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use eddy_engine::checkpoint::store::StoreOp;
+use eddy_checkpoint::store::StoreOp;
 use eddy_engine::{Job, JobOptions, RunError};
 use eddy_plan::PipelineSpec;
 use eddy_tests::runtime;
@@ -128,8 +128,8 @@ fn stopped_after_three_rocksdb_checkpoints() -> (tempfile::TempDir, PathBuf) {
 /// beside the savepoint, and the savepoint restores.
 #[test]
 fn a_savepoint_passes_over_a_damaged_newest_checkpoint_and_keeps_nothing_of_it() {
-    use eddy_engine::checkpoint::savepoint::savepoint_from_latest;
-    use eddy_engine::checkpoint::{CheckpointMetadata, CheckpointStore, RestorePoint};
+    use eddy_checkpoint::savepoint::savepoint_from_latest;
+    use eddy_checkpoint::{CheckpointMetadata, CheckpointStore, RestorePoint};
     let (dir, _) = stopped_after_three_rocksdb_checkpoints();
     let checkpoints = dir.path().join("checkpoints");
     let ids = completed(&checkpoints);

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use eddy_engine::checkpoint::{CheckpointMetadata, CheckpointStore};
+use eddy_checkpoint::{CheckpointMetadata, CheckpointStore};
 use eddy_engine::{CompletedCheckpoint, Job, JobOptions};
 use eddy_plan::PipelineSpec;
 use eddy_tests::runtime;
@@ -27,7 +27,7 @@ struct SlowSink {
     records: Arc<Mutex<usize>>,
 }
 
-impl eddy_engine::Sink for SlowSink {
+impl eddy_connectors::Sink for SlowSink {
     fn write(&mut self, _: Option<&str>, batch: &eddy_core::RecordBatch) -> std::io::Result<()> {
         std::thread::sleep(self.delay);
         *self.records.lock().expect("count") += batch.len();
@@ -123,7 +123,7 @@ fn under_backpressure_unaligned_checkpoints_complete_far_sooner_than_aligned_one
 /// Reads the metadata of the newest completed checkpoint in `dir`.
 fn newest_checkpoint(dir: &Path) -> CheckpointMetadata {
     let store = CheckpointStore::local(dir).expect("store");
-    let ids = eddy_engine::checkpoint::metadata::completed_ids(&store).expect("list");
+    let ids = eddy_checkpoint::metadata::completed_ids(&store).expect("list");
     CheckpointMetadata::read(&store, ids[0]).expect("metadata")
 }
 

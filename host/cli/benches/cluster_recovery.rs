@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use common::fleet::{Worker, eventually, names};
 use common::{Server, expect, job, submit, tenant, upload};
-use eddy_engine::checkpoint::CheckpointStore;
-use eddy_engine::checkpoint::metadata::CheckpointMetadata;
+use eddy_checkpoint::CheckpointStore;
+use eddy_checkpoint::metadata::CheckpointMetadata;
 
 /// The job: a running count per user, RocksDB state, unbounded input whose users are drawn
 /// from 2^64 (so each is new), checkpointed every second, restarted at once after a failure.

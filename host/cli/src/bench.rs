@@ -15,8 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use eddy_connectors::Sink;
 use eddy_core::RecordBatch;
-use eddy_engine::{Job, JobOptions, Sink, SinkFactory};
+use eddy_engine::{Job, JobOptions, SinkFactory};
 use eddy_plan::{CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec, StateBackendKind};
 use eddy_runtime::Runtime;
 use serde::{Deserialize, Serialize};

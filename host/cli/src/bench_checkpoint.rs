@@ -16,9 +16,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use eddy_engine::OperatorSnapshot;
-use eddy_engine::checkpoint::CheckpointStore;
-use eddy_engine::checkpoint::upload::{TakenSnapshot, Uploader};
+use eddy_checkpoint::CheckpointStore;
+use eddy_checkpoint::OperatorSnapshot;
+use eddy_checkpoint::upload::{TakenSnapshot, Uploader};
 use eddy_state::{
     BoundedBackend, HashedKey, HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, StateKey, StateLimits,
     state_id,
@@ -98,7 +98,7 @@ struct Taken {
     async_ms: f64,
     written_bytes: u64,
     writes_per_sec_during: f64,
-    state: eddy_engine::checkpoint::metadata::SubtaskState,
+    state: eddy_checkpoint::metadata::SubtaskState,
 }
 
 /// Takes a checkpoint of `writer`'s state while it keeps writing.
@@ -117,7 +117,7 @@ fn checkpoint(
     let operators = vec![("totals".into(), OperatorSnapshot { timers: Vec::new(), state, usage })];
     let taken = TakenSnapshot { sync_ms, staging: Some(staging), ..TakenSnapshot::of_keyed_subtask(0, 1, operators) };
     let (store, uploader) = (store.clone(), uploader.clone());
-    let upload = std::thread::spawn(move || -> Result<(eddy_engine::checkpoint::upload::Uploaded, f64)> {
+    let upload = std::thread::spawn(move || -> Result<(eddy_checkpoint::upload::Uploaded, f64)> {
         let started = Instant::now();
         let mut uploader = uploader.lock().map_err(|_| anyhow::anyhow!("uploader lock poisoned"))?;
         let done = uploader.upload(&store, Some(id), taken)?;
@@ -134,11 +134,11 @@ fn restore(
     backend: &str,
     store: &CheckpointStore,
     id: u64,
-    state: eddy_engine::checkpoint::metadata::SubtaskState,
+    state: eddy_checkpoint::metadata::SubtaskState,
     dir: &Path,
 ) -> Result<(f64, f64)> {
-    use eddy_engine::checkpoint::metadata::{CheckpointMetadata, FORMAT_VERSION};
-    use eddy_engine::checkpoint::restore::{RestorePoint, Share};
+    use eddy_checkpoint::metadata::{CheckpointMetadata, FORMAT_VERSION};
+    use eddy_checkpoint::restore::{RestorePoint, Share};
     let meta = CheckpointMetadata {
         version: FORMAT_VERSION,
         job: "bench".into(),

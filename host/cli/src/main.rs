@@ -13,7 +13,7 @@ mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use eddy_engine::checkpoint::{CheckpointMetadata, CheckpointStore};
+use eddy_checkpoint::{CheckpointMetadata, CheckpointStore};
 use eddy_engine::{Job, JobOptions, MetricsSnapshot, RunError, RunSummary};
 use eddy_plan::{PhysicalPlan, PipelineSpec};
 use eddy_runtime::{Runtime, RuntimeConfig};
@@ -458,7 +458,7 @@ fn bytes_text(bytes: u64) -> String {
     }
 }
 
-fn checkpoint_text(s: &eddy_engine::checkpoint::CheckpointStats) -> String {
+fn checkpoint_text(s: &eddy_checkpoint::CheckpointStats) -> String {
     format!(
         "{}, {} new, alignment {:.0} ms, sync {:.1} ms, async {:.0} ms",
         bytes_text(s.full_bytes),
@@ -541,8 +541,7 @@ fn checkpoint_store(spec: &PipelineSpec) -> Result<(CheckpointStore, String)> {
 fn savepoint(pipeline: PathBuf, to: PathBuf) -> Result<()> {
     let spec = PipelineSpec::from_file(&pipeline)?;
     let (from, _) = checkpoint_store(&spec)?;
-    let (id, skipped) =
-        eddy_engine::checkpoint::savepoint::savepoint_from_latest(&from, &CheckpointStore::local(&to)?)?;
+    let (id, skipped) = eddy_checkpoint::savepoint::savepoint_from_latest(&from, &CheckpointStore::local(&to)?)?;
     for (damaged, reason) in skipped {
         eprintln!("warning: passed over checkpoint {damaged}: {reason}");
     }
@@ -554,7 +553,7 @@ fn savepoint(pipeline: PathBuf, to: PathBuf) -> Result<()> {
 fn checkpoints(pipeline: PathBuf) -> Result<()> {
     let spec = PipelineSpec::from_file(&pipeline)?;
     let (store, dir) = checkpoint_store(&spec)?;
-    let ids = eddy_engine::checkpoint::metadata::completed_ids(&store)?;
+    let ids = eddy_checkpoint::metadata::completed_ids(&store)?;
     if ids.is_empty() {
         println!("no completed checkpoint in {dir}");
     }

@@ -6,76 +6,26 @@
 //! finished it writes a final checkpoint marked `finished` and commits the sink's last files.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::metadata::{Sweep, collect_garbage};
-use crate::checkpoint::upload::{TakenSnapshot, Uploader};
-use crate::checkpoint::{
-    CheckpointCoordinator, CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStats, CheckpointStore,
-    CoordinatorConfig, Decision, From, Participant, Speaker, SubtaskState,
+use eddy_checkpoint::metadata::{Sweep, collect_garbage};
+use eddy_checkpoint::upload::{Uploader, upload_snapshot};
+use eddy_checkpoint::{
+    CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStats, CheckpointStore, SubtaskState,
 };
-use crate::checkpoint_parts::{MasterCommand, MasterLink, PartReport};
-use crate::task::now_ms;
 use eddy_plan::CheckpointSpec;
+
+use crate::checkpoint::{CheckpointCoordinator, CoordinatorConfig, Decision, From, Participant, Speaker};
+use crate::messages::{
+    FaultHook, FaultPoint, MasterCommand, MasterLink, PartReport, Report, Signals, SinkCommitter, now_ms,
+};
 
 /// How the master's failure reads when a part's checkpoint link closed before it finished (its
 /// process went away): the cluster's doing, not the job's.
 pub const PARTS_LINK_CLOSED: &str = "their checkpoint link closed before they finished";
-
-/// Shared between the checkpoint thread, the subtasks and the job's owner.
-#[derive(Debug, Default)]
-pub(crate) struct Signals {
-    /// The newest checkpoint triggered; a source that has not handled it yet does.
-    pub trigger: AtomicU64,
-    /// When `trigger` was triggered, ms since the epoch (written before it; 0 = unknown): the
-    /// aligned timeout counts from here.
-    pub triggered_ms: AtomicI64,
-    /// The newest completed checkpoint; sinks commit up to it.
-    pub completed: AtomicU64,
-    /// A savepoint asked for: the next checkpoint starts at once and is copied here.
-    pub savepoint: Mutex<Option<SavepointRequest>>,
-}
-
-/// A pending savepoint and, once taken, its outcome.
-#[derive(Debug)]
-pub(crate) struct SavepointRequest {
-    pub to: eddy_plan::StoreLocation,
-    /// The forced checkpoint, once triggered.
-    pub checkpoint: Option<CheckpointId>,
-    pub outcome: Option<Result<CheckpointId, String>>,
-}
-
-/// What a subtask tells the checkpoint thread.
-#[derive(Debug)]
-pub(crate) enum Report {
-    /// Its synchronous snapshot for checkpoint `id`.
-    Taken { id: CheckpointId, snapshot: TakenSnapshot },
-    /// It ended; its final snapshot stands for every later checkpoint.
-    Finished(TakenSnapshot),
-}
-
-/// Commits the pre-committed files a sink state lists.
-pub(crate) type SinkCommitter = Box<dyn Fn(&serde_json::Value) -> std::io::Result<()> + Send>;
-
-/// Named points inside the checkpoint protocol, where a test's [`FaultHook`] may kill the
-/// process on purpose so that crashes land inside a checkpoint, not only between them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultPoint {
-    /// A subtask's snapshot was written to the store; the checkpoint is not complete.
-    AfterUpload,
-    /// Every subtask acknowledged; the metadata (the commit point) is not written yet.
-    BeforeMetadata,
-    /// The metadata is written; the sink has not heard of the completion yet.
-    AfterMetadata,
-    /// The sink is about to commit a completed checkpoint's files.
-    BeforeCommit,
-}
-
-/// Called at each [`FaultPoint`] (tests only; `None` in production).
-pub type FaultHook = Arc<dyn Fn(FaultPoint) + Send + Sync>;
 
 /// A completed checkpoint, for progress displays.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,28 +34,6 @@ pub struct CompletedCheckpoint {
     pub id: CheckpointId,
     /// Durations and sizes.
     pub stats: CheckpointStats,
-}
-
-/// The asynchronous phase of one snapshot (`id: None` for a finished subtask): its files
-/// written, its part of the metadata and of the checkpoint's stats.
-pub(crate) fn upload_snapshot(
-    store: &CheckpointStore,
-    uploader: &mut Uploader,
-    id: Option<CheckpointId>,
-    snapshot: TakenSnapshot,
-) -> Result<(SubtaskState, CheckpointStats), CheckpointError> {
-    let mut stats = CheckpointStats {
-        alignment_ms: snapshot.alignment_ms,
-        sync_ms: snapshot.sync_ms,
-        unaligned: snapshot.unaligned,
-        ..CheckpointStats::default()
-    };
-    let started = Instant::now();
-    let uploaded = uploader.upload(store, id, snapshot)?;
-    stats.async_ms = started.elapsed().as_secs_f64() * 1e3;
-    stats.incremental_bytes = uploaded.written_bytes;
-    stats.in_flight_bytes = uploaded.in_flight_bytes;
-    Ok((uploaded.state, stats))
 }
 
 /// Everything the thread needs.
@@ -378,7 +306,7 @@ impl CheckpointThread {
         let Ok(mut request) = self.signals.savepoint.lock() else { return };
         let Some(r) = request.as_mut().filter(|r| r.checkpoint == Some(meta.id)) else { return };
         let outcome = CheckpointStore::at(&r.to)
-            .and_then(|to| crate::checkpoint::savepoint::copy_checkpoint(&self.store, meta, &to))
+            .and_then(|to| eddy_checkpoint::savepoint::copy_checkpoint(&self.store, meta, &to))
             .map_err(|e| e.to_string());
         match &outcome {
             Ok(id) => tracing::info!(job = %self.job, checkpoint = id, to = %r.to, "savepoint written"),
@@ -412,7 +340,7 @@ impl CheckpointThread {
         stats.total_ms = flight.triggered.elapsed().as_secs_f64() * 1e3;
         let subtasks: Vec<SubtaskState> = flight.parts.into_iter().flatten().collect();
         let mut meta = CheckpointMetadata {
-            version: crate::checkpoint::metadata::FORMAT_VERSION,
+            version: eddy_checkpoint::metadata::FORMAT_VERSION,
             job: self.job.clone(),
             max_parallelism: Some(self.max_parallelism),
             id,
@@ -470,7 +398,7 @@ impl CheckpointThread {
     /// Every subtask finished: the final checkpoint, then the sink's last commit.
     fn finish(mut self, id: CheckpointId, subtasks: Vec<SubtaskState>) -> Result<(), CheckpointError> {
         let mut meta = CheckpointMetadata {
-            version: crate::checkpoint::metadata::FORMAT_VERSION,
+            version: eddy_checkpoint::metadata::FORMAT_VERSION,
             job: self.job.clone(),
             max_parallelism: Some(self.max_parallelism),
             id,
@@ -506,8 +434,8 @@ mod tests {
     use eddy_state::BackendSnapshot;
 
     use super::*;
-    use crate::checkpoint::RestorePoint;
-    use crate::operator::OperatorSnapshot;
+    use eddy_checkpoint::upload::TakenSnapshot;
+    use eddy_checkpoint::{OperatorSnapshot, RestorePoint};
 
     /// Subtask `participant`'s snapshot: one state entry holding `value`.
     fn snapshot(participant: usize, value: &[u8]) -> TakenSnapshot {
@@ -579,7 +507,7 @@ mod tests {
         let point = point.expect("the final checkpoint");
         assert!(point.metadata().finished);
         let mut backend = eddy_state::HeapStateBackend::default();
-        let all = crate::checkpoint::restore::Share::KeyGroups(eddy_core::KeyGroupRange::all(128));
+        let all = eddy_checkpoint::restore::Share::KeyGroups(eddy_core::KeyGroupRange::all(128));
         point.restore_operator("count", all, &mut backend, &mut |_| {}).expect("restore");
         let mut values = Vec::new();
         eddy_state::StateBackend::scan_prefix(&backend, b"", &mut |_, v| values.push(v.to_vec())).expect("scan");
@@ -591,14 +519,14 @@ mod tests {
         store: CheckpointStore,
         reports: mpsc::SyncSender<Report>,
         signals: Arc<Signals>,
-        part: crate::checkpoint_parts::PartLink,
+        part: crate::messages::PartLink,
         running: std::thread::JoinHandle<Result<(), CheckpointError>>,
     }
 
     fn spread_master(dir: &std::path::Path) -> SpreadMaster {
         let (reports, received) = mpsc::sync_channel(16);
         let signals = Arc::new(Signals::default());
-        let (master, mut parts) = crate::checkpoint_parts::local_links(1);
+        let (master, mut parts) = crate::messages::local_links(1);
         let part = parts.remove(0);
         let thread = two_participants(dir, &signals, received, Some(master));
         let running = std::thread::spawn(move || thread.run());
@@ -610,7 +538,7 @@ mod tests {
     /// ones, and after every participant finished writes the final checkpoint and says so.
     #[test]
     fn the_master_of_a_spread_job_counts_the_other_parts_and_tells_them_each_step() {
-        use crate::checkpoint_parts::{MasterCommand, PartReport};
+        use crate::messages::{MasterCommand, PartReport};
         let dir = tempfile::tempdir().expect("tempdir");
         let SpreadMaster { store, reports, signals, part, running } = spread_master(dir.path());
         let next = || part.commands.recv_timeout(Duration::from_secs(30)).expect("a command");
@@ -645,7 +573,7 @@ mod tests {
     /// metadata, and the job does not end on the part's word.
     #[test]
     fn a_part_cannot_acknowledge_or_finish_a_subtask_that_is_not_its_own() {
-        use crate::checkpoint_parts::{MasterCommand, PartReport};
+        use crate::messages::{MasterCommand, PartReport};
         let dir = tempfile::tempdir().expect("tempdir");
         let SpreadMaster { store, reports, signals, part, running } = spread_master(dir.path());
         let next = || part.commands.recv_timeout(Duration::from_secs(30)).expect("a command");
@@ -665,7 +593,7 @@ mod tests {
         let meta = CheckpointMetadata::read(&store, id).expect("metadata");
         let mut backend = eddy_state::HeapStateBackend::default();
         let point = RestorePoint::latest(&store).expect("read").0.expect("a checkpoint");
-        let all = crate::checkpoint::restore::Share::KeyGroups(eddy_core::KeyGroupRange::all(128));
+        let all = eddy_checkpoint::restore::Share::KeyGroups(eddy_core::KeyGroupRange::all(128));
         point.restore_operator("count", all, &mut backend, &mut |_| {}).expect("restore");
         let mut values = Vec::new();
         eddy_state::StateBackend::scan_prefix(&backend, b"", &mut |_, v| values.push(v.to_vec())).expect("scan");

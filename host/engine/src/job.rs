@@ -23,24 +23,23 @@ use eddy_state::{
     BoundedBackend, HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, StateLimits, TtlBackend, TtlClock,
 };
 
-use crate::checkpoint::restore::Share;
-use crate::checkpoint::store::StoreFaults;
-use crate::checkpoint::upload::Uploader;
-use crate::checkpoint::{
-    BarrierHandler, BarrierMode, CheckpointError, CheckpointId, CheckpointStore, Participant, RestorePoint,
+use eddy_checkpoint::restore::Share;
+use eddy_checkpoint::store::StoreFaults;
+use eddy_checkpoint::upload::Uploader;
+use eddy_checkpoint::{CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
+use eddy_connectors::{
+    Blackhole, FilesSink, FilesSinkState, JsonLinesSink, LocalDir, OutputDir, PrintSink, Sink, SourceError, StoreDir,
+    UpsertSink, open_source,
 };
-use crate::checkpoint_parts::{CheckpointRole, PartThread};
-use crate::checkpointing::{
-    CheckpointThread, CompletedCheckpoint, FaultHook, SavepointRequest, Signals, SinkCommitter,
-};
-use crate::connectors::{SourceError, open_source};
-use crate::files_sink::{FilesSink, FilesSinkState, LocalDir, OutputDir, StoreDir};
+
+use crate::checkpoint::{BarrierHandler, BarrierMode, Participant};
+use crate::checkpoint_parts::PartThread;
+use crate::checkpointing::{CheckpointThread, CompletedCheckpoint};
+use crate::messages::{CheckpointRole, FaultHook, SavepointRequest, Signals, SinkCommitter, now_ms};
 use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
 use crate::operator::StreamOperator;
 use crate::router::OutputRouter;
-use crate::sink::{Blackhole, JsonLinesSink, PrintSink, Sink};
-use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError, now_ms};
-use crate::upsert_sink::UpsertSink;
+use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError};
 use crate::wasm_operator::WasmOperator;
 use crate::window_operator::{LateData, WindowConfig, WindowOperator};
 use eddy_plan::{CheckpointMode, PipelineSpec, SinkSpec, StateBackendKind, StepSpec, StoreLocation};
@@ -468,7 +467,7 @@ impl StepContext<'_> {
         );
         if let Some(point) = self.restore {
             let mut restored_timers = Vec::new();
-            let mut timer = |t: &crate::checkpoint::metadata::TimerState| restored_timers.push(t.clone());
+            let mut timer = |t: &eddy_checkpoint::metadata::TimerState| restored_timers.push(t.clone());
             let restored = match own {
                 Some(_) => point.restore_timers(&s.name, slot.share, &mut timer),
                 None => point.restore_operator(&s.name, slot.share, backend.raw_mut(), &mut timer),

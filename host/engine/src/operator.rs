@@ -7,9 +7,10 @@
 
 use std::path::Path;
 
-use eddy_core::{FiredTimer, RecordBatch};
+use eddy_checkpoint::OperatorSnapshot;
+use eddy_core::RecordBatch;
 use eddy_runtime::{CallError, Output};
-use eddy_state::{BackendSnapshot, StateError, StateUsage};
+use eddy_state::StateError;
 
 /// Why an operator failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,15 +62,4 @@ pub trait StreamOperator: Send {
     /// The synchronous phase of a checkpoint: the operator's state and timers as of now.
     /// `staging` is a fresh directory for disk backends.
     fn snapshot(&mut self, staging: &Path) -> Result<OperatorSnapshot, OperatorError>;
-}
-
-/// What [`StreamOperator::snapshot`] took.
-#[derive(Debug)]
-pub struct OperatorSnapshot {
-    /// Pending timers (operators that rebuild their timers from state leave this empty).
-    pub timers: Vec<FiredTimer>,
-    /// The state backend's picture.
-    pub state: BackendSnapshot,
-    /// What the state quota counted in that picture ([`eddy_state::StateBackend::usage`]).
-    pub usage: Option<StateUsage>,
 }

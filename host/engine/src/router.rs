@@ -37,11 +37,11 @@ pub fn extract_key<'a>(key_by: &KeyBy, record: &RecordView<'a>) -> Result<Cow<'a
             "`key` selected, but the record has no key (the upstream step emitted none); key by a field such as `/user_id` instead".to_string()
         }),
         KeyBy::Value => Ok(Cow::Borrowed(record.value)),
-        KeyBy::Field(pointer) => match crate::values::pointer_text(record.value, pointer)? {
+        KeyBy::Field(pointer) => match eddy_connectors::values::pointer_text(record.value, pointer)? {
             Some(key) => Ok(Cow::Owned(key)),
             None => Err(format!(
                 "the value has no field `{pointer}`: {}",
-                String::from_utf8_lossy(&crate::values::json_text(record.value))
+                String::from_utf8_lossy(&eddy_connectors::values::json_text(record.value))
             )),
         },
     }

@@ -16,15 +16,17 @@ use eddy_core::{BoundedOutOfOrderness, RecordBatch, WatermarkTracker};
 use eddy_runtime::Output;
 use eddy_state::TtlClock;
 
-use crate::checkpoint::format::InFlightBatch;
-use crate::checkpoint::upload::TakenSnapshot;
-use crate::checkpoint::{BarrierHandler, BarrierMode, CheckpointId, Outcome};
-use crate::checkpointing::{FaultHook, FaultPoint, Report, Signals};
-use crate::connectors::{Source, SourceError, SourceStatus};
+use eddy_checkpoint::CheckpointId;
+use eddy_checkpoint::format::InFlightBatch;
+use eddy_checkpoint::upload::TakenSnapshot;
+
+use crate::checkpoint::{BarrierHandler, BarrierMode, Outcome};
+use crate::messages::{FaultHook, FaultPoint, Report, Signals, now_ms};
 use crate::metrics::SubtaskMetrics;
 use crate::operator::{OperatorError, StreamOperator};
 use crate::router::{OutputRouter, RouteError};
-use crate::sink::Sink;
+use eddy_connectors::Sink;
+use eddy_connectors::{Source, SourceError, SourceStatus};
 use eddy_transport::channel::{InputGate, Message};
 
 /// Why a subtask stopped early.
@@ -139,13 +141,6 @@ impl Tail {
             Tail::Sink(_) => Ok(()),
         }
     }
-}
-
-/// Wall-clock processing time in ms.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// How a subtask ended.
@@ -622,7 +617,7 @@ mod tests {
                 ended: vec![false; 2],
             },
             operators: Vec::new(),
-            tail: Tail::Sink(Box::new(crate::sink::Blackhole)),
+            tail: Tail::Sink(Box::new(eddy_connectors::Blackhole)),
             metrics: Arc::new(SubtaskMetrics::new(0, 0)),
             cancel: Arc::new(AtomicBool::new(false)),
             ttl_clock: TtlClock::new(0),

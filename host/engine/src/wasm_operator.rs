@@ -5,7 +5,9 @@
 use eddy_core::RecordBatch;
 use eddy_runtime::{OperatorInstance, Output};
 
-use crate::operator::{OperatorError, OperatorSnapshot, StreamOperator};
+use eddy_checkpoint::OperatorSnapshot;
+
+use crate::operator::{OperatorError, StreamOperator};
 
 /// How often a purge step runs. Each step examines a bounded number of entries
 /// ([`eddy_state::PURGE_STEP_ENTRIES`] by default) from where the last one stopped: at 1 000 per

@@ -45,7 +45,9 @@ use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
 use eddy_state::{HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list, state_id};
 
-use crate::operator::{OperatorError, OperatorSnapshot, StreamOperator};
+use eddy_checkpoint::OperatorSnapshot;
+
+use crate::operator::{OperatorError, StreamOperator};
 use eddy_plan::window::{SessionWindows, Window, WindowKind};
 
 #[cfg(test)]
@@ -756,7 +758,7 @@ impl<A: AggregateFn> WindowOperator<A> {
     /// batch can address (results come from the guest) fails the step instead of the host.
     fn result_record(&self, out: &mut Output, key: &[u8], window: &Window, result: &[u8]) -> Result<(), OperatorError> {
         if eddy_wire::row::is_row(result) {
-            let value = crate::values::window_row(window.start, window.end, result);
+            let value = eddy_connectors::values::window_row(window.start, window.end, result);
             return out.main.try_push(Some(key), &value, Some(window.max_timestamp())).map_err(|full| {
                 OperatorError::BadRecord {
                     operator: self.name.clone(),

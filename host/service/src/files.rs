@@ -125,7 +125,7 @@ pub async fn put(
                 // First the copy every worker reads, then the local one: a failed upload
                 // leaves the old file in both places.
                 let local = std::fs::File::open(&received.file).map_err(ApiError::internal)?;
-                eddy_engine::checkpoint::CheckpointStore::at(&store)
+                eddy_checkpoint::CheckpointStore::at(&store)
                     .and_then(|s| s.put_file(&n, local))
                     .map_err(|e| ApiError::unavailable(format!("cannot store `{n}` for the workers: {e}; retry")))?;
             }
@@ -156,7 +156,7 @@ pub async fn delete(
             return Err(ApiError::not_found("file", &name));
         }
         if let Some(store) = files_store(&state, &tenant) {
-            eddy_engine::checkpoint::CheckpointStore::at(&store)
+            eddy_checkpoint::CheckpointStore::at(&store)
                 .and_then(|s| s.delete(&name))
                 .map_err(|e| ApiError::unavailable(format!("cannot delete `{name}` from the store: {e}; retry")))?;
         }

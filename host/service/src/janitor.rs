@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use eddy_engine::checkpoint::CheckpointStore;
+use eddy_checkpoint::CheckpointStore;
 
 use crate::AppState;
 use crate::model::{JobRecord, now_ms};
@@ -93,7 +93,7 @@ pub fn delete_savepoint(state: &AppState, job: &JobRecord, name: &str) -> ApiRes
 fn has_own_checkpoint(state: &AppState, job: &JobRecord) -> bool {
     let location = job_store(state, &job.tenant, &job.id).join(&format!("checkpoints/{}", job.generation));
     CheckpointStore::at(&location)
-        .and_then(|store| eddy_engine::checkpoint::metadata::completed_ids(&store))
+        .and_then(|store| eddy_checkpoint::metadata::completed_ids(&store))
         .is_ok_and(|ids| !ids.is_empty())
 }
 

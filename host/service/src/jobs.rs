@@ -341,7 +341,7 @@ pub async fn output(
             Ok(out) => out,
             Err(e) => return drop(listed.0.send(Err(e))),
         };
-        let names = match eddy_engine::FilesSink::committed(out.as_ref()) {
+        let names = match eddy_connectors::FilesSink::committed(out.as_ref()) {
             Ok(names) => names,
             Err(e) => return drop(listed.0.send(Err(e.to_string()))),
         };
@@ -379,7 +379,7 @@ fn stream_upsert_table(
 ) {
     let mut started = Some(listed);
     let mut gone = false;
-    let scanned = eddy_engine::UpsertSink::scan_table(table, &mut |key, value| {
+    let scanned = eddy_connectors::UpsertSink::scan_table(table, &mut |key, value| {
         if let Some(listed) = started.take() {
             let _ = listed.send(Ok(()));
         }
@@ -387,9 +387,9 @@ fn stream_upsert_table(
             return;
         }
         let mut line = b"{\"key\":".to_vec();
-        line.extend_from_slice(&eddy_engine::values::json_text(key));
+        line.extend_from_slice(&eddy_connectors::values::json_text(key));
         line.extend_from_slice(b",\"value\":");
-        line.extend_from_slice(&eddy_engine::values::json_text(value));
+        line.extend_from_slice(&eddy_connectors::values::json_text(value));
         line.extend_from_slice(b"}\n");
         gone = tx.blocking_send(Ok(line)).is_err();
     });

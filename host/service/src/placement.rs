@@ -21,7 +21,7 @@
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use eddy_engine::OutputDir;
+use eddy_connectors::OutputDir;
 use eddy_plan::{CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec};
 
 use crate::AppState;

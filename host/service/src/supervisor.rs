@@ -744,8 +744,8 @@ fn restore_point(state: &AppState, record: &JobRecord, spec: &PipelineSpec) -> O
     let has_checkpoint = spec
         .checkpoints
         .as_ref()
-        .and_then(|c| eddy_engine::checkpoint::CheckpointStore::open(c).ok())
-        .and_then(|store| eddy_engine::checkpoint::metadata::completed_ids(&store).ok())
+        .and_then(|c| eddy_checkpoint::CheckpointStore::open(c).ok())
+        .and_then(|store| eddy_checkpoint::metadata::completed_ids(&store).ok())
         .is_some_and(|ids| !ids.is_empty());
     (!has_checkpoint).then(|| job_store(state, &record.tenant, &record.id).join(savepoint))
 }

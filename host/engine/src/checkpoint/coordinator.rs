@@ -18,8 +18,7 @@
 
 use std::collections::BTreeSet;
 
-/// Identifies a checkpoint; increases by one per trigger, across restarts of a job.
-pub type CheckpointId = u64;
+use eddy_checkpoint::CheckpointId;
 
 /// Timing of checkpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

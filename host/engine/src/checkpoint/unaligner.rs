@@ -31,7 +31,7 @@
 //! A newer barrier abandons the checkpoint in progress (given up upstream): its held snapshot
 //! and records are dropped ([`Outcome::abandoned`]).
 
-use super::coordinator::CheckpointId;
+use eddy_checkpoint::CheckpointId;
 
 /// How barriers are handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

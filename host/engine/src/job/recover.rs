@@ -1,4 +1,4 @@
-//! What a starting job restores: the shell around [`crate::checkpoint::recovery`] that opens
+//! What a starting job restores: the shell around [`eddy_checkpoint::recovery`] that opens
 //! the spec's checkpoint store, applies a finished job's last commit, refuses to start over when
 //! that would emit committed output again, and collects the garbage of earlier runs.
 
@@ -6,12 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{RunError, sink_committer};
-use crate::checkpoint::metadata::{Sweep, collect_garbage};
-use crate::checkpoint::recovery::{self, Expected, ReadRetry};
-use crate::checkpoint::restore::Skipped;
-use crate::checkpoint::store::StoreFaults;
-use crate::checkpoint::{CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint};
-use crate::files_sink::{FilesSink, OutputDir};
+use eddy_checkpoint::metadata::{Sweep, collect_garbage};
+use eddy_checkpoint::recovery::{self, Expected, ReadRetry};
+use eddy_checkpoint::restore::Skipped;
+use eddy_checkpoint::store::StoreFaults;
+use eddy_checkpoint::{CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint};
+use eddy_connectors::{FilesSink, OutputDir};
 use eddy_plan::{PipelineSpec, StoreLocation};
 
 /// The checkpoint store, the checkpoint to restore from, and the retained checkpoints.

@@ -19,7 +19,7 @@ fn test_error(problem: String) -> OperatorError {
 }
 
 fn json_of(bytes: &[u8]) -> Result<Value, OperatorError> {
-    serde_json::from_slice(&crate::values::json_text(bytes)).map_err(|e| test_error(format!("not JSON: {e}")))
+    serde_json::from_slice(&eddy_connectors::values::json_text(bytes)).map_err(|e| test_error(format!("not JSON: {e}")))
 }
 
 /// How often a test aggregate's `add` was called (Wasm crossings) and how many groups those

@@ -8,11 +8,35 @@ use eddy_core::RecordBatch;
 
 use crate::values::json_text;
 
+mod files;
+mod upsert;
+
+pub use files::{FilesSink, FilesSinkState, LocalDir, OutputDir, StoreDir};
+pub use upsert::UpsertSink;
+
 /// Where a run's records end up. `output` is `None` for the main output, else a side output.
 ///
-/// Exactly-once sinks take part in checkpoints as a two-phase commit: `pre_commit` at the
-/// barrier (make everything so far durable but invisible, and say how to find it),
-/// `notify_complete` once the checkpoint is complete (make it visible). Other sinks ignore both.
+/// # Contract
+///
+/// Sinks that only append or overwrite (print, blackhole, upsert) ignore checkpoints. An
+/// exactly-once sink takes part in them as a two-phase commit, and must guarantee:
+///
+/// - **`pre_commit(n)`** is called when checkpoint `n`'s barrier reaches the sink, after every
+///   record before the barrier was written and before any record after it. It makes those
+///   records durable but not yet visible (a closed in-progress file, a prepared transaction)
+///   and returns the state that finds them again: plain JSON, stored in checkpoint `n`'s
+///   metadata. Records written after it belong to the next transaction.
+/// - **`notify_complete(n)`** is called once checkpoint `n` (and with it every earlier one) is
+///   complete: make what `pre_commit(n)` and every earlier pre-commit left visible. It may come
+///   late or never (the process died between the metadata and the call), and may repeat a
+///   commit already made, so committing must be idempotent.
+/// - **Recovery** is the connector's too: on a restore from checkpoint `n`, what the sink
+///   states stored in `n` list is committed (that checkpoint completed, whether or not
+///   `notify_complete` ran), and everything else this job's sink subtasks left pre-committed or
+///   open is aborted, because those records come again from the sources' rewound positions
+///   (see [`FilesSink::recover`]).
+/// - **Errors fail the job.** An `Err` from any method fails the attempt; the job restarts from
+///   its last completed checkpoint. A sink never drops records to keep going.
 pub trait Sink: Send {
     /// Takes a batch.
     fn write(&mut self, output: Option<&str>, batch: &RecordBatch) -> std::io::Result<()>;

@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use eddy_core::RecordBatch;
-//! use eddy_engine::connectors::{SourcePosition, SourceStatus, open_source};
+//! use eddy_connectors::{SourcePosition, SourceStatus, open_source};
 //! use eddy_plan::PipelineSpec;
 //!
 //! let spec = PipelineSpec::from_yaml(
@@ -32,29 +32,12 @@ mod nexmark;
 use std::path::PathBuf;
 
 use eddy_core::RecordBatch;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use eddy_plan::{SourceSpec, StoreLocation};
 
+pub use eddy_checkpoint::SourcePosition;
 pub use generator::generator_event;
-
-/// Where a source reader is in its input; recorded in checkpoints, so it is serializable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SourcePosition {
-    /// A file reader: the lines consumed so far (a CSV header included) and the byte offset
-    /// just after them.
-    File {
-        /// Lines consumed, counting skipped empty lines and a CSV header.
-        line: u64,
-        /// Byte offset just after the last consumed line.
-        byte: u64,
-    },
-    /// A generator (or Nexmark) reader: the next event index it will produce.
-    Generator {
-        /// The index of the next event (congruent to the reader's subtask modulo parallelism).
-        next_index: u64,
-    },
-}
 
 /// What one [`Source::poll`] achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +51,24 @@ pub enum SourceStatus {
 }
 
 /// A source reader: one parallel subtask of one source.
+///
+/// # Contract
+///
+/// Exactly-once rests on [`Source::position`]: at a checkpoint the task records the position
+/// of each reader between two polls, and a restore opens the reader there (`open_source` with
+/// `start`). So a reader must guarantee:
+///
+/// - **Replay is exact.** Opened at `position()`, it yields exactly the records it had not yet
+///   returned, in the same order and with the same values, keys and event times: nothing
+///   before the position again, nothing after it skipped. A position is therefore a place in
+///   the input (an offset, an event index), never a count of records seen in this run.
+/// - **A position is plain data.** It is serialized into the checkpoint's metadata and may be
+///   read back by another process on another machine; it holds no handle or path that only
+///   this process can use.
+/// - **Errors leave a true position.** Records appended before a failure stay appended, and the
+///   position is just after them, so resuming meets the same error rather than skipping it.
+/// - **`poll` does not block for long.** The task thread also handles barriers, watermarks and
+///   timers between polls: return [`SourceStatus::Idle`] when nothing is available.
 pub trait Source: Send {
     /// Appends up to `max` records to `out` (which it never clears).
     ///

@@ -12,12 +12,10 @@ use eddy_core::TimeDomain;
 use eddy_state::BackendSnapshot;
 use sha2::{Digest, Sha256};
 
-use super::format::{InFlightBatch, encode_chunks, encode_in_flight, encode_timer, seal};
-use super::metadata::{FileRef, OperatorState, StoredState, StoredUsage, SubtaskState, TimerState};
-use super::store::CheckpointStore;
-use super::{CheckpointError, CheckpointId};
-use crate::connectors::SourcePosition;
-use crate::operator::OperatorSnapshot;
+use crate::format::{InFlightBatch, encode_chunks, encode_in_flight, encode_timer, seal};
+use crate::metadata::{CheckpointStats, FileRef, OperatorState, StoredState, StoredUsage, SubtaskState, TimerState};
+use crate::store::CheckpointStore;
+use crate::{CheckpointError, CheckpointId, OperatorSnapshot, SourcePosition};
 
 /// Heap state is written in files of about this size, so it is never encoded into memory whole.
 const STATE_FILE_BYTES: usize = 64 << 20;
@@ -274,6 +272,28 @@ fn put(store: &CheckpointStore, path: String, bytes: Vec<u8>) -> Result<FileRef,
     Ok(FileRef { path, bytes: size, crc32 })
 }
 
+/// The asynchronous phase of one snapshot (`id: None` for a finished subtask): its files
+/// written, its part of the metadata and of the checkpoint's stats.
+pub fn upload_snapshot(
+    store: &CheckpointStore,
+    uploader: &mut Uploader,
+    id: Option<CheckpointId>,
+    snapshot: TakenSnapshot,
+) -> Result<(SubtaskState, CheckpointStats), CheckpointError> {
+    let mut stats = CheckpointStats {
+        alignment_ms: snapshot.alignment_ms,
+        sync_ms: snapshot.sync_ms,
+        unaligned: snapshot.unaligned,
+        ..CheckpointStats::default()
+    };
+    let started = std::time::Instant::now();
+    let uploaded = uploader.upload(store, id, snapshot)?;
+    stats.async_ms = started.elapsed().as_secs_f64() * 1e3;
+    stats.incremental_bytes = uploaded.written_bytes;
+    stats.in_flight_bytes = uploaded.in_flight_bytes;
+    Ok((uploaded.state, stats))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -281,8 +301,8 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
-    use crate::checkpoint::metadata::{CheckpointMetadata, CheckpointStats, FORMAT_VERSION};
-    use crate::checkpoint::store::StoreOp;
+    use crate::metadata::{CheckpointMetadata, CheckpointStats, FORMAT_VERSION};
+    use crate::store::StoreOp;
 
     /// A subtask snapshot that is a RocksDB-style directory of the given files.
     fn directory_snapshot(root: &Path, files: &[(&str, &[u8])]) -> TakenSnapshot {
@@ -290,7 +310,7 @@ mod tests {
         for (name, bytes) in files {
             std::fs::write(dir.path().join(name), bytes).expect("write");
         }
-        let snapshot = crate::operator::OperatorSnapshot {
+        let snapshot = crate::OperatorSnapshot {
             timers: Vec::new(),
             state: BackendSnapshot::Directory(dir.path().to_path_buf()),
             usage: None,

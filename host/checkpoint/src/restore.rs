@@ -8,11 +8,10 @@ use std::path::{Path, PathBuf};
 use eddy_core::KeyGroupRange;
 use eddy_state::{RocksDbBackend, StateBackend, StateUsage};
 
-use super::format::{InFlightBatch, decode_entries, decode_in_flight, decode_timer, unseal};
-use super::metadata::{CheckpointMetadata, FileRef, StoredState, SubtaskState, TimerState, completed_ids};
-use super::store::CheckpointStore;
-use super::{CheckpointError, CheckpointId};
-use crate::connectors::SourcePosition;
+use crate::format::{InFlightBatch, decode_entries, decode_in_flight, decode_timer, unseal};
+use crate::metadata::{CheckpointMetadata, FileRef, StoredState, SubtaskState, TimerState, completed_ids};
+use crate::store::CheckpointStore;
+use crate::{CheckpointError, CheckpointId, SourcePosition};
 
 /// Checkpoints passed over on the way to a valid one, with the reason.
 pub type Skipped = Vec<(CheckpointId, CheckpointError)>;
@@ -402,9 +401,9 @@ mod tests {
     use eddy_state::{BackendSnapshot, HashedKey, HeapStateBackend, StateKey, state_id};
 
     use super::*;
-    use crate::checkpoint::metadata::{CheckpointStats, FORMAT_VERSION};
-    use crate::checkpoint::upload::{TakenSnapshot, Uploader};
-    use crate::operator::OperatorSnapshot;
+    use crate::OperatorSnapshot;
+    use crate::metadata::{CheckpointStats, FORMAT_VERSION};
+    use crate::upload::{TakenSnapshot, Uploader};
 
     const MAX_P: u32 = 128;
 
@@ -460,7 +459,7 @@ mod tests {
 
     #[test]
     fn records_in_flight_go_to_the_new_subtask_owning_their_key_group_or_their_index() {
-        use crate::checkpoint::format::InFlightBatch;
+        use crate::format::InFlightBatch;
         let keys: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
         let in_flight = |subtask: u32, keys: &[String]| {
             let mut batch = eddy_core::RecordBatch::default();

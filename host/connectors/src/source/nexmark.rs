@@ -53,10 +53,10 @@ pub(super) mod tests {
     use eddy_nexmark::event;
 
     use super::*;
-    use crate::connectors::indexed::tests::read;
+    use crate::source::indexed::tests::read;
     use eddy_plan::SourceSpec;
 
-    pub(in crate::connectors) fn spec(seed: u64, events: Option<u64>) -> SourceSpec {
+    pub(in crate::source) fn spec(seed: u64, events: Option<u64>) -> SourceSpec {
         SourceSpec::Nexmark(NexmarkSourceSpec {
             name: "nex".into(),
             seed,
@@ -67,7 +67,7 @@ pub(super) mod tests {
     }
 
     /// The records event `i` should become.
-    pub(in crate::connectors) fn expected(config: &NexmarkConfig, i: u64) -> Record {
+    pub(in crate::source) fn expected(config: &NexmarkConfig, i: u64) -> Record {
         let e = event(config, i);
         let mut value = Vec::new();
         eddy_nexmark::write_row(&e.as_ref(), &mut value);

@@ -123,7 +123,7 @@ pub(super) mod tests {
     use super::*;
     use eddy_plan::SourceSpec;
 
-    pub(in crate::connectors) fn gen_spec(seed: u64, events: Option<u64>) -> GeneratorSpec {
+    pub(in crate::source) fn gen_spec(seed: u64, events: Option<u64>) -> GeneratorSpec {
         GeneratorSpec {
             name: "gen".into(),
             seed,
@@ -143,7 +143,7 @@ pub(super) mod tests {
     }
 
     fn read(spec: &GeneratorSpec, subtask: u32, parallelism: u32, start: Option<u64>, max: usize) -> Vec<Record> {
-        crate::connectors::indexed::tests::read(&SourceSpec::Generator(spec.clone()), subtask, parallelism, start, max)
+        crate::source::indexed::tests::read(&SourceSpec::Generator(spec.clone()), subtask, parallelism, start, max)
     }
 
     fn json(r: &Record) -> serde_json::Value {

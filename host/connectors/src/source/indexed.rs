@@ -161,11 +161,11 @@ pub(super) mod tests {
     use eddy_core::{Record, RecordBatch};
     use proptest::prelude::*;
 
-    use crate::connectors::{Source, SourceError, SourcePosition, SourceStatus, open_source};
+    use crate::source::{Source, SourceError, SourcePosition, SourceStatus, open_source};
     use eddy_plan::SourceSpec;
 
     /// Polls with `max` until the reader ends.
-    pub(in crate::connectors) fn drain(src: &mut dyn Source, max: usize) -> Vec<Record> {
+    pub(in crate::source) fn drain(src: &mut dyn Source, max: usize) -> Vec<Record> {
         let mut batch = RecordBatch::default();
         loop {
             let before = batch.len();
@@ -178,7 +178,7 @@ pub(super) mod tests {
     }
 
     /// Everything reader `subtask` of `parallelism` yields, from `start` (a next index) on.
-    pub(in crate::connectors) fn read(
+    pub(in crate::source) fn read(
         spec: &SourceSpec,
         subtask: u32,
         parallelism: u32,
@@ -193,16 +193,16 @@ pub(super) mod tests {
     /// A generator and a Nexmark source with this seed and event count.
     fn both(seed: u64, events: Option<u64>) -> [SourceSpec; 2] {
         [
-            SourceSpec::Generator(crate::connectors::generator::tests::gen_spec(seed, events)),
-            crate::connectors::nexmark::tests::spec(seed, events),
+            SourceSpec::Generator(crate::source::generator::tests::gen_spec(seed, events)),
+            crate::source::nexmark::tests::spec(seed, events),
         ]
     }
 
     /// Event `i` of `spec`, as its reader must yield it.
     fn expected(spec: &SourceSpec, i: u64) -> Record {
         match spec {
-            SourceSpec::Generator(g) => crate::connectors::generator_event(g, i),
-            SourceSpec::Nexmark(n) => crate::connectors::nexmark::tests::expected(&n.config(), i),
+            SourceSpec::Generator(g) => crate::source::generator_event(g, i),
+            SourceSpec::Nexmark(n) => crate::source::nexmark::tests::expected(&n.config(), i),
             SourceSpec::File { .. } => unreachable!("not index-addressed"),
         }
     }

@@ -109,7 +109,7 @@ impl FileSource {
                 Some(root) => open_beneath(root, &opts.path),
                 None => File::open(&opts.path),
             },
-            Some((s3, key)) => crate::checkpoint::CheckpointStore::s3(s3)
+            Some((s3, key)) => eddy_checkpoint::CheckpointStore::s3(s3)
                 .map_err(std::io::Error::other)
                 .and_then(|store| download(&store, key, &opts, start)),
         }
@@ -392,7 +392,7 @@ impl super::Source for FileSource {
 /// position, which it checks) and, for CSV, the header line: only those are fetched, and the
 /// rest is a hole. So a restart costs the part not read yet, not the whole object again.
 fn download(
-    store: &crate::checkpoint::CheckpointStore,
+    store: &eddy_checkpoint::CheckpointStore,
     key: &str,
     opts: &FileOptions,
     start: Option<&SourcePosition>,
@@ -496,8 +496,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::checkpoint::CheckpointStore;
-    use crate::connectors::{Source, open_source};
+    use crate::source::{Source, open_source};
+    use eddy_checkpoint::CheckpointStore;
     use eddy_plan::SourceSpec;
 
     fn spec(path: &Path, format: SourceFormat, timestamp: Option<&str>, follow: bool) -> SourceSpec {

@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
-use super::metadata::{CheckpointMetadata, checkpoint_dirs};
-use super::restore::{RestorePoint, Skipped};
-use super::store::CheckpointStore;
-use super::{CheckpointError, CheckpointId};
+use crate::metadata::{CheckpointMetadata, checkpoint_dirs};
+use crate::restore::{RestorePoint, Skipped};
+use crate::store::CheckpointStore;
+use crate::{CheckpointError, CheckpointId};
 
 /// What a checkpoint must match to be restored into the job being started.
 #[derive(Debug, Clone, Copy)]

@@ -6,10 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::format::{seal, unseal};
-use super::store::CheckpointStore;
-use super::{CheckpointError, CheckpointId};
-use crate::connectors::SourcePosition;
+use crate::format::{seal, unseal};
+use crate::store::CheckpointStore;
+use crate::{CheckpointError, CheckpointId, SourcePosition};
 
 /// Version of the metadata and file formats, state keys included ([`eddy_state::StateKey`]):
 /// 2 since state keys carry state ids and key hashes (issue 11).

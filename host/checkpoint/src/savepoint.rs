@@ -3,10 +3,10 @@
 //! job can restore from — with a new version of an operator's `.wasm` or another parallelism:
 //! state follows step names and key groups.
 
-use super::metadata::{CheckpointMetadata, completed_ids};
-use super::restore::{Skipped, fetch_verified};
-use super::store::CheckpointStore;
-use super::{CheckpointError, CheckpointId};
+use crate::metadata::{CheckpointMetadata, completed_ids};
+use crate::restore::{Skipped, fetch_verified};
+use crate::store::CheckpointStore;
+use crate::{CheckpointError, CheckpointId};
 
 /// Copies checkpoint `meta` from `from` to `to`: every file it references, each checked against
 /// its recorded size and checksum as it goes, then its metadata (last, so a torn copy is never

@@ -201,7 +201,7 @@ impl Sink for FilesSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::CheckpointStore;
+    use eddy_checkpoint::CheckpointStore;
 
     fn batch(values: &[&str]) -> RecordBatch {
         let mut b = RecordBatch::default();

@@ -9,7 +9,7 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, PutPayload};
 
-use super::CheckpointError;
+use crate::CheckpointError;
 
 /// A checkpoint directory in an object store. Paths are relative to its root, `/`-separated.
 pub struct CheckpointStore {

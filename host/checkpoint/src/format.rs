@@ -4,7 +4,7 @@
 
 use eddy_state::FrozenEntries;
 
-use super::CheckpointError;
+use crate::CheckpointError;
 
 const MAGIC: &[u8; 8] = b"EDDYCKP1";
 const HEADER: usize = 8 + 8 + 4;

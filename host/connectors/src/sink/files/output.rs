@@ -8,7 +8,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::checkpoint::{CheckpointError, CheckpointStore};
+use eddy_checkpoint::{CheckpointError, CheckpointStore};
 
 /// The in-progress directory, beside the committed files.
 pub(super) const IN_PROGRESS: &str = ".in-progress";

@@ -1,0 +1,39 @@
+//! # eddy-connectors: where records come from and where they go
+//!
+//! Every source and sink of Eddy, behind two traits a connector author reads without the task
+//! loop: [`Source`] (a reader of one split of an input, whose [`SourcePosition`] a checkpoint
+//! records) and [`Sink`] (a writer that takes part in checkpoints as a two-phase commit when it
+//! is exactly-once). Their contracts are written on the traits.
+//!
+//! Sources: a file (lines, CSV or JSON, followed or not, local or in an S3 bucket), the
+//! deterministic generator and the Nexmark generator ([`open_source`]). Sinks: print, JSON
+//! lines, blackhole, the exactly-once [`FilesSink`] and the idempotent [`UpsertSink`].
+//!
+//! ```
+//! use eddy_connectors::{Blackhole, Sink, SourceStatus, open_source};
+//! use eddy_core::RecordBatch;
+//! use eddy_plan::PipelineSpec;
+//!
+//! let spec = PipelineSpec::from_yaml(
+//!     "name: g\nsources: [{type: generator, name: g, events: 4}]\n\
+//!      steps: [{name: a, wasm: a.wasm}]\nsink: {type: blackhole}",
+//! )?;
+//! let mut reader = open_source(&spec.sources[0], 0, 1, None)?;
+//! let mut sink = Blackhole;
+//! let mut batch = RecordBatch::default();
+//! while reader.poll(&mut batch, 2)? != SourceStatus::End {
+//!     sink.write(None, &batch)?;
+//!     batch.clear();
+//! }
+//! sink.finish()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod sink;
+pub mod source;
+pub mod values;
+
+pub use sink::{
+    Blackhole, FilesSink, FilesSinkState, JsonLinesSink, LocalDir, OutputDir, PrintSink, Sink, StoreDir, UpsertSink,
+};
+pub use source::{Source, SourceError, SourcePosition, SourceStatus, generator_event, open_source};
