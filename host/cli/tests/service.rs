@@ -166,6 +166,14 @@ fn bad_uploads_and_specs_are_refused_naming_the_problem() {
     expect(upload(&server, &token, eddy_guest_artifacts::WORDCOUNT_COUNT, Some(("count", "1"))), 201);
     spec_error(&WORDCOUNT.replace("path: input.txt", "path: ../../admin.token"), 422, "sources[0].path");
     spec_error(&WORDCOUNT.replace("path: input.txt", "path: /etc/passwd"), 422, "sources[0].path");
+    // A Kafka source would reach any host and read the server's environment: not yet.
+    let kafka = "{type: kafka, name: lines, brokers: \"127.0.0.1:9\", topics: [t], format: lines, properties: \
+                 {sasl.password: {env: EDDY_ADMIN_TOKEN}}}";
+    spec_error(
+        &WORDCOUNT.replace("{type: file, name: lines, path: input.txt, format: lines}", kafka),
+        422,
+        "sources[0]",
+    );
     spec_error(&WORDCOUNT.replace("parallelism: 2}", "parallelism: 5}"), 409, "parallelism");
     let json_type = client()
         .post(server.url("/v1/jobs"))

@@ -67,6 +67,14 @@ impl WatermarkTracker {
         self.output
     }
 
+    /// Adds a channel, active as of `now_ms` (a Kafka partition found while running); returns
+    /// its index. It holds the output back until it speaks or goes idle, but cannot pull the
+    /// output back: the output never decreases.
+    pub fn add_channel(&mut self, now_ms: i64) -> usize {
+        self.channels.push(Channel { watermark: WATERMARK_MIN, last_active_ms: now_ms, idle: false, ended: false });
+        self.channels.len() - 1
+    }
+
     /// Whether `channel` is currently excluded as idle.
     pub fn is_idle(&self, channel: usize) -> bool {
         self.channels.get(channel).is_some_and(|c| c.idle)

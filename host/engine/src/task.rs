@@ -252,28 +252,35 @@ impl SubtaskRunner {
         batch: &mut RecordBatch,
         idle_wait: Duration,
     ) -> Result<bool, TaskError> {
-        let Head::Source { watermarks, .. } = &mut self.head else { return Ok(false) };
-        match status? {
-            SourceStatus::End => Ok(true),
-            SourceStatus::Idle => {
-                std::thread::sleep(idle_wait.min(Duration::from_millis(5)));
-                Ok(false)
-            }
-            SourceStatus::Ready => {
-                for r in batch.iter() {
-                    if let Some(t) = r.timestamp {
-                        watermarks.on_event(t);
-                    }
+        let Head::Source { source, watermarks, .. } = &mut self.head else { return Ok(false) };
+        let status = status?;
+        if status == SourceStatus::Ready {
+            for r in batch.iter() {
+                if let Some(t) = r.timestamp {
+                    watermarks.on_event(t);
                 }
-                let watermark = watermarks.current();
-                SubtaskMetrics::add(&self.metrics.records_in, batch.len());
-                self.process(0, batch)?;
-                if watermark > self.watermark {
-                    self.advance_watermark(watermark)?;
-                }
-                Ok(false)
             }
         }
+        // A source that tracks event time per split says its watermark; others get theirs from
+        // the batches' times.
+        let watermark = source.watermark().unwrap_or_else(|| watermarks.current());
+        let side = source.take_side();
+        for (name, rejected) in side {
+            SubtaskMetrics::add(&self.metrics.records_out, rejected.len());
+            self.tail.side(&name, rejected)?;
+        }
+        match status {
+            SourceStatus::End => return Ok(true),
+            SourceStatus::Idle => std::thread::sleep(idle_wait.min(Duration::from_millis(5))),
+            SourceStatus::Ready => {
+                SubtaskMetrics::add(&self.metrics.records_in, batch.len());
+                self.process(0, batch)?;
+            }
+        }
+        if watermark > self.watermark {
+            self.advance_watermark(watermark)?;
+        }
+        Ok(false)
     }
 
     /// Takes one message from the input gate. Returns whether every input ended.

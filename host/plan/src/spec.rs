@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 use crate::window::WindowKind;
 use crate::yaml_guard;
 
+mod kafka;
+
+pub use kafka::{KafkaEnd, KafkaFormat, KafkaSourceSpec, KafkaStart, OnDecodeError, PropertyValue, SECRET_PROPERTIES};
+
 /// A pipeline: sources -> steps -> sink.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -409,6 +413,8 @@ pub enum SourceSpec {
     Generator(GeneratorSpec),
     /// The Nexmark benchmark's persons, auctions and bids (`eddy_nexmark`), deterministic too.
     Nexmark(NexmarkSourceSpec),
+    /// Topics of a Kafka cluster, their partitions shared by the readers.
+    Kafka(KafkaSourceSpec),
 }
 
 impl SourceSpec {
@@ -418,6 +424,7 @@ impl SourceSpec {
             SourceSpec::File { name, .. } => name,
             SourceSpec::Generator(g) => &g.name,
             SourceSpec::Nexmark(n) => &n.name,
+            SourceSpec::Kafka(k) => &k.name,
         }
     }
 
@@ -427,6 +434,7 @@ impl SourceSpec {
             SourceSpec::File { .. } => 1,
             SourceSpec::Generator(g) => g.parallelism,
             SourceSpec::Nexmark(n) => n.parallelism,
+            SourceSpec::Kafka(k) => k.parallelism,
         }
     }
 }
@@ -861,7 +869,13 @@ impl PipelineSpec {
     /// names the line and column ([`SpecError::Refused`]).
     pub fn parse(text: &str) -> Result<Self, SpecError> {
         yaml_guard::check(text, &yaml_guard::Limits::SPEC)?;
-        serde_norway::from_str(text).map_err(|e| SpecError::Parse(e.to_string()))
+        let mut spec: Self = serde_norway::from_str(text).map_err(|e| SpecError::Parse(e.to_string()))?;
+        for source in &mut spec.sources {
+            if let SourceSpec::Kafka(k) = source {
+                k.watermarks.get_or_insert(spec.watermarks);
+            }
+        }
+        Ok(spec)
     }
 
     /// Reads a spec file; relative paths in it are resolved against its directory.
@@ -1034,6 +1048,10 @@ impl PipelineSpec {
                     if g.rate_per_sec == Some(0) {
                         return Err(invalid(field("rate_per_sec"), "must be positive (omit it for full speed)"));
                     }
+                }
+                SourceSpec::Kafka(k) => {
+                    check_parallelism(field("parallelism"), k.parallelism)?;
+                    k.validate(&field)?;
                 }
                 SourceSpec::Nexmark(n) => {
                     check_parallelism(field("parallelism"), n.parallelism)?;

@@ -203,6 +203,18 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
     }
     let (files, shared) = (files_dir(state, tenant), files_store(state, tenant));
     for (i, source) in spec.sources.iter_mut().enumerate() {
+        // A tenant's Kafka source would reach any host the server reaches, read the server's
+        // environment (`{env: NAME}` properties) and pass any librdkafka property (some name
+        // files and libraries of this machine): it waits for named connections and an egress
+        // policy (issue 23's service section).
+        if let SourceSpec::Kafka(k) = source {
+            return Err(ApiError::unprocessable(format!(
+                "source `{}`: the service does not run Kafka sources yet (they need named connections and an \
+                 egress policy); run the pipeline with `eddy run`",
+                k.name
+            ))
+            .at(format!("sources[{i}]")));
+        }
         if let SourceSpec::File { path, follow, s3, beneath, .. } = source {
             confined(&format!("sources[{i}].path"), path)?;
             if s3.is_some() {

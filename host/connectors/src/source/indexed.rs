@@ -203,7 +203,7 @@ pub(super) mod tests {
         match spec {
             SourceSpec::Generator(g) => crate::source::generator_event(g, i),
             SourceSpec::Nexmark(n) => crate::source::nexmark::tests::expected(&n.config(), i),
-            SourceSpec::File { .. } => unreachable!("not index-addressed"),
+            SourceSpec::File { .. } | SourceSpec::Kafka(_) => unreachable!("not index-addressed"),
         }
     }
 
@@ -217,7 +217,7 @@ pub(super) mod tests {
                 n.rate_per_sec = Some(rate);
                 SourceSpec::Nexmark(n)
             }
-            file @ SourceSpec::File { .. } => file,
+            other @ (SourceSpec::File { .. } | SourceSpec::Kafka(_)) => other,
         }
     }
 

@@ -27,6 +27,8 @@
 mod file;
 mod generator;
 mod indexed;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod nexmark;
 
 use std::path::PathBuf;
@@ -79,6 +81,20 @@ pub trait Source: Send {
 
     /// The position after the last record returned; resuming there yields exactly the rest.
     fn position(&self) -> SourcePosition;
+
+    /// The reader's watermark, for a source that tracks event time per split (a Kafka reader,
+    /// per partition, with idleness); called after every poll. `None`: the task derives the
+    /// watermark from the records' times (bounded out-of-orderness over the batches).
+    fn watermark(&mut self) -> Option<i64> {
+        None
+    }
+
+    /// Records the last polls set aside for side outputs (a record that could not be decoded,
+    /// when the spec sends such records to a named output), by output name. They go to the
+    /// sink directly, past the steps, as steps' side outputs do.
+    fn take_side(&mut self) -> Vec<(String, RecordBatch)> {
+        Vec::new()
+    }
 }
 
 /// Why a source cannot go on. Messages name the source, the file and the 1-based line.
@@ -115,6 +131,25 @@ pub enum SourceError {
         /// The position asked for.
         position: SourcePosition,
         /// Why it does not fit.
+        problem: String,
+    },
+    /// The brokers or the client refused or failed (unreachable, a missing topic, a property
+    /// the client rejects).
+    #[error("source `{source_name}`: {problem}")]
+    Broker {
+        /// The source's name.
+        source_name: String,
+        /// What went wrong and what to do.
+        problem: String,
+    },
+    /// A record that cannot become a record value, named by where it is.
+    #[error("source `{source_name}`: record at {at}: {problem}")]
+    BadRecord {
+        /// The source's name.
+        source_name: String,
+        /// Where the record is (topic, partition, offset).
+        at: String,
+        /// What is wrong with it.
         problem: String,
     },
     /// A subtask/parallelism pair that cannot be: `subtask >= parallelism`, or a parallel
@@ -176,6 +211,13 @@ pub fn open_source(
         SourceSpec::Generator(g) => {
             Ok(Box::new(indexed::IndexedSource::open(g.clone(), subtask, parallelism, start, g.rate_per_sec)?))
         }
+        #[cfg(feature = "kafka")]
+        SourceSpec::Kafka(k) => Ok(Box::new(kafka::KafkaSource::open(k, subtask, parallelism, start)?)),
+        #[cfg(not(feature = "kafka"))]
+        SourceSpec::Kafka(k) => Err(SourceError::Broker {
+            source_name: k.name.clone(),
+            problem: "this build has no Kafka client: build eddy with the `kafka` feature".into(),
+        }),
         SourceSpec::Nexmark(n) => {
             let events = nexmark::NexmarkEvents::new(n);
             Ok(Box::new(indexed::IndexedSource::open(events, subtask, parallelism, start, n.rate_per_sec)?))

@@ -1,0 +1,294 @@
+//! The Kafka source's spec: which topics, where to start and end, how values become records,
+//! and the librdkafka properties passed through.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{SpecError, WatermarkSpec, invalid, one};
+
+/// Properties a spec may not set, because the source owns them: assignment, offsets and
+/// isolation decide what a checkpoint covers.
+const OWNED_PROPERTIES: &[&str] = &[
+    "bootstrap.servers",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "enable.partition.eof",
+    "auto.offset.reset",
+    "group.id",
+    "isolation.level",
+];
+
+/// Properties whose value is a secret: given only as `{env: NAME}`, never inline, so a spec
+/// can be shown, logged and stored without them.
+pub const SECRET_PROPERTIES: &[&str] =
+    &["sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password", "ssl.key.pem", "ssl.keystore.password"];
+
+/// A Kafka source: `parallelism` readers share the partitions of `topics` (or of the topics
+/// matching `topic_pattern`). Readers assign partitions themselves (no consumer group), so a
+/// reader's partitions and offsets are its checkpointed position.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSourceSpec {
+    /// Unique among sources.
+    pub name: String,
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// Topics read; or give `topic_pattern`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topics: Vec<String>,
+    /// A regular expression matched against whole topic names; topics created later that match
+    /// are found by discovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_pattern: Option<String>,
+    /// Parallel readers; partition `p` of topic `t` is read by reader
+    /// `(hash(t) + p) % parallelism`. May change across a restore.
+    #[serde(default = "one")]
+    pub parallelism: u32,
+    /// How a record's value becomes the record's value.
+    #[serde(default)]
+    pub format: KafkaFormat,
+    /// Where each partition is read from when the job starts without a checkpoint.
+    #[serde(default)]
+    pub start: KafkaStart,
+    /// Where reading ends.
+    #[serde(default)]
+    pub end: KafkaEnd,
+    /// JSON pointer (e.g. `/ts`) to the event time in ms in a JSON value; none = the Kafka
+    /// record's timestamp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+    /// The Kafka record's key becomes the record's key (its bytes as they are).
+    #[serde(default)]
+    pub key: bool,
+    /// The consumer group whose committed offsets `start: group_offsets` reads. Eddy never
+    /// commits offsets: recovery uses its checkpoints only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// How often the readers look for new partitions and topics, ms.
+    #[serde(default = "default_discovery_interval_ms")]
+    pub discovery_interval_ms: u64,
+    /// What a record that cannot be decoded does.
+    #[serde(default)]
+    pub on_error: OnDecodeError,
+    /// Per-partition watermarks: bounded out-of-orderness and idleness of each partition,
+    /// combined per reader (the smallest of the partitions that are not idle). Default: the
+    /// pipeline's `watermarks`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermarks: Option<WatermarkSpec>,
+    /// librdkafka properties passed through (security settings such as `security.protocol`,
+    /// `sasl.mechanism`, `sasl.username`; tuning). Secrets (`sasl.password`, ...) only as
+    /// `{env: NAME}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, PropertyValue>,
+}
+
+/// A librdkafka property's value.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum PropertyValue {
+    /// Given in the spec.
+    Text(String),
+    /// Read from an environment variable of the process that runs the reader.
+    Env {
+        /// The variable.
+        env: String,
+    },
+}
+
+/// How a Kafka record's value becomes a record value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaFormat {
+    /// The bytes as they are (JSON or rows the operator reads itself).
+    Raw,
+    /// UTF-8 text, a JSON string.
+    Lines,
+    /// A JSON value.
+    #[default]
+    Json,
+}
+
+/// Where a partition is read from when the job starts afresh.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaStart {
+    /// The first record kept.
+    #[default]
+    Earliest,
+    /// After the last record present at start.
+    Latest,
+    /// The first record at or after this time, ms since the epoch.
+    Timestamp(i64),
+    /// The offsets `group` committed (the earliest where it committed none).
+    GroupOffsets,
+}
+
+/// Where reading ends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaEnd {
+    /// Never: new records, partitions and topics are read as they come.
+    #[default]
+    Unbounded,
+    /// At the offsets present when the job first started (kept across restores), over the
+    /// partitions present then: for tests and backfills.
+    AtStart,
+}
+
+/// What a record that cannot be decoded does.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDecodeError {
+    /// Fails the job, naming the topic, partition and offset.
+    #[default]
+    Fail,
+    /// Goes to this side output as `{"topic", "partition", "offset", "error", "value"}`
+    /// (`value`: the bytes as text, invalid UTF-8 replaced) and reading goes on.
+    SideOutput(String),
+}
+
+fn default_discovery_interval_ms() -> u64 {
+    10_000
+}
+
+impl KafkaSourceSpec {
+    /// Checks the fields; `field` names one (`sources[0].topics`).
+    pub(super) fn validate(&self, field: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
+        if self.brokers.trim().is_empty() {
+            return Err(invalid(field("brokers"), "needs at least one `host:port`"));
+        }
+        match (&self.topics[..], &self.topic_pattern) {
+            ([], None) => return Err(invalid(field("topics"), "give `topics` or `topic_pattern`")),
+            ([_, ..], Some(_)) => {
+                return Err(invalid(field("topic_pattern"), "give `topics` or `topic_pattern`, not both"));
+            }
+            (_, Some(pattern)) => {
+                regex::Regex::new(pattern)
+                    .map_err(|e| invalid(field("topic_pattern"), format!("not a regular expression: {e}")))?;
+            }
+            (topics, None) => {
+                if let Some(bad) = topics.iter().find(|t| !valid_topic(t)) {
+                    return Err(invalid(
+                        field("topics"),
+                        format!("`{bad}` is not a Kafka topic name (1 to 249 of letters, digits, `.`, `_`, `-`)"),
+                    ));
+                }
+            }
+        }
+        if let Some(p) = &self.timestamp
+            && !p.starts_with('/')
+        {
+            return Err(invalid(field("timestamp"), format!("`{p}` is not a JSON pointer such as `/ts`")));
+        }
+        if self.timestamp.is_some() && self.format != KafkaFormat::Json {
+            return Err(invalid(field("timestamp"), "a field of the value needs `format: json`"));
+        }
+        if self.start == KafkaStart::GroupOffsets && self.group.is_none() {
+            return Err(invalid(field("group"), "`start: group_offsets` needs the `group` whose offsets it reads"));
+        }
+        if self.discovery_interval_ms == 0 {
+            return Err(invalid(field("discovery_interval_ms"), "must be positive"));
+        }
+        if let OnDecodeError::SideOutput(name) = &self.on_error {
+            super::check_name(field("on_error.side_output"), name)?;
+        }
+        if let Some(w) = &self.watermarks {
+            if w.out_of_orderness_ms < 0 {
+                return Err(invalid(field("watermarks.out_of_orderness_ms"), "must not be negative"));
+            }
+            if w.idleness_ms.is_some_and(|ms| ms <= 0) {
+                return Err(invalid(field("watermarks.idleness_ms"), "must be positive (omit it to disable idleness)"));
+            }
+        }
+        for (key, value) in &self.properties {
+            let at = || field(&format!("properties.{key}"));
+            if OWNED_PROPERTIES.contains(&key.as_str()) {
+                return Err(invalid(at(), "is set by the source itself (from `brokers`, `group` and its checkpoints)"));
+            }
+            match value {
+                PropertyValue::Text(_) if SECRET_PROPERTIES.contains(&key.as_str()) => {
+                    return Err(invalid(at(), "is a secret: give it as `{env: NAME}`, never inline"));
+                }
+                PropertyValue::Env { env } if env.is_empty() => {
+                    return Err(invalid(at(), "`env` names no variable"));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn valid_topic(topic: &str) -> bool {
+    (1..=249).contains(&topic.len())
+        && topic != "."
+        && topic != ".."
+        && topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{PipelineSpec, SourceSpec};
+
+    use super::*;
+
+    fn kafka(source: &str) -> Result<PipelineSpec, SpecError> {
+        PipelineSpec::from_yaml(&format!(
+            "name: k\nsources: [{source}]\nsteps: [{{name: a, wasm: a.wasm}}]\nsink: {{type: print}}"
+        ))
+    }
+
+    #[test]
+    fn the_interface_of_the_issue_parses_with_its_defaults() {
+        let spec = kafka(
+            "{type: kafka, name: purchases, brokers: \"127.0.0.1:9092\", topics: [purchases], format: json, start: \
+             earliest, end: at_start, timestamp: /ts}",
+        )
+        .unwrap();
+        let SourceSpec::Kafka(k) = &spec.sources[0] else { panic!("a kafka source") };
+        assert_eq!(k.topics, ["purchases"]);
+        assert_eq!((k.format, k.start, k.end), (KafkaFormat::Json, KafkaStart::Earliest, KafkaEnd::AtStart));
+        assert_eq!(k.timestamp.as_deref(), Some("/ts"));
+        assert_eq!((k.parallelism, k.key, k.discovery_interval_ms), (1, false, 10_000));
+        assert_eq!(k.on_error, OnDecodeError::Fail);
+        // The pipeline's watermarks are the partitions' when the source names none.
+        assert_eq!(k.watermarks, Some(spec.watermarks));
+        let spec = kafka(
+            "{type: kafka, name: p, brokers: b:1, topic_pattern: 'orders-.*', start: {timestamp: 1700000000000}, \
+             on_error: {side_output: bad}, properties: {security.protocol: sasl_ssl, sasl.password: {env: PW}}}",
+        )
+        .unwrap();
+        let SourceSpec::Kafka(k) = &spec.sources[0] else { panic!("a kafka source") };
+        assert_eq!(k.start, KafkaStart::Timestamp(1_700_000_000_000));
+        assert_eq!(k.on_error, OnDecodeError::SideOutput("bad".into()));
+        assert_eq!(k.properties["sasl.password"], PropertyValue::Env { env: "PW".into() });
+    }
+
+    #[test]
+    fn mistakes_are_refused_naming_the_field() {
+        let cases = [
+            ("{type: kafka, name: p, brokers: b:1}", "sources[0].topics"),
+            ("{type: kafka, name: p, brokers: '', topics: [t]}", "sources[0].brokers"),
+            ("{type: kafka, name: p, brokers: b:1, topics: [t], topic_pattern: x}", "sources[0].topic_pattern"),
+            ("{type: kafka, name: p, brokers: b:1, topic_pattern: '('}", "sources[0].topic_pattern"),
+            ("{type: kafka, name: p, brokers: b:1, topics: ['a b']}", "sources[0].topics"),
+            ("{type: kafka, name: p, brokers: b:1, topics: [t], timestamp: ts}", "sources[0].timestamp"),
+            ("{type: kafka, name: p, brokers: b:1, topics: [t], format: raw, timestamp: /ts}", "sources[0].timestamp"),
+            ("{type: kafka, name: p, brokers: b:1, topics: [t], start: group_offsets}", "sources[0].group"),
+            ("{type: kafka, name: p, brokers: b:1, topics: [t], parallelism: 0}", "sources[0].parallelism"),
+            ("{type: kafka, name: p, brokers: b:1, topics: [t], on_error: {side_output: 'a b'}}", "on_error"),
+            ("{type: kafka, name: p, brokers: b:1, topics: [t], properties: {group.id: g}}", "properties.group.id"),
+            (
+                "{type: kafka, name: p, brokers: b:1, topics: [t], properties: {sasl.password: hunter2}}",
+                "properties.sasl.password",
+            ),
+        ];
+        for (source, field) in cases {
+            let err = kafka(source).unwrap_err().to_string();
+            assert!(err.contains(field), "{source}: {err}");
+        }
+        let err = kafka("{type: kafka, name: p, brokers: b:1, topics: [t], offsets: 3}").unwrap_err().to_string();
+        assert!(err.contains("offsets"), "{err}");
+    }
+}
