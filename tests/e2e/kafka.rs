@@ -64,6 +64,19 @@ fn counts(received: &Received) -> BTreeMap<String, Vec<u64>> {
     counts
 }
 
+/// Every `(user, count)` written to a topic (the Kafka key is the user), counts per user sorted.
+fn written_counts(written: &[eddy_tests::Consumed]) -> BTreeMap<String, Vec<u64>> {
+    let mut counts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (key, value, output) in written {
+        assert_eq!(output, &None, "main output only");
+        let user: String =
+            serde_json::from_slice(key.as_deref().expect("the record key is the Kafka key")).expect("key");
+        counts.entry(user).or_default().push(serde_json::from_slice(value).expect("count"));
+    }
+    counts.values_mut().for_each(|c| c.sort_unstable());
+    counts
+}
+
 /// What the running count must emit over `produced`: per user, 1 up to its number of records.
 fn oracle(produced: &[KafkaRecord]) -> BTreeMap<String, Vec<u64>> {
     let mut n: BTreeMap<String, u64> = BTreeMap::new();
@@ -247,4 +260,90 @@ fn a_missing_topic_is_named() {
         Ok(job) => job.wait().expect_err("a missing topic fails the job").to_string(),
     };
     assert!(err.contains("topic `absent` does not exist") && err.contains(&broker.address), "{err}");
+}
+
+#[test]
+fn a_keyed_count_written_to_kafka_holds_every_expected_record() {
+    let broker = KafkaBroker::start();
+    broker.create_topic("purchases", 3);
+    broker.create_topic("counts", 2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let produced = purchases(0, 700, 3);
+    broker.produce("purchases", &produced);
+    let yaml = format!(
+        "name: to-kafka\nparallelism: 2\n\
+         sources: [{{type: kafka, name: purchases, brokers: \"{b}\", topics: [purchases], parallelism: 2, key: true, \
+         end: at_start}}]\n\
+         steps: [{{name: count, wasm: {}, key_by: key}}]\n\
+         checkpoints: {{dir: ck, interval_ms: 100}}\n\
+         sink: {{type: kafka, brokers: \"{b}\", topic: counts, delivery: at_least_once}}\n",
+        guests::RUNNING_COUNT,
+        b = broker.address,
+    );
+    let summary = Job::start(&spec_in(dir.path(), &yaml), runtime(), JobOptions::default())
+        .expect("job starts")
+        .wait()
+        .expect("job ends");
+    assert!(summary.finished);
+    let written = broker.consume("counts", produced.len());
+    let counts = written_counts(&written);
+    // No failure happened, so at least once is exactly once here: every count, none twice.
+    assert_eq!(counts, oracle(&produced));
+}
+
+/// Kafka → running count → Kafka at least once, in a child process killed with SIGKILL at
+/// random moments (30 times; `EDDY_CRASH_SEED` repeats a run) and restarted from its newest
+/// checkpoint each time: every count the oracle expects is in the output topic, duplicates
+/// (allowed at least once) are counted and reported.
+#[test]
+fn sigkill_at_random_moments_loses_no_record_written_to_kafka_at_least_once() {
+    use crate::checkpoints::{CHILD_CPU_SHARE, crash_settings, seeded_draws, start_child, start_child_with};
+    let (seed, kills) = crash_settings();
+    let kills = kills.max(30);
+    let broker = KafkaBroker::start();
+    broker.create_topic("purchases", 4);
+    broker.create_topic("counts", 2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let produced = purchases(0, 20_000, 4);
+    broker.produce("purchases", &produced);
+    let yaml = format!(
+        "name: crash-kafka\nparallelism: 2\n\
+         sources: [{{type: kafka, name: purchases, brokers: \"{b}\", topics: [purchases], parallelism: 2, key: true, \
+         end: at_start}}]\n\
+         steps: [{{name: count, wasm: {}, key_by: key}}]\n\
+         checkpoints: {{dir: checkpoints, interval_ms: 100}}\nrestart: {{strategy: none}}\n\
+         sink: {{type: kafka, brokers: \"{b}\", topic: counts}}\n",
+        guests::RUNNING_COUNT,
+        b = broker.address,
+    );
+    let path = dir.path().join("pipeline.yaml");
+    std::fs::write(&path, yaml).expect("write spec");
+    let draw = seeded_draws(seed);
+    let mut finished_early = false;
+    for _ in 0..kills {
+        // Throttled to a twentieth of a core, so the kills land while the job runs.
+        let mut child = start_child_with(&path, &[(CHILD_CPU_SHARE, "0.05")]);
+        std::thread::sleep(Duration::from_millis(150 + draw(500)));
+        if child.try_wait().expect("poll child").is_some_and(|s| s.success()) {
+            finished_early = true;
+            break;
+        }
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+    }
+    let status = start_child(&path).wait().expect("final run");
+    assert!(status.success(), "seed {seed}: the final run failed");
+    let written = broker.consume("counts", produced.len());
+    let mut counts = written_counts(&written);
+    for c in counts.values_mut() {
+        c.dedup();
+    }
+    let duplicates = written.len() - counts.values().map(Vec::len).sum::<usize>();
+    eprintln!(
+        "kafka crash test: seed {seed}, {kills} kills{}, {} records written for {} expected: {duplicates} duplicates",
+        if finished_early { " (finished early)" } else { "" },
+        written.len(),
+        produced.len()
+    );
+    assert_eq!(counts, oracle(&produced), "seed {seed}: every count present, none invented");
 }

@@ -174,6 +174,8 @@ fn bad_uploads_and_specs_are_refused_naming_the_problem() {
         422,
         "sources[0]",
     );
+    let to_kafka = "{type: kafka, brokers: \"127.0.0.1:9\", topic: t}";
+    spec_error(&WORDCOUNT.replace("{type: print}", to_kafka), 422, "sink");
     spec_error(&WORDCOUNT.replace("parallelism: 2}", "parallelism: 5}"), 409, "parallelism");
     let json_type = client()
         .post(server.url("/v1/jobs"))

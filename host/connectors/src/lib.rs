@@ -33,6 +33,8 @@ pub mod sink;
 pub mod source;
 pub mod values;
 
+#[cfg(feature = "kafka")]
+pub use sink::KafkaSink;
 pub use sink::{
     Blackhole, FilesSink, FilesSinkState, JsonLinesSink, LocalDir, OutputDir, PrintSink, Sink, StoreDir, UpsertSink,
 };

@@ -28,8 +28,8 @@ use eddy_checkpoint::store::StoreFaults;
 use eddy_checkpoint::upload::Uploader;
 use eddy_checkpoint::{CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
 use eddy_connectors::{
-    Blackhole, FilesSink, FilesSinkState, JsonLinesSink, LocalDir, OutputDir, PrintSink, Sink, SourceError, StoreDir,
-    UpsertSink, open_source,
+    Blackhole, FilesSink, FilesSinkState, JsonLinesSink, KafkaSink, LocalDir, OutputDir, PrintSink, Sink, SourceError,
+    StoreDir, UpsertSink, open_source,
 };
 
 use crate::checkpoint::{BarrierHandler, BarrierMode, Participant};
@@ -366,6 +366,9 @@ fn open_spec_sink(
         SinkSpec::Upsert { dir } => {
             Box::new(UpsertSink::open(dir).map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?)
         }
+        SinkSpec::Kafka(k) => Box::new(
+            KafkaSink::open(k).map_err(|error| RunError::Sink { path: format!("kafka topic `{}`", k.topic), error })?,
+        ),
     })
 }
 

@@ -48,8 +48,8 @@ mod yaml_guard;
 
 pub use plan::{EdgePlan, Node, Partitioning, PhysicalPlan, TaskPlan};
 pub use spec::{
-    CheckpointMode, CheckpointSpec, GeneratorSpec, KafkaEnd, KafkaFormat, KafkaSourceSpec, KafkaStart, KeyBy,
-    NexmarkSourceSpec, OnDecodeError, PipelineSpec, PropertyValue, RestartSpec, S3Spec, SECRET_PROPERTIES, SinkSpec,
-    SourceFormat, SourceSpec, SpecError, StateBackendKind, StateSpec, StepSpec, StoreLocation, WatermarkSpec,
-    WindowSpec, WindowType,
+    CheckpointMode, CheckpointSpec, GeneratorSpec, KafkaDelivery, KafkaEnd, KafkaFormat, KafkaSinkFormat,
+    KafkaSinkSpec, KafkaSourceSpec, KafkaStart, KeyBy, NexmarkSourceSpec, OnDecodeError, PipelineSpec, PropertyValue,
+    RestartSpec, S3Spec, SECRET_PROPERTIES, SinkSpec, SourceFormat, SourceSpec, SpecError, StateBackendKind, StateSpec,
+    StepSpec, StoreLocation, WatermarkSpec, WindowSpec, WindowType,
 };

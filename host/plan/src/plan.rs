@@ -142,6 +142,7 @@ impl PhysicalPlan {
             SinkSpec::Blackhole => "sink:blackhole",
             SinkSpec::Files { .. } => "sink:files",
             SinkSpec::Upsert { .. } => "sink:upsert",
+            SinkSpec::Kafka(_) => "sink:kafka",
         };
         labels.push((Node::Sink, sink.to_string()));
 

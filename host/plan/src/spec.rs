@@ -11,7 +11,10 @@ use crate::yaml_guard;
 
 mod kafka;
 
-pub use kafka::{KafkaEnd, KafkaFormat, KafkaSourceSpec, KafkaStart, OnDecodeError, PropertyValue, SECRET_PROPERTIES};
+pub use kafka::{
+    KafkaDelivery, KafkaEnd, KafkaFormat, KafkaSinkFormat, KafkaSinkSpec, KafkaSourceSpec, KafkaStart, OnDecodeError,
+    PropertyValue, SECRET_PROPERTIES,
+};
 
 /// A pipeline: sources -> steps -> sink.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -788,6 +791,8 @@ pub enum SinkSpec {
         /// The table's directory, relative to the spec file.
         dir: PathBuf,
     },
+    /// A Kafka topic, written at least once (each subtask of the input produces).
+    Kafka(KafkaSinkSpec),
 }
 
 impl SinkSpec {
@@ -795,7 +800,7 @@ impl SinkSpec {
     /// part), rather than at 1: a terminal, one file or one upsert table takes one writer.
     pub fn follows_input_parallelism(&self) -> bool {
         match self {
-            SinkSpec::Files { .. } | SinkSpec::Blackhole => true,
+            SinkSpec::Files { .. } | SinkSpec::Blackhole | SinkSpec::Kafka(_) => true,
             SinkSpec::Print | SinkSpec::File { .. } | SinkSpec::Upsert { .. } => false,
         }
     }
@@ -901,7 +906,7 @@ impl PipelineSpec {
             SinkSpec::File { path } | SinkSpec::Files { dir: Some(path), .. } | SinkSpec::Upsert { dir: path } => {
                 *path = base.join(&*path)
             }
-            SinkSpec::Print | SinkSpec::Blackhole | SinkSpec::Files { dir: None, .. } => {}
+            SinkSpec::Print | SinkSpec::Blackhole | SinkSpec::Files { dir: None, .. } | SinkSpec::Kafka(_) => {}
         }
         if let Some(dir) = &mut self.state.dir {
             *dir = base.join(&*dir);
@@ -1006,6 +1011,9 @@ impl PipelineSpec {
                     ));
                 }
             }
+        }
+        if let SinkSpec::Kafka(k) = &self.sink {
+            k.validate(&|f: &str| format!("sink.{f}"))?;
         }
         if let SinkSpec::Files { dir, s3 } = &self.sink
             && dir.is_some() == s3.is_some()

@@ -250,6 +250,13 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
         }
         SinkSpec::Upsert { .. } => SinkSpec::Upsert { dir: output_dir(state, tenant, job).join("table") },
         SinkSpec::Blackhole => SinkSpec::Blackhole,
+        SinkSpec::Kafka(_) => {
+            return Err(ApiError::unprocessable(
+                "the service does not run Kafka sinks yet (they need named connections and an egress policy); run \
+                 the pipeline with `eddy run`",
+            )
+            .at("sink"));
+        }
     };
     spec.state.dir = Some(dir.join("state"));
     if spec.state.max_bytes_per_subtask.is_none() {

@@ -9,9 +9,13 @@ use eddy_core::RecordBatch;
 use crate::values::json_text;
 
 mod files;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod upsert;
 
 pub use files::{FilesSink, FilesSinkState, LocalDir, OutputDir, StoreDir};
+#[cfg(feature = "kafka")]
+pub use kafka::KafkaSink;
 pub use upsert::UpsertSink;
 
 /// Where a run's records end up. `output` is `None` for the main output, else a side output.

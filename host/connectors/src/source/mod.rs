@@ -28,7 +28,7 @@ mod file;
 mod generator;
 mod indexed;
 #[cfg(feature = "kafka")]
-mod kafka;
+pub(crate) mod kafka;
 mod nexmark;
 
 use std::path::PathBuf;

@@ -201,22 +201,105 @@ impl KafkaSourceSpec {
                 return Err(invalid(field("watermarks.idleness_ms"), "must be positive (omit it to disable idleness)"));
             }
         }
-        for (key, value) in &self.properties {
-            let at = || field(&format!("properties.{key}"));
-            if OWNED_PROPERTIES.contains(&key.as_str()) {
-                return Err(invalid(at(), "is set by the source itself (from `brokers`, `group` and its checkpoints)"));
-            }
-            match value {
-                PropertyValue::Text(_) if SECRET_PROPERTIES.contains(&key.as_str()) => {
-                    return Err(invalid(at(), "is a secret: give it as `{env: NAME}`, never inline"));
-                }
-                PropertyValue::Env { env } if env.is_empty() => {
-                    return Err(invalid(at(), "`env` names no variable"));
-                }
-                _ => {}
-            }
+        check_properties(
+            field,
+            &self.properties,
+            OWNED_PROPERTIES,
+            "is set by the source itself (from `brokers`, `group` and its checkpoints)",
+        )
+    }
+}
+
+/// Refuses properties the connector owns and secrets given inline.
+fn check_properties(
+    field: &dyn Fn(&str) -> String,
+    properties: &BTreeMap<String, PropertyValue>,
+    owned: &[&str],
+    why_owned: &str,
+) -> Result<(), SpecError> {
+    for (key, value) in properties {
+        let at = || field(&format!("properties.{key}"));
+        if owned.contains(&key.as_str()) {
+            return Err(invalid(at(), why_owned));
         }
-        Ok(())
+        match value {
+            PropertyValue::Text(_) if SECRET_PROPERTIES.contains(&key.as_str()) => {
+                return Err(invalid(at(), "is a secret: give it as `{env: NAME}`, never inline"));
+            }
+            PropertyValue::Env { env } if env.is_empty() => {
+                return Err(invalid(at(), "`env` names no variable"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Properties a Kafka sink's spec may not set: the sink owns delivery.
+const SINK_OWNED_PROPERTIES: &[&str] =
+    &["bootstrap.servers", "enable.idempotence", "acks", "transactional.id", "transaction.timeout.ms"];
+
+/// A Kafka sink: each sink subtask (at its input's parallelism) produces to `topic`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkSpec {
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// The topic written (it must exist).
+    pub topic: String,
+    /// The guarantee.
+    #[serde(default)]
+    pub delivery: KafkaDelivery,
+    /// How a record's value becomes the Kafka value.
+    #[serde(default)]
+    pub format: KafkaSinkFormat,
+    /// librdkafka properties passed through, as for the source.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, PropertyValue>,
+}
+
+/// What a Kafka sink guarantees.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaDelivery {
+    /// Every record is written; after a failure, records since the last completed checkpoint
+    /// are written again.
+    #[default]
+    AtLeastOnce,
+    /// Transactions committed when the checkpoint covering them completes (not yet built).
+    ExactlyOnce,
+}
+
+/// How a record's value becomes a Kafka value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaSinkFormat {
+    /// JSON (rows rendered with their field names).
+    #[default]
+    Json,
+    /// The value's bytes as they are.
+    Raw,
+}
+
+impl KafkaSinkSpec {
+    /// Checks the fields; `field` names one (`sink.topic`).
+    pub(super) fn validate(&self, field: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
+        if self.brokers.trim().is_empty() {
+            return Err(invalid(field("brokers"), "needs at least one `host:port`"));
+        }
+        if !valid_topic(&self.topic) {
+            return Err(invalid(
+                field("topic"),
+                format!("`{}` is not a Kafka topic name (1 to 249 of letters, digits, `.`, `_`, `-`)", self.topic),
+            ));
+        }
+        if self.delivery == KafkaDelivery::ExactlyOnce {
+            return Err(invalid(
+                field("delivery"),
+                "exactly_once (Kafka transactions) is not built yet: use at_least_once, or the files or upsert sink",
+            ));
+        }
+        check_properties(field, &self.properties, SINK_OWNED_PROPERTIES, "is set by the sink itself")
     }
 }
 
@@ -290,5 +373,31 @@ mod tests {
         }
         let err = kafka("{type: kafka, name: p, brokers: b:1, topics: [t], offsets: 3}").unwrap_err().to_string();
         assert!(err.contains("offsets"), "{err}");
+    }
+
+    #[test]
+    fn a_kafka_sink_is_at_least_once_and_refuses_what_it_cannot_do() {
+        let sink = |sink: &str| {
+            PipelineSpec::from_yaml(&format!(
+                "name: k\nsources: [{{type: generator, name: g}}]\nsteps: [{{name: a, wasm: a.wasm}}]\nsink: {sink}"
+            ))
+        };
+        let spec = sink("{type: kafka, brokers: b:1, topic: counts}").unwrap();
+        let crate::SinkSpec::Kafka(k) = &spec.sink else { panic!("a kafka sink") };
+        assert_eq!((k.delivery, k.format), (KafkaDelivery::AtLeastOnce, KafkaSinkFormat::Json));
+        assert!(spec.sink.follows_input_parallelism());
+        for (text, field) in [
+            ("{type: kafka, brokers: b:1, topic: counts, delivery: exactly_once}", "sink.delivery"),
+            ("{type: kafka, brokers: b:1, topic: 'a/b'}", "sink.topic"),
+            ("{type: kafka, brokers: ' ', topic: t}", "sink.brokers"),
+            ("{type: kafka, brokers: b:1, topic: t, properties: {acks: '0'}}", "sink.properties.acks"),
+            (
+                "{type: kafka, brokers: b:1, topic: t, properties: {ssl.key.password: x}}",
+                "sink.properties.ssl.key.password",
+            ),
+        ] {
+            let err = sink(text).unwrap_err().to_string();
+            assert!(err.contains(field), "{text}: {err}");
+        }
     }
 }

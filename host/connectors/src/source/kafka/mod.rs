@@ -463,26 +463,36 @@ impl super::Source for KafkaSource {
     }
 }
 
-/// The client's settings: the spec's properties, then what the source owns (it assigns
-/// partitions itself and never commits, so the group is only read for `start: group_offsets`).
-fn client_config(spec: &KafkaSourceSpec) -> Result<ClientConfig, SourceError> {
+/// A client configuration holding `properties`, secrets read from the environment; `what`
+/// names the connector in errors.
+pub(crate) fn client_properties(
+    what: &str,
+    properties: &BTreeMap<String, PropertyValue>,
+) -> Result<ClientConfig, String> {
     let mut config = ClientConfig::new();
-    for (key, value) in &spec.properties {
+    for (key, value) in properties {
         let value = match value {
             PropertyValue::Text(text) => text.clone(),
-            PropertyValue::Env { env } => std::env::var(env).map_err(|_| SourceError::Broker {
-                source_name: spec.name.clone(),
-                problem: format!("property `{key}` is read from the environment variable `{env}`, which is not set"),
+            PropertyValue::Env { env } => std::env::var(env).map_err(|_| {
+                format!("{what}: property `{key}` is read from the environment variable `{env}`, which is not set")
             })?,
         };
         config.set(key, value);
     }
+    Ok(config)
+}
+
+/// The client's settings: the spec's properties, then what the source owns (it assigns
+/// partitions itself and never commits, so the group is only read for `start: group_offsets`).
+fn client_config(spec: &KafkaSourceSpec) -> Result<ClientConfig, SourceError> {
+    let mut config = client_properties(&format!("source `{}`", spec.name), &spec.properties)
+        .map_err(|problem| SourceError::Broker { source_name: spec.name.clone(), problem })?;
     config
         .set("bootstrap.servers", &spec.brokers)
         .set("group.id", spec.group.clone().unwrap_or_else(|| format!("eddy-{}", spec.name)))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true")
+        .set("enable.partition.eof", if spec.end == KafkaEnd::AtStart { "true" } else { "false" })
         .set("isolation.level", "read_committed");
     Ok(config)
 }
