@@ -1275,7 +1275,7 @@ mod tests {
             ),
             (step("{name: a, wasm: a.wasm, window: {type: session, gap_ms: 5}}"), "steps[0].key_by"),
             (step("{name: a, wasm: a.wasm, state_ttl_ms: 0}"), "steps[0].state_ttl_ms"),
-            (OK.replace("type: print", "type: kafka"), "kafka"),
+            (OK.replace("type: print", "type: pulsar"), "pulsar"),
             (OK.replace("sink: {type: print}\n", ""), "sink"),
             (OK.replace("type: print", "type: files"), "exactly one of `dir` and `s3`"),
             (OK.replace("type: print", "type: files, dir: out, s3: {bucket: b}"), "exactly one of `dir` and `s3`"),
