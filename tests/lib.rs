@@ -104,40 +104,60 @@ impl eddy_connectors::Sink for MemorySink {
     }
 }
 
+/// A free TCP port on the loopback interface.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port()
+}
+
+/// A test service in a child process, listening on `port`, killed on drop.
+#[derive(Debug)]
+struct LocalService(std::process::Child);
+
+impl LocalService {
+    /// Starts `command` (quiet) and waits up to 30 s until it listens on `port`; `what` and
+    /// `install` name it and how to get it in a failure.
+    fn start(command: &mut std::process::Command, port: u16, what: &str, install: &str) -> LocalService {
+        let child = command
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what} ({e}): {install}"));
+        let service = LocalService(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "{what} did not start listening on port {port}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        service
+    }
+}
+
+impl Drop for LocalService {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A local S3-compatible service (moto, installed by `deploy/setup.sh`), stopped on drop.
 #[derive(Debug)]
 pub struct S3Service {
-    process: std::process::Child,
+    _process: LocalService,
     /// `http://127.0.0.1:<port>`.
     pub endpoint: String,
-}
-
-impl Drop for S3Service {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
 }
 
 impl S3Service {
     /// Starts moto on a free port and waits until it listens.
     pub fn start() -> S3Service {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        let process = std::process::Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start moto_server ({e}): run deploy/setup.sh (pip install 'moto[server]')")
-            });
-        let service = S3Service { process, endpoint: format!("http://127.0.0.1:{port}") };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "moto_server did not start listening on port {port}");
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        service
+        let port = free_port();
+        let process = LocalService::start(
+            std::process::Command::new("moto_server").args(["-H", "127.0.0.1", "-p", &port.to_string()]),
+            port,
+            "moto_server",
+            "run deploy/setup.sh (pip install 'moto[server]')",
+        );
+        S3Service { _process: process, endpoint: format!("http://127.0.0.1:{port}") }
     }
 
     /// Creates `bucket`.
@@ -173,17 +193,10 @@ pub type Consumed = (Option<Vec<u8>>, Vec<u8>, Option<String>);
 /// `deploy/setup.sh` installs), in memory, stopped on drop.
 #[derive(Debug)]
 pub struct KafkaBroker {
-    process: std::process::Child,
+    _process: LocalService,
     binary: std::path::PathBuf,
     /// `127.0.0.1:<port>`.
     pub address: String,
-}
-
-impl Drop for KafkaBroker {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
 }
 
 impl KafkaBroker {
@@ -212,10 +225,10 @@ impl KafkaBroker {
     /// Starts a broker on a free port and waits until it listens.
     pub fn start() -> KafkaBroker {
         let binary = Self::binary();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
-        let process = std::process::Command::new(&binary)
-            .args([
+        let process = LocalService::start(
+            std::process::Command::new(&binary).args([
                 "broker",
                 "--listener-url",
                 &url,
@@ -223,18 +236,12 @@ impl KafkaBroker {
                 &url,
                 "--storage-engine",
                 "memory://tansu/",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start tansu ({e}): run deploy/setup.sh"));
-        let broker = KafkaBroker { process, binary, address: format!("127.0.0.1:{port}") };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "tansu did not start listening on port {port}");
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        broker
+            ]),
+            port,
+            "tansu",
+            "run deploy/setup.sh",
+        );
+        KafkaBroker { _process: process, binary, address: format!("127.0.0.1:{port}") }
     }
 
     /// Creates `topic` with `partitions` partitions.

@@ -32,6 +32,8 @@ use super::{SourceError, SourcePosition, SourceStatus};
 const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long discovery, which runs on the task thread between polls, may wait.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
+/// A broker away makes the client report errors on many polls: at most one warning this often.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// The reader of `readers` that owns `partition` of `topic`: partitions of one topic go round
 /// the readers from a start that depends on the topic, so several topics spread evenly.
@@ -74,6 +76,7 @@ pub(crate) struct KafkaSource {
     started: Instant,
     side: Vec<(String, RecordBatch)>,
     scratch: Vec<u8>,
+    warned: Option<Instant>,
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -130,6 +133,7 @@ impl KafkaSource {
             started: now,
             side: Vec::new(),
             scratch: Vec::new(),
+            warned: None,
         };
         let present = reader.partitions(BROKER_TIMEOUT)?;
         let mut added = Vec::new();
@@ -382,7 +386,10 @@ impl super::Source for KafkaSource {
                         });
                     }
                     // Transient (a broker away, a leader moving): the client retries by itself.
-                    tracing::warn!(source = %self.spec.name, error = %e, "kafka consumer error; the client retries");
+                    if self.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                        self.warned = Some(Instant::now());
+                        tracing::warn!(source = %self.spec.name, error = %e, "kafka consumer error; the client retries");
+                    }
                     break;
                 }
             };
