@@ -152,20 +152,75 @@ fn default_discovery_interval_ms() -> u64 {
     10_000
 }
 
+/// Most topics a source lists.
+pub const MAX_TOPICS: usize = 1024;
+/// Longest `topic_pattern`, in bytes.
+pub const MAX_TOPIC_PATTERN_BYTES: usize = 1024;
+/// The most memory a compiled `topic_pattern` may take: a short pattern can compile into a
+/// large automaton (`a{1000}{1000}`), so the text's length alone bounds nothing.
+pub const MAX_TOPIC_PATTERN_COMPILED_BYTES: usize = 1 << 20;
+/// Longest `brokers` list and `group` name, in bytes.
+pub const MAX_ADDRESS_BYTES: usize = 4096;
+/// Most librdkafka properties a connector passes.
+pub const MAX_PROPERTIES: usize = 128;
+/// Longest property name; longest value (room for a PEM certificate chain).
+pub const MAX_PROPERTY_NAME_BYTES: usize = 256;
+/// Longest property value.
+pub const MAX_PROPERTY_VALUE_BYTES: usize = 64 << 10;
+
+/// Checks a `brokers` list: present and bounded.
+fn check_brokers(field: &dyn Fn(&str) -> String, brokers: &str) -> Result<(), SpecError> {
+    if brokers.trim().is_empty() {
+        return Err(invalid(field("brokers"), "needs at least one `host:port`"));
+    }
+    if brokers.len() > MAX_ADDRESS_BYTES {
+        return Err(invalid(
+            field("brokers"),
+            format!("{} bytes, above the limit of {MAX_ADDRESS_BYTES} (MAX_ADDRESS_BYTES)", brokers.len()),
+        ));
+    }
+    Ok(())
+}
+
 impl KafkaSourceSpec {
     /// Checks the fields; `field` names one (`sources[0].topics`).
+    /// The compiled `topic_pattern`, matching whole topic names, within
+    /// [`MAX_TOPIC_PATTERN_COMPILED_BYTES`]; `None` without a pattern.
+    pub fn topic_matcher(&self) -> Result<Option<regex::Regex>, String> {
+        let Some(pattern) = &self.topic_pattern else { return Ok(None) };
+        if pattern.len() > MAX_TOPIC_PATTERN_BYTES {
+            return Err(format!(
+                "{} bytes, above the limit of {MAX_TOPIC_PATTERN_BYTES} (MAX_TOPIC_PATTERN_BYTES)",
+                pattern.len()
+            ));
+        }
+        regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
+            .size_limit(MAX_TOPIC_PATTERN_COMPILED_BYTES)
+            .build()
+            .map(Some)
+            .map_err(|e| {
+                format!("not a regular expression within {MAX_TOPIC_PATTERN_COMPILED_BYTES} bytes compiled: {e}")
+            })
+    }
+
     pub(super) fn validate(&self, field: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
-        if self.brokers.trim().is_empty() {
-            return Err(invalid(field("brokers"), "needs at least one `host:port`"));
+        check_brokers(field, &self.brokers)?;
+        if self.topics.len() > MAX_TOPICS {
+            return Err(invalid(
+                field("topics"),
+                format!("{} topics, above the limit of {MAX_TOPICS} (MAX_TOPICS)", self.topics.len()),
+            ));
+        }
+        if self.group.as_ref().is_some_and(|g| g.is_empty() || g.len() > MAX_ADDRESS_BYTES) {
+            return Err(invalid(field("group"), format!("must be 1 to {MAX_ADDRESS_BYTES} bytes")));
         }
         match (&self.topics[..], &self.topic_pattern) {
             ([], None) => return Err(invalid(field("topics"), "give `topics` or `topic_pattern`")),
             ([_, ..], Some(_)) => {
                 return Err(invalid(field("topic_pattern"), "give `topics` or `topic_pattern`, not both"));
             }
-            (_, Some(pattern)) => {
-                regex::Regex::new(pattern)
-                    .map_err(|e| invalid(field("topic_pattern"), format!("not a regular expression: {e}")))?;
+            (_, Some(_)) => {
+                self.topic_matcher().map_err(|problem| invalid(field("topic_pattern"), problem))?;
             }
             (topics, None) => {
                 if let Some(bad) = topics.iter().find(|t| !valid_topic(t)) {
@@ -217,8 +272,30 @@ fn check_properties(
     owned: &[&str],
     why_owned: &str,
 ) -> Result<(), SpecError> {
+    if properties.len() > MAX_PROPERTIES {
+        return Err(invalid(
+            field("properties"),
+            format!("{} properties, above the limit of {MAX_PROPERTIES} (MAX_PROPERTIES)", properties.len()),
+        ));
+    }
     for (key, value) in properties {
+        if key.len() > MAX_PROPERTY_NAME_BYTES {
+            return Err(invalid(
+                field("properties"),
+                format!("a name of {} bytes, above the limit of {MAX_PROPERTY_NAME_BYTES}", key.len()),
+            ));
+        }
         let at = || field(&format!("properties.{key}"));
+        let (PropertyValue::Text(text) | PropertyValue::Env { env: text }) = value;
+        if text.len() > MAX_PROPERTY_VALUE_BYTES {
+            return Err(invalid(
+                at(),
+                format!(
+                    "{} bytes, above the limit of {MAX_PROPERTY_VALUE_BYTES} (MAX_PROPERTY_VALUE_BYTES)",
+                    text.len()
+                ),
+            ));
+        }
         if owned.contains(&key.as_str()) {
             return Err(invalid(at(), why_owned));
         }
@@ -284,9 +361,7 @@ pub enum KafkaSinkFormat {
 impl KafkaSinkSpec {
     /// Checks the fields; `field` names one (`sink.topic`).
     pub(super) fn validate(&self, field: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
-        if self.brokers.trim().is_empty() {
-            return Err(invalid(field("brokers"), "needs at least one `host:port`"));
-        }
+        check_brokers(field, &self.brokers)?;
         if !valid_topic(&self.topic) {
             return Err(invalid(
                 field("topic"),
@@ -373,6 +448,39 @@ mod tests {
         }
         let err = kafka("{type: kafka, name: p, brokers: b:1, topics: [t], offsets: 3}").unwrap_err().to_string();
         assert!(err.contains("offsets"), "{err}");
+    }
+
+    #[test]
+    fn oversized_and_explosive_kafka_fields_are_refused_naming_the_limit() {
+        let base = "type: kafka, name: p, brokers: b:1";
+        let many_topics = (0..=MAX_TOPICS).map(|i| format!("t{i}")).collect::<Vec<_>>().join(", ");
+        let many_properties = (0..=MAX_PROPERTIES).map(|i| format!("p{i}: v")).collect::<Vec<_>>().join(", ");
+        let cases = [
+            (format!("{{{base}, topics: [{many_topics}]}}"), "MAX_TOPICS"),
+            (
+                format!("{{{base}, topic_pattern: '{}'}}", "a".repeat(MAX_TOPIC_PATTERN_BYTES + 1)),
+                "MAX_TOPIC_PATTERN_BYTES",
+            ),
+            // Eleven bytes of pattern, a million states compiled.
+            (format!("{{{base}, topic_pattern: 'a{{1000}}{{1000}}'}}"), "compiled"),
+            (
+                format!("{{type: kafka, name: p, brokers: '{}', topics: [t]}}", "b".repeat(MAX_ADDRESS_BYTES + 1)),
+                "MAX_ADDRESS_BYTES",
+            ),
+            (format!("{{{base}, topics: [t], properties: {{{many_properties}}}}}"), "MAX_PROPERTIES"),
+            (
+                format!(
+                    "{{{base}, topics: [t], properties: {{ssl.ca.pem: '{}'}}}}",
+                    "x".repeat(MAX_PROPERTY_VALUE_BYTES + 1)
+                ),
+                "MAX_PROPERTY_VALUE_BYTES",
+            ),
+            (format!("{{{base}, topics: [t], group: ''}}"), "sources[0].group"),
+        ];
+        for (source, limit) in cases {
+            let err = kafka(&source).unwrap_err().to_string();
+            assert!(err.contains(limit), "{}: {err}", &source[..source.len().min(80)]);
+        }
     }
 
     #[test]
