@@ -87,16 +87,22 @@ fn oracle(produced: &[KafkaRecord]) -> BTreeMap<String, Vec<u64>> {
     n.into_iter().map(|(user, n)| (user, (1..=n).collect())).collect()
 }
 
-fn counting_yaml(broker: &KafkaBroker, readers: u32, end: &str) -> String {
+/// Kafka `purchases` (keyed by user, `end` as given) → running count (checkpointed) → `sink`.
+fn counting_yaml(broker: &KafkaBroker, readers: u32, end: &str, sink: &str) -> String {
     format!(
         "name: kafka-count\nparallelism: {readers}\n\
          sources: [{{type: kafka, name: purchases, brokers: \"{}\", topics: [purchases], parallelism: {readers}, \
          key: true, end: {end}, timestamp: /ts}}]\n\
          steps: [{{name: count, wasm: {}, key_by: key}}]\n\
-         checkpoints: {{dir: ck, interval_ms: 200}}\nsink: {{type: blackhole}}\n",
+         checkpoints: {{dir: checkpoints, interval_ms: 100}}\nrestart: {{strategy: none}}\nsink: {sink}\n",
         broker.address,
         guests::RUNNING_COUNT
     )
+}
+
+/// A Kafka sink to `counts`, at least once.
+fn to_counts(broker: &KafkaBroker) -> String {
+    format!("{{type: kafka, brokers: \"{}\", topic: counts, delivery: at_least_once}}", broker.address)
 }
 
 #[test]
@@ -107,7 +113,7 @@ fn a_restore_at_three_readers_from_a_savepoint_of_two_reads_every_record_exactly
     let first = purchases(0, 600, 6);
     broker.produce("purchases", &first);
 
-    let spec = spec_in(dir.path(), &counting_yaml(&broker, 2, "unbounded"));
+    let spec = spec_in(dir.path(), &counting_yaml(&broker, 2, "unbounded", "{type: blackhole}"));
     let (job, received) = start(&spec, JobOptions::default());
     wait_for(&received, first.len(), "the first run");
     let savepoint = StoreLocation::Dir(dir.path().join("savepoint"));
@@ -117,7 +123,7 @@ fn a_restore_at_three_readers_from_a_savepoint_of_two_reads_every_record_exactly
 
     let second = purchases(600, 1500, 6);
     broker.produce("purchases", &second);
-    let spec = spec_in(dir.path(), &counting_yaml(&broker, 3, "at_start"));
+    let spec = spec_in(dir.path(), &counting_yaml(&broker, 3, "at_start", "{type: blackhole}"));
     let (job, after) = start(&spec, JobOptions { restore_from: Some(savepoint), ..JobOptions::default() });
     let summary = job.wait().expect("the bounded run ends");
     assert!(summary.finished);
@@ -270,16 +276,7 @@ fn a_keyed_count_written_to_kafka_holds_every_expected_record() {
     let dir = tempfile::tempdir().expect("tempdir");
     let produced = purchases(0, 700, 3);
     broker.produce("purchases", &produced);
-    let yaml = format!(
-        "name: to-kafka\nparallelism: 2\n\
-         sources: [{{type: kafka, name: purchases, brokers: \"{b}\", topics: [purchases], parallelism: 2, key: true, \
-         end: at_start}}]\n\
-         steps: [{{name: count, wasm: {}, key_by: key}}]\n\
-         checkpoints: {{dir: ck, interval_ms: 100}}\n\
-         sink: {{type: kafka, brokers: \"{b}\", topic: counts, delivery: at_least_once}}\n",
-        guests::RUNNING_COUNT,
-        b = broker.address,
-    );
+    let yaml = counting_yaml(&broker, 2, "at_start", &to_counts(&broker));
     let summary = Job::start(&spec_in(dir.path(), &yaml), runtime(), JobOptions::default())
         .expect("job starts")
         .wait()
@@ -306,16 +303,7 @@ fn sigkill_at_random_moments_loses_no_record_written_to_kafka_at_least_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let produced = purchases(0, 20_000, 4);
     broker.produce("purchases", &produced);
-    let yaml = format!(
-        "name: crash-kafka\nparallelism: 2\n\
-         sources: [{{type: kafka, name: purchases, brokers: \"{b}\", topics: [purchases], parallelism: 2, key: true, \
-         end: at_start}}]\n\
-         steps: [{{name: count, wasm: {}, key_by: key}}]\n\
-         checkpoints: {{dir: checkpoints, interval_ms: 100}}\nrestart: {{strategy: none}}\n\
-         sink: {{type: kafka, brokers: \"{b}\", topic: counts}}\n",
-        guests::RUNNING_COUNT,
-        b = broker.address,
-    );
+    let yaml = counting_yaml(&broker, 2, "at_start", &to_counts(&broker));
     let path = dir.path().join("pipeline.yaml");
     std::fs::write(&path, yaml).expect("write spec");
     let draw = seeded_draws(seed);

@@ -68,8 +68,9 @@ pub(crate) struct KafkaSource {
     parallelism: u32,
     consumer: BaseConsumer,
     owned: Vec<Owned>,
-    /// Index into `owned` by (topic, partition).
-    index: BTreeMap<(String, i32), usize>,
+    /// Index into `owned` by topic, then partition: looked up by a message's borrowed topic
+    /// name, so reading a record allocates nothing.
+    index: BTreeMap<String, BTreeMap<i32, usize>>,
     clock: PartitionClock,
     pattern: Option<regex::Regex>,
     next_discovery: Instant,
@@ -111,13 +112,7 @@ impl KafkaSource {
             }
         };
         let consumer = client_config(spec)?.create::<BaseConsumer>().map_err(|e| broker(e.to_string()))?;
-        let pattern = match &spec.topic_pattern {
-            Some(p) => Some(
-                regex::Regex::new(&format!("^(?:{p})$"))
-                    .map_err(|e| broker(format!("topic_pattern is not a regular expression: {e}")))?,
-            ),
-            None => None,
-        };
+        let pattern = spec.topic_matcher().map_err(|e| broker(format!("topic_pattern: {e}")))?;
         let watermarks = spec.watermarks.unwrap_or_default();
         let now = Instant::now();
         let mut reader = KafkaSource {
@@ -268,10 +263,14 @@ impl KafkaSource {
             .collect())
     }
 
+    fn owned_at(&self, topic: &str, partition: i32) -> Option<usize> {
+        self.index.get(topic).and_then(|p| p.get(&partition)).copied()
+    }
+
     fn adopt(&mut self, topic: String, partition: i32, next_offset: i64, end_offset: Option<i64>) -> usize {
         let clock = self.clock.add(self.started.elapsed());
         let at = self.owned.len();
-        self.index.insert((topic.clone(), partition), at);
+        self.index.entry(topic.clone()).or_default().insert(partition, at);
         self.owned.push(Owned { topic, partition, next_offset, end_offset, clock });
         if self.owned[at].done() {
             self.clock.end(clock);
@@ -309,7 +308,7 @@ impl KafkaSource {
                 return Ok(());
             }
         };
-        let new: Vec<(String, i32)> = present.into_iter().filter(|tp| !self.index.contains_key(tp)).collect();
+        let new: Vec<(String, i32)> = present.into_iter().filter(|(t, p)| self.owned_at(t, *p).is_none()).collect();
         if new.is_empty() {
             return Ok(());
         }
@@ -393,7 +392,7 @@ impl super::Source for KafkaSource {
                     break;
                 }
             };
-            let Some(&at) = self.index.get(&(message.topic().to_owned(), message.partition())) else { continue };
+            let Some(at) = self.owned_at(message.topic(), message.partition()) else { continue };
             let offset = message.offset();
             let owned = &self.owned[at];
             if offset < owned.next_offset || owned.done() {
