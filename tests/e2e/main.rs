@@ -11,6 +11,7 @@ mod load;
 mod nexmark;
 mod operators;
 mod polyglot;
+mod postgres;
 mod recovery;
 mod spread;
 mod unaligned;

@@ -7,7 +7,9 @@
 //!
 //! Sources: a file (lines, CSV or JSON, followed or not, local or in an S3 bucket), the
 //! deterministic generator and the Nexmark generator ([`open_source`]). Sinks: print, JSON
-//! lines, blackhole, the exactly-once [`FilesSink`] and the idempotent [`UpsertSink`].
+//! lines, blackhole, Kafka, the exactly-once [`FilesSink`] and `PostgresSink`, and the
+//! idempotent [`UpsertSink`]. Kafka and PostgreSQL sit behind the `kafka` and `postgres`
+//! features (both on by default).
 //!
 //! ```
 //! use eddy_connectors::{Blackhole, Sink, SourceStatus, open_source};
@@ -38,4 +40,6 @@ pub use sink::KafkaSink;
 pub use sink::{
     Blackhole, FilesSink, FilesSinkState, JsonLinesSink, LocalDir, OutputDir, PrintSink, Sink, StoreDir, UpsertSink,
 };
+#[cfg(feature = "postgres")]
+pub use sink::{PostgresSink, PostgresSinkState};
 pub use source::{Source, SourceError, SourcePosition, SourceStatus, generator_event, open_source};

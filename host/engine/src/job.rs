@@ -28,8 +28,8 @@ use eddy_checkpoint::store::StoreFaults;
 use eddy_checkpoint::upload::Uploader;
 use eddy_checkpoint::{CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
 use eddy_connectors::{
-    Blackhole, FilesSink, FilesSinkState, JsonLinesSink, KafkaSink, LocalDir, OutputDir, PrintSink, Sink, SourceError,
-    StoreDir, UpsertSink, open_source,
+    Blackhole, FilesSink, FilesSinkState, JsonLinesSink, KafkaSink, LocalDir, OutputDir, PostgresSink,
+    PostgresSinkState, PrintSink, Sink, SourceError, StoreDir, UpsertSink, open_source,
 };
 
 use crate::checkpoint::{BarrierHandler, BarrierMode, Participant};
@@ -303,18 +303,29 @@ impl std::fmt::Debug for Job {
     }
 }
 
-/// Readies the spec's sink for a run that restored `restored` (its id and every sink
-/// subtask's transaction state), once, before any subtask opens its sink.
+/// Readies the spec's sink for a run of `job` that restored `restored` (its id and every sink
+/// subtask's transaction state), once, before any subtask opens its sink: what the restored
+/// checkpoint pre-committed is committed, everything else left pre-committed is discarded.
 fn recover_spec_sink(
+    spec: &SinkSpec,
+    job: &str,
     files_out: Option<&Arc<dyn OutputDir>>,
     restored: Option<(CheckpointId, Vec<&serde_json::Value>)>,
 ) -> Result<(), RunError> {
+    if let SinkSpec::Postgres(p) = spec {
+        let states = restored.map(|(_, states)| states).unwrap_or_default();
+        let states = states.into_iter().map(sink_state::<PostgresSinkState>).collect::<Result<Vec<_>, _>>();
+        return states
+            .and_then(|states| PostgresSink::recover(p, job, &states))
+            .map_err(|error| RunError::Sink { path: format!("postgres table `{}`", p.table), error });
+    }
     let Some(out) = files_out else { return Ok(()) };
     let sink_error = |error| RunError::Sink { path: out.describe(), error };
     let restored = match restored {
-        Some((id, states)) => {
-            Some((id, states.into_iter().map(files_sink_state).collect::<Result<Vec<_>, _>>().map_err(sink_error)?))
-        }
+        Some((id, states)) => Some((
+            id,
+            states.into_iter().map(sink_state::<FilesSinkState>).collect::<Result<Vec<_>, _>>().map_err(sink_error)?,
+        )),
         None => None,
     };
     FilesSink::recover(out.as_ref(), restored.as_ref().map(|(id, states)| (*id, &states[..]))).map_err(sink_error)
@@ -344,6 +355,7 @@ pub fn files_output(spec: &SinkSpec) -> Result<Option<Arc<dyn OutputDir>>, RunEr
 /// writes to `files_out`, [`files_output`] of the spec); `run` names this run's files.
 fn open_spec_sink(
     spec: &SinkSpec,
+    job: &str,
     files_out: Option<&Arc<dyn OutputDir>>,
     run: &str,
     subtask: u32,
@@ -369,18 +381,29 @@ fn open_spec_sink(
         SinkSpec::Kafka(k) => Box::new(
             KafkaSink::open(k).map_err(|error| RunError::Sink { path: format!("kafka topic `{}`", k.topic), error })?,
         ),
+        SinkSpec::Postgres(p) => Box::new(
+            PostgresSink::open(p, job, subtask, checkpointing)
+                .map_err(|error| RunError::Sink { path: format!("postgres table `{}`", p.table), error })?,
+        ),
     })
 }
 
-fn files_sink_state(value: &serde_json::Value) -> std::io::Result<FilesSinkState> {
+fn sink_state<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> std::io::Result<T> {
     serde_json::from_value(value.clone())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("sink state in checkpoint: {e}")))
 }
 
-/// Commits what a checkpoint's sink state lists (the final checkpoint's last files).
-fn sink_committer(files_out: Option<&Arc<dyn OutputDir>>) -> SinkCommitter {
+/// Commits what a checkpoint's sink state lists (the final checkpoint's last files or
+/// transactions), outside the sink subtask, which is gone by then.
+fn sink_committer(spec: &SinkSpec, files_out: Option<&Arc<dyn OutputDir>>) -> SinkCommitter {
+    if let SinkSpec::Postgres(p) = spec {
+        let p = p.clone();
+        return Box::new(move |value| PostgresSink::commit(&p, &sink_state(value)?));
+    }
     match files_out.cloned() {
-        Some(out) => Box::new(move |value| FilesSink::commit(out.as_ref(), &files_sink_state(value)?.pending)),
+        Some(out) => {
+            Box::new(move |value| FilesSink::commit(out.as_ref(), &sink_state::<FilesSinkState>(value)?.pending))
+        }
         None => Box::new(|_| Ok(())),
     }
 }
@@ -673,7 +696,7 @@ impl Job {
         let mut given_sink = options.sink.take();
         let mut sink_factory = options.sink_per_subtask.take();
         if !sink_given && sink_factory.is_none() && lead {
-            recover_spec_sink(files_out.as_ref(), restore.map(|p| (p.id(), p.sink_states())))?;
+            recover_spec_sink(&spec.sink, &spec.name, files_out.as_ref(), restore.map(|p| (p.id(), p.sink_states())))?;
         }
         let run_name = FilesSink::run_name();
         let signals = Arc::new(Signals::default());
@@ -782,7 +805,9 @@ impl Job {
                     },
                     None => Tail::Sink(match &mut sink_factory {
                         Some(make) => make(index),
-                        None => open_spec_sink(&spec.sink, files_out.as_ref(), &run_name, index, checkpointing)?,
+                        None => {
+                            open_spec_sink(&spec.sink, &spec.name, files_out.as_ref(), &run_name, index, checkpointing)?
+                        }
                     }),
                 };
                 runners.push((
@@ -828,7 +853,7 @@ impl Job {
             (Some(recovery), Some(checkpoints)) => {
                 let first_id = recovery.next_id;
                 let retained = recovery.retained;
-                let commit_sink = sink_committer(files_out.as_ref());
+                let commit_sink = sink_committer(&spec.sink, files_out.as_ref());
                 let thread: Box<dyn FnOnce() -> Result<(), CheckpointError> + Send> = match checkpoint_role {
                     Some(CheckpointRole::Part(link)) => {
                         let part = PartThread {

@@ -48,8 +48,9 @@ mod yaml_guard;
 
 pub use plan::{EdgePlan, Node, Partitioning, PhysicalPlan, TaskPlan};
 pub use spec::{
-    CheckpointMode, CheckpointSpec, GeneratorSpec, KafkaDelivery, KafkaEnd, KafkaFormat, KafkaSinkFormat,
-    KafkaSinkSpec, KafkaSourceSpec, KafkaStart, KeyBy, NexmarkSourceSpec, OnDecodeError, PipelineSpec, PropertyValue,
-    RestartSpec, S3Spec, SECRET_PROPERTIES, SinkSpec, SourceFormat, SourceSpec, SpecError, StateBackendKind, StateSpec,
-    StepSpec, StoreLocation, WatermarkSpec, WindowSpec, WindowType,
+    CheckpointMode, CheckpointSpec, ColumnSource, ColumnSpec, GeneratorSpec, KafkaDelivery, KafkaEnd, KafkaFormat,
+    KafkaSinkFormat, KafkaSinkSpec, KafkaSourceSpec, KafkaStart, KeyBy, NexmarkSourceSpec, OnDecodeError, PipelineSpec,
+    PostgresMode, PostgresSinkSpec, PropertyValue, RestartSpec, S3Spec, SECRET_PROPERTIES, SinkSpec, SourceFormat,
+    SourceSpec, SpecError, SqlType, StateBackendKind, StateSpec, StepSpec, StoreLocation, WatermarkSpec, WindowSpec,
+    WindowType,
 };

@@ -143,6 +143,7 @@ impl PhysicalPlan {
             SinkSpec::Files { .. } => "sink:files",
             SinkSpec::Upsert { .. } => "sink:upsert",
             SinkSpec::Kafka(_) => "sink:kafka",
+            SinkSpec::Postgres(_) => "sink:postgres",
         };
         labels.push((Node::Sink, sink.to_string()));
 

@@ -10,11 +10,13 @@ use crate::window::WindowKind;
 use crate::yaml_guard;
 
 mod kafka;
+mod postgres;
 
 pub use kafka::{
     KafkaDelivery, KafkaEnd, KafkaFormat, KafkaSinkFormat, KafkaSinkSpec, KafkaSourceSpec, KafkaStart, OnDecodeError,
     PropertyValue, SECRET_PROPERTIES,
 };
+pub use postgres::{ColumnSource, ColumnSpec, PostgresMode, PostgresSinkSpec, SqlType};
 
 /// A pipeline: sources -> steps -> sink.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -793,6 +795,9 @@ pub enum SinkSpec {
     },
     /// A Kafka topic, written at least once (each subtask of the input produces).
     Kafka(KafkaSinkSpec),
+    /// A PostgreSQL table, exactly once (prepared transactions) or upserted (each subtask of
+    /// the input writes on its own connection).
+    Postgres(PostgresSinkSpec),
 }
 
 impl SinkSpec {
@@ -800,7 +805,7 @@ impl SinkSpec {
     /// part), rather than at 1: a terminal, one file or one upsert table takes one writer.
     pub fn follows_input_parallelism(&self) -> bool {
         match self {
-            SinkSpec::Files { .. } | SinkSpec::Blackhole | SinkSpec::Kafka(_) => true,
+            SinkSpec::Files { .. } | SinkSpec::Blackhole | SinkSpec::Kafka(_) | SinkSpec::Postgres(_) => true,
             SinkSpec::Print | SinkSpec::File { .. } | SinkSpec::Upsert { .. } => false,
         }
     }
@@ -906,7 +911,11 @@ impl PipelineSpec {
             SinkSpec::File { path } | SinkSpec::Files { dir: Some(path), .. } | SinkSpec::Upsert { dir: path } => {
                 *path = base.join(&*path)
             }
-            SinkSpec::Print | SinkSpec::Blackhole | SinkSpec::Files { dir: None, .. } | SinkSpec::Kafka(_) => {}
+            SinkSpec::Print
+            | SinkSpec::Blackhole
+            | SinkSpec::Files { dir: None, .. }
+            | SinkSpec::Kafka(_)
+            | SinkSpec::Postgres(_) => {}
         }
         if let Some(dir) = &mut self.state.dir {
             *dir = base.join(&*dir);
@@ -1012,8 +1021,10 @@ impl PipelineSpec {
                 }
             }
         }
-        if let SinkSpec::Kafka(k) = &self.sink {
-            k.validate(&|f: &str| format!("sink.{f}"))?;
+        match &self.sink {
+            SinkSpec::Kafka(k) => k.validate(&|f: &str| format!("sink.{f}"))?,
+            SinkSpec::Postgres(p) => p.validate(&|f: &str| format!("sink.{f}"))?,
+            _ => {}
         }
         if let SinkSpec::Files { dir, s3 } = &self.sink
             && dir.is_some() == s3.is_some()

@@ -250,10 +250,12 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
         }
         SinkSpec::Upsert { .. } => SinkSpec::Upsert { dir: output_dir(state, tenant, job).join("table") },
         SinkSpec::Blackhole => SinkSpec::Blackhole,
-        SinkSpec::Kafka(_) => {
+        // Like a Kafka source, these would reach any host the server reaches, with the
+        // server's environment for `url_env`.
+        SinkSpec::Kafka(_) | SinkSpec::Postgres(_) => {
             return Err(ApiError::unprocessable(
-                "the service does not run Kafka sinks yet (they need named connections and an egress policy); run \
-                 the pipeline with `eddy run`",
+                "the service does not run Kafka or PostgreSQL sinks yet (they need named connections and an egress \
+                 policy); run the pipeline with `eddy run`",
             )
             .at("sink"));
         }

@@ -11,11 +11,15 @@ use crate::values::json_text;
 mod files;
 #[cfg(feature = "kafka")]
 mod kafka;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod upsert;
 
 pub use files::{FilesSink, FilesSinkState, LocalDir, OutputDir, StoreDir};
 #[cfg(feature = "kafka")]
 pub use kafka::KafkaSink;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresSink, PostgresSinkState};
 pub use upsert::UpsertSink;
 
 /// Where a run's records end up. `output` is `None` for the main output, else a side output.
