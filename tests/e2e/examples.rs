@@ -163,3 +163,47 @@ fn surge_pricing_example() {
         .collect();
     assert_eq!(got, oracle);
 }
+
+/// The Kafka-to-PostgreSQL example against a broker and a server of the test's own (its
+/// addresses and checkpoint directory swapped in): the table holds each user's hourly totals
+/// as a grouping of the input file says.
+#[test]
+fn kafka_to_postgres_example() {
+    const HOUR: i64 = 3_600_000;
+    let broker = eddy_tests::KafkaBroker::start();
+    broker.create_topic("purchases", 2);
+    let purchases = input("kafka-to-postgres", "purchases.jsonl");
+    let records: Vec<eddy_tests::KafkaRecord> =
+        purchases.iter().enumerate().map(|(i, p)| (i32::from(i % 2 == 1), None, p.to_string().into_bytes())).collect();
+    broker.produce("purchases", &records);
+    let pg = eddy_tests::PgServer::start();
+    let checkpoints = tempfile::tempdir().expect("tempdir");
+    let mut spec =
+        PipelineSpec::from_file(&example("kafka-to-postgres").join("pipeline.yaml")).expect("example spec is valid");
+    let eddy_plan::SourceSpec::Kafka(source) = &mut spec.sources[0] else { panic!("a kafka source") };
+    source.brokers = broker.address.clone();
+    let eddy_plan::SinkSpec::Postgres(sink) = &mut spec.sink else { panic!("a postgres sink") };
+    sink.url = Some(pg.url.clone());
+    spec.checkpoints.as_mut().expect("checkpoints").dir = Some(checkpoints.path().to_path_buf());
+    let summary = Job::start(&spec, runtime(), JobOptions::default()).expect("starts").wait().expect("runs");
+    assert!(summary.finished);
+
+    let mut oracle: BTreeMap<(String, i64), (i64, i64)> = BTreeMap::new();
+    for p in &purchases {
+        let ts = p["ts"].as_i64().expect("ts");
+        let total =
+            oracle.entry((p["user_id"].as_str().expect("user").to_string(), ts - ts.rem_euclid(HOUR))).or_default();
+        total.0 += 1;
+        total.1 += p["amount_cents"].as_i64().expect("amount");
+    }
+    let rows = pg
+        .rows("SELECT user_id, (extract(epoch FROM window_start) * 1000)::bigint, purchases, total_cents FROM totals");
+    let got: BTreeMap<(String, i64), (i64, i64)> = rows
+        .into_iter()
+        .map(|r| {
+            let n = |i: usize| r[i].clone().expect("not null");
+            ((n(0), n(1).parse().expect("ms")), (n(2).parse().expect("n"), n(3).parse().expect("total")))
+        })
+        .collect();
+    assert_eq!(got, oracle);
+}
