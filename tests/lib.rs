@@ -193,7 +193,8 @@ pub type Consumed = (Option<Vec<u8>>, Vec<u8>, Option<String>);
 /// `deploy/setup.sh` installs), in memory, stopped on drop.
 #[derive(Debug)]
 pub struct KafkaBroker {
-    _process: LocalService,
+    /// None: a broker this test did not start (`external`).
+    _process: Option<LocalService>,
     binary: std::path::PathBuf,
     /// `127.0.0.1:<port>`.
     pub address: String,
@@ -241,11 +242,26 @@ impl KafkaBroker {
             "tansu",
             "run deploy/setup.sh",
         );
-        KafkaBroker { _process: process, binary, address: format!("127.0.0.1:{port}") }
+        KafkaBroker { _process: Some(process), binary, address: format!("127.0.0.1:{port}") }
+    }
+
+    /// A broker running elsewhere (`EDDY_TEST_KAFKA`), reached at `address`.
+    pub fn external(address: &str) -> KafkaBroker {
+        KafkaBroker { _process: None, binary: std::path::PathBuf::new(), address: address.to_owned() }
     }
 
     /// Creates `topic` with `partitions` partitions.
     pub fn create_topic(&self, topic: &str, partitions: u32) {
+        if self._process.is_none() {
+            use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+            let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+                rdkafka::ClientConfig::new().set("bootstrap.servers", &self.address).create().expect("admin client");
+            let new = NewTopic::new(topic, i32::try_from(partitions).expect("partitions"), TopicReplication::Fixed(1));
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let results = runtime.block_on(admin.create_topics([&new], &AdminOptions::new())).expect("create topics");
+            assert!(results.iter().all(Result::is_ok), "creating topic {topic}: {results:?}");
+            return;
+        }
         let status = std::process::Command::new(&self.binary)
             .args(["topic", "create", "--broker", &format!("tcp://{}", self.address)])
             .args(["--partitions", &partitions.to_string(), topic])

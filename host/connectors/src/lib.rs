@@ -35,11 +35,11 @@ pub mod sink;
 pub mod source;
 pub mod values;
 
-#[cfg(feature = "kafka")]
-pub use sink::KafkaSink;
 pub use sink::{
     Blackhole, FilesSink, FilesSinkState, JsonLinesSink, LocalDir, OutputDir, PrintSink, Sink, StoreDir, UpsertSink,
 };
+#[cfg(feature = "kafka")]
+pub use sink::{KafkaSink, KafkaSinkState};
 #[cfg(feature = "postgres")]
 pub use sink::{PostgresSink, PostgresSinkState};
 pub use source::{Source, SourceError, SourcePosition, SourceStatus, generator_event, open_source};

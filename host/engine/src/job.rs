@@ -28,7 +28,7 @@ use eddy_checkpoint::store::StoreFaults;
 use eddy_checkpoint::upload::Uploader;
 use eddy_checkpoint::{CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
 use eddy_connectors::{
-    Blackhole, FilesSink, FilesSinkState, JsonLinesSink, KafkaSink, LocalDir, OutputDir, PostgresSink,
+    Blackhole, FilesSink, FilesSinkState, JsonLinesSink, KafkaSink, KafkaSinkState, LocalDir, OutputDir, PostgresSink,
     PostgresSinkState, PrintSink, Sink, SourceError, StoreDir, UpsertSink, open_source,
 };
 
@@ -312,12 +312,21 @@ fn recover_spec_sink(
     files_out: Option<&Arc<dyn OutputDir>>,
     restored: Option<(CheckpointId, Vec<&serde_json::Value>)>,
 ) -> Result<(), RunError> {
-    if let SinkSpec::Postgres(p) = spec {
-        let states = restored.map(|(_, states)| states).unwrap_or_default();
-        let states = states.into_iter().map(sink_state::<PostgresSinkState>).collect::<Result<Vec<_>, _>>();
-        return states
-            .and_then(|states| PostgresSink::recover(p, job, &states))
-            .map_err(|error| RunError::Sink { path: format!("postgres table `{}`", p.table), error });
+    let states = || restored.as_ref().map(|(_, states)| states.clone()).unwrap_or_default();
+    match spec {
+        SinkSpec::Postgres(p) => {
+            let states = states().into_iter().map(sink_state::<PostgresSinkState>).collect::<Result<Vec<_>, _>>();
+            return states
+                .and_then(|states| PostgresSink::recover(p, job, &states))
+                .map_err(|error| RunError::Sink { path: format!("postgres table `{}`", p.table), error });
+        }
+        SinkSpec::Kafka(k) if k.delivery == eddy_plan::KafkaDelivery::ExactlyOnce => {
+            let states = states().into_iter().map(sink_state::<KafkaSinkState>).collect::<Result<Vec<_>, _>>();
+            return states
+                .and_then(|states| KafkaSink::recover(k, job, &states))
+                .map_err(|error| RunError::Sink { path: format!("kafka topic `{}`", k.topic), error });
+        }
+        _ => {}
     }
     let Some(out) = files_out else { return Ok(()) };
     let sink_error = |error| RunError::Sink { path: out.describe(), error };
@@ -379,7 +388,8 @@ fn open_spec_sink(
             Box::new(UpsertSink::open(dir).map_err(|error| RunError::Sink { path: dir.display().to_string(), error })?)
         }
         SinkSpec::Kafka(k) => Box::new(
-            KafkaSink::open(k).map_err(|error| RunError::Sink { path: format!("kafka topic `{}`", k.topic), error })?,
+            KafkaSink::open(k, job, subtask)
+                .map_err(|error| RunError::Sink { path: format!("kafka topic `{}`", k.topic), error })?,
         ),
         SinkSpec::Postgres(p) => Box::new(
             PostgresSink::open(p, job, subtask, checkpointing)
@@ -395,10 +405,17 @@ fn sink_state<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> std:
 
 /// Commits what a checkpoint's sink state lists (the final checkpoint's last files or
 /// transactions), outside the sink subtask, which is gone by then.
-fn sink_committer(spec: &SinkSpec, files_out: Option<&Arc<dyn OutputDir>>) -> SinkCommitter {
-    if let SinkSpec::Postgres(p) = spec {
-        let p = p.clone();
-        return Box::new(move |value| PostgresSink::commit(&p, &sink_state(value)?));
+fn sink_committer(spec: &SinkSpec, job: &str, files_out: Option<&Arc<dyn OutputDir>>) -> SinkCommitter {
+    match spec {
+        SinkSpec::Postgres(p) => {
+            let p = p.clone();
+            return Box::new(move |value| PostgresSink::commit(&p, &sink_state(value)?));
+        }
+        SinkSpec::Kafka(k) => {
+            let (k, job) = (k.clone(), job.to_owned());
+            return Box::new(move |value| eddy_connectors::sink::commit_kafka_state(&k, &job, &sink_state(value)?));
+        }
+        _ => {}
     }
     match files_out.cloned() {
         Some(out) => {
@@ -853,7 +870,7 @@ impl Job {
             (Some(recovery), Some(checkpoints)) => {
                 let first_id = recovery.next_id;
                 let retained = recovery.retained;
-                let commit_sink = sink_committer(&spec.sink, files_out.as_ref());
+                let commit_sink = sink_committer(&spec.sink, &spec.name, files_out.as_ref());
                 let thread: Box<dyn FnOnce() -> Result<(), CheckpointError> + Send> = match checkpoint_role {
                     Some(CheckpointRole::Part(link)) => {
                         let part = PartThread {

@@ -17,7 +17,7 @@ mod upsert;
 
 pub use files::{FilesSink, FilesSinkState, LocalDir, OutputDir, StoreDir};
 #[cfg(feature = "kafka")]
-pub use kafka::KafkaSink;
+pub use kafka::{KafkaSink, KafkaSinkState, commit_state as commit_kafka_state};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresSink, PostgresSinkState};
 pub use upsert::UpsertSink;

@@ -66,7 +66,7 @@ pub(super) fn recover(
         && point.metadata().finished
     {
         for state in point.sink_states().into_iter().filter(|_| lead) {
-            sink_committer(&spec.sink, files_out)(state)
+            sink_committer(&spec.sink, &spec.name, files_out)(state)
                 .map_err(|error| RunError::Sink { path: "sink".into(), error })?;
         }
         return Err(RunError::AlreadyFinished { job: spec.name.clone(), id: point.id(), dir: checkpoints.location() });

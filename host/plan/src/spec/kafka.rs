@@ -333,7 +333,19 @@ pub struct KafkaSinkSpec {
     /// librdkafka properties passed through, as for the source.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub properties: BTreeMap<String, PropertyValue>,
+    /// Exactly once: the most record bytes one sink subtask holds between two checkpoints
+    /// (they are kept in the checkpoint until it completes); more fails the job.
+    #[serde(default = "default_max_staged_bytes")]
+    pub max_staged_bytes: u64,
 }
+
+fn default_max_staged_bytes() -> u64 {
+    16 << 20
+}
+
+/// The largest `max_staged_bytes`: staged records live in memory and in the checkpoint's
+/// metadata.
+pub const MAX_STAGED_BYTES: u64 = 256 << 20;
 
 /// What a Kafka sink guarantees.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -343,7 +355,9 @@ pub enum KafkaDelivery {
     /// are written again.
     #[default]
     AtLeastOnce,
-    /// Transactions committed when the checkpoint covering them completes (not yet built).
+    /// A checkpoint's records are kept in the checkpoint and produced in one transaction when
+    /// it completes, with a marker committed in the same transaction, so a restore produces
+    /// exactly the checkpoints whose transaction did not commit.
     ExactlyOnce,
 }
 
@@ -368,10 +382,10 @@ impl KafkaSinkSpec {
                 format!("`{}` is not a Kafka topic name (1 to 249 of letters, digits, `.`, `_`, `-`)", self.topic),
             ));
         }
-        if self.delivery == KafkaDelivery::ExactlyOnce {
+        if !(1 << 20..=MAX_STAGED_BYTES).contains(&self.max_staged_bytes) {
             return Err(invalid(
-                field("delivery"),
-                "exactly_once (Kafka transactions) is not built yet: use at_least_once, or the files or upsert sink",
+                field("max_staged_bytes"),
+                format!("{} is outside 1 MiB..=256 MiB (MAX_STAGED_BYTES)", self.max_staged_bytes),
             ));
         }
         check_properties(field, &self.properties, SINK_OWNED_PROPERTIES, "is set by the sink itself")
@@ -484,7 +498,7 @@ mod tests {
     }
 
     #[test]
-    fn a_kafka_sink_is_at_least_once_and_refuses_what_it_cannot_do() {
+    fn a_kafka_sink_is_at_least_once_by_default_and_refuses_what_it_cannot_do() {
         let sink = |sink: &str| {
             PipelineSpec::from_yaml(&format!(
                 "name: k\nsources: [{{type: generator, name: g}}]\nsteps: [{{name: a, wasm: a.wasm}}]\nsink: {sink}"
@@ -494,8 +508,11 @@ mod tests {
         let crate::SinkSpec::Kafka(k) = &spec.sink else { panic!("a kafka sink") };
         assert_eq!((k.delivery, k.format), (KafkaDelivery::AtLeastOnce, KafkaSinkFormat::Json));
         assert!(spec.sink.follows_input_parallelism());
+        let spec = sink("{type: kafka, brokers: b:1, topic: counts, delivery: exactly_once}").unwrap();
+        let crate::SinkSpec::Kafka(k) = &spec.sink else { panic!("a kafka sink") };
+        assert_eq!((k.delivery, k.max_staged_bytes), (KafkaDelivery::ExactlyOnce, 16 << 20));
         for (text, field) in [
-            ("{type: kafka, brokers: b:1, topic: counts, delivery: exactly_once}", "sink.delivery"),
+            ("{type: kafka, brokers: b:1, topic: counts, max_staged_bytes: 1000}", "sink.max_staged_bytes"),
             ("{type: kafka, brokers: b:1, topic: 'a/b'}", "sink.topic"),
             ("{type: kafka, brokers: ' ', topic: t}", "sink.brokers"),
             ("{type: kafka, brokers: b:1, topic: t, properties: {acks: '0'}}", "sink.properties.acks"),
