@@ -338,7 +338,10 @@ fn every_example_pipeline_runs_on_a_server_with_default_quotas() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let mut pipelines: Vec<std::path::PathBuf> = Vec::new();
     for entry in walk(&examples) {
-        if entry.extension().is_some_and(|e| e == "yaml") {
+        // Kafka and PostgreSQL wait for named connections and an egress policy: the service
+        // refuses them on purpose (tested in service.rs).
+        let external = entry.components().any(|c| c.as_os_str() == "kafka-to-postgres");
+        if entry.extension().is_some_and(|e| e == "yaml") && !external {
             pipelines.push(entry);
         }
     }
