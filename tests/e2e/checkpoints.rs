@@ -287,11 +287,11 @@ fn a_source_parallelism_change_is_refused_with_a_clear_error() {
 const CHILD_PIPELINE: &str = "EDDY_CRASH_PIPELINE";
 
 /// Env var: the seed of the faults [`crash_child`] injects; unset, it injects none.
-pub(crate) const CHILD_FAULT_SEED: &str = "EDDY_CRASH_FAULT_SEED";
+const CHILD_FAULT_SEED: &str = "EDDY_CRASH_FAULT_SEED";
 
 /// Env var: with [`CHILD_FAULT_SEED`], the child dies at this fault point only (its `Debug`
 /// name, e.g. `BeforeCommit`), on one of the first times it reaches it (see [`faulty`]).
-pub(crate) const CHILD_FAULT_POINT: &str = "EDDY_CRASH_FAULT_POINT";
+const CHILD_FAULT_POINT: &str = "EDDY_CRASH_FAULT_POINT";
 
 /// Env var: throttle [`crash_child`]'s operators to this many cores, so the sources outrun
 /// them and every channel stays full (backpressure: unaligned checkpoints store records in
@@ -439,6 +439,24 @@ pub(crate) fn crash_repeatedly(
     let status = start_child(path).wait().expect("final run");
     assert!(status.success(), "seed {seed}: the final run failed");
     (finished_early, died_of_faults, in_flight_restores)
+}
+
+/// Runs the pipeline at `path` `runs` times, each throttled and dying (abort) at a
+/// `BeforeCommit` fault point: a checkpoint completed, its sink commit not made. `after_death`
+/// looks at what each death left. Then once more to the end; returns how many runs died.
+pub(crate) fn die_before_commits(path: &Path, seed: u64, runs: u64, after_death: &mut dyn FnMut()) -> u32 {
+    let mut deaths = 0;
+    for attempt in 0..runs {
+        let fault_seed = (seed ^ (attempt + 1)).to_string();
+        let env =
+            [(CHILD_FAULT_SEED, fault_seed.as_str()), (CHILD_FAULT_POINT, "BeforeCommit"), (CHILD_CPU_SHARE, "0.01")];
+        if !start_child_with(path, &env).wait().expect("reap").success() {
+            deaths += 1;
+            after_death();
+        }
+    }
+    assert!(start_child(path).wait().expect("final run").success(), "seed {seed}: the final run failed");
+    deaths
 }
 
 /// Whether the newest completed checkpoint in `dir` stored records in flight.

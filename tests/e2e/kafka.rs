@@ -268,24 +268,31 @@ fn a_missing_topic_is_named() {
     assert!(err.contains("topic `absent` does not exist") && err.contains(&broker.address), "{err}");
 }
 
+/// With no failure, either guarantee writes every count once (read `read_committed`).
 #[test]
-fn a_keyed_count_written_to_kafka_holds_every_expected_record() {
+fn a_keyed_count_written_to_kafka_holds_every_count_once_at_least_and_exactly_once() {
     let broker = KafkaBroker::start();
     broker.create_topic("purchases", 3);
-    broker.create_topic("counts", 2);
-    let dir = tempfile::tempdir().expect("tempdir");
     let produced = purchases(0, 700, 3);
     broker.produce("purchases", &produced);
-    let yaml = counting_yaml(&broker, 2, "at_start", &to_counts(&broker));
-    let summary = Job::start(&spec_in(dir.path(), &yaml), runtime(), JobOptions::default())
+    for delivery in ["at_least_once", "exactly_once"] {
+        let topic = format!("counts-{delivery}").replace('_', "-");
+        broker.create_topic(&topic, 2);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sink = format!("{{type: kafka, brokers: \"{}\", topic: {topic}, delivery: {delivery}}}", broker.address);
+        let summary = Job::start(
+            &spec_in(dir.path(), &counting_yaml(&broker, 2, "at_start", &sink)),
+            runtime(),
+            JobOptions::default(),
+        )
         .expect("job starts")
         .wait()
         .expect("job ends");
-    assert!(summary.finished);
-    let written = broker.consume("counts", produced.len());
-    let counts = written_counts(&written);
-    // No failure happened, so at least once is exactly once here: every count, none twice.
-    assert_eq!(counts, oracle(&produced));
+        assert!(summary.finished);
+        let written = broker.consume(&topic, produced.len());
+        assert_eq!(written.len(), produced.len(), "{delivery}: no count twice");
+        assert_eq!(written_counts(&written), oracle(&produced), "{delivery}");
+    }
 }
 
 /// Kafka → running count → Kafka at least once, in a child process killed with SIGKILL at
@@ -341,26 +348,6 @@ fn to_counts_exactly_once(brokers: &str) -> String {
     format!("{{type: kafka, brokers: \"{brokers}\", topic: counts, delivery: exactly_once}}")
 }
 
-/// Exactly once, with no failure: every count once in the topic, read `read_committed`.
-#[test]
-fn an_exactly_once_kafka_sink_writes_every_count_once() {
-    let broker = KafkaBroker::start();
-    broker.create_topic("purchases", 3);
-    broker.create_topic("counts", 2);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let produced = purchases(0, 700, 3);
-    broker.produce("purchases", &produced);
-    let yaml = counting_yaml(&broker, 2, "at_start", &to_counts_exactly_once(&broker.address));
-    let summary = Job::start(&spec_in(dir.path(), &yaml), runtime(), JobOptions::default())
-        .expect("job starts")
-        .wait()
-        .expect("job ends");
-    assert!(summary.finished);
-    let written = broker.consume("counts", produced.len());
-    assert_eq!(written.len(), produced.len(), "no count twice");
-    assert_eq!(written_counts(&written), oracle(&produced));
-}
-
 /// Exactly once through deaths exactly between a checkpoint's completion and the sink's
 /// commit (the records staged in the completed checkpoint, none sent yet): each next start
 /// produces what the restored checkpoint staged and its marker does not cover, and the topic
@@ -369,7 +356,7 @@ fn an_exactly_once_kafka_sink_writes_every_count_once() {
 /// `EDDY_TEST_KAFKA` below.)
 #[test]
 fn deaths_between_completion_and_commit_lose_and_repeat_no_record_exactly_once() {
-    use crate::checkpoints::{CHILD_CPU_SHARE, CHILD_FAULT_POINT, CHILD_FAULT_SEED, start_child, start_child_with};
+    use crate::checkpoints::die_before_commits;
     let broker = KafkaBroker::start();
     broker.create_topic("purchases", 4);
     broker.create_topic("counts", 2);
@@ -379,15 +366,7 @@ fn deaths_between_completion_and_commit_lose_and_repeat_no_record_exactly_once()
     let path = dir.path().join("pipeline.yaml");
     std::fs::write(&path, counting_yaml(&broker, 2, "at_start", &to_counts_exactly_once(&broker.address)))
         .expect("write spec");
-    let mut deaths = 0;
-    for attempt in 0..3u64 {
-        let seed = (attempt + 1).to_string();
-        let env = [(CHILD_FAULT_SEED, seed.as_str()), (CHILD_FAULT_POINT, "BeforeCommit"), (CHILD_CPU_SHARE, "0.01")];
-        if !start_child_with(&path, &env).wait().expect("reap").success() {
-            deaths += 1;
-        }
-    }
-    assert!(start_child(&path).wait().expect("final run").success(), "the final run failed");
+    let deaths = die_before_commits(&path, 0, 3, &mut || {});
     assert!(deaths > 0, "no run died before a commit");
     let written = broker.consume("counts", produced.len());
     eprintln!("kafka exactly once: {deaths} deaths before a commit, {} records for {}", written.len(), produced.len());

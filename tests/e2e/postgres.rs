@@ -55,10 +55,7 @@ fn crash_pipeline(broker: &KafkaBroker, pg: &PgServer, dir: &Path, table: &str) 
 /// count once, and no prepared transaction is left behind.
 #[test]
 fn sigkill_at_random_moments_neither_loses_nor_duplicates_a_row_in_postgres() {
-    use crate::checkpoints::{
-        CHILD_CPU_SHARE, CHILD_FAULT_POINT, CHILD_FAULT_SEED, crash_repeatedly, crash_settings, start_child,
-        start_child_with,
-    };
+    use crate::checkpoints::{crash_repeatedly, crash_settings, die_before_commits};
     let (seed, kills) = crash_settings();
     let kills = kills.max(30);
     let broker = KafkaBroker::start();
@@ -88,15 +85,7 @@ fn sigkill_at_random_moments_neither_loses_nor_duplicates_a_row_in_postgres() {
 
     let path = crash_pipeline(&broker, &pg, dir.path(), "counts_again");
     let mut completed_uncommitted = 0;
-    for attempt in 0..3u64 {
-        let fault_seed = (seed ^ (attempt + 1)).to_string();
-        let env =
-            [(CHILD_FAULT_SEED, fault_seed.as_str()), (CHILD_FAULT_POINT, "BeforeCommit"), (CHILD_CPU_SHARE, "0.01")];
-        if !start_child_with(&path, &env).wait().expect("reap").success() {
-            completed_uncommitted += prepared_left(&pg).len();
-        }
-    }
-    assert!(start_child(&path).wait().expect("final run").success(), "seed {seed}: the final run failed");
+    die_before_commits(&path, seed, 3, &mut || completed_uncommitted += prepared_left(&pg).len());
     eprintln!("postgres crash test: {completed_uncommitted} transactions left between completion and commit");
     assert!(completed_uncommitted > 0, "seed {seed}: no death left a completed checkpoint's transaction");
     assert_eq!(table_counts(&pg, "counts_again"), oracle(&produced), "seed {seed}: deaths before the commit");

@@ -380,6 +380,42 @@ mod tests {
     }
 
     #[test]
+    fn hostile_sinks_are_refused_at_their_bounds_with_short_messages() {
+        let many: Vec<String> = (0..=MAX_COLUMNS).map(|i| format!("c{i}: value")).collect();
+        let long_pointer = format!("/{}", "a".repeat(MAX_POINTER_BYTES));
+        let long_type = "x".repeat(64 << 10);
+        for (text, expected) in [
+            (
+                format!("{{type: postgres, url: 'postgresql://h/d', table: t, columns: {{{}}}}}", many.join(", ")),
+                "1600",
+            ),
+            (
+                format!("{{type: postgres, url: 'postgresql://h/d', table: t, columns: {{a: '{long_pointer}'}}}}"),
+                "1024",
+            ),
+            (
+                format!("{{type: postgres, url: 'postgresql://{}', table: t, columns: {{a: key}}}}", "h".repeat(5000)),
+                "4096",
+            ),
+            (
+                format!("{{type: postgres, url: 'postgresql://h/d', table: {}, columns: {{a: key}}}}", "t".repeat(64)),
+                "63",
+            ),
+            (format!("{{type: postgres, url_env: {}, table: t, columns: {{a: key}}}}", "A".repeat(300)), "url_env"),
+            (
+                format!(
+                    "{{type: postgres, url: 'postgresql://h/d', table: t, columns: {{a: {{from: key, type: {long_type}}}}}}}"
+                ),
+                "is not one the sink writes",
+            ),
+        ] {
+            let got = problem(&text);
+            assert!(got.contains(expected), "{}: {}", &text[..80], &got[..got.len().min(300)]);
+            assert!(got.len() < 2000, "the message stays short: {} bytes", got.len());
+        }
+    }
+
+    #[test]
     fn every_type_round_trips_through_the_information_schema_name() {
         for t in SqlType::ALL {
             assert_eq!(SqlType::parse(t.sql()), Some(t), "{t:?}");

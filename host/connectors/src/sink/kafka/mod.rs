@@ -192,7 +192,11 @@ impl Sink for KafkaSink {
             match (&self.producer, &mut self.staging) {
                 (Some(producer), _) => send(producer, &self.spec.topic, r.key, &self.scratch, r.timestamp, output)?,
                 (None, Some(staging)) => {
-                    let bytes = (r.key.map_or(0, <[u8]>::len) + self.scratch.len() + output.map_or(0, str::len)) as u64;
+                    // What the staged record holds in memory: its bytes and its own size.
+                    let bytes = (r.key.map_or(0, <[u8]>::len)
+                        + self.scratch.len()
+                        + output.map_or(0, str::len)
+                        + std::mem::size_of::<StagedRecord>()) as u64;
                     staging.current_bytes += bytes;
                     if staging.current_bytes > self.spec.max_staged_bytes {
                         return Err(std::io::Error::other(format!(
