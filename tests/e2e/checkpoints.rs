@@ -290,7 +290,7 @@ const CHILD_PIPELINE: &str = "EDDY_CRASH_PIPELINE";
 const CHILD_FAULT_SEED: &str = "EDDY_CRASH_FAULT_SEED";
 
 /// Env var: with [`CHILD_FAULT_SEED`], the child dies at this fault point only (its `Debug`
-/// name, e.g. `BeforeCommit`), on one of the first times it reaches it (see [`faulty`]).
+/// name, e.g. `BeforeCommit`), the first, second or third time it reaches it (see [`faulty`]).
 const CHILD_FAULT_POINT: &str = "EDDY_CRASH_FAULT_POINT";
 
 /// Env var: throttle [`crash_child`]'s operators to this many cores, so the sources outrun
@@ -333,7 +333,7 @@ fn faulty(seed: u64, only_at: Option<String>) -> JobOptions {
         fault_hook: Some(Arc::new(move |point: FaultPoint| {
             let dies = match &only_at {
                 Some(only) if *only == format!("{point:?}") => {
-                    reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == 3 + seed % 5
+                    reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == 1 + seed % 3
                 }
                 Some(_) => false,
                 None => draw(12) == 0,

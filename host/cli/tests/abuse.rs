@@ -15,7 +15,8 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use common::{
-    Server, client, counted_once, counts_job, expect, job, output_lines, post, submit, tenant, upload, wait_job,
+    Server, client, counted_once, counts_job, expect, job, output_lines, post, raw_exchange, submit, tenant, upload,
+    wait_job,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
@@ -607,10 +608,15 @@ fn random_specs_are_refused_with_a_problem_and_never_break_the_server() {
         assert!(detail.contains(says), "{what}: {detail}");
         println!("{what}: 422 in {:?}", started.elapsed());
     }
-    let too_big = format!("name: big\n# {}\n", "x".repeat(1 << 20));
-    let r = http.post(server.url("/v1/jobs")).bearer_auth(&token).header("content-type", "application/yaml");
-    let problem = expect(r.body(too_big).send().unwrap(), 413);
-    assert!(problem["detail"].as_str().unwrap().contains("at most 1048576 bytes"), "{problem}");
+    // Over the size limit, refused from the declared length: by hand, since the server answers
+    // and closes before the body is read, and a client still writing it sees a broken pipe.
+    let head = format!(
+        "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/yaml\r\n\
+         Content-Length: {}\r\n\r\nname: big\n",
+        (1u64 << 20) + 100
+    );
+    let answer = raw_exchange(&server, head.as_bytes(), Duration::from_secs(30));
+    assert!(answer.starts_with("HTTP/1.1 413") && answer.contains("at most 1048576 bytes"), "{answer}");
     assert_healthy(&mut server);
 }
 
