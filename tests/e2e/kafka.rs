@@ -435,4 +435,3 @@ fn a_new_instance_of_a_sink_subtask_fences_the_old_one_on_a_real_kafka() {
     let err = old.notify_complete(1).expect_err("the old instance is fenced").to_string();
     assert!(err.to_lowercase().contains("fenced"), "{err}");
 }
-
