@@ -157,7 +157,14 @@ impl S3Service {
             "moto_server",
             "run deploy/setup.sh (pip install 'moto[server]')",
         );
-        S3Service { _process: process, endpoint: format!("http://127.0.0.1:{port}") }
+        let service = S3Service { _process: process, endpoint: format!("http://127.0.0.1:{port}") };
+        // Listening is not serving: moto resets connections while it is still loading.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while service.exchange("GET /").is_err() {
+            assert!(std::time::Instant::now() < deadline, "moto_server on port {port} did not answer within 30 s");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        service
     }
 
     /// Creates `bucket`.
@@ -171,15 +178,20 @@ impl S3Service {
     }
 
     fn request(&self, line: &str, status: &str, what: &str) -> String {
-        use std::io::{Read, Write};
-        let host = self.endpoint.trim_start_matches("http://");
-        let mut stream = std::net::TcpStream::connect(host).expect("connect");
-        write!(stream, "{line} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            .expect("request");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("response");
+        let response = self.exchange(line).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(response.starts_with(&format!("HTTP/1.1 {status}")), "{what}: {response}");
         response
+    }
+
+    /// Sends `line` with no body and reads the whole answer.
+    fn exchange(&self, line: &str) -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let host = self.endpoint.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(host)?;
+        write!(stream, "{line} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        Ok(response)
     }
 }
 
