@@ -147,7 +147,7 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
             .context("binding the coordinator's data plane")?;
     let mut config = eddy_service::ServiceConfig::new(args.data_dir.clone());
     config.slots = args.slots;
-    args.service.apply(&mut config);
+    args.service.apply(&mut config, addr)?;
     config.cluster = Some(ClusterRole { control, enrollment, node });
     config.checkpoint_store = checkpoint_store;
     let served = crate::serve::run(&runtime, listener, config);

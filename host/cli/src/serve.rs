@@ -21,15 +21,35 @@ pub struct ServiceFlags {
     /// How long an ended job's record, output, checkpoints and savepoints are kept.
     #[arg(long, default_value_t = 7 * 24)]
     pub retention_hours: u64,
+    /// What tenants' Kafka and PostgreSQL connectors may reach: host names, IP addresses and
+    /// CIDR blocks, each with or without `:port` (`10.0.0.0/8,kafka.internal:9092,*:5432`);
+    /// default: everything but this server's own port.
+    #[arg(long, value_name = "LIST")]
+    pub egress_allow: Option<String>,
 }
 
 impl ServiceFlags {
-    /// Sets these in `config`.
-    pub fn apply(&self, config: &mut ServiceConfig) {
+    /// Sets these in `config` for a server listening on `listening`.
+    pub fn apply(&self, config: &mut ServiceConfig, listening: std::net::SocketAddr) -> Result<()> {
+        let policy = match &self.egress_allow {
+            Some(list) => eddy_service::egress::EgressPolicy::parse(list).map_err(anyhow::Error::msg)?,
+            None => {
+                eprintln!(
+                    "egress: tenants' Kafka and PostgreSQL connectors may reach any host this server reaches \
+                     (give --egress-allow to restrict them)"
+                );
+                eddy_service::egress::EgressPolicy::open()
+            }
+        };
+        if let Some(list) = &self.egress_allow {
+            eprintln!("egress: tenants' connectors may reach {list} only");
+        }
+        config.egress = policy.serving_at(listening);
         config.max_artifact_bytes = self.max_artifact_bytes;
         config.memory_budget_bytes = self.memory_budget_bytes;
         config.housekeeping_interval = std::time::Duration::from_millis(self.housekeeping_ms.max(100));
         config.ended_job_retention = std::time::Duration::from_secs(self.retention_hours.saturating_mul(3600));
+        Ok(())
     }
 }
 
@@ -41,7 +61,7 @@ pub fn serve(listen: &str, data_dir: PathBuf, slots: u32, flags: &ServiceFlags) 
         .with_context(|| format!("cannot listen on {listen}: is another server using it?"))?;
     let mut config = ServiceConfig::new(data_dir);
     config.slots = slots;
-    flags.apply(&mut config);
+    flags.apply(&mut config, listener.local_addr()?)?;
     run(&runtime, listener, config)
 }
 

@@ -43,3 +43,13 @@ pub use sink::{KafkaSink, KafkaSinkState};
 #[cfg(feature = "postgres")]
 pub use sink::{PostgresSink, PostgresSinkState};
 pub use source::{Source, SourceError, SourcePosition, SourceStatus, generator_event, open_source};
+
+/// The error of a connector whose spec still names a `connection`: connections are named in
+/// the service (`eddy serve`, `eddy coordinator`), which resolves them when it places a job.
+#[cfg(any(feature = "kafka", feature = "postgres"))]
+pub(crate) fn unresolved_connection(what: &str, name: &str) -> String {
+    format!(
+        "{what}: `connection: {name}` names a connection of the service (PUT /v1/connections/{name}); \
+         `eddy run` has none: give the brokers or URL in the spec"
+    )
+}

@@ -13,10 +13,12 @@ mod kafka;
 mod postgres;
 
 pub use kafka::{
-    KafkaDelivery, KafkaEnd, KafkaFormat, KafkaSinkFormat, KafkaSinkSpec, KafkaSourceSpec, KafkaStart, OnDecodeError,
-    PropertyValue, SECRET_PROPERTIES,
+    KafkaDelivery, KafkaEnd, KafkaFormat, KafkaSinkFormat, KafkaSinkSpec, KafkaSourceSpec, KafkaStart,
+    MAX_ADDRESS_BYTES, MAX_PROPERTY_VALUE_BYTES, OnDecodeError, PropertyValue, SECRET_PROPERTIES,
 };
-pub use postgres::{ColumnSource, ColumnSpec, PostgresMode, PostgresSinkSpec, SqlType};
+pub use postgres::{
+    ColumnSource, ColumnSpec, PostgresMode, PostgresSinkSpec, SqlType, check_url as check_postgres_url,
+};
 
 /// A pipeline: sources -> steps -> sink.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -861,6 +863,25 @@ fn invalid(field: impl Into<String>, problem: impl Into<String>) -> SpecError {
     SpecError::Invalid { field: field.into(), problem: problem.into() }
 }
 
+/// The longest connection name.
+pub const MAX_CONNECTION_NAME_BYTES: usize = 63;
+
+/// Checks a connection's name: 1 to 63 of `a-z`, `0-9`, `-` and `_`, starting with a letter or
+/// digit (it names a key of the service's store and appears in URLs).
+pub fn check_connection_name(name: &str) -> Result<(), String> {
+    let ok = (1..=MAX_CONNECTION_NAME_BYTES).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        return Ok(());
+    }
+    let shown: String = name.chars().take(64).flat_map(char::escape_default).collect();
+    Err(format!(
+        "connection name `{shown}`: use 1-{MAX_CONNECTION_NAME_BYTES} characters of a-z, 0-9, `-` and `_`, starting \
+         with a letter or digit"
+    ))
+}
+
 impl PipelineSpec {
     /// Parses and validates YAML text.
     pub fn from_yaml(text: &str) -> Result<Self, SpecError> {
@@ -923,6 +944,26 @@ impl PipelineSpec {
         if let Some(dir) = self.checkpoints.as_mut().and_then(|c| c.dir.as_mut()) {
             *dir = base.join(&*dir);
         }
+    }
+
+    /// The named connections the sources and sink use: `(field, name)`, e.g.
+    /// `("sources[0].connection", "orders")`.
+    pub fn connections(&self) -> Vec<(String, String)> {
+        let mut used = Vec::new();
+        for (i, source) in self.sources.iter().enumerate() {
+            if let SourceSpec::Kafka(k) = source
+                && let Some(name) = &k.connection
+            {
+                used.push((format!("sources[{i}].connection"), name.clone()));
+            }
+        }
+        let sink = match &self.sink {
+            SinkSpec::Kafka(k) => k.connection.as_ref(),
+            SinkSpec::Postgres(p) => p.connection.as_ref(),
+            _ => None,
+        };
+        used.extend(sink.map(|name| ("sink.connection".to_string(), name.clone())));
+        used
     }
 
     /// The parallelism of step `i`.

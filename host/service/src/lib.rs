@@ -51,6 +51,8 @@ use utoipa_axum::routes;
 
 pub mod artifacts;
 pub mod auth;
+pub mod connections;
+pub mod egress;
 pub mod enrollment;
 pub mod files;
 pub mod http;
@@ -102,6 +104,8 @@ pub struct ServiceConfig {
     pub ended_job_retention: std::time::Duration,
     /// Limits of the HTTP server (timeouts, connections).
     pub http: http::HttpLimits,
+    /// What tenants' connectors may reach (`--egress-allow`).
+    pub egress: egress::EgressPolicy,
 }
 
 /// What a coordinating service holds of its cluster.
@@ -131,6 +135,7 @@ impl ServiceConfig {
             housekeeping_interval: std::time::Duration::from_secs(30),
             ended_job_retention: std::time::Duration::from_secs(7 * 24 * 3600),
             http: http::HttpLimits::default(),
+            egress: egress::EgressPolicy::open(),
         }
     }
 }
@@ -258,6 +263,8 @@ pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(quotas::set))
         .routes(routes!(quotas::show))
         .routes(routes!(artifacts::upload, artifacts::list))
+        .routes(routes!(connections::list))
+        .routes(routes!(connections::put, connections::show, connections::delete))
         .routes(routes!(artifacts::show, artifacts::delete))
         .routes(routes!(jobs::submit, jobs::list))
         .routes(routes!(jobs::show, jobs::delete))

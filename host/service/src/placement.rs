@@ -203,18 +203,6 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
     }
     let (files, shared) = (files_dir(state, tenant), files_store(state, tenant));
     for (i, source) in spec.sources.iter_mut().enumerate() {
-        // A tenant's Kafka source would reach any host the server reaches, read the server's
-        // environment (`{env: NAME}` properties) and pass any librdkafka property (some name
-        // files and libraries of this machine): it waits for named connections and an egress
-        // policy (issue 23's service section).
-        if let SourceSpec::Kafka(k) = source {
-            return Err(ApiError::unprocessable(format!(
-                "source `{}`: the service does not run Kafka sources yet (they need named connections and an \
-                 egress policy); run the pipeline with `eddy run`",
-                k.name
-            ))
-            .at(format!("sources[{i}]")));
-        }
         if let SourceSpec::File { path, follow, s3, beneath, .. } = source {
             confined(&format!("sources[{i}].path"), path)?;
             if s3.is_some() {
@@ -250,15 +238,9 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
         }
         SinkSpec::Upsert { .. } => SinkSpec::Upsert { dir: output_dir(state, tenant, job).join("table") },
         SinkSpec::Blackhole => SinkSpec::Blackhole,
-        // Like a Kafka source, these would reach any host the server reaches, with the
-        // server's environment for `url_env`.
-        SinkSpec::Kafka(_) | SinkSpec::Postgres(_) => {
-            return Err(ApiError::unprocessable(
-                "the service does not run Kafka or PostgreSQL sinks yet (they need named connections and an egress \
-                 policy); run the pipeline with `eddy run`",
-            )
-            .at("sink"));
-        }
+        // Checked and given their connections after validation (their secrets would not pass).
+        SinkSpec::Kafka(k) => SinkSpec::Kafka(k.clone()),
+        SinkSpec::Postgres(p) => SinkSpec::Postgres(p.clone()),
     };
     spec.state.dir = Some(dir.join("state"));
     if spec.state.max_bytes_per_subtask.is_none() {
@@ -280,6 +262,7 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
     let (dir, s3) = job_store(state, tenant, job).join(&format!("checkpoints/{}", record.generation)).into_fields();
     spec.checkpoints = Some(CheckpointSpec { dir, s3, ..checkpoints });
     spec.validate().map_err(|e| refused(state, tenant, e))?;
+    crate::connections::resolve_connectors(state, tenant, &mut spec)?;
     Ok((spec, digests))
 }
 

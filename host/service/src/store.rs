@@ -32,6 +32,8 @@ pub enum Table {
     JoinTokens,
     /// A worker name the cluster CA issued a certificate for → [`crate::model::IssuedName`].
     IssuedNames,
+    /// `<tenant>/<name>` → a stored connection ([`crate::connections`]), secrets included.
+    Connections,
     /// The store's own counters (`attempt`: the last job attempt number handed out).
     Meta,
 }
@@ -47,11 +49,12 @@ impl Table {
             Table::JobSpecs => "job_specs",
             Table::JoinTokens => "join_tokens",
             Table::IssuedNames => "issued_names",
+            Table::Connections => "connections",
             Table::Meta => "meta",
         })
     }
 
-    const ALL: [Table; 9] = [
+    const ALL: [Table; 10] = [
         Table::Tenants,
         Table::Tokens,
         Table::Artifacts,
@@ -60,6 +63,7 @@ impl Table {
         Table::JobSpecs,
         Table::JoinTokens,
         Table::IssuedNames,
+        Table::Connections,
         Table::Meta,
     ];
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{SpecError, WatermarkSpec, invalid, one};
+use super::{SpecError, WatermarkSpec, check_connection_name, invalid, one};
 
 /// Properties a spec may not set, because the source owns them: assignment, offsets and
 /// isolation decide what a checkpoint covers.
@@ -32,8 +32,13 @@ pub const SECRET_PROPERTIES: &[&str] =
 pub struct KafkaSourceSpec {
     /// Unique among sources.
     pub name: String,
-    /// Bootstrap brokers, `host:port[,host:port...]`.
+    /// Bootstrap brokers, `host:port[,host:port...]`; or give `connection`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub brokers: String,
+    /// A named connection of the service (`PUT /v1/connections/{name}`): its brokers and
+    /// properties, secrets included, replace `brokers` when the job is placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<String>,
     /// Topics read; or give `topic_pattern`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub topics: Vec<String>,
@@ -168,10 +173,16 @@ pub const MAX_PROPERTY_NAME_BYTES: usize = 256;
 /// Longest property value.
 pub const MAX_PROPERTY_VALUE_BYTES: usize = 64 << 10;
 
-/// Checks a `brokers` list: present and bounded.
-fn check_brokers(field: &dyn Fn(&str) -> String, brokers: &str) -> Result<(), SpecError> {
+/// Checks a `brokers` list (present and bounded) or a `connection` name, exactly one of them.
+fn check_brokers(field: &dyn Fn(&str) -> String, brokers: &str, connection: Option<&str>) -> Result<(), SpecError> {
+    if let Some(name) = connection {
+        if !brokers.is_empty() {
+            return Err(invalid(field("brokers"), "give `brokers` or `connection`, not both"));
+        }
+        return check_connection_name(name).map_err(|problem| invalid(field("connection"), problem));
+    }
     if brokers.trim().is_empty() {
-        return Err(invalid(field("brokers"), "needs at least one `host:port`"));
+        return Err(invalid(field("brokers"), "needs at least one `host:port` (or a `connection`)"));
     }
     if brokers.len() > MAX_ADDRESS_BYTES {
         return Err(invalid(
@@ -204,7 +215,7 @@ impl KafkaSourceSpec {
     }
 
     pub(super) fn validate(&self, field: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
-        check_brokers(field, &self.brokers)?;
+        check_brokers(field, &self.brokers, self.connection.as_deref())?;
         if self.topics.len() > MAX_TOPICS {
             return Err(invalid(
                 field("topics"),
@@ -320,8 +331,12 @@ const SINK_OWNED_PROPERTIES: &[&str] =
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkSpec {
-    /// Bootstrap brokers, `host:port[,host:port...]`.
+    /// Bootstrap brokers, `host:port[,host:port...]`; or give `connection`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub brokers: String,
+    /// A named connection of the service, as for the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<String>,
     /// The topic written (it must exist).
     pub topic: String,
     /// The guarantee.
@@ -375,7 +390,7 @@ pub enum KafkaSinkFormat {
 impl KafkaSinkSpec {
     /// Checks the fields; `field` names one (`sink.topic`).
     pub(super) fn validate(&self, field: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
-        check_brokers(field, &self.brokers)?;
+        check_brokers(field, &self.brokers, self.connection.as_deref())?;
         if !valid_topic(&self.topic) {
             return Err(invalid(
                 field("topic"),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::kafka::MAX_ADDRESS_BYTES;
-use super::{SpecError, invalid};
+use super::{SpecError, check_connection_name, invalid};
 
 /// PostgreSQL's limit of columns per table.
 pub const MAX_COLUMNS: usize = 1600;
@@ -26,6 +26,10 @@ pub struct PostgresSinkSpec {
     /// Or the environment variable of the process running the sink that holds the URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url_env: Option<String>,
+    /// Or a named connection of the service (`PUT /v1/connections/{name}`), whose URL and
+    /// password replace it when the job is placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<String>,
     /// `table` or `schema.table`: lower-case identifiers, so the name means the same quoted or not.
     pub table: String,
     /// The guarantee.
@@ -238,6 +242,23 @@ fn check_identifier(field: String, name: &str) -> Result<(), SpecError> {
     ))
 }
 
+/// Checks a connection URL as a spec or a connection may give it: bounded, `postgresql://`,
+/// and without a password (a spec is shown and stored; a connection keeps it apart).
+pub fn check_url(url: &str) -> Result<(), String> {
+    if url.len() > MAX_ADDRESS_BYTES {
+        return Err(format!("above {MAX_ADDRESS_BYTES} bytes (MAX_ADDRESS_BYTES)"));
+    }
+    if !(url.starts_with("postgresql://") || url.starts_with("postgres://")) {
+        return Err("must start with `postgresql://`".into());
+    }
+    if has_password(url) {
+        return Err("holds a password: a spec is shown and stored, so put the URL in an environment variable and \
+                    name it with `url_env` (in the service: a connection's `password`)"
+            .into());
+    }
+    Ok(())
+}
+
 /// Whether a connection URL carries a password (`user:password@` or a `password=` option).
 fn has_password(url: &str) -> bool {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -250,23 +271,14 @@ fn has_password(url: &str) -> bool {
 impl PostgresSinkSpec {
     /// Checks the fields; `field` names one (`sink.table`).
     pub(super) fn validate(&self, field: &dyn Fn(&str) -> String) -> Result<(), SpecError> {
-        match (&self.url, &self.url_env) {
-            (Some(url), None) => {
-                if url.len() > MAX_ADDRESS_BYTES {
-                    return Err(invalid(field("url"), format!("above {MAX_ADDRESS_BYTES} bytes (MAX_ADDRESS_BYTES)")));
-                }
-                if !(url.starts_with("postgresql://") || url.starts_with("postgres://")) {
-                    return Err(invalid(field("url"), "must start with `postgresql://`"));
-                }
-                if has_password(url) {
-                    return Err(invalid(
-                        field("url"),
-                        "holds a password: a spec is shown and stored, so put the URL in an environment variable \
-                         and name it with `url_env`",
-                    ));
-                }
+        match (&self.url, &self.url_env, &self.connection) {
+            (None, None, Some(name)) => {
+                check_connection_name(name).map_err(|problem| invalid(field("connection"), problem))?;
             }
-            (None, Some(env)) => {
+            (Some(url), None, None) => {
+                check_url(url).map_err(|problem| invalid(field("url"), problem))?;
+            }
+            (None, Some(env), None) => {
                 let ok = !env.is_empty()
                     && env.len() <= 256
                     && env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
@@ -275,7 +287,7 @@ impl PostgresSinkSpec {
                     return Err(invalid(field("url_env"), "is not an environment variable name (`A-Z`, `0-9`, `_`)"));
                 }
             }
-            _ => return Err(invalid(field("url"), "give exactly one of `url` and `url_env`")),
+            _ => return Err(invalid(field("url"), "give exactly one of `url`, `url_env` and `connection`")),
         }
         let mut parts = self.table.split('.');
         let (first, second, extra) = (parts.next(), parts.next(), parts.next());
@@ -354,7 +366,7 @@ mod tests {
             ("{type: postgres, url: 'postgresql://u:secret@h/d', table: t, columns: {a: key}}", "holds a password"),
             ("{type: postgres, url: 'postgresql://u@h/d?password=x', table: t, columns: {a: key}}", "holds a password"),
             ("{type: postgres, url: 'mysql://h/d', table: t, columns: {a: key}}", "postgresql://"),
-            ("{type: postgres, table: t, columns: {a: key}}", "exactly one of `url` and `url_env`"),
+            ("{type: postgres, table: t, columns: {a: key}}", "exactly one of `url`, `url_env` and `connection`"),
             ("{type: postgres, url: 'postgresql://h/d', url_env: X, table: t, columns: {a: key}}", "exactly one"),
             ("{type: postgres, url_env: 'A B', table: t, columns: {a: key}}", "sink.url_env"),
             (

@@ -150,9 +150,10 @@ impl KafkaSink {
                 scratch: Vec::new(),
             });
         }
-        let mut config = client_properties(&format!("kafka sink to `{}`", spec.topic), &spec.properties)
+        let what = format!("kafka sink to `{}`", spec.topic);
+        let mut config = client_properties(&what, &spec.brokers, spec.connection.as_deref(), &spec.properties)
             .map_err(std::io::Error::other)?;
-        config.set("bootstrap.servers", &spec.brokers).set("enable.idempotence", "true").set("acks", "all");
+        config.set("enable.idempotence", "true").set("acks", "all");
         let producer = config
             .create_with_context(deliveries.clone())
             .map_err(|e| std::io::Error::other(format!("kafka sink to `{}`: {e}", spec.topic)))?;

@@ -144,8 +144,8 @@ impl Committer {
     /// what it left open) with marker group `group`.
     pub(super) fn open(spec: &KafkaSinkSpec, job: &str, subtask: u32, group: &str) -> std::io::Result<Committer> {
         let what = format!("kafka sink to `{}`", spec.topic);
-        let mut config = client_properties(&what, &spec.properties).map_err(error)?;
-        config.set("bootstrap.servers", &spec.brokers);
+        let mut config =
+            client_properties(&what, &spec.brokers, spec.connection.as_deref(), &spec.properties).map_err(error)?;
         let mut reader_config = config.clone();
         reader_config.set("group.id", group).set("enable.auto.commit", "false");
         let marker_reader: BaseConsumer = reader_config.create().map_err(|e| error(format!("{what}: {e}")))?;

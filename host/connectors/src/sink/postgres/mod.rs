@@ -57,10 +57,26 @@ fn io_error(what: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(format!("postgres sink: {what}"))
 }
 
+/// `url` as it may be shown: a password a connection placed in it is left out.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info.split_once(':').map_or(user_info, |(user, _)| user);
+            format!("{scheme}://{user}@{host}{}", &rest[authority_end..])
+        }
+        None => url.to_owned(),
+    }
+}
+
 /// The connection URL of the spec and how to name it in messages (never with a password).
 fn url(spec: &PostgresSinkSpec) -> std::io::Result<(String, String)> {
+    if let Some(name) = &spec.connection {
+        return Err(io_error(crate::unresolved_connection("the PostgreSQL sink", name)));
+    }
     match (&spec.url, &spec.url_env) {
-        (Some(url), _) => Ok((url.clone(), url.clone())),
+        (Some(url), _) => Ok((url.clone(), without_password(url))),
         (None, Some(env)) => std::env::var(env)
             .map(|url| (url, format!("the URL in ${env}")))
             .map_err(|_| io_error(format!("`url_env` names ${env}, which is not set in this process"))),

@@ -469,13 +469,20 @@ impl super::Source for KafkaSource {
     }
 }
 
-/// A client configuration holding `properties`, secrets read from the environment; `what`
-/// names the connector in errors.
+/// A client configuration for `brokers` holding `properties`, secrets read from the
+/// environment; `what` names the connector in errors. A `connection` is the service's to
+/// resolve: one left here was never placed.
 pub(crate) fn client_properties(
     what: &str,
+    brokers: &str,
+    connection: Option<&str>,
     properties: &BTreeMap<String, PropertyValue>,
 ) -> Result<ClientConfig, String> {
+    if let Some(name) = connection {
+        return Err(crate::unresolved_connection(what, name));
+    }
     let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers);
     for (key, value) in properties {
         let value = match value {
             PropertyValue::Text(text) => text.clone(),
@@ -491,10 +498,10 @@ pub(crate) fn client_properties(
 /// The client's settings: the spec's properties, then what the source owns (it assigns
 /// partitions itself and never commits, so the group is only read for `start: group_offsets`).
 fn client_config(spec: &KafkaSourceSpec) -> Result<ClientConfig, SourceError> {
-    let mut config = client_properties(&format!("source `{}`", spec.name), &spec.properties)
+    let what = format!("source `{}`", spec.name);
+    let mut config = client_properties(&what, &spec.brokers, spec.connection.as_deref(), &spec.properties)
         .map_err(|problem| SourceError::Broker { source_name: spec.name.clone(), problem })?;
     config
-        .set("bootstrap.servers", &spec.brokers)
         .set("group.id", spec.group.clone().unwrap_or_else(|| format!("eddy-{}", spec.name)))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
