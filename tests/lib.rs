@@ -257,6 +257,23 @@ impl KafkaBroker {
         KafkaBroker { _process: Some(process), binary, address: format!("127.0.0.1:{port}") }
     }
 
+    /// Freezes the broker (SIGSTOP): connections stay open and nothing answers, as when a
+    /// broker's host hangs or the network between drops packets.
+    pub fn pause(&self) {
+        self.signal(rustix::process::Signal::STOP);
+    }
+
+    /// Lets a paused broker go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(rustix::process::Signal::CONT);
+    }
+
+    fn signal(&self, signal: rustix::process::Signal) {
+        let process = self._process.as_ref().expect("a broker this test started");
+        let pid = rustix::process::Pid::from_raw(i32::try_from(process.0.id()).expect("pid")).expect("pid");
+        rustix::process::kill_process(pid, signal).expect("signal the broker");
+    }
+
     /// A broker running elsewhere (`EDDY_TEST_KAFKA`), reached at `address`.
     pub fn external(address: &str) -> KafkaBroker {
         KafkaBroker { _process: None, binary: std::path::PathBuf::new(), address: address.to_owned() }

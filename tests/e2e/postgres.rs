@@ -229,3 +229,51 @@ fn a_table_that_does_not_fit_is_named_with_the_column() {
     }
     assert_eq!(pg.rows("SELECT count(*) FROM flags"), [[Some("0".to_string())]], "nothing half-written");
 }
+
+/// A broker that hangs for 8 s in the middle of a run (SIGSTOP: connections open, nothing
+/// answered) and comes back: the job waits it out, reads on from where it was, and the table
+/// ends with every count once, for what was produced before and after.
+#[test]
+fn a_broker_away_and_back_mid_run_loses_and_repeats_no_row() {
+    let broker = KafkaBroker::start();
+    broker.create_topic("purchases", 2);
+    let pg = PgServer::start();
+    let mut produced = purchases(0, 4_000, 2);
+    broker.produce("purchases", &produced);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec =
+        spec_in(dir.path(), &counting_yaml(&broker, 2, "unbounded", &counts_sink(&pg, "counts", "exactly_once", "")));
+    let job = Job::start(&spec, runtime(), JobOptions::default()).expect("starts");
+    let rows = || -> usize {
+        let found = pg.rows("SELECT count(*) FROM information_schema.tables WHERE table_name = 'counts'");
+        if found[0][0].as_deref() == Some("0") {
+            return 0;
+        }
+        pg.rows("SELECT count(*) FROM counts")[0][0].as_deref().expect("count").parse().expect("a number")
+    };
+    let wait_rows = |n: usize| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while rows() < n {
+            assert!(std::time::Instant::now() < deadline, "{} rows of {n}", rows());
+            assert!(!job.is_done(), "the job ended before its rows were written");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    wait_rows(1);
+    broker.pause();
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    broker.resume();
+    let more = purchases(4_000, 8_000, 2);
+    broker.produce("purchases", &more);
+    produced.extend(more);
+    wait_rows(produced.len());
+    job.cancel();
+    let summary = job.wait().expect("a cancelled job ends cleanly");
+    eprintln!(
+        "broker away 8 s: {} rows for {} records, {} checkpoints completed",
+        rows(),
+        produced.len(),
+        summary.checkpoints.len()
+    );
+    assert_eq!(table_counts(&pg, "counts"), oracle(&produced));
+}
