@@ -166,16 +166,17 @@ fn bad_uploads_and_specs_are_refused_naming_the_problem() {
     expect(upload(&server, &token, eddy_guest_artifacts::WORDCOUNT_COUNT, Some(("count", "1"))), 201);
     spec_error(&WORDCOUNT.replace("path: input.txt", "path: ../../admin.token"), 422, "sources[0].path");
     spec_error(&WORDCOUNT.replace("path: input.txt", "path: /etc/passwd"), 422, "sources[0].path");
-    // A Kafka source would reach any host and read the server's environment: not yet.
+    // A Kafka source may not read the server's environment, nor a sink reach the server itself
+    // (connections.rs tests the rest of what connectors may not do).
     let kafka = "{type: kafka, name: lines, brokers: \"127.0.0.1:9\", topics: [t], format: lines, properties: \
                  {sasl.password: {env: EDDY_ADMIN_TOKEN}}}";
     spec_error(
         &WORDCOUNT.replace("{type: file, name: lines, path: input.txt, format: lines}", kafka),
         422,
-        "sources[0]",
+        "sources[0].properties.sasl.password",
     );
-    let to_kafka = "{type: kafka, brokers: \"127.0.0.1:9\", topic: t}";
-    spec_error(&WORDCOUNT.replace("{type: print}", to_kafka), 422, "sink");
+    let to_kafka = format!("{{type: kafka, brokers: \"127.0.0.1:{}\", topic: t}}", server.port());
+    spec_error(&WORDCOUNT.replace("{type: print}", &to_kafka), 422, "sink.brokers");
     spec_error(&WORDCOUNT.replace("parallelism: 2}", "parallelism: 5}"), 409, "parallelism");
     let json_type = client()
         .post(server.url("/v1/jobs"))
@@ -358,6 +359,10 @@ fn the_openapi_document_lists_every_route_and_every_route_answers() {
         "POST /v1/tenants",
         "POST /v1/tenants/{id}/tokens",
         "PUT /v1/files/{name}",
+        "GET /v1/connections",
+        "GET /v1/connections/{name}",
+        "PUT /v1/connections/{name}",
+        "DELETE /v1/connections/{name}",
     ];
     expected.sort();
     assert_eq!(routes, expected);
