@@ -3,6 +3,8 @@
 //! connections it stored, whose secrets no answer shows; targets outside `--egress-allow`,
 //! the server's own port and properties that reach into the server's machine are refused.
 
+#![allow(clippy::unwrap_used, reason = "test code: a failed setup step should fail the test loudly")]
+
 mod common;
 
 use std::collections::BTreeMap;
