@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::fleet::{Worker, eventually, names};
+use common::fleet::{Rng, Worker, eventually, names, used_workers};
 use common::{Server, client, expect, job, submit, tenant, upload, wait_job};
 use eddy_tests::{KafkaBroker, KafkaRecord, PgServer};
 use serde_json::{Value, json};
@@ -50,25 +50,10 @@ fn put_connection(server: &Server, token: &str, name: &str, body: Value) {
     expect(r.unwrap(), 201);
 }
 
-/// Seeded xorshift, so a failing kill schedule can be replayed (`EDDY_CRASH_SEED`).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 #[test]
 fn thirty_worker_kills_leave_the_postgres_table_exact_and_the_kafka_topic_complete() {
-    let seed = std::env::var("EDDY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
-    println!("kill schedule seed {seed} (EDDY_CRASH_SEED={seed} replays it)");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_env();
+    let seed = rng.0;
     let dir = tempfile::tempdir().unwrap();
     let broker = KafkaBroker::start();
     broker.create_topic("purchases", 3);
@@ -113,15 +98,7 @@ fn thirty_worker_kills_leave_the_postgres_table_exact_and_the_kafka_topic_comple
             });
             std::thread::sleep(Duration::from_millis(rng.below(400)));
             // A worker the table's job runs on, so that each kill costs it an attempt.
-            let mut used: Vec<usize> = j["live"]["tasks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .flat_map(|t| t["workers"].as_array().unwrap().iter())
-                .map(|w| w.as_str().unwrap().trim_start_matches("worker-").parse::<usize>().unwrap() - 1)
-                .collect();
-            used.sort_unstable();
-            used.dedup();
+            let used = used_workers(&j);
             let victim = used[rng.below(used.len() as u64) as usize];
             fleet.remove(victim).kill_9();
             fleet.insert(victim, Worker::start(&coordinator, &format!("worker-{}", victim + 1), dir.path(), &[]));

@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::fleet::{Worker, eventually, names, nexmark_query, workers};
+use common::fleet::{Rng, Worker, eventually, names, nexmark_query, used_workers, workers};
 use common::{Server, expect, job, output_lines, submit, tenant, upload, wait_job};
 use eddy_plan::{SinkSpec, SourceSpec};
 use serde_json::Value;
@@ -121,18 +121,6 @@ fn crash_job(events: u64, rate: u64) -> String {
     )
 }
 
-/// A small seeded generator (xorshift), so a failing schedule of kills can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// The distributed crash test: SIGKILL a random worker of the job 30 times while it runs (each time
 /// after the running attempt completed a checkpoint, so the job makes progress), and the
 /// coordinator three times (it restarts on its address and resumes the job from its store).
@@ -144,11 +132,7 @@ impl Rng {
 fn a_counting_job_survives_thirty_worker_kills_and_three_coordinator_kills_exactly_once() {
     const WORKER_KILLS: usize = 30;
     const COORDINATOR_KILLS: [usize; 3] = [8, 17, 26];
-    let seed = std::env::var("EDDY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
-    println!("crash schedule seed {seed} (EDDY_CRASH_SEED={seed} replays it)");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_env();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("coordinator");
     // Checkpoints in a bucket every process reaches, as across machines.
@@ -199,15 +183,7 @@ fn a_counting_job_survives_thirty_worker_kills_and_three_coordinator_kills_exact
         }
         // A worker the running attempt uses: after a coordinator restart the job may have been
         // placed before every worker was back, and killing an idle one would cost it nothing.
-        let mut used: Vec<usize> = j["live"]["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|t| t["workers"].as_array().unwrap().iter())
-            .map(|w| w.as_str().unwrap().trim_start_matches("worker-").parse::<usize>().unwrap() - 1)
-            .collect();
-        used.sort_unstable();
-        used.dedup();
+        let used = used_workers(&j);
         let victim = used[rng.below(used.len() as u64) as usize];
         fleet.remove(victim).kill_9();
         killed_at = Some(std::time::Instant::now());

@@ -144,3 +144,39 @@ pub fn nexmark_query(
     }
     spec
 }
+
+/// A small seeded generator (xorshift), so a failing schedule of kills can be replayed
+/// (`EDDY_CRASH_SEED`; a new seed, printed, otherwise).
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// From `EDDY_CRASH_SEED`, or the clock; prints the seed.
+    pub fn from_env() -> Rng {
+        let seed = std::env::var("EDDY_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+        });
+        println!("crash schedule seed {seed} (EDDY_CRASH_SEED={seed} replays it)");
+        Rng(seed)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// The indexes (0 for `worker-1`) of the workers a job's running attempt uses, from its view.
+pub fn used_workers(job: &Value) -> Vec<usize> {
+    let mut used: Vec<usize> = job["live"]["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["workers"].as_array().unwrap().iter())
+        .map(|w| w.as_str().unwrap().trim_start_matches("worker-").parse::<usize>().unwrap() - 1)
+        .collect();
+    used.sort_unstable();
+    used.dedup();
+    used
+}
