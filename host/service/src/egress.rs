@@ -127,9 +127,7 @@ impl EgressPolicy {
         }
         Ok(())
     }
-}
 
-impl EgressPolicy {
     fn outside(&self, target: &str) -> String {
         format!(
             "{target} is outside the server's egress policy (--egress-allow {}); ask the operator to allow it",
