@@ -180,6 +180,22 @@ fn targets_outside_the_egress_policy_the_servers_own_port_and_machine_reaching_p
         assert_eq!(problem["field"], field, "{what}: {problem}");
     }
     expect(put(&server, &token, "Bad Name", &json!({"type": "kafka", "brokers": "10.0.0.1:9092"})), 422);
+    // Past the bounds: the body (refused from its declared length, and never read past the
+    // limit without one) and the number of properties. By hand, since the server answers
+    // before reading the body and a client still writing it would see a broken pipe.
+    let head = format!(
+        "PUT /v1/connections/c HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"type\": \"kafka\"",
+        300 << 10
+    );
+    let answer = common::raw_exchange(&server, head.as_bytes(), std::time::Duration::from_secs(30));
+    assert!(answer.starts_with("HTTP/1.1 413") && answer.contains("at most 262144 bytes"), "{answer}");
+    let many: serde_json::Map<String, Value> = (0..=128).map(|i| (format!("p{i}"), json!("v"))).collect();
+    let problem = expect(
+        put(&server, &token, "c", &json!({"type": "kafka", "brokers": "10.0.0.1:9092", "properties": many})),
+        422,
+    );
+    assert!(problem["detail"].as_str().unwrap().contains("MAX_PROPERTIES"), "{problem}");
     let allowed = json!({"type": "kafka", "brokers": "kafka.internal:9092,10.1.2.3:9092"});
     expect(put(&server, &token, "inside", &allowed), 201);
 

@@ -50,8 +50,8 @@ pub use plan::{EdgePlan, Node, Partitioning, PhysicalPlan, TaskPlan};
 pub use spec::{
     CheckpointMode, CheckpointSpec, ColumnSource, ColumnSpec, GeneratorSpec, KafkaDelivery, KafkaEnd, KafkaFormat,
     KafkaSinkFormat, KafkaSinkSpec, KafkaSourceSpec, KafkaStart, KeyBy, MAX_ADDRESS_BYTES, MAX_CONNECTION_NAME_BYTES,
-    MAX_PROPERTY_VALUE_BYTES, NexmarkSourceSpec, OnDecodeError, PipelineSpec, PostgresMode, PostgresSinkSpec,
-    PropertyValue, RestartSpec, S3Spec, SECRET_PROPERTIES, SinkSpec, SourceFormat, SourceSpec, SpecError, SqlType,
-    StateBackendKind, StateSpec, StepSpec, StoreLocation, WatermarkSpec, WindowSpec, WindowType, check_connection_name,
-    check_postgres_url,
+    MAX_PROPERTIES, MAX_PROPERTY_VALUE_BYTES, NexmarkSourceSpec, OnDecodeError, PipelineSpec, PostgresMode,
+    PostgresSinkSpec, PropertyValue, RestartSpec, S3Spec, SECRET_PROPERTIES, SinkSpec, SourceFormat, SourceSpec,
+    SpecError, SqlType, StateBackendKind, StateSpec, StepSpec, StoreLocation, WatermarkSpec, WindowSpec, WindowType,
+    check_connection_name, check_postgres_url,
 };

@@ -14,7 +14,7 @@ mod postgres;
 
 pub use kafka::{
     KafkaDelivery, KafkaEnd, KafkaFormat, KafkaSinkFormat, KafkaSinkSpec, KafkaSourceSpec, KafkaStart,
-    MAX_ADDRESS_BYTES, MAX_PROPERTY_VALUE_BYTES, OnDecodeError, PropertyValue, SECRET_PROPERTIES,
+    MAX_ADDRESS_BYTES, MAX_PROPERTIES, MAX_PROPERTY_VALUE_BYTES, OnDecodeError, PropertyValue, SECRET_PROPERTIES,
 };
 pub use postgres::{
     ColumnSource, ColumnSpec, PostgresMode, PostgresSinkSpec, SqlType, check_url as check_postgres_url,

@@ -15,10 +15,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use eddy_plan::{PipelineSpec, PropertyValue, SECRET_PROPERTIES, SinkSpec, SourceSpec};
+use axum::http::{HeaderMap, StatusCode};
+use eddy_plan::{MAX_PROPERTIES, PipelineSpec, PropertyValue, SECRET_PROPERTIES, SinkSpec, SourceSpec};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -125,6 +125,10 @@ impl Stored {
     }
 }
 
+fn check_name(name: &str) -> ApiResult<()> {
+    eddy_plan::check_connection_name(name).map_err(|e| ApiError::unprocessable(e).at("name"))
+}
+
 fn key(tenant: &str, name: &str) -> String {
     format!("{tenant}/{name}")
 }
@@ -175,6 +179,13 @@ fn check(state: &AppState, connection: &Connection) -> ApiResult<()> {
                 ))
                 .at("brokers"));
             }
+            if properties.len() + secrets.len() > MAX_PROPERTIES {
+                return Err(ApiError::unprocessable(format!(
+                    "{} properties and secrets, above {MAX_PROPERTIES} (MAX_PROPERTIES)",
+                    properties.len() + secrets.len()
+                ))
+                .at("properties"));
+            }
             for (name, value) in properties {
                 check_property("properties", name, false)?;
                 bounded(&format!("properties.{name}"), value)?;
@@ -209,12 +220,12 @@ pub async fn put(
     State(state): State<Arc<AppState>>,
     caller: TenantCaller,
     Path(name): Path<String>,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Body,
 ) -> ApiResult<(StatusCode, Json<ConnectionView>)> {
-    eddy_plan::check_connection_name(&name).map_err(|e| ApiError::unprocessable(e).at("name"))?;
-    if body.len() > MAX_CONNECTION_BYTES {
-        return Err(ApiError::too_large(format!("a connection may have at most {MAX_CONNECTION_BYTES} bytes")));
-    }
+    check_name(&name)?;
+    let too_large = || ApiError::too_large(format!("a connection may have at most {MAX_CONNECTION_BYTES} bytes"));
+    let body = crate::upload::read_small(&headers, body, MAX_CONNECTION_BYTES, too_large).await?;
     let connection: Connection = serde_json::from_slice(&body)
         .map_err(|e| ApiError::unprocessable(format!("not a connection: {e}")).at("body"))?;
     let tenant = caller.tenant;
@@ -260,6 +271,7 @@ pub async fn show(
     caller: TenantCaller,
     Path(name): Path<String>,
 ) -> ApiResult<Json<ConnectionView>> {
+    check_name(&name)?;
     let stored = state.store.get::<Stored>(Table::Connections, &key(&caller.tenant, &name))?;
     Ok(Json(stored.ok_or_else(|| ApiError::not_found("connection", &name))?.view()))
 }
@@ -274,6 +286,7 @@ pub async fn delete(
     caller: TenantCaller,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
+    check_name(&name)?;
     let tenant = caller.tenant;
     let (st, t, n) = (state.clone(), tenant.clone(), name.clone());
     blocking(move || {

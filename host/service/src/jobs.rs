@@ -107,16 +107,8 @@ impl<S: Send + Sync> FromRequest<S> for SpecBody {
             .at("Content-Type"));
         }
         let too_large = || ApiError::too_large(format!("a pipeline spec may have at most {MAX_SPEC_BYTES} bytes"));
-        let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > MAX_SPEC_BYTES as u64) {
-            return Err(too_large());
-        }
-        let body = http_body_util::Limited::new(request.into_body(), MAX_SPEC_BYTES);
-        let bytes = match http_body_util::BodyExt::collect(body).await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
-            Err(e) => return Err(ApiError::bad_request(format!("the spec broke off: {e}")).at("body")),
-        };
+        let headers = headers.clone();
+        let bytes = crate::upload::read_small(&headers, request.into_body(), MAX_SPEC_BYTES, too_large).await?;
         String::from_utf8(bytes.to_vec())
             .map(SpecBody)
             .map_err(|_| ApiError::bad_request("the pipeline spec is not UTF-8").at("body"))

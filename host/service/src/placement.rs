@@ -239,8 +239,7 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
         SinkSpec::Upsert { .. } => SinkSpec::Upsert { dir: output_dir(state, tenant, job).join("table") },
         SinkSpec::Blackhole => SinkSpec::Blackhole,
         // Checked and given their connections after validation (their secrets would not pass).
-        SinkSpec::Kafka(k) => SinkSpec::Kafka(k.clone()),
-        SinkSpec::Postgres(p) => SinkSpec::Postgres(p.clone()),
+        external @ (SinkSpec::Kafka(_) | SinkSpec::Postgres(_)) => external.clone(),
     };
     spec.state.dir = Some(dir.join("state"));
     if spec.state.max_bytes_per_subtask.is_none() {

@@ -58,3 +58,23 @@ pub async fn receive(
     file.sync_all().await.map_err(ApiError::internal)?;
     Ok(Received { file: path, size, digest: format!("sha256:{}", hex(&hasher.finalize())) })
 }
+
+/// Reads a body into memory, refusing with 413 (`too_large`) one whose declared length is over
+/// `limit` before a byte is read, and one without a declared length once `limit` bytes came:
+/// what a small body may cost in memory is `limit`, whatever the client sends.
+pub async fn read_small(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    too_large: impl Fn() -> ApiError,
+) -> ApiResult<bytes::Bytes> {
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit)).await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
+        Err(e) => Err(ApiError::bad_request(format!("the body broke off: {e}")).at("body")),
+    }
+}
