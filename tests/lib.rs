@@ -304,6 +304,18 @@ impl KafkaBroker {
     /// nothing more for half a second (so duplicates beyond `expected` are seen too), or 60 s
     /// passed.
     pub fn consume(&self, topic: &str, expected: usize) -> Vec<Consumed> {
+        self.consume_until(topic, std::time::Duration::from_secs(60), |out| out.len() >= expected)
+    }
+
+    /// Reads `topic` from the start of every partition until what came is `done` and then
+    /// nothing more for half a second, or `patience` passed. For a job still writing (its
+    /// duplicates can reach a count before its last records do), `done` says what must be there.
+    pub fn consume_until(
+        &self,
+        topic: &str,
+        patience: std::time::Duration,
+        mut done: impl FnMut(&[Consumed]) -> bool,
+    ) -> Vec<Consumed> {
         use rdkafka::Message;
         use rdkafka::consumer::Consumer;
         use rdkafka::message::Headers;
@@ -322,11 +334,15 @@ impl KafkaBroker {
             }
         }
         consumer.assign(&list).expect("assign");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let deadline = std::time::Instant::now() + patience;
         let mut quiet_since = std::time::Instant::now();
         let mut out = Vec::new();
+        // `done` is asked again only after new records came and the topic paused, so a costly
+        // check runs once per burst, not once per record.
+        let mut finished = false;
+        let mut asked_at = usize::MAX;
         while std::time::Instant::now() < deadline
-            && (out.len() < expected || quiet_since.elapsed() < std::time::Duration::from_millis(500))
+            && (!finished || quiet_since.elapsed() < std::time::Duration::from_millis(500))
         {
             match consumer.poll(std::time::Duration::from_millis(50)) {
                 Some(Ok(m)) => {
@@ -340,6 +356,10 @@ impl KafkaBroker {
                     quiet_since = std::time::Instant::now();
                 }
                 Some(Err(e)) => panic!("consuming {topic}: {e}"),
+                None if asked_at != out.len() => {
+                    asked_at = out.len();
+                    finished = done(&out);
+                }
                 None => {}
             }
         }
