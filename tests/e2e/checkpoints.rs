@@ -672,7 +672,7 @@ fn stop_with_savepoint_then_resume_with_new_wasm_at_another_parallelism() {
     std::fs::remove_dir_all(dir.path().join("checkpoints")).expect("fresh checkpoint dir");
     let second_words: usize = word_totals(&second_part).values().sum::<u64>() as usize;
     let (job, received) =
-        start_wordcount(dir.path(), &wordcount_yaml(eddy_guest_artifacts::PYTHON_WORDCOUNT, 3), Some(savepoint));
+        start_wordcount(dir.path(), &wordcount_yaml(eddy_guest_artifacts::PYTHON_WORDCOUNT_COUNT, 3), Some(savepoint));
     assert_eq!(job.restored_from(), Some(id));
     wait_for(&received, second_words);
     job.cancel();

@@ -1,6 +1,6 @@
 //! The same contract from another language: the Python word counter gives exactly the Rust
 //! counter's output for the same input, and a pure-Python reader of rows
-//! (`guest-sdk/python/eddy_rows.py`, only `struct`) reads rows as Eddy renders them.
+//! (`guest-sdk/python/eddy/rows.py`, only `struct`) reads rows as Eddy renders them.
 
 use eddy_guest_artifacts as guests;
 use eddy_runtime::Subtask;
@@ -11,7 +11,7 @@ fn python_counter_equals_its_rust_twin() {
     let words = ["the", "fox", "the", "Été", "dog", "the", "fox", "\"quoted\"", "a\\b"];
     let input: Vec<(Option<&str>, u64)> = words.iter().enumerate().map(|(i, w)| (Some(*w), 1 + i as u64 % 3)).collect();
     let mut outputs = Vec::new();
-    for (name, path) in [("count-rust", guests::WORDCOUNT_COUNT), ("count-python", guests::PYTHON_WORDCOUNT)] {
+    for (name, path) in [("count-rust", guests::WORDCOUNT_COUNT), ("count-python", guests::PYTHON_WORDCOUNT_COUNT)] {
         let component = load(name, path);
         let mut op = open_operator(&component, Subtask::single(128), "null");
         let mut out = Vec::new();
@@ -108,7 +108,7 @@ fn a_pure_python_reader_reads_rows_as_eddy_renders_them() {
         input.extend_from_slice(&(row.len() as u32).to_le_bytes());
         input.extend_from_slice(row);
     }
-    let reader = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk/python/eddy_rows.py");
+    let reader = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk/python/eddy/rows.py");
     let mut child = std::process::Command::new("python3")
         .arg(reader)
         .arg(&schemas_path)

@@ -1,7 +1,7 @@
 //! Builds every guest component and writes their paths as constants, so a test that names a
 //! guest cannot compile unless that guest built. Rust guests build with their own target dir
-//! (a nested cargo on the outer target dir would wait on its lock forever); the Python guest
-//! is built with componentize-py.
+//! (a nested cargo on the outer target dir would wait on its lock forever); Python guests
+//! are built by `eddy_build`, as `eddy build` builds them.
 
 use std::env;
 use std::fmt::Write as _;
@@ -33,6 +33,14 @@ const RUST_GUESTS: &[(&str, &str, &str)] = &[
     ("COMMAND", "command", "command"),
 ];
 
+/// (constant, project directory, artifact file stem): the Python twins of the Rust examples.
+const PYTHON_GUESTS: &[(&str, &str, &str)] = &[
+    ("PYTHON_WORDCOUNT_SPLIT", "examples/wordcount/python/split", "python_wordcount_split"),
+    ("PYTHON_WORDCOUNT_COUNT", "examples/wordcount/python/count", "python_wordcount_count"),
+    ("PYTHON_PURCHASE_TOTALS", "examples/purchase-totals/python", "python_purchase_totals"),
+    ("PYTHON_FRAUD_DETECTOR", "examples/fraud-detector/python", "python_fraud_detector"),
+];
+
 fn main() -> Result<()> {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
     let root = manifest.join("../..").canonicalize()?;
@@ -48,12 +56,14 @@ fn main() -> Result<()> {
     for (name, path) in build_rust_guests(&root, &target_dir)? {
         writeln!(consts, "/// Path of the `{name}` guest component.\npub const {name}: &str = {:?};", path.display())?;
     }
-    let python = build_python_guest(&root, &target_dir)?;
-    writeln!(
-        consts,
-        "/// Path of the Python word counter component.\npub const PYTHON_WORDCOUNT: &str = {:?};",
-        python.display()
-    )?;
+    for (name, dir, stem) in PYTHON_GUESTS {
+        let path = build_python_guest(&root.join(dir), &target_dir.join(format!("{stem}.wasm")))?;
+        writeln!(
+            consts,
+            "/// Path of the Python `{name}` guest component.\npub const {name}: &str = {:?};",
+            path.display()
+        )?;
+    }
     std::fs::write(out_dir.join("artifacts.rs"), consts)?;
     Ok(())
 }
@@ -89,16 +99,12 @@ fn build_rust_guests(root: &Path, target_dir: &Path) -> Result<Vec<(&'static str
     Ok(RUST_GUESTS.iter().map(|(name, _, stem)| (*name, dir.join(format!("{stem}.wasm")))).collect())
 }
 
-fn build_python_guest(root: &Path, target_dir: &Path) -> Result<PathBuf> {
-    let out = target_dir.join("python_wordcount.wasm");
-    let status = Command::new("componentize-py")
-        .current_dir(root)
-        .args(["-d", "wit", "-w", "keyed-operator", "componentize", "-p", "examples/python-wordcount", "app", "-o"])
-        .arg(&out)
-        .status()
-        .context("componentize-py not found: run tests/run.sh once (it installs it), or `pip install componentize-py==0.25.1`")?;
-    if !status.success() {
-        bail!("componentize-py failed to build examples/python-wordcount");
-    }
-    Ok(out)
+/// Python guests are built as `eddy build` builds them.
+fn build_python_guest(dir: &Path, out: &Path) -> Result<PathBuf> {
+    let options = eddy_build::BuildOptions {
+        lang: Some(eddy_build::Lang::Python),
+        out: Some(out.to_path_buf()),
+        ..eddy_build::BuildOptions::default()
+    };
+    eddy_build::build(dir, &options).with_context(|| format!("building the Python guest in {}", dir.display()))
 }

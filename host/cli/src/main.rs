@@ -9,6 +9,7 @@ mod bench;
 mod bench_checkpoint;
 mod client;
 mod cluster;
+mod project;
 mod serve;
 
 use anyhow::Result;
@@ -229,6 +230,36 @@ enum Command {
     Tenants {
         #[command(subcommand)]
         action: TenantAction,
+    },
+    /// Scaffold an operator project (`--lang rust|python|js|ts|go`) that builds and passes
+    /// its own test.
+    New {
+        /// The language.
+        #[arg(long)]
+        lang: String,
+        /// The new (or empty) directory.
+        dir: PathBuf,
+    },
+    /// Build an operator project into a component; prints the `.wasm` path last.
+    Build {
+        /// The project directory (its language is told by its files).
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// The language, if the files do not tell.
+        #[arg(long)]
+        lang: Option<String>,
+        /// Where to write the component.
+        #[arg(long, short)]
+        out: Option<PathBuf>,
+    },
+    /// Build a project, run its `pipeline.yaml` and compare the output with `expected.txt`.
+    Test {
+        /// The project directory.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// The language, if the files do not tell.
+        #[arg(long)]
+        lang: Option<String>,
     },
     /// Validate a component and print what it is.
     Inspect {
@@ -635,7 +666,11 @@ fn inspect(wasm: PathBuf, cache_dir: PathBuf) -> Result<()> {
     let runtime = runtime(cache_dir)?;
     let name = wasm.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let component = runtime.load_file(&name, &wasm)?;
-    println!("{}: {:?}", wasm.display(), component.world());
+    let world = match component.world() {
+        eddy_runtime::World::KeyedOperator => "keyed-operator",
+        eddy_runtime::World::WindowAggregate => "window-aggregate",
+    };
+    println!("{}: {world}", wasm.display());
     println!("  sha256  {}", component.digest());
     println!("  loaded  in {:.1?} ({:?})", component.load_time(), component.cache_outcome());
     Ok(())
@@ -679,6 +714,9 @@ fn main() {
         Command::Plan { pipeline } => plan(pipeline),
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
+        Command::New { lang, dir } => project::new(&lang, &dir),
+        Command::Build { dir, lang, out } => project::build(&dir, lang.as_deref(), out).map(|_| ()),
+        Command::Test { dir, lang } => project::test(&dir, lang.as_deref()),
         Command::Serve { listen, data_dir, slots, service } => serve::serve(&listen, data_dir, slots, &service),
         Command::Cluster { action: ClusterAction::Init { out } } => cluster::init(&out),
         Command::Cluster { action: ClusterAction::Cert { ca, name, alias, out, days } } => {

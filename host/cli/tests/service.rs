@@ -627,7 +627,7 @@ fn two_tenants_run_the_word_count_in_rust_and_in_python_with_equal_output() {
     let server = Server::start(&dir.path().join("data"), &[]);
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let mut outputs = Vec::new();
-    for (name, pipeline) in [("rust", "wordcount/pipeline.yaml"), ("python", "python-wordcount/pipeline.yaml")] {
+    for (name, pipeline) in [("rust", "wordcount/pipeline.yaml"), ("python", "wordcount/pipeline-python.yaml")] {
         let config = dir.path().join(format!("{name}.json"));
         let token =
             stdout(&eddy(&config, &["tenants", "create", name, "--server", &server.base, "--token", &server.admin()]));

@@ -1,0 +1,81 @@
+//! Python projects: `app.py` and whatever modules beside it, built by componentize-py together
+//! with the Eddy SDK, which is embedded here so that an installed `eddy` builds anywhere.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{BuildError, BuildOptions, io, project_name, run_tool};
+
+/// The WIT contract every component is built against.
+pub(crate) const WIT: &str = include_str!("../../../wit/dataflow.wit");
+
+/// The SDK package `eddy`, file by file.
+const SDK: &[(&str, &str)] = &[
+    ("__init__.py", include_str!("../../../guest-sdk/python/eddy/__init__.py")),
+    ("_wit.py", include_str!("../../../guest-sdk/python/eddy/_wit.py")),
+    ("aggregate.py", include_str!("../../../guest-sdk/python/eddy/aggregate.py")),
+    ("codec.py", include_str!("../../../guest-sdk/python/eddy/codec.py")),
+    ("errors.py", include_str!("../../../guest-sdk/python/eddy/errors.py")),
+    ("log.py", include_str!("../../../guest-sdk/python/eddy/log.py")),
+    ("operator.py", include_str!("../../../guest-sdk/python/eddy/operator.py")),
+    ("rows.py", include_str!("../../../guest-sdk/python/eddy/rows.py")),
+    ("testing.py", include_str!("../../../guest-sdk/python/eddy/testing.py")),
+];
+
+const INSTALL: &str = "run deploy/setup.sh, or `pip install componentize-py==0.25.1`";
+
+/// Writes the WIT and the SDK under `dir` (`wit/`, `sdk/eddy/`), replacing what was there.
+pub(crate) fn stage(dir: &Path) -> Result<(PathBuf, PathBuf), BuildError> {
+    let wit = dir.join("wit");
+    let sdk = dir.join("sdk");
+    let package = sdk.join("eddy");
+    for d in [&wit, &package] {
+        std::fs::create_dir_all(d).map_err(io(d))?;
+    }
+    let wit_file = wit.join("dataflow.wit");
+    std::fs::write(&wit_file, WIT).map_err(io(&wit_file))?;
+    for (name, text) in SDK {
+        let path = package.join(name);
+        std::fs::write(&path, text).map_err(io(&path))?;
+    }
+    Ok((wit, sdk))
+}
+
+/// The world `app.py` targets: an aggregate's if it exports one.
+fn world(app: &Path) -> Result<&'static str, BuildError> {
+    let text = std::fs::read_to_string(app).map_err(io(app))?;
+    let aggregate = text.contains("export_aggregate(");
+    let operator = text.contains("export_operator(");
+    match (operator, aggregate) {
+        (true, false) => Ok("keyed-operator"),
+        (false, true) => Ok("window-aggregate"),
+        (true, true) => Err(BuildError::Project {
+            path: app.to_path_buf(),
+            what: "exports both an operator and an aggregate: a component is one of them".into(),
+        }),
+        (false, false) => Err(BuildError::Project {
+            path: app.to_path_buf(),
+            what: "exports nothing: end it with `Operator = eddy.export_operator(YourOperator)` or \
+                   `Aggregate = eddy.export_aggregate(YourAggregate)`"
+                .into(),
+        }),
+    }
+}
+
+pub(crate) fn build(dir: &Path, options: &BuildOptions) -> Result<PathBuf, BuildError> {
+    let app = dir.join("app.py");
+    if !app.is_file() {
+        return Err(BuildError::Project { path: dir.to_path_buf(), what: "a Python operator needs app.py".into() });
+    }
+    let world = world(&app)?;
+    let out = options.out.clone().unwrap_or_else(|| dir.join("build").join(format!("{}.wasm", project_name(dir))));
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let (wit, sdk) = stage(&parent.join(format!(".{stem}.eddy-sdk")))?;
+    let mut cmd = Command::new("componentize-py");
+    cmd.arg("-d").arg(&wit).args(["-w", world, "componentize", "-p"]).arg(dir).arg("-p").arg(&sdk);
+    cmd.args(["app", "-o"]).arg(&out);
+    run_tool(cmd, "componentize-py", INSTALL, dir)?;
+    Ok(out)
+}
