@@ -13,9 +13,13 @@ fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name)
 }
 
-/// Runs an example's pipeline into memory: (side output, key JSON, value JSON).
-fn run_example(name: &str) -> Vec<(Option<String>, Value, Value)> {
-    let spec = PipelineSpec::from_file(&example(name).join("pipeline.yaml")).expect("example spec is valid");
+/// The pipeline files of an example, one per language its operators are written in: the
+/// same job, which must meet the same oracle in every language.
+const LANGUAGES: &[&str] = &["pipeline.yaml", "pipeline-python.yaml"];
+
+/// Runs one of an example's pipeline files into memory: (side output, key JSON, value JSON).
+fn run_pipeline(name: &str, file: &str) -> Vec<(Option<String>, Value, Value)> {
+    let spec = PipelineSpec::from_file(&example(name).join(file)).expect("example spec is valid");
     let sink = MemorySink::default();
     let received = sink.received.clone();
     let options = JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() };
@@ -46,11 +50,13 @@ fn word_count_example() {
     for w in text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()) {
         *oracle.entry(w.to_lowercase()).or_default() += 1;
     }
-    let mut last = BTreeMap::new();
-    for (_, key, value) in run_example("wordcount") {
-        last.insert(key.as_str().expect("word").to_string(), value.as_u64().expect("count"));
+    for file in LANGUAGES {
+        let mut last = BTreeMap::new();
+        for (_, key, value) in run_pipeline("wordcount", file) {
+            last.insert(key.as_str().expect("word").to_string(), value.as_u64().expect("count"));
+        }
+        assert_eq!(last, oracle, "{file}");
     }
-    assert_eq!(last, oracle);
 }
 
 #[test]
@@ -77,8 +83,20 @@ fn hourly_purchase_totals_example() {
         max_seen = max_seen.max(ts);
     }
     assert_eq!(late.len(), 1, "the example shows one late purchase");
+    for file in LANGUAGES {
+        let (got_late, got_totals) = purchase_totals_of(run_pipeline("purchase-totals", file));
+        assert_eq!(got_late, late, "{file}");
+        assert_eq!(got_totals, totals, "{file}");
+    }
+}
+
+type Late = BTreeSet<(String, i64, i64)>;
+type Hourly = BTreeMap<(String, i64), (u64, i64)>;
+
+/// The late purchases and the (user, hour) totals a purchase-totals run emitted.
+fn purchase_totals_of(out: Vec<(Option<String>, Value, Value)>) -> (Late, Hourly) {
     let (mut got_late, mut got_totals) = (BTreeSet::new(), BTreeMap::new());
-    for (side, key, v) in run_example("purchase-totals") {
+    for (side, key, v) in out {
         match side.as_deref() {
             Some("late") => {
                 got_late.insert((
@@ -96,8 +114,7 @@ fn hourly_purchase_totals_example() {
             Some(other) => panic!("unexpected side output {other}"),
         }
     }
-    assert_eq!(got_late, late);
-    assert_eq!(got_totals, totals);
+    (got_late, got_totals)
 }
 
 #[test]
@@ -117,13 +134,15 @@ fn fraud_detection_example() {
         }
     }
     assert!(!oracle.is_empty(), "the example raises alerts");
-    let mut got: Vec<(u64, i64)> = run_example("fraud-detector")
-        .into_iter()
-        .map(|(_, _, v)| (v["account_id"].as_u64().expect("account"), v["amount_cents"].as_i64().expect("amount")))
-        .collect();
-    got.sort();
     oracle.sort();
-    assert_eq!(got, oracle);
+    for file in LANGUAGES {
+        let mut got: Vec<(u64, i64)> = run_pipeline("fraud-detector", file)
+            .into_iter()
+            .map(|(_, _, v)| (v["account_id"].as_u64().expect("account"), v["amount_cents"].as_i64().expect("amount")))
+            .collect();
+        got.sort();
+        assert_eq!(got, oracle, "{file}");
+    }
 }
 
 #[test]
@@ -148,7 +167,7 @@ fn surge_pricing_example() {
         oracle.insert((zone.clone(), *end, *requests, prev, (multiplier * 10.0) as i64));
     }
     assert!(oracle.iter().any(|o| o.4 > 10), "the example surges somewhere");
-    let got: BTreeSet<_> = run_example("surge-pricing")
+    let got: BTreeSet<_> = run_pipeline("surge-pricing", "pipeline.yaml")
         .into_iter()
         .map(|(side, _, v)| {
             assert_eq!(side, None, "no ride is late");

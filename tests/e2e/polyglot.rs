@@ -150,3 +150,148 @@ fn collect_schemas(
         }
     }
 }
+
+/// The shared codec table every SDK's tests check themselves against
+/// (`guest-sdk/testdata/codec-table.json`): rows as `eddy-wire` writes them, with what they
+/// mean (as Eddy's sinks render them), and keys and state values as serde_json writes them.
+/// This test is its source: it fails when the file and `eddy-wire` disagree; run it with
+/// `EDDY_BLESS=1` to rewrite the file after a deliberate change.
+#[test]
+fn the_shared_codec_table_is_what_eddy_wire_writes() {
+    #[derive(serde::Serialize)]
+    struct Purchase {
+        user_id: String,
+        amount_cents: u64,
+    }
+    #[derive(serde::Serialize)]
+    struct Alert {
+        account_id: u64,
+        amount_cents: i64,
+    }
+    #[derive(serde::Serialize)]
+    struct Totals {
+        purchases: u64,
+        total_cents: u64,
+    }
+    let mut schemas = serde_json::Map::new();
+    // Declared to the host's registry too: the sinks' rendering (the meaning) reads names there.
+    let mut declare = |s: &eddy_wire::schema::Schema| {
+        schemas.insert(s.id().to_string(), serde_json::json!([s.name, s.fields]));
+        eddy_runtime::schemas().declare(s).expect("declared")
+    };
+    let mut encoder = eddy_wire::ser::RowEncoder::new();
+    let mut rows = Vec::new();
+    let mut row = |name: &str, bytes: Vec<u8>| {
+        let meaning: serde_json::Value =
+            serde_json::from_slice(&eddy_connectors::values::json_text(&bytes)).expect("rendered JSON");
+        let natural = signed_only_when_negative(&bytes);
+        rows.push(serde_json::json!({"name": name, "hex": hex(&bytes), "meaning": meaning, "natural": natural}));
+    };
+    row("purchase", encode(&mut encoder, &mut declare, &Purchase { user_id: "alice".into(), amount_cents: 1299 }));
+    row("negative integer", encode(&mut encoder, &mut declare, &Alert { account_id: 7, amount_cents: -60_000 }));
+    row("accumulator", encode(&mut encoder, &mut declare, &Totals { purchases: 4, total_cents: 5248 }));
+    for (i, text) in ["plain", "Été \"quoted\" \\ tab\t", ""].into_iter().enumerate() {
+        let everything = Everything {
+            small: -7 * i as i32,
+            big: u64::MAX - i as u64,
+            ratio: 0.25 + i as f64,
+            flag: i % 2 == 0,
+            text: text.into(),
+            missing: (i == 1).then_some(5),
+            raw: serde_bytes_like::Bytes(vec![0, 255, i as u8]),
+            inner: Inner { id: i as u64, label: (i != 2).then(|| format!("n{i}")) },
+            list: vec![1, 2, i as u16],
+        };
+        row(&format!("every kind {i}"), encode(&mut encoder, &mut declare, &everything));
+    }
+    // Keys and state: serde_json's bytes, which every SDK must write byte for byte.
+    let mut json: Vec<String> = [
+        serde_json::json!("fox"),
+        serde_json::json!("Été \"quoted\" \\ \n\t\u{1}\u{1f}/\u{7f}"),
+        serde_json::json!(0),
+        serde_json::json!(-5),
+        serde_json::json!(u64::MAX),
+        serde_json::json!(i64::MIN),
+        serde_json::json!(true),
+        serde_json::json!(null),
+        serde_json::json!(1.5),
+        serde_json::json!(0.1),
+        serde_json::json!(-2.25),
+        serde_json::json!(1e20),
+        serde_json::json!([1, "a", null, [false]]),
+    ]
+    .iter()
+    .map(|v| serde_json::to_string(v).expect("json"))
+    .collect();
+    // A struct's fields in declaration order, as a Rust state value would be written.
+    #[derive(serde::Serialize)]
+    struct Seen {
+        user: String,
+        last: i64,
+        tags: Vec<String>,
+    }
+    let seen = Seen { user: "bob".into(), last: -3, tags: vec!["a".into()] };
+    json.push(serde_json::to_string(&seen).expect("json"));
+
+    let table = serde_json::json!({
+        "about": "Written by tests/e2e/polyglot.rs (the_shared_codec_table_is_what_eddy_wire_writes) from eddy-wire and serde_json; every SDK's tests check their codec against it. Do not edit by hand: rerun that test with EDDY_BLESS=1.",
+        "schemas": schemas,
+        "rows": rows,
+        "json": json,
+    });
+    let text = serde_json::to_string_pretty(&table).expect("json") + "\n";
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk/testdata/codec-table.json");
+    if std::env::var_os("EDDY_BLESS").is_some() {
+        std::fs::create_dir_all(std::path::Path::new(path).parent().expect("dir")).expect("mkdir");
+        std::fs::write(path, &text).expect("write the table");
+    }
+    let on_disk = std::fs::read_to_string(path).expect("the table exists (EDDY_BLESS=1 writes it)");
+    assert!(
+        on_disk == text,
+        "{path} is not what eddy-wire writes: rerun this test with EDDY_BLESS=1 and review the diff"
+    );
+}
+
+/// Whether every integer field of `row` (nested rows too) is signed exactly when negative: the
+/// kinds a writer without static types (Python, JavaScript) picks, so such an SDK must write
+/// these rows byte for byte.
+fn signed_only_when_negative(row: &[u8]) -> bool {
+    use eddy_wire::row::{Kind, RowRef};
+    let read = RowRef::new(row).expect("a row");
+    (0..read.len()).all(|i| match read.kind(i).expect("kind") {
+        _ if read.is_null(i).expect("null bit") => true,
+        Kind::I64 => read.i64(i).expect("i64") < 0,
+        Kind::Row => read.row(i).expect("row").is_none_or(|r| signed_only_when_negative(r.as_bytes())),
+        _ => true,
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn encode<T: serde::Serialize>(
+    encoder: &mut eddy_wire::ser::RowEncoder,
+    declare: &mut dyn eddy_wire::ser::Declare,
+    value: &T,
+) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    encoder.encode(value, &mut bytes, declare).expect("a struct");
+    bytes
+}
+
+/// The Python SDK's own tests (plain CPython, no component): its codec against the shared
+/// table, and its operator and aggregate runners on the in-memory host.
+#[test]
+fn the_python_sdk_passes_its_tests() {
+    let sdk = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk/python");
+    let out = std::process::Command::new("python3")
+        .args(["-m", "unittest", "discover", "-s", "tests", "-t", "."])
+        .current_dir(sdk)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(report.contains("OK") && !report.contains("Ran 0 tests"), "{report}");
+}

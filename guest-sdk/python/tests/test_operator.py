@@ -1,0 +1,169 @@
+"""The operator and aggregate runners on the in-memory host (eddy.testing): state semantics,
+timers, side outputs, errors and what a failed call leaves behind. Oracles are literal
+tables and plain dict arithmetic, not the SDK."""
+
+import unittest
+from dataclasses import dataclass
+
+import eddy
+from eddy.testing import AggregateHarness, Failed, Harness
+
+
+class Counter(eddy.Operator):
+    def open(self, ctx, config):
+        self.count = ctx.value_state("count")
+        self.step = (config or {}).get("step", 1)
+
+    def process(self, record, ctx):
+        n = self.count.get(0) + self.step
+        self.count.set(n)
+        ctx.emit(record.key, n)
+
+
+class Lists(eddy.Operator):
+    """Keeps every value per key in a list and a map of value -> occurrences."""
+
+    def open(self, ctx, config):
+        self.seen = ctx.list_state("seen")
+        self.counts = ctx.map_state("counts")
+        self.dupes = ctx.side_output("dupes")
+
+    def process(self, record, ctx):
+        self.seen.append(record.value)
+        n = self.counts.get(record.value, 0) + 1
+        self.counts.put(record.value, n)
+        if n > 1:
+            ctx.emit(record.key, record.value, to=self.dupes)
+        ctx.emit(record.key, {"seen": self.seen.get(), "counts": dict(self.counts.items())})
+
+
+class Failing(eddy.Operator):
+    def open(self, ctx, config):
+        self.count = ctx.value_state("count")
+
+    def process(self, record, ctx):
+        self.count.set(self.count.get(0) + 1)
+        ctx.emit(record.key, "before the failure")
+        if record.value == "boom":
+            raise ZeroDivisionError("the record said boom")
+        if record.value == "bad":
+            raise eddy.BadRecord("bad is not a number")
+
+
+class Timers(eddy.Operator):
+    def process(self, record, ctx):
+        ctx.register_timer(eddy.EVENT_TIME, record.value)
+        ctx.register_timer(eddy.EVENT_TIME, record.value)  # twice: fires once
+
+    def on_timer(self, timer, ctx):
+        ctx.emit(timer.key, [timer.timestamp, ctx.watermark()])
+
+
+class StateInOpen(eddy.Operator):
+    def open(self, ctx, config):
+        self.count = ctx.value_state("count")
+        self.count.get()
+
+
+@dataclass
+class Totals:
+    purchases: int = 0
+    total_cents: int = 0
+
+
+class PurchaseTotals(eddy.Aggregate):
+    accumulator = Totals
+
+    def create_accumulator(self):
+        return Totals()
+
+    def add(self, acc, record):
+        acc.purchases += 1
+        acc.total_cents += record.value["amount_cents"]
+
+    def merge(self, a, b):
+        return Totals(a.purchases + b.purchases, a.total_cents + b.total_cents)
+
+
+class Operators(unittest.TestCase):
+    def test_value_state_counts_across_records_and_batches(self):
+        h = Harness(Counter)
+        self.assertEqual(h.process([("a", 1), ("b", 1), ("a", 1)]), [("a", 1), ("b", 1), ("a", 2)])
+        self.assertEqual(h.process([("a", 1)]), [("a", 3)])
+        self.assertEqual(h.value("count", "a"), 3)
+        self.assertEqual(Harness(Counter, config={"step": 5}).process([("x", 0)]), [("x", 5)])
+
+    def test_list_map_state_and_side_outputs(self):
+        h = Harness(Lists)
+        h.process([("k", "x"), ("k", "y")])
+        out = h.process([("k", "x"), ("j", "x")])
+        main = [o for o in out if o.side is None]
+        dupes = [o for o in out if o.side == "dupes"]
+        self.assertEqual(main[0], ("k", {"seen": ["x", "y", "x"], "counts": {"x": 2, "y": 1}}))
+        self.assertEqual(main[1], ("j", {"seen": ["x"], "counts": {"x": 1}}))
+        self.assertEqual(dupes, [("k", "x")])
+
+    def test_an_exception_fails_the_call_with_its_message_and_drops_its_writes_and_output(self):
+        h = Harness(Failing)
+        self.assertEqual(h.process([("a", "ok")]), [("a", "before the failure")])
+        with self.assertRaises(Failed) as failed:
+            h.process([("a", "ok"), ("a", "boom")])
+        self.assertEqual(failed.exception.kind, "failed")
+        self.assertIn("ZeroDivisionError: the record said boom", failed.exception.message)
+        self.assertTrue(any("Traceback" in line for level, line in h.host.logs if level == "error"))
+        self.assertEqual(h.value("count", "a"), 1, "the failed call's writes did not land")
+        self.assertEqual(h.host.emitted, [], "nor did its output")
+        with self.assertRaises(Failed) as bad:
+            h.process([("a", "bad")])
+        self.assertEqual((bad.exception.kind, bad.exception.message), ("bad-record", "bad is not a number"))
+
+    def test_timers_fire_once_in_timestamp_order_when_time_passes_them(self):
+        h = Harness(Timers)
+        h.process([("a", 30), ("b", 10), ("a", 20)])
+        self.assertEqual(h.advance_watermark(15), [("b", [10, 15])])
+        self.assertEqual(h.advance_watermark(40), [("a", [20, 40]), ("a", [30, 40])])
+        self.assertEqual(h.advance_watermark(50), [])
+
+    def test_state_without_a_key_is_refused_with_what_to_do(self):
+        with self.assertRaises(Failed) as failed:
+            Harness(StateInOpen)
+        self.assertIn("there is none in open/close", failed.exception.message)
+        with self.assertRaises(Failed) as unkeyed:
+            Harness(Counter).process([(None, 1)])
+        self.assertIn("add key_by before this step", unkeyed.exception.message)
+
+    def test_bad_config_is_named(self):
+        from eddy.operator import Runner
+        from eddy.testing import _Host
+
+        failure = Runner(Counter, _Host()).open("{not json")
+        self.assertEqual(failure[0], "bad-config")
+        self.assertIn("not JSON", failure[1])
+
+
+class Aggregates(unittest.TestCase):
+    def test_accumulators_fold_merge_and_result(self):
+        h = AggregateHarness(PurchaseTotals)
+        a = h.accumulate([{"amount_cents": 100}, {"amount_cents": 250}])
+        b = h.accumulate([{"amount_cents": 7}], acc=a)
+        self.assertEqual(h.result(b), {"purchases": 3, "total_cents": 357})
+        self.assertEqual(h.result(h.merge(a, b)), {"purchases": 5, "total_cents": 707})
+        self.assertEqual(h.window([]), {"purchases": 0, "total_cents": 0})
+
+    def test_an_aggregate_without_merge_says_so(self):
+        class NoMerge(eddy.Aggregate):
+            def create_accumulator(self):
+                return 0
+
+            def add(self, acc, record):
+                return acc + 1
+
+        h = AggregateHarness(NoMerge)
+        self.assertEqual(h.window([1, 2, 3]), 3)
+        with self.assertRaises(Failed) as failed:
+            h.merge(b"1", b"2")
+        self.assertIn("session windows need merge", failed.exception.message)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,96 @@
+//! Operators in every language, through the `eddy` binary: each example's pipeline in each
+//! language prints what its Rust pipeline prints, and `eddy new` / `eddy build` / `eddy test`
+//! make a project that builds, is a `keyed-operator`, and passes its own test.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn eddy(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_eddy")).args(args).output().unwrap()
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Compiled components are kept between runs of this test binary: the Python ones take
+/// seconds to compile.
+fn cache_dir() -> String {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("polyglot-artifacts").display().to_string()
+}
+
+fn printed(pipeline: &Path) -> Vec<String> {
+    let out =
+        ok(eddy(&["run", pipeline.to_str().unwrap(), "--cache-dir", &cache_dir()]), &pipeline.display().to_string());
+    let mut lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn every_example_prints_in_every_language_what_its_rust_pipeline_prints() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    for example in ["wordcount", "purchase-totals", "fraud-detector"] {
+        let dir = examples.join(example);
+        let rust = printed(&dir.join("pipeline.yaml"));
+        assert!(!rust.is_empty(), "{example} prints something");
+        let mut twins: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("pipeline-"))
+            .collect();
+        twins.sort();
+        assert!(twins.iter().any(|p| p.ends_with("pipeline-python.yaml")), "{example} has a Python twin");
+        for twin in twins {
+            assert_eq!(printed(&twin), rust, "{} prints what the Rust pipeline prints", twin.display());
+        }
+    }
+}
+
+#[test]
+fn a_new_project_builds_is_an_operator_and_passes_its_own_test() {
+    let dir = tempfile::tempdir().unwrap();
+    for lang in ["python", "rust"] {
+        let project = dir.path().join(format!("my-{lang}-op"));
+        let project_arg = project.to_str().unwrap();
+        let made = ok(eddy(&["new", "--lang", lang, project_arg]), "eddy new");
+        assert!(made.contains("next: `eddy build"), "{made}");
+        if lang == "rust" {
+            // The workspace's lock: the same dependency versions as Eddy's own guests.
+            std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.lock"), project.join("Cargo.lock"))
+                .unwrap();
+        }
+        let built = ok(eddy(&["build", project_arg]), "eddy build");
+        let wasm = built.lines().last().unwrap();
+        assert!(Path::new(wasm).is_file(), "eddy build prints the component's path last: {built}");
+        let inspected = ok(eddy(&["inspect", wasm, "--cache-dir", &cache_dir()]), "eddy inspect");
+        assert!(inspected.contains("keyed-operator"), "{inspected}");
+        let tested = ok(eddy(&["test", project_arg]), "eddy test");
+        assert!(tested.contains("test passed: 5 lines"), "{tested}");
+
+        // The test can fail: a line the operator does not print is named.
+        let expected = project.join("expected.txt");
+        let text = std::fs::read_to_string(&expected).unwrap();
+        std::fs::write(&expected, text.replace("\"wasm\" => 1", "\"wasm\" => 2")).unwrap();
+        let failed = eddy(&["test", project_arg]);
+        assert!(!failed.status.success());
+        let why = String::from_utf8_lossy(&failed.stderr);
+        assert!(
+            why.contains(r#"missing: ["\"wasm\" => 2"]"#) && why.contains(r#"unexpected: ["\"wasm\" => 1"]"#),
+            "{why}"
+        );
+
+        let again = eddy(&["new", "--lang", lang, project_arg]);
+        assert!(String::from_utf8_lossy(&again.stderr).contains("not empty"), "an existing project is not overwritten");
+    }
+    let go = eddy(&["new", "--lang", "go", dir.path().join("go").to_str().unwrap()]);
+    assert!(!go.status.success());
+    assert!(String::from_utf8_lossy(&go.stderr).contains("go operators cannot be built yet"));
+}
