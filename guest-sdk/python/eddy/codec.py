@@ -45,8 +45,14 @@ def encode_json(value):
 
 
 def decode_json(data):
-    """JSON bytes back to Python (objects as dicts)."""
-    return _loads(data)
+    """JSON bytes back to Python (objects as dicts). Strings without escapes and small
+    non-negative integers, most keys and counts, skip the parser."""
+    if data[:1] == b'"':
+        if data.count(b'"') == 2 and data[-1:] == b'"' and b"\\" not in data:
+            return data[1:-1].decode("utf-8")
+    elif data.isdigit() and (len(data) == 1 or data[0] != 0x30):
+        return int(data)
+    return _loads(data.decode("utf-8"))
 
 
 class Schemas:
@@ -90,15 +96,20 @@ class Schemas:
 
 def encode_value(value, schemas):
     """A record value or accumulator: a dataclass as a row, anything else as JSON."""
+    if type(value) in _SCALARS:
+        return encode_json(value)
     row = schemas.write(value)
     return row if row is not None else encode_json(value)
 
 
+_SCALARS = frozenset([int, str, float, bool, type(None), list, dict])
+
+
 def decode_value(data, schemas):
     """A record value: a row as a dict by field name (a list if its schema is unknown), or JSON."""
-    if len(data) > 0 and data[0] == rows.MAGIC:
+    if data[:1] == b"\xb7":
         return rows.read_row(data, schemas=schemas.names)
-    return _loads(data)
+    return decode_json(data)
 
 
 def from_value(cls, value):

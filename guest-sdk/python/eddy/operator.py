@@ -9,6 +9,7 @@ of crossings however many records it holds. A failed call's buffered writes and 
 dropped.
 """
 
+import json
 import struct
 import traceback
 
@@ -92,7 +93,10 @@ class Record:
             if self._kl == ABSENT:
                 raise errors.BadRecord("record has no key (is the stream keyed?)")
             raw = self._data[self._ko:self._ko + self._kl]
-            self._key = _decode(codec.decode_json, raw, "key")
+            try:
+                self._key = codec.decode_json(raw)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise errors.BadRecord(f"key is not JSON: {e}") from None
             self._call.last_key = (self._key, raw)
         return self._key
 
@@ -105,8 +109,10 @@ class Record:
     def value(self):
         """The value: a dict for a row or JSON object, else what the JSON holds."""
         if self._value is _UNSET:
-            raw = self._data[self._vo:self._vo + self._vl]
-            self._value = _decode(lambda b: codec.decode_value(b, self._call.schemas), raw, "value")
+            try:
+                self._value = codec.decode_value(self._data[self._vo:self._vo + self._vl], self._call.schemas)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise errors.BadRecord(f"value is neither JSON nor a row: {e}") from None
         return self._value
 
     @property
@@ -143,20 +149,16 @@ class Timer:
     def key(self):
         """The key it was registered for, decoded."""
         if self._key is _UNSET:
-            self._key = _decode(codec.decode_json, self._raw, "timer key")
+            try:
+                self._key = codec.decode_json(self._raw)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise errors.BadRecord(f"timer key is not JSON: {e}") from None
             self._call.last_key = (self._key, self._raw)
         return self._key
 
     @property
     def key_bytes(self):
         return self._raw
-
-
-def _decode(decode, raw, what):
-    try:
-        return decode(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise errors.BadRecord(f"{what} is neither JSON nor a row: {e}") from None
 
 
 class _Call:
@@ -420,7 +422,7 @@ def _decode_config(config):
     if not config.strip():
         return None
     try:
-        return codec.decode_json(config)
+        return json.loads(config)
     except ValueError as e:
         raise errors.BadConfig(f"config {config!r} is not JSON: {e}") from None
 
