@@ -531,3 +531,73 @@ fn list_state_continues_after_a_savepoint_resumed_at_another_parallelism() {
         assert_eq!(summary, expected);
     }
 }
+
+/// The Python probes (tests/guests/python-hostile): the same sandbox holds for an operator in
+/// Python, and what the interpreter catches itself (deep recursion, an unknown exception) is
+/// an operator error carrying Python's message, never a bare trap.
+mod python {
+    use super::*;
+
+    fn limits() -> SandboxLimits {
+        // The interpreter itself takes tens of MiB; the deadline leaves room for a slow machine.
+        SandboxLimits { memory_bytes: 256 << 20, call_timeout_ms: 2_000, ..SandboxLimits::default() }
+    }
+
+    fn hostile() -> &'static Component {
+        static HOSTILE: OnceLock<Component> = OnceLock::new();
+        HOSTILE.get_or_init(|| load("hostile", guests::PYTHON_HOSTILE).with_limits(limits()))
+    }
+
+    fn probe_with(component: &Component) -> serde_json::Value {
+        let mut op = open_operator(component, Subtask::single(128), r#"{"mode": "probe"}"#);
+        let out = op.process(&json_batch(&[(Some("k"), "v")])).expect("probe");
+        decode::<(), serde_json::Value>(&out.main).pop().expect("one report").1
+    }
+
+    #[test]
+    fn the_sandbox_grants_a_python_operator_nothing_and_its_randomness_is_a_fixed_sequence() {
+        let first = probe_with(hostile());
+        assert_eq!(first["env"], serde_json::json!([]), "{first}");
+        assert_eq!(first["file"], false, "{first}");
+        assert_eq!(first["clock_ms"], 0, "clocks are frozen: {first}");
+        assert_eq!(first["monotonic_ns"], 0, "{first}");
+        assert_eq!(first["network"], false, "{first}");
+        // A second instance draws the same bytes: randomness is virtual.
+        let second = probe_with(hostile());
+        assert_eq!(first["random"], second["random"], "virtual randomness repeats");
+        // Granted, it is real: another instance draws other bytes.
+        let grants = WasiGrants { random: true, ..WasiGrants::default() };
+        let real = load("hostile", guests::PYTHON_HOSTILE).with_limits(limits()).with_grants(grants);
+        let (a, b) = (probe_with(&real), probe_with(&real));
+        assert_ne!(a["random"], b["random"], "granted randomness is real: {a} {b}");
+    }
+
+    #[test]
+    fn python_allocation_without_end_hits_the_memory_cap() {
+        let err = contained_trap_in(hostile(), "allocate");
+        assert!(
+            matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "linear memory bytes", .. })),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_python_loop_is_interrupted_by_the_call_deadline() {
+        let err = contained_trap_in(hostile(), "loop");
+        assert_eq!(err.kind, CallErrorKind::Timeout { timeout_ms: 2_000 }, "{err}");
+    }
+
+    #[test]
+    fn python_errors_are_operator_errors_with_their_message() {
+        for (mode, said) in [("recurse", "RecursionError"), ("raise", "KeyError: 'no such thing'")] {
+            let (err, _) = misbehave_in(hostile(), mode);
+            match &err.kind {
+                CallErrorKind::Operator { kind, message } => {
+                    assert_eq!(*kind, GuestErrorKind::Failed, "{err}");
+                    assert!(message.contains(said), "{mode}: {message}");
+                }
+                other => panic!("{mode}: expected an operator error, got {other:?} ({err})"),
+            }
+        }
+    }
+}

@@ -33,12 +33,14 @@ const RUST_GUESTS: &[(&str, &str, &str)] = &[
     ("COMMAND", "command", "command"),
 ];
 
-/// (constant, project directory, artifact file stem): the Python twins of the Rust examples.
+/// (constant, project directory, artifact file stem): the Python twins of the Rust examples,
+/// and the Python sandbox probe.
 const PYTHON_GUESTS: &[(&str, &str, &str)] = &[
     ("PYTHON_WORDCOUNT_SPLIT", "examples/wordcount/python/split", "python_wordcount_split"),
     ("PYTHON_WORDCOUNT_COUNT", "examples/wordcount/python/count", "python_wordcount_count"),
     ("PYTHON_PURCHASE_TOTALS", "examples/purchase-totals/python", "python_purchase_totals"),
     ("PYTHON_FRAUD_DETECTOR", "examples/fraud-detector/python", "python_fraud_detector"),
+    ("PYTHON_HOSTILE", "tests/guests/python-hostile", "python_hostile"),
 ];
 
 fn main() -> Result<()> {

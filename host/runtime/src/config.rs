@@ -88,6 +88,8 @@ pub struct WasiGrants {
     pub read_only_dirs: Vec<(PathBuf, String)>,
     /// Outgoing TCP/UDP and name lookups to any address.
     pub network: bool,
+    /// Real randomness (`wasi:random`) instead of a fixed, deterministic sequence.
+    pub random: bool,
 }
 
 /// How instances get their memory.

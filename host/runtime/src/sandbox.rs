@@ -1,6 +1,9 @@
-//! The part of an instance's store every world shares: WASI (deny by default), the memory
+//! The part of an instance's store every world shares: WASI (deny by default; clocks frozen and
+//! randomness a fixed sequence unless granted), the memory
 //! limiter, the guest's stderr, and the guest's last error message.
 
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
@@ -10,6 +13,9 @@ use crate::bindings::log;
 use crate::config::{SandboxLimits, WasiGrants};
 use crate::error::{HostTrap, Violation};
 use crate::guest_log::GuestLog;
+
+/// The seed of every instance's virtual `wasi:random` (see `WasiGrants::random`).
+const VIRTUAL_RANDOM_SEED: u64 = 0xEDD1;
 
 /// Bytes of guest stderr kept for error reports.
 const STDERR_CAPACITY: usize = 64 << 10;
@@ -91,6 +97,14 @@ impl Sandbox {
         wasi.stderr(stderr.clone()).envs(&grants.env);
         if !grants.clocks {
             wasi.wall_clock(FrozenClock).monotonic_clock(FrozenClock);
+        }
+        if !grants.random {
+            // Virtual randomness: every instance draws the same sequence, so a guest stays a
+            // function of its input (its twin in another language, a replay, a restart all see
+            // what it saw). Not secret: a guest has nothing to keep secret from its host.
+            wasi.secure_random(StdRng::seed_from_u64(VIRTUAL_RANDOM_SEED))
+                .insecure_random(StdRng::seed_from_u64(VIRTUAL_RANDOM_SEED))
+                .insecure_random_seed(u128::from(VIRTUAL_RANDOM_SEED));
         }
         for (host, guest) in &grants.read_only_dirs {
             // A directory that cannot be opened is simply not mounted; the guest sees ENOENT.
