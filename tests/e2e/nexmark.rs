@@ -80,6 +80,11 @@ fn q1_currency_conversion() {
 }
 
 #[test]
+fn q1_currency_conversion_in_python() {
+    check("q1-python", eddy_nexmark::native::q1);
+}
+
+#[test]
 fn q2_selection() {
     check("q2", eddy_nexmark::native::q2);
 }

@@ -40,6 +40,7 @@ const PYTHON_GUESTS: &[(&str, &str, &str)] = &[
     ("PYTHON_WORDCOUNT_COUNT", "examples/wordcount/python/count", "python_wordcount_count"),
     ("PYTHON_PURCHASE_TOTALS", "examples/purchase-totals/python", "python_purchase_totals"),
     ("PYTHON_FRAUD_DETECTOR", "examples/fraud-detector/python", "python_fraud_detector"),
+    ("PYTHON_NEXMARK_Q1", "examples/nexmark/python/q1", "python_nexmark_q1"),
     ("PYTHON_HOSTILE", "tests/guests/python-hostile", "python_hostile"),
 ];
 

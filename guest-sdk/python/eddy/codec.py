@@ -64,6 +64,7 @@ class Schemas:
         self._fields = fields
         self._names = {}
         self._classes = {}
+        self._slots = {}
 
     def names(self, schema):
         """The field names of schema id `schema`, or None if the host does not know it."""
@@ -74,6 +75,17 @@ class Schemas:
             names = list(found[1]) if found is not None else None
             self._names[schema] = names
             return names
+
+    def index(self, schema, name):
+        """The slot of field `name` in rows of schema id `schema`, or None."""
+        key = (schema, name)
+        try:
+            return self._slots[key]
+        except KeyError:
+            names = self.names(schema)
+            slot = names.index(name) if names is not None and name in names else None
+            self._slots[key] = slot
+            return slot
 
     def of_class(self, cls):
         """(schema id, field names) of dataclass `cls`, declared to the host the first time."""

@@ -13,7 +13,7 @@ import json
 import struct
 import traceback
 
-from . import codec, errors, log
+from . import codec, errors, log, rows
 
 RECORD = struct.Struct("<IIIIqII")
 CELL = struct.Struct("<II")
@@ -119,6 +119,20 @@ class Record:
     def value_bytes(self):
         """The raw value bytes (a row or JSON)."""
         return self._data[self._vo:self._vo + self._vl]
+
+    def field(self, name, default=None):
+        """Top-level field `name` of the value (`default` if it has none). From a row only
+        that field is read, nothing else is decoded: the way to filter on one field."""
+        if self._value is _UNSET and self._vl > 0 and self._data[self._vo] == 0xB7:
+            raw = self._data[self._vo:self._vo + self._vl]
+            schemas = self._call.schemas
+            try:
+                slot = schemas.index(rows.schema_of(raw), name)
+                return default if slot is None else rows.read_field(raw, slot, schemas.names)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise errors.BadRecord(f"value is not a whole row: {e}") from None
+        value = self.value
+        return value.get(name, default) if isinstance(value, dict) else default
 
     def value_as(self, cls):
         """The value as dataclass `cls` (fields it lacks take their defaults)."""

@@ -63,6 +63,57 @@ def _layout(n):
     return kinds, slots, slots + 8 * n
 
 
+def _field(buf, i, kinds_at, slots_at, schemas):
+    """Field `i` of the row in `buf` (its layout offsets given), decoded alone."""
+    if buf[8 + 8 * (i // 64) + (i % 64) // 8] >> (i % 8) & 1:
+        return None
+    at = slots_at + 8 * i
+    kind = buf[kinds_at + i]
+    if kind == U64:
+        return _U64.unpack_from(buf, at)[0]
+    if kind == I64:
+        return _I64.unpack_from(buf, at)[0]
+    if kind == F64:
+        return _F64.unpack_from(buf, at)[0]
+    if kind == BOOL:
+        return buf[at] != 0
+    if kind in (STR, BYTES, ROW, JSON):
+        offset, length = _SPAN.unpack_from(buf, at)
+        if offset + length > len(buf):
+            raise ValueError(f"field {i} points outside the row")
+        part = bytes(buf[offset:offset + length])
+        if kind == STR:
+            return part.decode("utf-8")
+        if kind == BYTES:
+            return part
+        if kind == ROW:
+            return read_row(part, schemas=schemas)
+        return json.loads(part)
+    raise ValueError(f"field {i} has an unknown kind byte {kind}")
+
+
+def read_field(buf, i, schemas=None):
+    """Field `i` of the row in `buf`, without decoding the others; None past its last field.
+
+    >>> read_field(write_row(["bid", 1007]), 1)
+    1007
+    """
+    magic, version, n, _ = _HEADER.unpack_from(buf, 0)
+    if magic != MAGIC or version != VERSION:
+        raise ValueError("not a row of layout version 1")
+    if not 0 <= i < n:
+        return None
+    kinds_at, slots_at, end = _layout(n)
+    if len(buf) < end:
+        raise ValueError("row shorter than its header and slots")
+    return _field(buf, i, kinds_at, slots_at, schemas)
+
+
+def schema_of(buf):
+    """The schema id of the row in `buf`."""
+    return _HEADER.unpack_from(buf, 0)[3]
+
+
 def read_row(buf, names=None, schemas=None):
     """The row in `buf` as a dict (with `names`, or `schemas(id) -> names`) or a list.
     Nested rows are read the same way; embedded JSON is parsed; bytes come back as `bytes`."""
@@ -78,37 +129,7 @@ def read_row(buf, names=None, schemas=None):
         raise ValueError("row shorter than its header and slots")
     if names is None and schemas is not None and schema != 0:
         names = schemas(schema)
-    values = []
-    append = values.append
-    for i in range(n):
-        at = slots_at + 8 * i
-        if buf[8 + 8 * (i // 64) + (i % 64) // 8] >> (i % 8) & 1:
-            append(None)
-            continue
-        kind = buf[kinds_at + i]
-        if kind == U64:
-            append(_U64.unpack_from(buf, at)[0])
-        elif kind == I64:
-            append(_I64.unpack_from(buf, at)[0])
-        elif kind == F64:
-            append(_F64.unpack_from(buf, at)[0])
-        elif kind == BOOL:
-            append(buf[at] != 0)
-        elif kind in (STR, BYTES, ROW, JSON):
-            offset, length = _SPAN.unpack_from(buf, at)
-            if offset + length > len(buf):
-                raise ValueError(f"field {i} points outside the row")
-            part = bytes(buf[offset:offset + length])
-            if kind == STR:
-                append(part.decode("utf-8"))
-            elif kind == BYTES:
-                append(part)
-            elif kind == ROW:
-                append(read_row(part, schemas=schemas))
-            else:
-                append(json.loads(part))
-        else:
-            raise ValueError(f"field {i} has an unknown kind byte {kind}")
+    values = [_field(buf, i, kinds_at, slots_at, schemas) for i in range(n)]
     if names is not None and len(names) == n:
         return dict(zip(names, values))
     return values

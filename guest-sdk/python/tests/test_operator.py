@@ -66,6 +66,18 @@ class StateInOpen(eddy.Operator):
 
 
 @dataclass
+class Bid:
+    type: str
+    auction: int
+    price: int
+
+
+class Fields(eddy.Operator):
+    def process(self, record, ctx):
+        ctx.emit_value([record.field("type"), record.field("price"), record.field("nope", "none")])
+
+
+@dataclass
 class Totals:
     purchases: int = 0
     total_cents: int = 0
@@ -131,6 +143,11 @@ class Operators(unittest.TestCase):
         with self.assertRaises(Failed) as unkeyed:
             Harness(Counter).process([(None, 1)])
         self.assertIn("add key_by before this step", unkeyed.exception.message)
+
+    def test_one_field_is_read_from_a_row_or_json(self):
+        h = Harness(Fields)
+        out = h.process([(None, Bid("bid", 7, 300)), (None, {"type": "person", "price": 2}), (None, 5)])
+        self.assertEqual(out, [(None, ["bid", 300, "none"]), (None, ["person", 2, "none"]), (None, [None, None, "none"])])
 
     def test_bad_config_is_named(self):
         from eddy.operator import Runner

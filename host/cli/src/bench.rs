@@ -88,7 +88,7 @@ fn backend_name(kind: StateBackendKind) -> &'static str {
     }
 }
 
-fn cpu_and_rss() -> (f64, f64) {
+pub(crate) fn cpu_and_rss() -> (f64, f64) {
     // SAFETY: getrusage fills the struct we pass and touches nothing else.
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
@@ -329,7 +329,7 @@ fn opt(v: Option<f64>) -> String {
 }
 
 /// The median of `values` (the mean of the middle two for an even count); `None` if empty.
-fn median(mut values: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
     values.retain(|v| v.is_finite());
     values.sort_by(f64::total_cmp);
     let n = values.len();

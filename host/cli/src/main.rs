@@ -7,6 +7,7 @@ use std::time::Duration;
 
 mod bench;
 mod bench_checkpoint;
+mod bench_languages;
 mod client;
 mod cluster;
 mod project;
@@ -337,6 +338,28 @@ enum TenantAction {
 
 #[derive(Subcommand)]
 enum BenchSuite {
+    /// What an operator costs in each language: word count and Nexmark q1 per language next
+    /// to the native loop, and each component's size, compile and instantiate time and memory.
+    Languages {
+        /// Words the word count counts.
+        #[arg(long, default_value_t = 1_000_000)]
+        words: u64,
+        /// Events q1 maps.
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+        /// Runs per measurement; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Where the guest components are (`cargo build --release -p eddy-guest-artifacts`).
+        #[arg(long, default_value = "target/wasm-guests")]
+        guests_dir: PathBuf,
+        /// Where compiled operators are cached.
+        #[arg(long, default_value = ".eddy/artifacts")]
+        cache_dir: PathBuf,
+        /// The JSON report.
+        #[arg(long, default_value = "languages-report.json")]
+        report: PathBuf,
+    },
     /// What a checkpoint costs as keyed state grows: heap against RocksDB.
     Checkpoint {
         /// State sizes (keys), comma-separated.
@@ -396,6 +419,9 @@ enum BenchSuite {
 
 fn bench(suite: BenchSuite) -> Result<()> {
     match suite {
+        BenchSuite::Languages { words, events, runs, guests_dir, cache_dir, report } => {
+            bench_languages::run(&bench_languages::LanguageArgs { words, events, runs, guests_dir, cache_dir, report })
+        }
         BenchSuite::Checkpoint { keys, backends, work_dir, report } => {
             bench_checkpoint::run(&backends, &keys, &work_dir, &report)
         }
