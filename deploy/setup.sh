@@ -6,10 +6,13 @@
 #                              RocksDB state backend links the system library: see
 #                              .cargo/config.toml)
 #   deploy/setup.sh languages  run, plus the toolchains of the other operator languages:
-#                              componentize-py (Python)
+#                              componentize-py (Python); Node and, from
+#                              deploy/js-toolchain/package-lock.json, esbuild, componentize-js
+#                              and jco (JavaScript, TypeScript) in $EDDY_JS_TOOLCHAIN (default
+#                              ~/.local/share/eddy/js-toolchain), where `eddy build` looks
 #   deploy/setup.sh tests      languages, plus the services and browser the tests start: moto
 #                              (S3-compatible), tansu (a Kafka-protocol broker), PostgreSQL,
-#                              Chromium, Node and playwright-core (in tests/ui/node_modules,
+#                              Chromium and playwright-core (in tests/ui/node_modules,
 #                              git-ignored). The default.
 #
 # Idempotent: fast when everything is already there.
@@ -76,6 +79,18 @@ setup_languages() {
     pip_install "componentize-py==$COMPONENTIZE_PY_VERSION"
   fi
   command -v componentize-py >/dev/null || { echo "setup: componentize-py is installed but not on PATH" >&2; exit 1; }
+  # A node that came with its own npm (not Debian's) must not be replaced, so check commands.
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    apt_install "JavaScript and TypeScript operators" nodejs npm
+  fi
+  # The lock file pins every package; its copy in the toolchain directory says what is there.
+  local js="${EDDY_JS_TOOLCHAIN:-$HOME/.local/share/eddy/js-toolchain}"
+  if ! cmp -s deploy/js-toolchain/package-lock.json "$js/package-lock.json" || [ ! -x "$js/node_modules/.bin/esbuild" ]; then
+    echo "setup: installing the JavaScript toolchain (esbuild, componentize-js, jco) into $js"
+    mkdir -p "$js"
+    cp deploy/js-toolchain/package.json deploy/js-toolchain/package-lock.json "$js/"
+    (cd "$js" && npm ci --no-audit --no-fund --silent)
+  fi
 }
 
 setup_tests() {
@@ -97,10 +112,6 @@ setup_tests() {
   # The web UI's browser test (host/cli/tests/ui.rs) drives Debian's Chromium through
   # playwright-core: only the core, because Playwright's own browser download cannot work here.
   apt_install "web UI browser test" chromium
-  # A node that came with its own npm (not Debian's) must not be replaced, so check commands.
-  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-    apt_install "web UI browser test driver" nodejs npm
-  fi
   if [ "$(node -p 'require("./tests/ui/node_modules/playwright-core/package.json").version' 2>/dev/null)" != "$PLAYWRIGHT_CORE_VERSION" ]; then
     echo "setup: installing playwright-core $PLAYWRIGHT_CORE_VERSION into tests/ui/node_modules"
     # No lock file: the one package is pinned exactly and has no dependencies.

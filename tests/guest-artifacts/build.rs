@@ -1,7 +1,7 @@
 //! Builds every guest component and writes their paths as constants, so a test that names a
 //! guest cannot compile unless that guest built. Rust guests build with their own target dir
-//! (a nested cargo on the outer target dir would wait on its lock forever); Python guests
-//! are built by `eddy_build`, as `eddy build` builds them.
+//! (a nested cargo on the outer target dir would wait on its lock forever); Python,
+//! JavaScript and TypeScript guests are built by `eddy_build`, as `eddy build` builds them.
 
 use std::env;
 use std::fmt::Write as _;
@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use eddy_build::Lang;
 
 /// (constant, cargo package, artifact file stem)
 const RUST_GUESTS: &[(&str, &str, &str)] = &[
@@ -33,15 +34,24 @@ const RUST_GUESTS: &[(&str, &str, &str)] = &[
     ("COMMAND", "command", "command"),
 ];
 
-/// (constant, project directory, artifact file stem): the Python twins of the Rust examples,
-/// and the Python sandbox probe.
-const PYTHON_GUESTS: &[(&str, &str, &str)] = &[
-    ("PYTHON_WORDCOUNT_SPLIT", "examples/wordcount/python/split", "python_wordcount_split"),
-    ("PYTHON_WORDCOUNT_COUNT", "examples/wordcount/python/count", "python_wordcount_count"),
-    ("PYTHON_PURCHASE_TOTALS", "examples/purchase-totals/python", "python_purchase_totals"),
-    ("PYTHON_FRAUD_DETECTOR", "examples/fraud-detector/python", "python_fraud_detector"),
-    ("PYTHON_NEXMARK_Q1", "examples/nexmark/python/q1", "python_nexmark_q1"),
-    ("PYTHON_HOSTILE", "tests/guests/python-hostile", "python_hostile"),
+/// (constant, language, project directory): the twins of the Rust examples in the SDK
+/// languages, and their sandbox probes. The artifact's file stem is the constant, lower-cased.
+const SDK_GUESTS: &[(&str, Lang, &str)] = &[
+    ("PYTHON_WORDCOUNT_SPLIT", Lang::Python, "examples/wordcount/python/split"),
+    ("PYTHON_WORDCOUNT_COUNT", Lang::Python, "examples/wordcount/python/count"),
+    ("PYTHON_PURCHASE_TOTALS", Lang::Python, "examples/purchase-totals/python"),
+    ("PYTHON_FRAUD_DETECTOR", Lang::Python, "examples/fraud-detector/python"),
+    ("PYTHON_NEXMARK_Q1", Lang::Python, "examples/nexmark/python/q1"),
+    ("PYTHON_HOSTILE", Lang::Python, "tests/guests/python-hostile"),
+    ("JS_WORDCOUNT_SPLIT", Lang::JavaScript, "examples/wordcount/js/split"),
+    ("JS_WORDCOUNT_COUNT", Lang::JavaScript, "examples/wordcount/js/count"),
+    ("JS_PURCHASE_TOTALS", Lang::JavaScript, "examples/purchase-totals/js"),
+    ("JS_FRAUD_DETECTOR", Lang::JavaScript, "examples/fraud-detector/js"),
+    ("JS_HOSTILE", Lang::JavaScript, "tests/guests/js-hostile"),
+    ("TS_WORDCOUNT_SPLIT", Lang::TypeScript, "examples/wordcount/ts/split"),
+    ("TS_WORDCOUNT_COUNT", Lang::TypeScript, "examples/wordcount/ts/count"),
+    ("TS_PURCHASE_TOTALS", Lang::TypeScript, "examples/purchase-totals/ts"),
+    ("TS_FRAUD_DETECTOR", Lang::TypeScript, "examples/fraud-detector/ts"),
 ];
 
 fn main() -> Result<()> {
@@ -59,11 +69,12 @@ fn main() -> Result<()> {
     for (name, path) in build_rust_guests(&root, &target_dir)? {
         writeln!(consts, "/// Path of the `{name}` guest component.\npub const {name}: &str = {:?};", path.display())?;
     }
-    for (name, dir, stem) in PYTHON_GUESTS {
-        let path = build_python_guest(&root.join(dir), &target_dir.join(format!("{stem}.wasm")))?;
+    for (name, lang, dir) in SDK_GUESTS {
+        let out = target_dir.join(format!("{}.wasm", name.to_lowercase()));
+        let path = build_sdk_guest(*lang, &root.join(dir), &out)?;
         writeln!(
             consts,
-            "/// Path of the Python `{name}` guest component.\npub const {name}: &str = {:?};",
+            "/// Path of the {lang} `{name}` guest component.\npub const {name}: &str = {:?};",
             path.display()
         )?;
     }
@@ -102,12 +113,12 @@ fn build_rust_guests(root: &Path, target_dir: &Path) -> Result<Vec<(&'static str
     Ok(RUST_GUESTS.iter().map(|(name, _, stem)| (*name, dir.join(format!("{stem}.wasm")))).collect())
 }
 
-/// Python guests are built as `eddy build` builds them.
-fn build_python_guest(dir: &Path, out: &Path) -> Result<PathBuf> {
+/// Guests of the SDK languages are built as `eddy build` builds them.
+fn build_sdk_guest(lang: Lang, dir: &Path, out: &Path) -> Result<PathBuf> {
     let options = eddy_build::BuildOptions {
-        lang: Some(eddy_build::Lang::Python),
+        lang: Some(lang),
         out: Some(out.to_path_buf()),
         ..eddy_build::BuildOptions::default()
     };
-    eddy_build::build(dir, &options).with_context(|| format!("building the Python guest in {}", dir.display()))
+    eddy_build::build(dir, &options).with_context(|| format!("building the {lang} guest in {}", dir.display()))
 }

@@ -80,11 +80,60 @@ class Counter(eddy.Operator):
 Operator = eddy.export_operator(Counter)
 "#;
 
+const JS_APP: &str = r#"// A running count per key: every record adds one to its key's count, and the new count is
+// emitted. Change `process` to make it yours; `eddy test .` checks it still passes.
+
+import { Operator, exportOperator } from "eddy";
+
+class Counter extends Operator {
+  open(ctx) {
+    this.count = ctx.valueState("count");
+  }
+
+  process(record, ctx) {
+    const count = this.count.get(0) + 1;
+    this.count.set(count);
+    ctx.emit(record.key, count);
+  }
+}
+
+export const operator = exportOperator(Counter);
+"#;
+
+const TS_APP: &str = r#"// A running count per key: every record adds one to its key's count, and the new count is
+// emitted. Change `process` to make it yours; `eddy test .` checks it still passes.
+
+import { Context, OpenContext, Operator, Record, ValueState, exportOperator } from "eddy";
+
+class Counter extends Operator {
+  private count!: ValueState<number>;
+
+  open(ctx: OpenContext): void {
+    this.count = ctx.valueState<number>("count");
+  }
+
+  process(record: Record, ctx: Context): void {
+    const count = this.count.get(0) + 1;
+    this.count.set(count);
+    ctx.emit(record.key, count);
+  }
+}
+
+export const operator = exportOperator(Counter);
+"#;
+
+/// The file a project of `lang` is written in, and its text.
+fn source(lang: Lang) -> (&'static str, &'static str) {
+    match lang {
+        Lang::Rust => ("src/lib.rs", RUST_LIB),
+        Lang::JavaScript => ("app.js", JS_APP),
+        Lang::TypeScript => ("app.ts", TS_APP),
+        _ => ("app.py", PYTHON_APP),
+    }
+}
+
 fn readme(name: &str, lang: Lang, wasm: &str) -> String {
-    let edit = match lang {
-        Lang::Rust => "src/lib.rs",
-        _ => "app.py",
-    };
+    let edit = source(lang).0;
     format!(
         "# {name}\n\nAn Eddy operator in {lang}, made by `eddy new --lang {lang}`. Edit `{edit}`, then:\n\n\
          ```sh\neddy build .        # the component: {wasm}\neddy test .         # build, run pipeline.yaml, compare with expected.txt\n\
@@ -123,7 +172,10 @@ pub fn scaffold(lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, BuildError> {
             let wasm = format!("target/wasm32-wasip2/release/{}.wasm", name.replace('-', "_"));
             (wasm, vec![("Cargo.toml", rust_manifest(&name)?), ("src/lib.rs", RUST_LIB.into())])
         }
-        _ => (format!("build/{name}.wasm"), vec![("app.py", PYTHON_APP.into())]),
+        _ => {
+            let (file, text) = source(lang);
+            (format!("build/{name}.wasm"), vec![(file, text.into())])
+        }
     };
     files.push(("pipeline.yaml", pipeline(&name, &wasm)));
     files.push(("input.jsonl", INPUT.into()));
@@ -157,7 +209,7 @@ mod tests {
 
     #[test]
     fn every_scaffold_names_the_component_its_build_leaves() {
-        for lang in [Lang::Rust, Lang::Python] {
+        for lang in [Lang::Rust, Lang::Python, Lang::JavaScript, Lang::TypeScript] {
             let dir = tempfile::tempdir().expect("tempdir");
             let project = dir.path().join("my-op");
             scaffold(lang, &project).expect("scaffold");

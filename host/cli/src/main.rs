@@ -249,6 +249,10 @@ enum Command {
         /// The language, if the files do not tell.
         #[arg(long)]
         lang: Option<String>,
+        /// JavaScript and TypeScript: the engine the component carries (quickjs, the default,
+        /// or spidermonkey).
+        #[arg(long)]
+        js_engine: Option<String>,
         /// Where to write the component.
         #[arg(long, short)]
         out: Option<PathBuf>,
@@ -261,6 +265,9 @@ enum Command {
         /// The language, if the files do not tell.
         #[arg(long)]
         lang: Option<String>,
+        /// JavaScript and TypeScript: the engine the component carries.
+        #[arg(long)]
+        js_engine: Option<String>,
     },
     /// Validate a component and print what it is.
     Inspect {
@@ -741,8 +748,13 @@ fn main() {
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
         Command::New { lang, dir } => project::new(&lang, &dir),
-        Command::Build { dir, lang, out } => project::build(&dir, lang.as_deref(), out).map(|_| ()),
-        Command::Test { dir, lang } => project::test(&dir, lang.as_deref()),
+        Command::Build { dir, lang, js_engine, out } => {
+            project::build(&dir, project::Flags { lang: lang.as_deref(), js_engine: js_engine.as_deref() }, out)
+                .map(|_| ())
+        }
+        Command::Test { dir, lang, js_engine } => {
+            project::test(&dir, project::Flags { lang: lang.as_deref(), js_engine: js_engine.as_deref() })
+        }
         Command::Serve { listen, data_dir, slots, service } => serve::serve(&listen, data_dir, slots, &service),
         Command::Cluster { action: ClusterAction::Init { out } } => cluster::init(&out),
         Command::Cluster { action: ClusterAction::Cert { ca, name, alias, out, days } } => {

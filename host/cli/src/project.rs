@@ -3,10 +3,24 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use eddy_build::{BuildOptions, Lang};
+use eddy_build::{BuildOptions, JsEngine, Lang};
 
-fn lang(name: Option<&str>) -> Result<Option<Lang>> {
-    Ok(name.map(Lang::parse).transpose()?)
+/// What `--lang` and `--js-engine` asked for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Flags<'a> {
+    pub lang: Option<&'a str>,
+    pub js_engine: Option<&'a str>,
+}
+
+impl Flags<'_> {
+    fn options(self, out: Option<PathBuf>) -> Result<BuildOptions> {
+        Ok(BuildOptions {
+            lang: self.lang.map(Lang::parse).transpose()?,
+            out,
+            target_dir: None,
+            js_engine: self.js_engine.map(JsEngine::parse).transpose()?.unwrap_or_default(),
+        })
+    }
 }
 
 /// Scaffolds `dir` and says what to do next.
@@ -22,8 +36,8 @@ pub fn new(lang_name: &str, dir: &Path) -> Result<()> {
 }
 
 /// Builds the project in `dir`; the component's path is the last line printed.
-pub fn build(dir: &Path, lang_name: Option<&str>, out: Option<PathBuf>) -> Result<PathBuf> {
-    let options = BuildOptions { lang: lang(lang_name)?, out, target_dir: None };
+pub fn build(dir: &Path, flags: Flags<'_>, out: Option<PathBuf>) -> Result<PathBuf> {
+    let options = flags.options(out)?;
     let shown = options.lang.map_or_else(|| Lang::detect(dir).map(|l| l.to_string()), |l| Ok(l.to_string()))?;
     eprintln!("building the {shown} operator in {} ...", dir.display());
     let started = std::time::Instant::now();
@@ -42,8 +56,8 @@ fn sorted_lines(text: &str) -> Vec<&str> {
 }
 
 /// Builds `dir`, runs its `pipeline.yaml` and compares what it prints with `expected.txt`.
-pub fn test(dir: &Path, lang_name: Option<&str>) -> Result<()> {
-    build(dir, lang_name, None)?;
+pub fn test(dir: &Path, flags: Flags<'_>) -> Result<()> {
+    build(dir, flags, None)?;
     let pipeline = dir.join("pipeline.yaml");
     let expected_path = dir.join("expected.txt");
     let expected = std::fs::read_to_string(&expected_path)

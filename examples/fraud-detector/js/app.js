@@ -1,0 +1,50 @@
+// Fraud detection in JavaScript: the twin of examples/fraud-detector (Rust), Flink's
+// `FraudDetector`. Keyed by account, an alert when a small transaction (< $1.00) is followed
+// by a large one (> $500.00) within a minute of processing time. A flag in value state
+// remembers the small transaction; a processing-time timer clears it, and its time is kept in
+// state so it can be deleted.
+
+import { Operator, PROCESSING_TIME, exportOperator, schema } from "eddy";
+
+const SMALL_AMOUNT_CENTS = 100;
+const LARGE_AMOUNT_CENTS = 50_000;
+const ONE_MINUTE_MS = 60_000;
+
+const Alert = schema("Alert", { account_id: 0, amount_cents: 0 });
+
+class FraudDetector extends Operator {
+  open(ctx) {
+    this.flag = ctx.valueState("flag");
+    this.timer = ctx.valueState("timer", { prefetch: false });
+  }
+
+  cleanUp(ctx) {
+    const at = this.timer.get();
+    if (at !== null) ctx.deleteTimer(PROCESSING_TIME, at);
+    this.timer.clear();
+    this.flag.clear();
+  }
+
+  process(record, ctx) {
+    const tx = record.value;
+    if (this.flag.get(false)) {
+      if (tx.amount_cents > LARGE_AMOUNT_CENTS) {
+        ctx.emit(tx.account_id, new Alert({ account_id: tx.account_id, amount_cents: tx.amount_cents }));
+      }
+      this.cleanUp(ctx);
+    }
+    if (tx.amount_cents < SMALL_AMOUNT_CENTS) {
+      this.flag.set(true);
+      const at = ctx.processingTime() + ONE_MINUTE_MS;
+      ctx.registerTimer(PROCESSING_TIME, at);
+      this.timer.set(at);
+    }
+  }
+
+  onTimer() {
+    this.timer.clear();
+    this.flag.clear();
+  }
+}
+
+export const operator = exportOperator(FraudDetector);

@@ -1,0 +1,15 @@
+// Word count, step 1, in JavaScript: the twin of examples/wordcount/split. Each input value is
+// a line of text; emits one record per word, keyed by the lower-cased word, with value 1.
+
+import { Operator, exportOperator } from "eddy";
+
+// Rust's `char::is_alphanumeric` is Unicode's Alphabetic or Numeric.
+const WORD = /[\p{Alphabetic}\p{N}]+/gu;
+
+class Split extends Operator {
+  process(record, ctx) {
+    for (const [word] of record.value.matchAll(WORD)) ctx.emit(word.toLowerCase(), 1);
+  }
+}
+
+export const operator = exportOperator(Split);

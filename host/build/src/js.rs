@@ -1,0 +1,180 @@
+//! JavaScript and TypeScript projects: `app.js` or `app.ts` and whatever modules beside it.
+//! esbuild bundles the project with the Eddy SDK (embedded here, so an installed `eddy` builds
+//! anywhere) into one module and strips TypeScript's types (which tsc checks first), then a
+//! JavaScript engine is made into a component around it: QuickJS through jco by default, or
+//! SpiderMonkey through componentize-js. `docs/architecture.md` says why QuickJS.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{BuildError, BuildOptions, JsEngine, Lang, io, project_name, run_tool};
+
+/// The SDK module by module, as the bundle imports it.
+const SDK: &[(&str, &str)] = &[
+    ("aggregate.js", include_str!("../../../guest-sdk/js/eddy/aggregate.js")),
+    ("bytes.js", include_str!("../../../guest-sdk/js/eddy/bytes.js")),
+    ("codec.js", include_str!("../../../guest-sdk/js/eddy/codec.js")),
+    ("errors.js", include_str!("../../../guest-sdk/js/eddy/errors.js")),
+    ("host.js", include_str!("../../../guest-sdk/js/eddy/host.js")),
+    ("index.d.ts", include_str!("../../../guest-sdk/js/eddy/index.d.ts")),
+    ("index.js", include_str!("../../../guest-sdk/js/eddy/index.js")),
+    ("json.js", include_str!("../../../guest-sdk/js/eddy/json.js")),
+    ("log.js", include_str!("../../../guest-sdk/js/eddy/log.js")),
+    ("operator.js", include_str!("../../../guest-sdk/js/eddy/operator.js")),
+    ("rows.js", include_str!("../../../guest-sdk/js/eddy/rows.js")),
+    ("testing.d.ts", include_str!("../../../guest-sdk/js/eddy/testing.d.ts")),
+    ("testing.js", include_str!("../../../guest-sdk/js/eddy/testing.js")),
+    ("utf8.js", include_str!("../../../guest-sdk/js/eddy/utf8.js")),
+    ("wit-aggregate.js", include_str!("../../../guest-sdk/js/eddy/wit-aggregate.js")),
+    ("wit-common.js", include_str!("../../../guest-sdk/js/eddy/wit-common.js")),
+    ("wit-operator.js", include_str!("../../../guest-sdk/js/eddy/wit-operator.js")),
+];
+
+const INSTALL: &str = "run `deploy/setup.sh languages`, or set EDDY_JS_TOOLCHAIN to a directory where \
+                       deploy/js-toolchain/package.json was installed with `npm ci`";
+
+/// The directory holding the toolchain's `node_modules`: `$EDDY_JS_TOOLCHAIN`, else where
+/// `deploy/setup.sh languages` puts it.
+pub fn toolchain() -> PathBuf {
+    if let Some(dir) = std::env::var_os("EDDY_JS_TOOLCHAIN").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    data.join("eddy").join("js-toolchain")
+}
+
+fn tool(name: &'static str) -> Result<PathBuf, BuildError> {
+    let path = toolchain().join("node_modules").join(".bin").join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(BuildError::MissingTool { tool: name, why: format!("{} is missing", path.display()), install: INSTALL })
+    }
+}
+
+/// Writes the WIT and the SDK under `dir` (`wit/`, `sdk/eddy/`), replacing what was there.
+fn stage(dir: &Path) -> Result<(PathBuf, PathBuf), BuildError> {
+    let wit = dir.join("wit");
+    let sdk = dir.join("sdk").join("eddy");
+    for d in [&wit, &sdk] {
+        std::fs::create_dir_all(d).map_err(io(d))?;
+    }
+    let wit_file = wit.join("dataflow.wit");
+    std::fs::write(&wit_file, crate::python::WIT).map_err(io(&wit_file))?;
+    for (name, text) in SDK {
+        let path = sdk.join(name);
+        std::fs::write(&path, text).map_err(io(&path))?;
+    }
+    Ok((wit, sdk))
+}
+
+/// The world the entry module targets: an aggregate's if it exports one.
+fn world(app: &Path) -> Result<&'static str, BuildError> {
+    let text = std::fs::read_to_string(app).map_err(io(app))?;
+    match (text.contains("exportOperator("), text.contains("exportAggregate(")) {
+        (true, false) => Ok("keyed-operator"),
+        (false, true) => Ok("window-aggregate"),
+        (true, true) => Err(BuildError::Project {
+            path: app.to_path_buf(),
+            what: "exports both an operator and an aggregate: a component is one of them".into(),
+        }),
+        (false, false) => Err(BuildError::Project {
+            path: app.to_path_buf(),
+            what: "exports nothing: end it with `export const operator = exportOperator(YourOperator);` or \
+                   `export const aggregate = exportAggregate(YourAggregate);`"
+                .into(),
+        }),
+    }
+}
+
+fn string(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// A tsconfig for checking the project against the SDK's types, nothing emitted.
+fn tsconfig(app: &Path, sdk: &Path) -> String {
+    serde_json::json!({
+        "compilerOptions": {
+            "strict": true,
+            "noEmit": true,
+            "target": "es2022",
+            "module": "esnext",
+            "moduleResolution": "bundler",
+            "lib": ["es2022"],
+            "types": [],
+            "paths": {
+                "eddy": [string(&sdk.join("index.d.ts"))],
+                "eddy/testing": [string(&sdk.join("testing.d.ts"))],
+            },
+        },
+        "files": [string(app)],
+    })
+    .to_string()
+}
+
+pub(crate) fn build(dir: &Path, lang: Lang, options: &BuildOptions) -> Result<PathBuf, BuildError> {
+    let file = if lang == Lang::TypeScript { "app.ts" } else { "app.js" };
+    let app = dir.join(file);
+    if !app.is_file() {
+        return Err(BuildError::Project { path: dir.to_path_buf(), what: format!("a {lang} operator needs {file}") });
+    }
+    let app = app.canonicalize().map_err(io(&app))?;
+    let world = world(&app)?;
+    let out = options.out.clone().unwrap_or_else(|| dir.join("build").join(format!("{}.wasm", project_name(dir))));
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let parent = parent.canonicalize().map_err(io(parent))?;
+    let out = parent.join(out.file_name().unwrap_or_default());
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let staging = parent.join(format!(".{stem}.eddy-sdk"));
+    let (wit, sdk) = stage(&staging)?;
+
+    if lang == Lang::TypeScript {
+        let config = staging.join("tsconfig.json");
+        std::fs::write(&config, tsconfig(&app, &sdk)).map_err(io(&config))?;
+        let mut tsc = Command::new(tool("tsc")?);
+        tsc.arg("-p").arg(&config);
+        run_tool(tsc, "tsc", INSTALL, dir)?;
+    }
+
+    // The world's bindings come first, so the host is installed before the operator's module runs.
+    let binding = if world == "window-aggregate" { "wit-aggregate.js" } else { "wit-operator.js" };
+    let entry = staging.join("entry.js");
+    let entry_text = format!(
+        "import {};\nexport * from {};\n",
+        serde_json::Value::String(string(&sdk.join(binding))),
+        serde_json::Value::String(string(&app))
+    );
+    std::fs::write(&entry, entry_text).map_err(io(&entry))?;
+    let bundle = staging.join("bundle.js");
+    let mut esbuild = Command::new(tool("esbuild")?);
+    esbuild
+        .arg(&entry)
+        .args(["--bundle", "--format=esm", "--platform=neutral", "--log-level=warning", "--external:eddy:dataflow/*"])
+        .arg(format!("--alias:eddy={}", sdk.display()))
+        .arg(format!("--outfile={}", bundle.display()));
+    run_tool(esbuild, "esbuild", INSTALL, dir)?;
+
+    let mut make = match options.js_engine {
+        JsEngine::QuickJs => {
+            let mut jco = Command::new(tool("jco")?);
+            jco.arg("componentize").arg(&bundle).arg("--wit").arg(&wit).args(["--world-name", world]);
+            jco.args(["--backend", "qjs", "--backend-qjs-stub-wasi", "--backend-qjs-disable-async", "-o"]).arg(&out);
+            (jco, "jco")
+        }
+        JsEngine::SpiderMonkey => {
+            let mut c = Command::new(tool("componentize-js")?);
+            c.arg(&bundle).arg("--wit").arg(&wit).args(["--world-name", world]);
+            c.args(["-d", "stdio", "random", "clocks", "http", "fetch-event", "-o"]).arg(&out);
+            (c, "componentize-js")
+        }
+    };
+    // jco prints a line on success; the CLI prints the component's path itself.
+    make.0.stdout(std::process::Stdio::null());
+    run_tool(make.0, make.1, INSTALL, dir)?;
+    Ok(out)
+}
