@@ -15,7 +15,7 @@ fn example(name: &str) -> PathBuf {
 
 /// The pipeline files of an example, one per language its operators are written in: the
 /// same job, which must meet the same oracle in every language.
-const LANGUAGES: &[&str] = &["pipeline.yaml", "pipeline-python.yaml"];
+const LANGUAGES: &[&str] = &["pipeline.yaml", "pipeline-python.yaml", "pipeline-js.yaml", "pipeline-ts.yaml"];
 
 /// Runs one of an example's pipeline files into memory: (side output, key JSON, value JSON).
 fn run_pipeline(name: &str, file: &str) -> Vec<(Option<String>, Value, Value)> {

@@ -601,3 +601,73 @@ mod python {
         }
     }
 }
+
+/// The same probes in JavaScript (QuickJS, as `eddy build` makes it): a component that imports
+/// nothing but Eddy's WIT, bounded in memory and time, and whose errors arrive as operator
+/// errors with the JavaScript message.
+mod js {
+    use super::*;
+
+    fn limits() -> SandboxLimits {
+        SandboxLimits { memory_bytes: 128 << 20, call_timeout_ms: 1_000, ..SandboxLimits::default() }
+    }
+
+    fn hostile() -> &'static Component {
+        static HOSTILE: OnceLock<Component> = OnceLock::new();
+        HOSTILE.get_or_init(|| load("hostile", guests::JS_HOSTILE).with_limits(limits()))
+    }
+
+    fn probe() -> serde_json::Value {
+        let mut op = open_operator(hostile(), Subtask::single(128), r#"{"mode": "probe"}"#);
+        let out = op.process(&json_batch(&[(Some("k"), "v")])).expect("probe");
+        decode::<(), serde_json::Value>(&out.main).pop().expect("one report").1
+    }
+
+    #[test]
+    fn the_sandbox_grants_a_javascript_operator_nothing_and_its_clock_is_the_hosts() {
+        let seen = probe();
+        assert_eq!(seen["env"], serde_json::json!([]), "{seen}");
+        assert_eq!(seen["fetch"], "undefined", "no network API: {seen}");
+        assert_eq!(seen["require"], "undefined", "no modules to load: {seen}");
+        // Date.now() is the host's processing time, which this test harness keeps at 0.
+        assert_eq!(seen["clock_ms"], 0, "{seen}");
+        // Math.random is seeded when the component is built: every instance draws the same.
+        assert_eq!(seen["random"], probe()["random"], "{seen}");
+        assert_ne!(seen["random"][0], seen["random"][1], "{seen}");
+    }
+
+    #[test]
+    fn javascript_allocation_without_end_hits_the_memory_cap() {
+        let err = contained_trap_in(hostile(), "allocate");
+        assert!(
+            matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "linear memory bytes", .. })),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_javascript_loop_is_interrupted_by_the_call_deadline() {
+        let err = contained_trap_in(hostile(), "loop");
+        assert_eq!(err.kind, CallErrorKind::Timeout { timeout_ms: 1_000 }, "{err}");
+    }
+
+    #[test]
+    fn a_javascript_error_is_an_operator_error_with_its_message() {
+        let (err, _) = misbehave_in(hostile(), "throw");
+        match &err.kind {
+            CallErrorKind::Operator { kind, message } => {
+                assert_eq!(*kind, GuestErrorKind::Failed, "{err}");
+                assert_eq!(message, "RangeError: no such thing", "{err}");
+            }
+            other => panic!("expected an operator error, got {other:?} ({err})"),
+        }
+    }
+
+    /// QuickJS recurses on the WebAssembly stack, which runs out before its own depth check:
+    /// the trap is contained and named, not a JavaScript RangeError.
+    #[test]
+    fn unbounded_javascript_recursion_is_a_contained_stack_overflow() {
+        let err = contained_trap_in(hostile(), "recurse");
+        assert_eq!(err.kind, CallErrorKind::StackOverflow, "{err}");
+    }
+}

@@ -295,3 +295,18 @@ fn the_python_sdk_passes_its_tests() {
     let report = String::from_utf8_lossy(&out.stderr);
     assert!(report.contains("OK") && !report.contains("Ran 0 tests"), "{report}");
 }
+
+/// The JavaScript SDK's own tests (plain Node, no component): its codec against the shared
+/// table, and its operator and aggregate runners on the in-memory host.
+#[test]
+fn the_javascript_sdk_passes_its_tests() {
+    let sdk = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk/js");
+    let out = std::process::Command::new("node")
+        .args(["--test", "tests/"])
+        .current_dir(sdk)
+        .output()
+        .expect("node (deploy/setup.sh installs it)");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{report}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(report.contains("# fail 0") && !report.contains("# pass 0"), "{report}");
+}

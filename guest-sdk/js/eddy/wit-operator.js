@@ -15,6 +15,10 @@ function s64(n) {
   return bigS64 ? BigInt(n) : n;
 }
 
+// QuickJS's Date.now() asks WASI for the time, which the component does not import (it traps);
+// SpiderMonkey's is the build's time, frozen. The host's processing time is the guest's clock.
+Date.now = () => number(timers.currentProcessingTime());
+
 installHost({
   operator: () => ({
     ...common,

@@ -47,7 +47,9 @@ fn every_example_prints_in_every_language_what_its_rust_pipeline_prints() {
             .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("pipeline-"))
             .collect();
         twins.sort();
-        assert!(twins.iter().any(|p| p.ends_with("pipeline-python.yaml")), "{example} has a Python twin");
+        for lang in ["python", "js", "ts"] {
+            assert!(twins.iter().any(|p| p.ends_with(format!("pipeline-{lang}.yaml"))), "{example} has a {lang} twin");
+        }
         for twin in twins {
             assert_eq!(printed(&twin), rust, "{} prints what the Rust pipeline prints", twin.display());
         }
@@ -57,7 +59,7 @@ fn every_example_prints_in_every_language_what_its_rust_pipeline_prints() {
 #[test]
 fn a_new_project_builds_is_an_operator_and_passes_its_own_test() {
     let dir = tempfile::tempdir().unwrap();
-    for lang in ["python", "rust"] {
+    for lang in ["python", "js", "ts", "rust"] {
         let project = dir.path().join(format!("my-{lang}-op"));
         let project_arg = project.to_str().unwrap();
         let made = ok(eddy(&["new", "--lang", lang, project_arg]), "eddy new");
@@ -93,4 +95,33 @@ fn a_new_project_builds_is_an_operator_and_passes_its_own_test() {
     let go = eddy(&["new", "--lang", "go", dir.path().join("go").to_str().unwrap()]);
     assert!(!go.status.success());
     assert!(String::from_utf8_lossy(&go.stderr).contains("go operators cannot be built yet"));
+}
+
+/// TypeScript is checked before it is bundled: a type error fails the build and names the line.
+#[test]
+fn a_typescript_type_error_fails_the_build_with_tscs_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("typed");
+    let project_arg = project.to_str().unwrap();
+    ok(eddy(&["new", "--lang", "ts", project_arg]), "eddy new");
+    let app = project.join("app.ts");
+    let text = std::fs::read_to_string(&app).unwrap();
+    std::fs::write(&app, text.replace("this.count.set(count);", "this.count.set(\"many\");")).unwrap();
+    let failed = eddy(&["build", project_arg]);
+    assert!(!failed.status.success());
+    let said = format!("{}{}", String::from_utf8_lossy(&failed.stdout), String::from_utf8_lossy(&failed.stderr));
+    assert!(said.contains("app.ts") && said.contains("TS2345") && said.contains("tsc failed"), "{said}");
+}
+
+/// Both JavaScript engines build the same project into an operator that passes its test.
+#[test]
+fn a_javascript_project_builds_on_either_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("engines");
+    let project_arg = project.to_str().unwrap();
+    ok(eddy(&["new", "--lang", "js", project_arg]), "eddy new");
+    let tested = ok(eddy(&["test", project_arg, "--js-engine", "spidermonkey"]), "eddy test on SpiderMonkey");
+    assert!(tested.contains("test passed: 5 lines"), "{tested}");
+    let wrong = eddy(&["build", project_arg, "--js-engine", "v8"]);
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("choose quickjs or spidermonkey"));
 }
