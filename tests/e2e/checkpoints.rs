@@ -644,50 +644,119 @@ pub(crate) fn wait_for(received: &eddy_tests::Received, n: usize) {
     }
 }
 
-/// Stop with a savepoint, then resume from it with a new version of the counting operator
-/// (its Python twin, reading the same `count` state) at parallelism 3 instead of 2: every
-/// word's count continues exactly where the savepoint left it.
+/// Stop with a savepoint, then resume from it with the counting operator in another language
+/// (Rust, then its Python, JavaScript and TypeScript twins, all reading the same `count` state)
+/// at another parallelism each time: every word's count continues exactly where the savepoint
+/// left it, and only the new lines are read.
 #[test]
-fn stop_with_savepoint_then_resume_with_new_wasm_at_another_parallelism() {
+fn stop_with_savepoint_then_resume_in_another_language_at_another_parallelism() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let first_part = "the quick brown fox\njumps over the lazy dog\nthe end\n".repeat(40);
-    let second_part = "a quick end to the story\nthe fox again\n".repeat(25);
-    std::fs::write(dir.path().join("input.txt"), &first_part).expect("input");
-    let first_words: usize = word_totals(&first_part).values().sum::<u64>() as usize;
+    let parts = [
+        "the quick brown fox\njumps over the lazy dog\nthe end\n".repeat(40),
+        "a quick end to the story\nthe fox again\n".repeat(25),
+        "lazy dogs and quick foxes\n".repeat(12),
+        "the story ends\n".repeat(9),
+    ];
+    let versions = [
+        (eddy_guest_artifacts::WORDCOUNT_COUNT, 2),
+        (eddy_guest_artifacts::PYTHON_WORDCOUNT_COUNT, 3),
+        (eddy_guest_artifacts::JS_WORDCOUNT_COUNT, 2),
+        (eddy_guest_artifacts::TS_WORDCOUNT_COUNT, 1),
+    ];
+    let savepoint = dir.path().join("savepoint");
+    let mut input = String::new();
+    let mut restored = None;
+    for (part, (count, parallelism)) in parts.iter().zip(versions) {
+        // New input arrives while the job is stopped; the next version resumes from the
+        // savepoint alone (a fresh checkpoint directory).
+        input.push_str(part);
+        std::fs::write(dir.path().join("input.txt"), &input).expect("input");
+        let _ = std::fs::remove_dir_all(dir.path().join("checkpoints"));
+        let restore = restored.map(|_| savepoint.clone());
+        let (job, received) = start_wordcount(dir.path(), &wordcount_yaml(count, parallelism), restore);
+        assert_eq!(job.restored_from(), restored, "{count}");
+        let new_words = word_totals(part).values().sum::<u64>() as usize;
+        wait_for(&received, new_words);
+        let _ = std::fs::remove_dir_all(&savepoint);
+        let (id, _) = job
+            .stop_with_savepoint(&StoreLocation::Dir(savepoint.clone()), Duration::from_secs(30))
+            .expect("savepoint");
+        assert_eq!(received.lock().expect("lock").len(), new_words, "{count}: only the new lines are read");
+        let totals = word_totals(&input);
+        let expected: BTreeMap<String, u64> = word_totals(part).keys().map(|w| (w.clone(), totals[w])).collect();
+        assert_eq!(last_counts(&received), expected, "{count} continues every count");
+        restored = Some(id);
+    }
+}
 
-    let (job, received) = start_wordcount(dir.path(), &wordcount_yaml(eddy_guest_artifacts::WORDCOUNT_COUNT, 2), None);
-    wait_for(&received, first_words);
+/// Window accumulators outlive the language that wrote them: purchases are folded into hourly
+/// windows by the Rust aggregate, the job stops with a savepoint before the hour closes, and
+/// the JavaScript twin resumes, folds the rest and fires the windows. The totals are a plain
+/// sum per (user, hour) of every purchase.
+#[test]
+fn open_windows_resume_in_another_language_with_their_accumulators() {
+    const HOUR: i64 = 3_600_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let purchase =
+        |user: &str, cents: i64, ts: i64| format!("{{\"user_id\":\"{user}\",\"amount_cents\":{cents},\"ts\":{ts}}}\n");
+    let first: String =
+        (0..30).map(|i| purchase(["ann", "bob", "cy"][i % 3], 100 + i as i64, 1_000 * i as i64)).collect();
+    // The rest of hour 0, then one purchase two hours later: the watermark passes hour 0.
+    let mut second: String =
+        (0..20).map(|i| purchase(["ann", "dee"][i % 2], 7 * i as i64, 40_000 + i as i64)).collect();
+    second.push_str(&purchase("ann", 1, 2 * HOUR + 10));
+    let yaml = |wasm: &str| {
+        format!(
+            "name: totals-resume\nbatch_size: 4\nsources: [{{type: file, name: purchases, path: input.jsonl, format: json_lines, \
+             timestamp: /ts, follow: true}}]\nsteps:\n  - {{name: hourly, wasm: {wasm}, key_by: /user_id, \
+             window: {{type: tumbling, size_ms: {HOUR}}}}}\ncheckpoints: {{dir: checkpoints, interval_ms: 50}}\nsink: {{type: print}}\n"
+        )
+    };
+    std::fs::write(dir.path().join("input.jsonl"), &first).expect("input");
+    let (job, received) = start_wordcount(dir.path(), &yaml(eddy_guest_artifacts::PURCHASE_TOTALS), None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while job.metrics().tasks.iter().all(|t| t.records_in < 30) {
+        assert!(Instant::now() < deadline, "the aggregate never saw the first purchases");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let savepoint = dir.path().join("savepoint");
     let (id, _) =
         job.stop_with_savepoint(&StoreLocation::Dir(savepoint.clone()), Duration::from_secs(30)).expect("savepoint");
-    assert!(savepoint.join(format!("chk-{id}/_metadata")).exists(), "savepoint {id} written");
-    let before: BTreeMap<String, u64> = last_counts(&received);
-    assert_eq!(before, word_totals(&first_part), "every word of the first part counted");
+    assert!(received.lock().expect("lock").is_empty(), "hour 0 is still open");
 
-    // New input arrives while the job is stopped; the new version resumes from the savepoint
-    // (a fresh checkpoint directory: the state comes from the savepoint alone).
-    let mut all = first_part.clone();
-    all.push_str(&second_part);
-    std::fs::write(dir.path().join("input.txt"), &all).expect("append");
+    let mut all = first.clone();
+    all.push_str(&second);
+    std::fs::write(dir.path().join("input.jsonl"), &all).expect("append");
     std::fs::remove_dir_all(dir.path().join("checkpoints")).expect("fresh checkpoint dir");
-    let second_words: usize = word_totals(&second_part).values().sum::<u64>() as usize;
-    let (job, received) =
-        start_wordcount(dir.path(), &wordcount_yaml(eddy_guest_artifacts::PYTHON_WORDCOUNT_COUNT, 3), Some(savepoint));
+    let (job, received) = start_wordcount(dir.path(), &yaml(eddy_guest_artifacts::JS_PURCHASE_TOTALS), Some(savepoint));
     assert_eq!(job.restored_from(), Some(id));
-    wait_for(&received, second_words);
+    wait_for(&received, 4);
+    // The first purchases live on only in the accumulators: the source reads just the new ones.
+    assert_eq!(job.metrics().source_records, 21, "only the new purchases are read");
     job.cancel();
     job.wait().expect("second run");
-    let out = received.lock().expect("lock").clone();
-    assert_eq!(out.len(), second_words, "only the new lines are read again");
-    assert_eq!(last_counts(&received), {
-        let mut expected = BTreeMap::new();
-        for (w, n) in word_totals(&all) {
-            if word_totals(&second_part).contains_key(&w) {
-                expected.insert(w, n);
-            }
+    let mut oracle: BTreeMap<String, (u64, i64)> = BTreeMap::new();
+    for line in all.lines() {
+        let p: serde_json::Value = serde_json::from_str(line).expect("purchase");
+        if p["ts"].as_i64().expect("ts") < HOUR {
+            let e = oracle.entry(p["user_id"].as_str().expect("user").to_string()).or_default();
+            e.0 += 1;
+            e.1 += p["amount_cents"].as_i64().expect("cents");
         }
-        expected
-    });
+    }
+    let got: BTreeMap<String, (u64, i64)> = received
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(_, r)| {
+            let user: String = serde_json::from_slice(r.key.as_deref().expect("keyed")).expect("user");
+            let totals: serde_json::Value = eddy_tests::value_json(&r.value);
+            assert_eq!(totals["start"], 0, "hour 0 only");
+            let result = &totals["result"];
+            (user, (result["purchases"].as_u64().expect("n"), result["total_cents"].as_i64().expect("cents")))
+        })
+        .collect();
+    assert_eq!(got, oracle);
 }
 
 /// A RocksDB subtask resuming at its key-group range opens its checkpointed database and takes

@@ -85,6 +85,11 @@ fn q1_currency_conversion_in_python() {
 }
 
 #[test]
+fn q1_currency_conversion_in_javascript() {
+    check("q1-js", eddy_nexmark::native::q1);
+}
+
+#[test]
 fn q2_selection() {
     check("q2", eddy_nexmark::native::q2);
 }

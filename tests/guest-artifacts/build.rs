@@ -47,6 +47,7 @@ const SDK_GUESTS: &[(&str, Lang, &str)] = &[
     ("JS_WORDCOUNT_COUNT", Lang::JavaScript, "examples/wordcount/js/count"),
     ("JS_PURCHASE_TOTALS", Lang::JavaScript, "examples/purchase-totals/js"),
     ("JS_FRAUD_DETECTOR", Lang::JavaScript, "examples/fraud-detector/js"),
+    ("JS_NEXMARK_Q1", Lang::JavaScript, "examples/nexmark/js/q1"),
     ("JS_HOSTILE", Lang::JavaScript, "tests/guests/js-hostile"),
     ("TS_WORDCOUNT_SPLIT", Lang::TypeScript, "examples/wordcount/ts/split"),
     ("TS_WORDCOUNT_COUNT", Lang::TypeScript, "examples/wordcount/ts/count"),

@@ -60,7 +60,7 @@ export class Writer {
   /** Writes `text` if it is ASCII needing no JSON escape, quoted when `quote`; else false. */
   plain(text, quote) {
     const n = text.length;
-    this.reserve(n + 2);
+    if (this.length + n + 2 > this.bytes.length) this.reserve(n + 2);
     const b = this.bytes;
     let at = this.length;
     if (quote) b[at++] = 0x22;
@@ -93,7 +93,7 @@ export class Writer {
 
   /** Four u32s at an aligned length (a state write's table entry). */
   words4(a, b, c, d) {
-    this.reserve(16);
+    if (this.length + 16 > this.bytes.length) this.reserve(16);
     const w = this.words;
     const at = this.length >>> 2;
     w[at] = a;
@@ -105,7 +105,7 @@ export class Writer {
 
   /** A record's 32-byte table entry (`batch.records`) at an aligned length. */
   record(ko, kl, vo, vl, timestamp, last) {
-    this.reserve(32);
+    if (this.length + 32 > this.bytes.length) this.reserve(32);
     const w = this.words;
     const at = this.length >>> 2;
     w[at] = ko;

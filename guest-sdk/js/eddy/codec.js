@@ -60,7 +60,10 @@ export class Schemas {
     this.fieldsOf = fieldsOf;
     this.known = new Map();
     this.declared = new Map();
+    // slots.get(schema id): {field name: slot}; the last schema asked is kept at hand.
     this.slots = new Map();
+    this.lastId = -1;
+    this.lastSlots = null;
     this.names = (id) => this.namesOf(id);
     this.nested = (value) => this.write(value);
   }
@@ -78,14 +81,21 @@ export class Schemas {
 
   /** The slot of field `name` in rows of schema `id`, or -1. */
   slot(id, name) {
-    const key = `${id}\u0000${name}`;
-    let slot = this.slots.get(key);
-    if (slot === undefined) {
-      const names = this.namesOf(id);
-      slot = names ? names.indexOf(name) : -1;
-      this.slots.set(key, slot);
+    let slots = this.lastSlots;
+    if (id !== this.lastId) {
+      slots = this.slots.get(id);
+      if (slots === undefined) {
+        slots = Object.create(null);
+        (this.namesOf(id) ?? []).forEach((n, i) => {
+          slots[n] = i;
+        });
+        this.slots.set(id, slots);
+      }
+      this.lastId = id;
+      this.lastSlots = slots;
     }
-    return slot;
+    const slot = slots[name];
+    return slot === undefined ? -1 : slot;
   }
 
   idOf(cls) {

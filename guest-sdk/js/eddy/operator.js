@@ -20,7 +20,6 @@ const OUTPUT_FLUSH_BYTES = 1 << 20;
 const UNSET = Symbol("unset");
 // A value-state write that clears the state.
 const CLEARED = Symbol("cleared");
-const TWO32 = 4294967296;
 const NO_KEY =
   "keyed state needs the current record's key: there is none in open/close (use state in " +
   "process or onTimer) nor for a record without a key (add key_by before this step)";
@@ -173,15 +172,17 @@ class Call {
     this.slot = 0;
     this.row = -1;
     this.data = new Uint8Array(0);
-    this.prefetchCols = new Map();
+    // prefetchCol[state id]: the state's column in `prefetched`, or undefined.
+    this.prefetchCol = [];
     this.prefetchWidth = 0;
     this.prefetched = null;
-    // Value-state writes in order, one per (state, key slot): state id * 2^32 + key slot ->
-    // index into the parallel arrays (arrays, not Map iteration, which interpreters pay for).
-    // A value is a scalar as is (encoded at the flush), anything else already encoded (it may
-    // change after the set), or CLEARED.
-    this.writes = new Map();
-    this.writeKeys = [];
+    // Value-state writes in order, one per (state, key slot), in parallel arrays; a value is a
+    // scalar as is (encoded at the flush), anything else already encoded (it may change after
+    // the set), or CLEARED. `slotWrites[state][slot]` is the write's index + 1: typed arrays,
+    // because QuickJS's Map costs microseconds per operation.
+    this.slotWrites = [];
+    this.writeStates = [];
+    this.writeSlots = [];
     this.writeValues = [];
     this.outData = new Writer(1 << 14);
     this.outRows = new Writer(1 << 12);
@@ -194,8 +195,8 @@ class Call {
 
   begin(data, prefetchedStates = [], prefetched = null) {
     this.data = data;
-    this.prefetchCols.clear();
-    for (let i = 0; i < prefetchedStates.length; i++) this.prefetchCols.set(prefetchedStates[i], i);
+    this.prefetchCol.length = 0;
+    for (let i = 0; i < prefetchedStates.length; i++) this.prefetchCol[prefetchedStates[i]] = i;
     this.prefetchWidth = prefetchedStates.length;
     this.prefetched = prefetched && prefetched.length > 0 ? words(prefetched) : null;
     this.clearWrites();
@@ -209,45 +210,56 @@ class Call {
     return this.handle;
   }
 
-  written(k) {
-    const i = this.writes.get(k);
-    return i === undefined ? undefined : this.writeValues[i];
+  /** This call's write to `state` for key slot `slot`, or undefined. */
+  written(state, slot) {
+    const t = this.slotWrites[state];
+    const i = t !== undefined && slot < t.length ? t[slot] : 0;
+    return i === 0 ? undefined : this.writeValues[i - 1];
   }
 
-  write(k, value) {
-    const i = this.writes.get(k);
-    if (i !== undefined) {
-      this.writeValues[i] = value;
+  write(state, slot, value) {
+    let t = this.slotWrites[state];
+    if (t === undefined || slot >= t.length) {
+      const grown = new Uint32Array(Math.max(1024, 2 ** Math.ceil(Math.log2(slot + 1))));
+      if (t !== undefined) grown.set(t);
+      this.slotWrites[state] = t = grown;
+    }
+    const i = t[slot];
+    if (i !== 0) {
+      this.writeValues[i - 1] = value;
       return;
     }
-    this.writes.set(k, this.writeKeys.length);
-    this.writeKeys.push(k);
+    this.writeStates.push(state);
+    this.writeSlots.push(slot);
     this.writeValues.push(value);
+    t[slot] = this.writeValues.length;
   }
 
   clearWrites() {
-    this.writes.clear();
-    this.writeKeys.length = 0;
+    const states = this.writeStates;
+    const slots = this.writeSlots;
+    for (let i = 0; i < states.length; i++) this.slotWrites[states[i]][slots[i]] = 0;
+    states.length = 0;
+    slots.length = 0;
     this.writeValues.length = 0;
   }
 
   flushState() {
-    const keys = this.writeKeys;
-    if (keys.length === 0) return;
+    const states = this.writeStates;
+    if (states.length === 0) return;
+    const slots = this.writeSlots;
     const values = this.writeValues;
     const data = this.stateData;
     const table = this.stateTable;
-    for (let i = 0; i < keys.length; i++) {
-      const k = keys[i];
+    for (let i = 0; i < states.length; i++) {
       const value = values[i];
-      const state = Math.floor(k / TWO32);
       if (value === CLEARED) {
-        table.words4(state, k - state * TWO32, 0, ABSENT);
+        table.words4(states[i], slots[i], 0, ABSENT);
       } else {
         const at = data.length;
         if (value instanceof Encoded) data.append(value.bytes);
         else writeJson(data, value);
-        table.words4(state, k - state * TWO32, at, data.length - at);
+        table.words4(states[i], slots[i], at, data.length - at);
       }
     }
     this.clearWrites();
@@ -323,12 +335,12 @@ export class ValueState {
   get(fallback = null) {
     const c = this.call;
     if (c.handle < 0) throw new errors.OperatorError(NO_KEY);
-    const written = c.written(this.id * TWO32 + c.slot);
+    const written = c.written(this.id, c.slot);
     if (written !== undefined) {
       if (written === CLEARED) return fallback;
       return written instanceof Encoded ? json.decodeJson(written.bytes) : written;
     }
-    const col = c.prefetchCols.get(this.id);
+    const col = c.prefetchCol[this.id];
     if (col !== undefined && c.row >= 0 && c.prefetched) {
       const at = 2 * (c.row * c.prefetchWidth + col);
       const length = c.prefetched[at + 1];
@@ -345,14 +357,14 @@ export class ValueState {
     const c = this.call;
     if (c.handle < 0) throw new errors.OperatorError(NO_KEY);
     // Scalars are kept as they are; an object could change after the set, so it is encoded now.
-    c.write(this.id * TWO32 + c.slot, value === null || typeof value !== "object" ? value : new Encoded(json.encodeJson(value)));
+    c.write(this.id, c.slot, value === null || typeof value !== "object" ? value : new Encoded(json.encodeJson(value)));
   }
 
   /** Removes the value for the current key. */
   clear() {
     const c = this.call;
     if (c.handle < 0) throw new errors.OperatorError(NO_KEY);
-    c.write(this.id * TWO32 + c.slot, CLEARED);
+    c.write(this.id, c.slot, CLEARED);
   }
 }
 

@@ -42,6 +42,7 @@ const LANGUAGES: &[Guests] = &[
         count: "python_wordcount_count.wasm",
         q1: "python_nexmark_q1.wasm",
     },
+    Guests { lang: "js", split: "js_wordcount_split.wasm", count: "js_wordcount_count.wasm", q1: "js_nexmark_q1.wasm" },
 ];
 
 /// What `eddy bench languages` takes.
@@ -190,14 +191,11 @@ pub fn run(args: &LanguageArgs) -> Result<()> {
     let mut jobs = Vec::new();
     for g in LANGUAGES {
         let path = |file: &str| args.guests_dir.join(file);
-        for component in [g.count, g.q1] {
-            costs.push(component_cost(g.lang, &path(component))?);
+        let (split, count, q1) = (path(g.split), path(g.count), path(g.q1));
+        for component in [&count, &q1] {
+            costs.push(component_cost(g.lang, component)?);
         }
-        jobs.push((
-            g.lang,
-            wordcount_spec(&words, &path(g.split), &path(g.count))?,
-            q1_spec(args.events, &path(g.q1))?,
-        ));
+        jobs.push((g.lang, wordcount_spec(&words, &split, &count)?, q1_spec(args.events, &q1)?));
     }
     // One untimed run each: compiled components reach the cache.
     for (_, wordcount, q1) in &jobs {
