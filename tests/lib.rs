@@ -519,3 +519,47 @@ impl Drop for PgServer {
         let _ = self.process.0.wait();
     }
 }
+
+/// An alert of `examples/polyglot`: (user, window start, window total in cents, its number
+/// among the user's alerts).
+pub type Alert = (String, i64, i64, u64);
+
+/// The alerts `examples/polyglot/pipeline.yaml` (or a spec with its steps over another
+/// generator) must emit, computed plainly from the generator's events: per user and second
+/// the purchases' total (v items at 125 cents); a window at or over the alert step's
+/// `threshold_cents` is an alert, numbered per user in time order.
+pub fn polyglot_alerts(spec: &eddy_plan::PipelineSpec) -> std::collections::BTreeSet<Alert> {
+    const SECOND: i64 = 1_000;
+    const PRICE_CENTS: i64 = 125;
+    let eddy_plan::SourceSpec::Generator(g) = &spec.sources[0] else { panic!("a generator source") };
+    let alert = spec.steps.iter().find(|s| s.name == "alert").expect("an alert step");
+    let threshold = alert.config["threshold_cents"].as_i64().expect("threshold_cents");
+    let mut totals: std::collections::BTreeMap<(String, i64), i64> = std::collections::BTreeMap::new();
+    for i in 0..g.events.expect("a bounded generator") {
+        let event = eddy_connectors::generator_event(g, i);
+        let v: serde_json::Value = serde_json::from_slice(&event.value).expect("event JSON");
+        let ts = event.timestamp.expect("timed");
+        let user = v["user"].as_str().expect("user").to_string();
+        *totals.entry((user, ts - ts.rem_euclid(SECOND))).or_default() += v["v"].as_i64().expect("v") * PRICE_CENTS;
+    }
+    let mut nth: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    let mut alerts = std::collections::BTreeSet::new();
+    for ((user, start), total) in totals {
+        if total >= threshold {
+            let n = nth.entry(user.clone()).or_default();
+            *n += 1;
+            alerts.insert((user, start, total, *n));
+        }
+    }
+    alerts
+}
+
+/// One alert as the polyglot pipeline's sinks render it (`{user_id, start, total_cents, nth}`).
+pub fn alert_of(v: &serde_json::Value) -> Alert {
+    (
+        v["user_id"].as_str().expect("user_id").to_string(),
+        v["start"].as_i64().expect("start"),
+        v["total_cents"].as_i64().expect("total_cents"),
+        v["nth"].as_u64().expect("nth"),
+    )
+}

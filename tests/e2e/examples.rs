@@ -226,3 +226,21 @@ fn kafka_to_postgres_example() {
         .collect();
     assert_eq!(got, oracle);
 }
+
+/// The polyglot pipeline (TypeScript parse, Python enrich, Rust window, JavaScript alert)
+/// against the same computation done plainly over the generator's events
+/// ([`eddy_tests::polyglot_alerts`]).
+#[test]
+fn polyglot_example() {
+    let spec = PipelineSpec::from_file(&example("polyglot").join("pipeline.yaml")).expect("spec");
+    let oracle = eddy_tests::polyglot_alerts(&spec);
+    assert!(oracle.len() > 10 && oracle.len() < 90, "the threshold picks some windows: {}", oracle.len());
+    let got: BTreeSet<eddy_tests::Alert> = run_pipeline("polyglot", "pipeline.yaml")
+        .into_iter()
+        .map(|(_, key, v)| {
+            assert_eq!(key, v["user_id"], "keyed by the user");
+            eddy_tests::alert_of(&v)
+        })
+        .collect();
+    assert_eq!(got, oracle);
+}

@@ -53,6 +53,9 @@ const SDK_GUESTS: &[(&str, Lang, &str)] = &[
     ("TS_WORDCOUNT_COUNT", Lang::TypeScript, "examples/wordcount/ts/count"),
     ("TS_PURCHASE_TOTALS", Lang::TypeScript, "examples/purchase-totals/ts"),
     ("TS_FRAUD_DETECTOR", Lang::TypeScript, "examples/fraud-detector/ts"),
+    ("POLYGLOT_PARSE", Lang::TypeScript, "examples/polyglot/parse"),
+    ("POLYGLOT_ENRICH", Lang::Python, "examples/polyglot/enrich"),
+    ("POLYGLOT_ALERT", Lang::JavaScript, "examples/polyglot/alert"),
 ];
 
 fn main() -> Result<()> {

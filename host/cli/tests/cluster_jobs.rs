@@ -364,3 +364,39 @@ fn q5_across_worker_processes_behind_a_faulty_network_equals_the_native_baseline
     println!("the relays carried {carried} datagrams and lost {lost}");
     assert!(lost > 0, "the faults must have struck for the test to mean anything");
 }
+
+/// The polyglot pipeline (TypeScript, Python, Rust and JavaScript steps) on three worker
+/// processes, paced so that four SIGKILLs of its workers land while it runs, each after a
+/// checkpoint: the committed alerts are exactly those computed plainly from the generator's
+/// events, none lost, none twice.
+#[test]
+fn the_polyglot_pipeline_on_workers_killed_under_it_alerts_exactly_once() {
+    const KILLS: usize = 4;
+    let mut rng = Rng::from_env();
+    let dir = tempfile::tempdir().unwrap();
+    let (_s3, coordinator, mut fleet, _tenant, token) = acme_on_a_bucket(dir.path());
+    // ~20 s at 1 500 events/s, 60 s of event time: room for the kills.
+    let (job_spec, oracle) = common::polyglot_job(&coordinator, &token, 30_000, Some(1_500));
+    let id = expect(submit(&coordinator, &token, &job_spec), 201)["id"].as_str().unwrap().to_owned();
+    let mut attempts = 0;
+    for kill in 1..=KILLS {
+        let j = wait_job(&coordinator, &token, &id, "checkpointing again", |j| {
+            j["status"] == "finished"
+                || (j["attempts"].as_u64() >= Some(attempts)
+                    && j["live"]["checkpoints"].as_array().is_some_and(|c| !c.is_empty()))
+        });
+        assert_ne!(j["status"], "finished", "the job ended after {} kills: make it longer", kill - 1);
+        std::thread::sleep(std::time::Duration::from_millis(rng.below(600)));
+        let used = used_workers(&j);
+        let victim = used[rng.below(used.len() as u64) as usize];
+        fleet.remove(victim).kill_9();
+        fleet.insert(victim, Worker::start(&coordinator, &format!("worker-{}", victim + 1), dir.path(), &[]));
+        attempts = j["attempts"].as_u64().unwrap() + 1;
+        println!("kill {kill} of worker-{}", victim + 1);
+    }
+    let done = wait_job(&coordinator, &token, &id, "ended", |j| {
+        !["created", "running", "restarting"].contains(&j["status"].as_str().unwrap())
+    });
+    assert_eq!(done["status"], "finished", "{done}");
+    common::assert_alerts_once(&coordinator, &token, &id, &oracle);
+}

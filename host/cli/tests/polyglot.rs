@@ -3,6 +3,8 @@
 //! make a project that builds, is a `keyed-operator`, and passes its own test.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -124,4 +126,20 @@ fn a_javascript_project_builds_on_either_engine() {
     assert!(tested.contains("test passed: 5 lines"), "{tested}");
     let wrong = eddy(&["build", project_arg, "--js-engine", "v8"]);
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("choose quickjs or spidermonkey"));
+}
+
+/// The polyglot pipeline submitted to `eddy serve`: four languages on its embedded worker,
+/// checkpointed into an exactly-once sink, commit exactly the alerts computed plainly.
+#[test]
+fn the_polyglot_pipeline_runs_on_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start(&dir.path().join("data"), &[]);
+    let (_, token) = common::tenant(&server, "acme");
+    let (spec, oracle) = common::polyglot_job(&server, &token, 6_000, None);
+    let id = common::expect(common::submit(&server, &token, &spec), 201)["id"].as_str().unwrap().to_owned();
+    let done = common::wait_job(&server, &token, &id, "ended", |j| {
+        !["created", "running", "restarting"].contains(&j["status"].as_str().unwrap())
+    });
+    assert_eq!(done["status"], "finished", "{done}");
+    common::assert_alerts_once(&server, &token, &id, &oracle);
 }

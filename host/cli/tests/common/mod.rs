@@ -284,3 +284,53 @@ pub fn raw_exchange(server: &Server, request: &[u8], wait: Duration) -> String {
     let _ = stream.read_to_end(&mut answer);
     String::from_utf8_lossy(&answer).into_owned()
 }
+
+/// `examples/polyglot/pipeline.yaml` as a job for `server`: its four components uploaded
+/// (`parse@1`, `enrich@1`, `totals@1`, `alert@1`), the generator at `events` (paced at `rate`
+/// per second), parallelism 3, checkpoints every 300 ms, restarts, an exactly-once files sink.
+/// Returns the spec (JSON, which is YAML too) and the alerts it must commit.
+pub fn polyglot_job(
+    server: &Server,
+    token: &str,
+    events: u64,
+    rate: Option<u64>,
+) -> (String, std::collections::BTreeSet<eddy_tests::Alert>) {
+    let steps = [
+        ("parse", eddy_guest_artifacts::POLYGLOT_PARSE),
+        ("enrich", eddy_guest_artifacts::POLYGLOT_ENRICH),
+        ("totals", eddy_guest_artifacts::PURCHASE_TOTALS),
+        ("alert", eddy_guest_artifacts::POLYGLOT_ALERT),
+    ];
+    for (name, wasm) in steps {
+        expect(upload(server, token, wasm, Some((name, "1"))), 201);
+    }
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/polyglot/pipeline.yaml");
+    let mut spec = eddy_plan::PipelineSpec::from_file(&example).unwrap();
+    let eddy_plan::SourceSpec::Generator(g) = &mut spec.sources[0] else { panic!("a generator source") };
+    g.events = Some(events);
+    g.rate_per_sec = rate;
+    for (step, (name, _)) in spec.steps.iter_mut().zip(steps) {
+        step.wasm = format!("{name}@1").into();
+    }
+    spec.parallelism = 3;
+    spec.sink = eddy_plan::SinkSpec::Files { dir: Some("out".into()), s3: None };
+    let oracle = eddy_tests::polyglot_alerts(&spec);
+    let mut job = serde_json::to_value(&spec).unwrap();
+    job["checkpoints"] = json!({"interval_ms": 300});
+    job["restart"] = json!({"strategy": "fixed_delay", "attempts": 50, "delay_ms": 500});
+    (job.to_string(), oracle)
+}
+
+/// The committed output of polyglot job `id` is `oracle`, each alert once.
+pub fn assert_alerts_once(
+    server: &Server,
+    token: &str,
+    id: &str,
+    oracle: &std::collections::BTreeSet<eddy_tests::Alert>,
+) {
+    let got: Vec<eddy_tests::Alert> =
+        output_lines(server, token, id).iter().map(|l| eddy_tests::alert_of(&l["value"])).collect();
+    let distinct: std::collections::BTreeSet<eddy_tests::Alert> = got.iter().cloned().collect();
+    assert_eq!(got.len(), distinct.len(), "an alert committed twice");
+    assert_eq!(&distinct, oracle);
+}
