@@ -30,6 +30,7 @@ const RUST_GUESTS: &[(&str, &str, &str)] = &[
     ("NEXMARK_Q8", "nexmark-q8", "nexmark_q8"),
     ("HOSTILE", "hostile", "hostile"),
     ("RUNNING_COUNT", "running-count", "running_count"),
+    ("TAGS", "tags", "tags"),
     ("MISSING_EXPORT", "missing-export", "missing_export"),
     ("COMMAND", "command", "command"),
 ];
@@ -53,6 +54,9 @@ const SDK_GUESTS: &[(&str, Lang, &str)] = &[
     ("TS_WORDCOUNT_COUNT", Lang::TypeScript, "examples/wordcount/ts/count"),
     ("TS_PURCHASE_TOTALS", Lang::TypeScript, "examples/purchase-totals/ts"),
     ("TS_FRAUD_DETECTOR", Lang::TypeScript, "examples/fraud-detector/ts"),
+    ("PYTHON_TAGS", Lang::Python, "tests/guests/python-tags"),
+    ("JS_TAGS", Lang::JavaScript, "tests/guests/js-tags"),
+    ("TS_TAGS", Lang::TypeScript, "tests/guests/ts-tags"),
     ("POLYGLOT_PARSE", Lang::TypeScript, "examples/polyglot/parse"),
     ("POLYGLOT_ENRICH", Lang::Python, "examples/polyglot/enrich"),
     ("POLYGLOT_ALERT", Lang::JavaScript, "examples/polyglot/alert"),
