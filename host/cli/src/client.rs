@@ -146,12 +146,41 @@ impl Api {
     }
 
     /// Uploads a component; returns the artifact.
+    /// Uploads a component; the server compiles it in the background while this shows how
+    /// long it has been compiling (a Python component takes seconds). Returns the artifact.
     pub fn upload(&self, wasm: &Path, label: Option<(&str, &str)>) -> Result<Value> {
-        let path = match label {
-            Some((name, version)) => format!("/v1/artifacts?name={name}&version={version}"),
-            None => "/v1/artifacts".to_string(),
-        };
-        self.send_file(reqwest::Method::POST, &path, wasm, "validating and compiling")
+        let mut path = "/v1/artifacts?wait=false".to_string();
+        if let Some((name, version)) = label {
+            path.push_str(&format!("&name={name}&version={version}"));
+        }
+        let answer = self.send_file(reqwest::Method::POST, &path, wasm, "validating")?;
+        // An artifact the tenant holds already comes back at once, without a compile status.
+        if answer.get("status").is_none() {
+            return Ok(answer);
+        }
+        let digest = text(&answer["digest"]);
+        let spinner = ProgressBar::new_spinner();
+        loop {
+            let status: Value =
+                self.send(self.http.get(self.url(&format!("/v1/artifacts/compiles/{digest}"))))?.json()?;
+            let seconds = status["elapsed_ms"].as_f64().unwrap_or(0.0) / 1e3;
+            match status["status"].as_str() {
+                Some("ready") => {
+                    spinner.finish_and_clear();
+                    eprintln!("compiled in {seconds:.1} s");
+                    return Ok(status["artifact"].clone());
+                }
+                Some("failed") => {
+                    spinner.finish_and_clear();
+                    bail!("{} did not compile: {}", wasm.display(), text(&status["error"]));
+                }
+                _ => {
+                    spinner.set_message(format!("compiling {digest} ... {seconds:.1} s"));
+                    spinner.tick();
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            }
+        }
     }
 
     /// Uploads a data file into the tenant's files area under `name`.

@@ -143,3 +143,70 @@ fn the_polyglot_pipeline_runs_on_the_service() {
     assert_eq!(done["status"], "finished", "{done}");
     common::assert_alerts_once(&server, &token, &id, &oracle);
 }
+
+/// Big components compile in the background when asked: the upload answers 202 at once, the
+/// compile's status shows compiling and then ready (with the artifact, usable by name), a
+/// component that does not compile ends failed with the reason, and a tenant cannot start more
+/// than two at once.
+#[test]
+fn uploads_compile_in_the_background_with_a_visible_status() {
+    use common::{client, expect};
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start(&dir.path().join("data"), &[]);
+    let (_, token) = common::tenant(&server, "acme");
+    let upload = |wasm: &[u8], query: &str| {
+        client()
+            .post(server.url(&format!("/v1/artifacts?wait=false{query}")))
+            .bearer_auth(&token)
+            .body(wasm.to_vec())
+            .send()
+            .unwrap()
+    };
+    let status = |digest: &str| {
+        expect(
+            client().get(server.url(&format!("/v1/artifacts/compiles/{digest}"))).bearer_auth(&token).send().unwrap(),
+            200,
+        )
+    };
+    let count = std::fs::read(eddy_guest_artifacts::PYTHON_WORDCOUNT_COUNT).unwrap();
+    let totals = std::fs::read(eddy_guest_artifacts::PYTHON_PURCHASE_TOTALS).unwrap();
+    let first = expect(upload(&count, "&name=count&version=1"), 202);
+    assert_eq!(first["status"], "compiling", "{first}");
+    let second = expect(upload(&totals, ""), 202);
+    let third = upload(&std::fs::read(eddy_guest_artifacts::PYTHON_FRAUD_DETECTOR).unwrap(), "");
+    assert_eq!(third.status(), 429, "a third compile at once is refused");
+    assert!(third.text().unwrap().contains("compiling already"));
+    let digest = first["digest"].as_str().unwrap().to_owned();
+    assert_eq!(status(&digest)["status"], "compiling");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    let ready = loop {
+        let s = status(&digest);
+        if s["status"] != "compiling" {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "still compiling: {s}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(ready["status"], "ready", "{ready}");
+    assert_eq!(ready["artifact"]["world"], "keyed-operator", "{ready}");
+    assert!(ready["elapsed_ms"].as_u64().unwrap() > 0, "how long it took: {ready}");
+    assert!(ready["artifact"]["names"].as_array().unwrap().iter().any(|n| n == "count@1"), "{ready}");
+    let shown = expect(client().get(server.url("/v1/artifacts/count@1")).bearer_auth(&token).send().unwrap(), 200);
+    assert_eq!(shown["digest"], digest.as_str());
+
+    // Bytes that are a component header and nothing else: accepted, then failed with the reason.
+    let broken = expect(upload(b"\0asm\x0d\0\x01\0garbage", ""), 202);
+    let broken_digest = broken["digest"].as_str().unwrap().to_owned();
+    let failed = loop {
+        let s = status(&broken_digest);
+        if s["status"] != "compiling" {
+            break s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(!failed["error"].as_str().unwrap().is_empty(), "{failed}");
+    let unknown = client().get(server.url("/v1/artifacts/compiles/sha256:00")).bearer_auth(&token).send().unwrap();
+    assert_eq!(unknown.status(), 404);
+    let _ = second;
+}

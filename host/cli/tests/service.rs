@@ -347,6 +347,7 @@ fn the_openapi_document_lists_every_route_and_every_route_answers() {
         "PUT /v1/tenants/{id}/quotas",
         "GET /metrics",
         "POST /v1/artifacts",
+        "GET /v1/artifacts/compiles/{digest}",
         "POST /v1/cluster/enroll",
         "POST /v1/cluster/join-tokens",
         "POST /v1/jobs",
@@ -370,7 +371,12 @@ fn the_openapi_document_lists_every_route_and_every_route_answers() {
     for route in &routes {
         let (method, path) = route.split_once(' ').unwrap();
         let url = server.url(
-            &path.replace("{id}", "x").replace("{reference}", "x").replace("{token_id}", "x").replace("{name}", "x"),
+            &path
+                .replace("{id}", "x")
+                .replace("{reference}", "x")
+                .replace("{token_id}", "x")
+                .replace("{name}", "x")
+                .replace("{digest}", "x"),
         );
         let response = client().request(method.parse().unwrap(), url).send().unwrap();
         // Served, and wanting a token: 401, or 429 once this source sent many requests without.
@@ -424,6 +430,7 @@ fn the_cli_logs_in_submits_the_word_count_with_its_files_and_reads_the_output() 
     let submitted = eddy(&config, &["submit", pipeline.to_str().unwrap(), "--watch"]);
     let log = String::from_utf8_lossy(&submitted.stderr);
     assert!(log.contains("uploaded") && log.contains("input.txt"), "{log}");
+    assert!(log.contains("compiled in"), "the upload says how long its compile took: {log}");
     let id = stdout(&submitted).lines().next().unwrap().to_string();
     assert!(stdout(&submitted).contains("status finished"), "{}", stdout(&submitted));
 

@@ -11,9 +11,19 @@
 //! the artifact already, so its time says nothing about another tenant's artifacts. Storing
 //! the file and recording it, like deleting the last record and its file, happen under the
 //! admission lock, so an upload racing a deletion of the same bytes cannot lose its file.
+//!
+//! A large component (a Python or JavaScript one) compiles for seconds. With `wait=false` the
+//! upload answers 202 once the bytes are in, compiles in the background, and
+//! `GET /v1/artifacts/compiles/{digest}` shows where it is (compiling, ready, or failed with
+//! the reason); the artifact exists for jobs once it is ready. A tenant has at most
+//! [`MAX_BACKGROUND_COMPILES`] compiling at once, and the last [`KEPT_FINISHED`] finished
+//! compiles (with how long they took, or why they failed) are kept to be read. A compile the server did not finish before it stopped is gone with it: the
+//! upload is to be sent again.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::Json;
 use axum::body::Body;
@@ -37,6 +47,101 @@ pub struct UploadQuery {
     pub name: Option<String>,
     /// 1–64 characters of `A-Z`, `a-z`, `0-9`, `-`, `_`, `.` and `+`; needs `name`.
     pub version: Option<String>,
+    /// `false`: answer 202 once the bytes are in and compile in the background (see
+    /// `GET /v1/artifacts/compiles/{digest}`). Default `true`: answer when compiled.
+    pub wait: Option<bool>,
+}
+
+/// Compiles one tenant may have running in the background at once.
+pub const MAX_BACKGROUND_COMPILES: usize = 2;
+/// Finished background compiles kept per tenant for their owner to read.
+pub const KEPT_FINISHED: usize = 16;
+
+/// Where a background compile is.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CompileStatus {
+    /// `sha256:` and the hex digest of the bytes.
+    pub digest: String,
+    /// `compiling`, `ready` (the artifact is there for jobs) or `failed`.
+    pub status: String,
+    /// Size of the `.wasm`.
+    pub size: u64,
+    /// Milliseconds since the compile started (while compiling), or how long it took.
+    pub elapsed_ms: u64,
+    /// Why it failed, with what to do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The artifact, once ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<Artifact>,
+}
+
+/// One tenant's background compiles: running (with their start) and finished.
+#[derive(Debug, Default)]
+struct TenantCompiles {
+    running: HashMap<String, (Instant, u64)>,
+    finished: Vec<CompileStatus>,
+}
+
+/// Background compiles per tenant.
+#[derive(Debug, Default)]
+pub struct Compiles(Mutex<HashMap<String, TenantCompiles>>);
+
+impl Compiles {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, TenantCompiles>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a place for `digest`, or says why not (already compiling, or too many at once).
+    fn begin(&self, tenant: &str, digest: &str, size: u64) -> ApiResult<()> {
+        let mut all = self.lock();
+        let mine = all.entry(tenant.to_owned()).or_default();
+        if mine.running.contains_key(digest) {
+            return Ok(());
+        }
+        if mine.running.len() >= MAX_BACKGROUND_COMPILES {
+            return Err(ApiError::too_many(
+                format!(
+                    "{MAX_BACKGROUND_COMPILES} uploads are compiling already: wait for one (GET /v1/artifacts/compiles/{{digest}})"
+                ),
+                5,
+            ));
+        }
+        mine.finished.retain(|f| f.digest != digest);
+        mine.running.insert(digest.to_owned(), (Instant::now(), size));
+        Ok(())
+    }
+
+    fn end(&self, tenant: &str, digest: &str, failure: Option<String>) {
+        let mut all = self.lock();
+        let mine = all.entry(tenant.to_owned()).or_default();
+        let Some((started, size)) = mine.running.remove(digest) else { return };
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let status = if failure.is_some() { "failed" } else { "ready" }.to_owned();
+        let done =
+            CompileStatus { digest: digest.to_owned(), status, size, elapsed_ms, error: failure, artifact: None };
+        mine.finished.push(done);
+        if mine.finished.len() > KEPT_FINISHED {
+            mine.finished.remove(0);
+        }
+    }
+
+    fn status(&self, tenant: &str, digest: &str) -> Option<CompileStatus> {
+        let all = self.lock();
+        let mine = all.get(tenant)?;
+        if let Some((started, size)) = mine.running.get(digest) {
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            return Some(CompileStatus {
+                digest: digest.to_owned(),
+                status: "compiling".into(),
+                size: *size,
+                elapsed_ms,
+                error: None,
+                artifact: None,
+            });
+        }
+        mine.finished.iter().find(|f| f.digest == digest).cloned()
+    }
 }
 
 /// An artifact with the jobs that use it.
@@ -117,8 +222,9 @@ async fn inspect(state: &Arc<AppState>, path: &std::path::Path, digest: &str, ow
     request_body(content = Vec<u8>, content_type = "application/wasm"),
     responses((status = 201, description = "New for this tenant", body = Artifact),
         (status = 200, description = "Already uploaded: the same artifact", body = Artifact),
+        (status = 202, description = "`wait=false`: compiling in the background", body = CompileStatus),
         (status = 401, body = Problem), (status = 409, body = Problem), (status = 413, body = Problem),
-        (status = 422, body = Problem)),
+        (status = 422, body = Problem), (status = 429, body = Problem)),
     security(("bearer" = [])))]
 pub async fn upload(
     State(state): State<Arc<AppState>>,
@@ -126,7 +232,8 @@ pub async fn upload(
     CheckedQuery(query): CheckedQuery<UploadQuery>,
     headers: HeaderMap,
     body: Body,
-) -> ApiResult<(StatusCode, Json<Artifact>)> {
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
     let tenant = caller.tenant;
     let label = label(&query)?;
     // The quota is checked once the digest is known: the same bytes again take no more of it.
@@ -138,12 +245,66 @@ pub async fn upload(
         return Err(ApiError::unprocessable("the body is empty: send the .wasm bytes").at("body"));
     }
     let own = state.store.get::<Artifact>(Table::Artifacts, &key(&tenant, &digest))?.is_some();
-    let world = inspect(&state, &temp, &digest, own).await?;
-    let (st, t, d) = (state.clone(), tenant.clone(), digest.clone());
+    if query.wait == Some(false) && !own {
+        state.compiles.begin(&tenant, &digest, size)?;
+        let (st, t, d) = (state.clone(), tenant.clone(), digest.clone());
+        tokio::spawn(async move {
+            let failure = compile_and_record(&st, &t, &d, temp, size, own, label).await.err().map(|e| e.detail);
+            if let Some(why) = &failure {
+                tracing::warn!(tenant = %t, digest = %d, error = %why, "background compile failed");
+            }
+            st.compiles.end(&t, &d, failure);
+        });
+        let status = state.compiles.status(&tenant, &digest);
+        return Ok((StatusCode::ACCEPTED, Json(status)).into_response());
+    }
+    let (artifact, created) = compile_and_record(&state, &tenant, &digest, temp, size, own, label).await?;
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(artifact)).into_response())
+}
+
+/// Validates and compiles an upload, then stores and records it.
+async fn compile_and_record(
+    state: &Arc<AppState>,
+    tenant: &str,
+    digest: &str,
+    temp: tempfile::TempPath,
+    size: u64,
+    own: bool,
+    label: Option<String>,
+) -> ApiResult<(Artifact, bool)> {
+    let world = inspect(state, &temp, digest, own).await?;
+    let (st, t, d) = (state.clone(), tenant.to_owned(), digest.to_owned());
     let (artifact, created) =
         blocking(move || st.supervisor.admitting(|| record(&st, &t, &d, temp, size, world, label))).await?;
     tracing::info!(tenant = %tenant, digest = %digest, size, created, "artifact uploaded");
-    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(artifact)))
+    Ok((artifact, created))
+}
+
+/// Where a background compile (`POST /v1/artifacts?wait=false`) is: compiling, ready (with
+/// the artifact) or failed (with why).
+#[utoipa::path(get, path = "/v1/artifacts/compiles/{digest}", tag = "artifacts",
+    params(("digest" = String, Path, description = "`sha256:<hex>`, as the 202 answer named it")),
+    responses((status = 200, body = CompileStatus), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn compile_status(
+    State(state): State<Arc<AppState>>,
+    caller: TenantCaller,
+    Path(digest): Path<String>,
+) -> ApiResult<Json<CompileStatus>> {
+    let tenant = caller.tenant.as_str();
+    // A deleted artifact is not ready however its compile ended.
+    let artifact: Option<Artifact> = state.store.get(Table::Artifacts, &key(tenant, &digest))?;
+    match state.compiles.status(tenant, &digest) {
+        Some(status) if status.status == "ready" && artifact.is_none() => Err(ApiError::not_found("compile", &digest)),
+        Some(status) => Ok(Json(CompileStatus { artifact: artifact.filter(|_| status.status == "ready"), ..status })),
+        // Compiled before it was kept here (or waited for): ready, its compile time not known.
+        None => {
+            let artifact = artifact.ok_or_else(|| ApiError::not_found("compile", &digest))?;
+            let size = artifact.size;
+            let status = "ready".into();
+            Ok(Json(CompileStatus { digest, status, size, elapsed_ms: 0, error: None, artifact: Some(artifact) }))
+        }
+    }
 }
 
 /// Stores the file of a validated upload (unless the bytes are there) and records it for the

@@ -190,6 +190,8 @@ pub struct AppState {
     pub throttle: std::sync::Mutex<auth::FailureThrottle>,
     /// Permits for work that takes CPU ([`heavy`]): one per core.
     pub heavy: tokio::sync::Semaphore,
+    /// Uploads compiling in the background, and those that failed there.
+    pub compiles: artifacts::Compiles,
 }
 
 impl AppState {
@@ -266,6 +268,7 @@ pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(connections::list))
         .routes(routes!(connections::put, connections::show, connections::delete))
         .routes(routes!(artifacts::show, artifacts::delete))
+        .routes(routes!(artifacts::compile_status))
         .routes(routes!(jobs::submit, jobs::list))
         .routes(routes!(jobs::show, jobs::delete))
         .routes(routes!(jobs::cancel))
@@ -357,8 +360,16 @@ impl Service {
         let throttle = std::sync::Mutex::default();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let heavy = tokio::sync::Semaphore::new(cores);
-        let state =
-            Arc::new(AppState { config, data_dir: data_dir.clone(), store, runtime, supervisor, throttle, heavy });
+        let state = Arc::new(AppState {
+            config,
+            data_dir: data_dir.clone(),
+            store,
+            runtime,
+            supervisor,
+            throttle,
+            heavy,
+            compiles: artifacts::Compiles::default(),
+        });
         let admin_path = data_dir.join("admin.token");
         let admin_token = if admin_path.exists() {
             None
