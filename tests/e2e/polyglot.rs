@@ -41,6 +41,24 @@ struct Everything {
     list: Vec<u16>,
 }
 
+/// The texts the rows of every kind carry: plain, escapes and non-ASCII, empty.
+const TEXTS: [&str; 3] = ["plain", "Été \"quoted\" \\ tab\t", ""];
+
+/// Row `i` of every kind, carrying `text`.
+fn everything(i: usize, text: &str) -> Everything {
+    Everything {
+        small: -7 * i as i32,
+        big: u64::MAX - i as u64,
+        ratio: 0.25 + i as f64,
+        flag: i % 2 == 0,
+        text: text.into(),
+        missing: (i == 1).then_some(5),
+        raw: serde_bytes_like::Bytes(vec![0, 255, i as u8]),
+        inner: Inner { id: i as u64, label: (i != 2).then(|| format!("n{i}")) },
+        list: vec![1, 2, i as u16],
+    }
+}
+
 #[derive(serde::Serialize)]
 struct Inner {
     id: u64,
@@ -74,18 +92,8 @@ fn a_pure_python_reader_reads_rows_as_eddy_renders_them() {
     }
     let mut encoder = eddy_wire::ser::RowEncoder::new();
     let mut declare = |s: &eddy_wire::schema::Schema| registry.declare(s).expect("declared");
-    for (i, text) in ["plain", "Été \"quoted\" \\ tab\t", ""].into_iter().enumerate() {
-        let value = Everything {
-            small: -7 * i as i32,
-            big: u64::MAX - i as u64,
-            ratio: 0.25 + i as f64,
-            flag: i % 2 == 0,
-            text: text.into(),
-            missing: (i == 1).then_some(5),
-            raw: serde_bytes_like::Bytes(vec![0, 255, i as u8]),
-            inner: Inner { id: i as u64, label: (i != 2).then(|| format!("n{i}")) },
-            list: vec![1, 2, i as u16],
-        };
+    for (i, text) in TEXTS.into_iter().enumerate() {
+        let value = everything(i, text);
         let mut row = Vec::new();
         encoder.encode(&value, &mut row, &mut declare).expect("a struct");
         rows.push(row);
@@ -190,19 +198,8 @@ fn the_shared_codec_table_is_what_eddy_wire_writes() {
     row("purchase", encode(&mut encoder, &mut declare, &Purchase { user_id: "alice".into(), amount_cents: 1299 }));
     row("negative integer", encode(&mut encoder, &mut declare, &Alert { account_id: 7, amount_cents: -60_000 }));
     row("accumulator", encode(&mut encoder, &mut declare, &Totals { purchases: 4, total_cents: 5248 }));
-    for (i, text) in ["plain", "Été \"quoted\" \\ tab\t", ""].into_iter().enumerate() {
-        let everything = Everything {
-            small: -7 * i as i32,
-            big: u64::MAX - i as u64,
-            ratio: 0.25 + i as f64,
-            flag: i % 2 == 0,
-            text: text.into(),
-            missing: (i == 1).then_some(5),
-            raw: serde_bytes_like::Bytes(vec![0, 255, i as u8]),
-            inner: Inner { id: i as u64, label: (i != 2).then(|| format!("n{i}")) },
-            list: vec![1, 2, i as u16],
-        };
-        row(&format!("every kind {i}"), encode(&mut encoder, &mut declare, &everything));
+    for (i, text) in TEXTS.into_iter().enumerate() {
+        row(&format!("every kind {i}"), encode(&mut encoder, &mut declare, &everything(i, text)));
     }
     // Keys and state: serde_json's bytes, which every SDK must write byte for byte.
     let mut json: Vec<String> = [

@@ -56,22 +56,6 @@ fn tool(name: &'static str) -> Result<PathBuf, BuildError> {
     }
 }
 
-/// Writes the WIT and the SDK under `dir` (`wit/`, `sdk/eddy/`), replacing what was there.
-fn stage(dir: &Path) -> Result<(PathBuf, PathBuf), BuildError> {
-    let wit = dir.join("wit");
-    let sdk = dir.join("sdk").join("eddy");
-    for d in [&wit, &sdk] {
-        std::fs::create_dir_all(d).map_err(io(d))?;
-    }
-    let wit_file = wit.join("dataflow.wit");
-    std::fs::write(&wit_file, crate::python::WIT).map_err(io(&wit_file))?;
-    for (name, text) in SDK {
-        let path = sdk.join(name);
-        std::fs::write(&path, text).map_err(io(&path))?;
-    }
-    Ok((wit, sdk))
-}
-
 /// The world the entry module targets: an aggregate's if it exports one.
 fn world(app: &Path) -> Result<&'static str, BuildError> {
     let text = std::fs::read_to_string(app).map_err(io(app))?;
@@ -131,7 +115,8 @@ pub(crate) fn build(dir: &Path, lang: Lang, options: &BuildOptions) -> Result<Pa
     let out = parent.join(out.file_name().unwrap_or_default());
     let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let staging = parent.join(format!(".{stem}.eddy-sdk"));
-    let (wit, sdk) = stage(&staging)?;
+    let (wit, sdk) = crate::stage_sdk(&staging, SDK)?;
+    let sdk = sdk.join("eddy");
 
     if lang == Lang::TypeScript {
         let config = staging.join("tsconfig.json");

@@ -198,6 +198,27 @@ pub(crate) fn run_tool(
     Ok(())
 }
 
+/// The WIT contract every component is built against.
+pub(crate) const WIT: &str = include_str!("../../../wit/dataflow.wit");
+
+/// Writes the WIT and an SDK package (`files`: name and text) under `dir`, as `wit/` and
+/// `sdk/eddy/`, replacing what was there; returns the `wit` and `sdk` directories.
+pub(crate) fn stage_sdk(dir: &Path, files: &[(&str, &str)]) -> Result<(PathBuf, PathBuf), BuildError> {
+    let wit = dir.join("wit");
+    let sdk = dir.join("sdk");
+    let package = sdk.join("eddy");
+    for d in [&wit, &package] {
+        std::fs::create_dir_all(d).map_err(io(d))?;
+    }
+    let wit_file = wit.join("dataflow.wit");
+    std::fs::write(&wit_file, WIT).map_err(io(&wit_file))?;
+    for (name, text) in files {
+        let path = package.join(name);
+        std::fs::write(&path, text).map_err(io(&path))?;
+    }
+    Ok((wit, sdk))
+}
+
 /// Builds the project in `dir` and returns the component's path.
 pub fn build(dir: &Path, options: &BuildOptions) -> Result<PathBuf, BuildError> {
     let lang = match options.lang {

@@ -6,9 +6,6 @@ use std::process::Command;
 
 use crate::{BuildError, BuildOptions, io, project_name, run_tool};
 
-/// The WIT contract every component is built against.
-pub(crate) const WIT: &str = include_str!("../../../wit/dataflow.wit");
-
 /// The SDK package `eddy`, file by file.
 const SDK: &[(&str, &str)] = &[
     ("__init__.py", include_str!("../../../guest-sdk/python/eddy/__init__.py")),
@@ -23,23 +20,6 @@ const SDK: &[(&str, &str)] = &[
 ];
 
 const INSTALL: &str = "run deploy/setup.sh, or `pip install componentize-py==0.25.1`";
-
-/// Writes the WIT and the SDK under `dir` (`wit/`, `sdk/eddy/`), replacing what was there.
-pub(crate) fn stage(dir: &Path) -> Result<(PathBuf, PathBuf), BuildError> {
-    let wit = dir.join("wit");
-    let sdk = dir.join("sdk");
-    let package = sdk.join("eddy");
-    for d in [&wit, &package] {
-        std::fs::create_dir_all(d).map_err(io(d))?;
-    }
-    let wit_file = wit.join("dataflow.wit");
-    std::fs::write(&wit_file, WIT).map_err(io(&wit_file))?;
-    for (name, text) in SDK {
-        let path = package.join(name);
-        std::fs::write(&path, text).map_err(io(&path))?;
-    }
-    Ok((wit, sdk))
-}
 
 /// The world `app.py` targets: an aggregate's if it exports one.
 fn world(app: &Path) -> Result<&'static str, BuildError> {
@@ -72,7 +52,7 @@ pub(crate) fn build(dir: &Path, options: &BuildOptions) -> Result<PathBuf, Build
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
     let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let (wit, sdk) = stage(&parent.join(format!(".{stem}.eddy-sdk")))?;
+    let (wit, sdk) = crate::stage_sdk(&parent.join(format!(".{stem}.eddy-sdk")), SDK)?;
     let mut cmd = Command::new("componentize-py");
     cmd.arg("-d").arg(&wit).args(["-w", world, "componentize", "-p"]).arg(dir).arg("-p").arg(&sdk);
     cmd.args(["app", "-o"]).arg(&out);

@@ -33,6 +33,24 @@ struct Cli {
     command: Command,
 }
 
+/// How `eddy build` and `eddy test` build a project.
+#[derive(Debug, clap::Args)]
+struct BuildFlags {
+    /// The language, if the files do not tell.
+    #[arg(long)]
+    lang: Option<String>,
+    /// JavaScript and TypeScript: the engine the component carries (quickjs, the default, or
+    /// spidermonkey).
+    #[arg(long)]
+    js_engine: Option<String>,
+}
+
+impl BuildFlags {
+    fn as_flags(&self) -> project::Flags<'_> {
+        project::Flags { lang: self.lang.as_deref(), js_engine: self.js_engine.as_deref() }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run a pipeline on the embedded default (one process, local state).
@@ -246,13 +264,8 @@ enum Command {
         /// The project directory (its language is told by its files).
         #[arg(default_value = ".")]
         dir: PathBuf,
-        /// The language, if the files do not tell.
-        #[arg(long)]
-        lang: Option<String>,
-        /// JavaScript and TypeScript: the engine the component carries (quickjs, the default,
-        /// or spidermonkey).
-        #[arg(long)]
-        js_engine: Option<String>,
+        #[command(flatten)]
+        flags: BuildFlags,
         /// Where to write the component.
         #[arg(long, short)]
         out: Option<PathBuf>,
@@ -262,12 +275,8 @@ enum Command {
         /// The project directory.
         #[arg(default_value = ".")]
         dir: PathBuf,
-        /// The language, if the files do not tell.
-        #[arg(long)]
-        lang: Option<String>,
-        /// JavaScript and TypeScript: the engine the component carries.
-        #[arg(long)]
-        js_engine: Option<String>,
+        #[command(flatten)]
+        flags: BuildFlags,
     },
     /// Validate a component and print what it is.
     Inspect {
@@ -748,13 +757,8 @@ fn main() {
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
         Command::New { lang, dir } => project::new(&lang, &dir),
-        Command::Build { dir, lang, js_engine, out } => {
-            project::build(&dir, project::Flags { lang: lang.as_deref(), js_engine: js_engine.as_deref() }, out)
-                .map(|_| ())
-        }
-        Command::Test { dir, lang, js_engine } => {
-            project::test(&dir, project::Flags { lang: lang.as_deref(), js_engine: js_engine.as_deref() })
-        }
+        Command::Build { dir, flags, out } => project::build(&dir, flags.as_flags(), out).map(|_| ()),
+        Command::Test { dir, flags } => project::test(&dir, flags.as_flags()),
         Command::Serve { listen, data_dir, slots, service } => serve::serve(&listen, data_dir, slots, &service),
         Command::Cluster { action: ClusterAction::Init { out } } => cluster::init(&out),
         Command::Cluster { action: ClusterAction::Cert { ca, name, alias, out, days } } => {
