@@ -67,6 +67,8 @@ export class Record {
     this.timestamp = timestamp;
     this.decodedKey = UNSET;
     this.decodedValue = UNSET;
+    this.row = undefined;
+    this.header = undefined;
   }
 
   /** The key, decoded from JSON. */
@@ -112,11 +114,15 @@ export class Record {
   field(name, fallback = null) {
     const data = this.call.data;
     if (this.decodedValue === UNSET && this.vl > 0 && data[this.vo] === rows.MAGIC) {
-      const raw = data.subarray(this.vo, this.vo + this.vl);
       try {
-        const slot = this.call.schemas.slot(rows.schemaOf(raw), name);
+        // The row and its header are read once per record, however many fields are asked.
+        if (this.row === undefined) {
+          this.row = data.subarray(this.vo, this.vo + this.vl);
+          this.header = rows.header(this.row);
+        }
+        const slot = this.call.schemas.slot(this.header.schema, name);
         if (slot < 0) return fallback;
-        const v = rows.readField(raw, slot, this.call.schemas.names);
+        const v = rows.fieldOf(this.row, this.header, slot, this.call.schemas.names);
         return v === null || v === undefined ? fallback : v;
       } catch (e) {
         throw new errors.BadRecord(`value is not a whole row: ${e.message}`);

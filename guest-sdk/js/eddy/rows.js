@@ -57,7 +57,9 @@ function exact(big) {
   return big <= SAFE && big >= -SAFE ? Number(big) : big;
 }
 
-function header(bytes) {
+/** The parsed header of the row in `bytes`, for `fieldOf` (checked: a short or foreign
+ * buffer throws). */
+export function header(bytes) {
   if (bytes.length < 8) throw new RangeError("not a row (shorter than a row header)");
   if (bytes[0] !== MAGIC) throw new RangeError("not a row (first byte is not 0xB7)");
   if (bytes[1] !== VERSION) throw new RangeError(`row layout version ${bytes[1]}; this reader reads version ${VERSION}`);
@@ -66,6 +68,11 @@ function header(bytes) {
   const [kinds, slots, end] = layout(n);
   if (bytes.length < end) throw new RangeError("row shorter than its header and slots");
   return { v, n, schema: v.getUint32(4, true), kinds, slots };
+}
+
+/** Field `i` of the row in `bytes` whose `header` is `h`; undefined past its last field. */
+export function fieldOf(bytes, h, i, names) {
+  return i >= 0 && i < h.n ? field(bytes, h, i, names) : undefined;
 }
 
 function field(bytes, h, i, names) {

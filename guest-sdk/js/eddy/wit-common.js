@@ -15,8 +15,11 @@ export function number(s64) {
   return typeof s64 === "bigint" ? Number(BigInt.asIntN(64, s64)) : s64;
 }
 
+// Schema ids are u32s, half of them past 2^31: QuickJS lowers a Number past 2^31 given for a
+// u32 wrongly (the host saw another id) but takes the same bits as a negative int32, and may
+// hand u32 results back negative; so ids go out as `id | 0` and come back as `>>> 0`.
 export const common = {
   log: (level, message) => log.log(LEVELS[level], message),
-  declareSchema: (name, fields) => schemas.declareSchema(name, fields),
-  schemaFields: (id) => schemas.schemaFields(id) ?? null,
+  declareSchema: (name, fields) => schemas.declareSchema(name, fields) >>> 0,
+  schemaFields: (id) => schemas.schemaFields(id | 0) ?? null,
 };
