@@ -50,7 +50,7 @@ fn everything(i: usize, text: &str) -> Everything {
         small: -7 * i as i32,
         big: u64::MAX - i as u64,
         ratio: 0.25 + i as f64,
-        flag: i % 2 == 0,
+        flag: i.is_multiple_of(2),
         text: text.into(),
         missing: (i == 1).then_some(5),
         raw: serde_bytes_like::Bytes(vec![0, 255, i as u8]),

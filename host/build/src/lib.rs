@@ -107,10 +107,11 @@ impl fmt::Display for Lang {
 
 /// The JavaScript engine a JavaScript or TypeScript component carries.
 ///
-/// QuickJS (jco's `qjs` backend) is the default: its components are 2 MB rather than 12 MB,
-/// compile in under a second rather than 5–20 s, and run Eddy's word count faster (figures in
-/// `docs/architecture.md`, measured by `eddy bench languages`). SpiderMonkey
-/// (componentize-js) has the fuller standard library (`TextEncoder`, `Intl`).
+/// QuickJS (jco's `qjs` backend) is the default: its components are 2 MB rather than 12 MB
+/// and compile in about a second rather than 4–20 s, per record the two cost about the same,
+/// and it takes the regular expressions (`\p{…}`) and schema ids SpiderMonkey does not
+/// (figures in `docs/architecture.md`). SpiderMonkey (componentize-js) has the fuller
+/// standard library (`TextEncoder`, `Intl`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum JsEngine {
     #[default]

@@ -20,6 +20,7 @@ struct Seen {
     distinct: usize,
 }
 
+#[derive(Debug)]
 pub struct Tags {
     tags: ListState<String>,
     counts: MapState<String, u64>,
