@@ -56,23 +56,14 @@ fn tool(name: &'static str) -> Result<PathBuf, BuildError> {
     }
 }
 
-/// The world the entry module targets: an aggregate's if it exports one.
+/// The world `app` targets: an aggregate's if it exports one.
 fn world(app: &Path) -> Result<&'static str, BuildError> {
-    let text = std::fs::read_to_string(app).map_err(io(app))?;
-    match (text.contains("exportOperator("), text.contains("exportAggregate(")) {
-        (true, false) => Ok("keyed-operator"),
-        (false, true) => Ok("window-aggregate"),
-        (true, true) => Err(BuildError::Project {
-            path: app.to_path_buf(),
-            what: "exports both an operator and an aggregate: a component is one of them".into(),
-        }),
-        (false, false) => Err(BuildError::Project {
-            path: app.to_path_buf(),
-            what: "exports nothing: end it with `export const operator = exportOperator(YourOperator);` or \
-                   `export const aggregate = exportAggregate(YourAggregate);`"
-                .into(),
-        }),
-    }
+    crate::world_of(
+        app,
+        "exportOperator(",
+        "exportAggregate(",
+        "end it with `export const operator = exportOperator(YourOperator);` or `export const aggregate = exportAggregate(YourAggregate);`",
+    )
 }
 
 fn string(path: &Path) -> String {

@@ -199,6 +199,28 @@ pub(crate) fn run_tool(
     Ok(())
 }
 
+/// The world `app` targets, told by which export call it makes (`operator_call` or
+/// `aggregate_call`, e.g. `export_operator(`); `hint` says how to end it when it makes neither.
+pub(crate) fn world_of(
+    app: &Path,
+    operator_call: &str,
+    aggregate_call: &str,
+    hint: &str,
+) -> Result<&'static str, BuildError> {
+    let text = std::fs::read_to_string(app).map_err(io(app))?;
+    match (text.contains(operator_call), text.contains(aggregate_call)) {
+        (true, false) => Ok("keyed-operator"),
+        (false, true) => Ok("window-aggregate"),
+        (true, true) => Err(BuildError::Project {
+            path: app.to_path_buf(),
+            what: "exports both an operator and an aggregate: a component is one of them".into(),
+        }),
+        (false, false) => {
+            Err(BuildError::Project { path: app.to_path_buf(), what: format!("exports nothing: {hint}") })
+        }
+    }
+}
+
 /// The WIT contract every component is built against.
 pub(crate) const WIT: &str = include_str!("../../../wit/dataflow.wit");
 

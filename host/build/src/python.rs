@@ -21,25 +21,14 @@ const SDK: &[(&str, &str)] = &[
 
 const INSTALL: &str = "run deploy/setup.sh, or `pip install componentize-py==0.25.1`";
 
-/// The world `app.py` targets: an aggregate's if it exports one.
+/// The world `app` targets: an aggregate's if it exports one.
 fn world(app: &Path) -> Result<&'static str, BuildError> {
-    let text = std::fs::read_to_string(app).map_err(io(app))?;
-    let aggregate = text.contains("export_aggregate(");
-    let operator = text.contains("export_operator(");
-    match (operator, aggregate) {
-        (true, false) => Ok("keyed-operator"),
-        (false, true) => Ok("window-aggregate"),
-        (true, true) => Err(BuildError::Project {
-            path: app.to_path_buf(),
-            what: "exports both an operator and an aggregate: a component is one of them".into(),
-        }),
-        (false, false) => Err(BuildError::Project {
-            path: app.to_path_buf(),
-            what: "exports nothing: end it with `Operator = eddy.export_operator(YourOperator)` or \
-                   `Aggregate = eddy.export_aggregate(YourAggregate)`"
-                .into(),
-        }),
-    }
+    crate::world_of(
+        app,
+        "export_operator(",
+        "export_aggregate(",
+        "end it with `Operator = eddy.export_operator(YourOperator)` or `Aggregate = eddy.export_aggregate(YourAggregate)`",
+    )
 }
 
 pub(crate) fn build(dir: &Path, options: &BuildOptions) -> Result<PathBuf, BuildError> {

@@ -208,5 +208,12 @@ fn uploads_compile_in_the_background_with_a_visible_status() {
     assert!(!failed["error"].as_str().unwrap().is_empty(), "{failed}");
     let unknown = client().get(server.url("/v1/artifacts/compiles/sha256:00")).bearer_auth(&token).send().unwrap();
     assert_eq!(unknown.status(), 404);
+    // Another tenant learns nothing of this tenant's compiles, ready or failed.
+    let (_, other) = common::tenant(&server, "globex");
+    for asked in [&digest, &broken_digest] {
+        let seen =
+            client().get(server.url(&format!("/v1/artifacts/compiles/{asked}"))).bearer_auth(&other).send().unwrap();
+        assert_eq!(seen.status(), 404, "{asked}");
+    }
     let _ = second;
 }
