@@ -112,14 +112,30 @@ impl WatermarkTracker {
 
     /// Marks channels silent for the idle timeout as idle. Call it periodically (the engine
     /// does, on its processing-time tick). Returns the new output watermark if it advanced.
+    ///
+    /// Channels go idle in the order they fell silent, the output advancing after each group,
+    /// so one late tick ends where ticking every millisecond of the gap would have: a channel
+    /// that never spoke idles before one that spoke later, and the output takes the later one's
+    /// watermark before it, too, goes idle (else a busy machine that skipped ticks would see
+    /// every channel idle at once and hold the output forever).
     pub fn on_tick(&mut self, now_ms: i64) -> Option<i64> {
         let timeout = self.idle_timeout_ms?;
-        for c in self.channels.iter_mut().filter(|c| !c.ended) {
-            if now_ms.saturating_sub(c.last_active_ms) >= timeout {
+        let before = self.output;
+        let mut silent: Vec<i64> = self
+            .channels
+            .iter()
+            .filter(|c| !c.ended && !c.idle && now_ms.saturating_sub(c.last_active_ms) >= timeout)
+            .map(|c| c.last_active_ms)
+            .collect();
+        silent.sort_unstable();
+        silent.dedup();
+        for fell_silent in silent {
+            for c in self.channels.iter_mut().filter(|c| !c.ended && c.last_active_ms == fell_silent) {
                 c.idle = true;
             }
+            self.advance();
         }
-        self.advance()
+        (self.output > before).then_some(self.output)
     }
 
     fn advance(&mut self) -> Option<i64> {
@@ -200,6 +216,19 @@ mod tests {
         assert_eq!(t.current(), 5);
     }
 
+    #[test]
+    fn channels_silent_by_one_late_tick_go_idle_in_the_order_they_fell_silent() {
+        // Channel 1 never speaks; channel 0 is read to its end and falls silent later. A
+        // machine too busy to tick until both are past the timeout must still let the output
+        // take channel 0's watermark, as it would have between the two timeouts.
+        let mut t = WatermarkTracker::new(2, Some(300), 0);
+        t.on_watermark(0, 4_000, 200);
+        assert_eq!(t.on_tick(1_000), Some(4_000));
+        assert!(t.is_idle(0) && t.is_idle(1));
+        assert_eq!(t.on_tick(2_000), None, "all idle: the output holds");
+        assert_eq!(t.current(), 4_000);
+    }
+
     #[derive(Debug, Clone)]
     enum Event {
         Watermark(usize, i64),
@@ -236,6 +265,27 @@ mod tests {
                 if idle.is_none() { prop_assert!(t.current() <= *own.iter().min().unwrap_or(&WATERMARK_MIN)); }
                 prop_assert!(t.current() <= *own.iter().max().unwrap_or(&WATERMARK_MIN));
             }
+        }
+
+        /// One tick after a gap leaves the tracker exactly where a tick every millisecond of
+        /// the gap would have: same output, same idle channels.
+        #[test]
+        fn a_late_tick_equals_ticking_through_the_gap(events in proptest::collection::vec((event(), 0i64..50), 0..100), idle in 1i64..200, gap in 0i64..600) {
+            let mut t = WatermarkTracker::new(3, Some(idle), 0);
+            let mut now = 0;
+            for (e, dt) in events {
+                now += dt;
+                match e {
+                    Event::Watermark(c, w) => { t.on_watermark(c, w, now); }
+                    Event::Record(c) => { t.on_record(c, now); }
+                    Event::Tick => { t.on_tick(now); }
+                }
+            }
+            let mut fine = t.clone();
+            for ms in now + 1..=now + gap { fine.on_tick(ms); }
+            t.on_tick(now + gap);
+            prop_assert_eq!(t.current(), fine.current());
+            for c in 0..3 { prop_assert_eq!(t.is_idle(c), fine.is_idle(c)); }
         }
     }
 }
