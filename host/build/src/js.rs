@@ -10,7 +10,7 @@ use std::process::Command;
 use crate::{BuildError, BuildOptions, JsEngine, Lang, io, project_name, run_tool};
 
 /// The SDK module by module, as the bundle imports it.
-const SDK: &[(&str, &str)] = &[
+pub(crate) const SDK: &[(&str, &str)] = &[
     ("aggregate.js", include_str!("../../../guest-sdk/js/eddy/aggregate.js")),
     ("bytes.js", include_str!("../../../guest-sdk/js/eddy/bytes.js")),
     ("codec.js", include_str!("../../../guest-sdk/js/eddy/codec.js")),
@@ -21,7 +21,10 @@ const SDK: &[(&str, &str)] = &[
     ("json.js", include_str!("../../../guest-sdk/js/eddy/json.js")),
     ("log.js", include_str!("../../../guest-sdk/js/eddy/log.js")),
     ("operator.js", include_str!("../../../guest-sdk/js/eddy/operator.js")),
+    ("output.js", include_str!("../../../guest-sdk/js/eddy/output.js")),
+    ("records.js", include_str!("../../../guest-sdk/js/eddy/records.js")),
     ("rows.js", include_str!("../../../guest-sdk/js/eddy/rows.js")),
+    ("state.js", include_str!("../../../guest-sdk/js/eddy/state.js")),
     ("testing.d.ts", include_str!("../../../guest-sdk/js/eddy/testing.d.ts")),
     ("testing.js", include_str!("../../../guest-sdk/js/eddy/testing.js")),
     ("utf8.js", include_str!("../../../guest-sdk/js/eddy/utf8.js")),
@@ -71,11 +74,15 @@ fn string(path: &Path) -> String {
 }
 
 /// A tsconfig for checking the project against the SDK's types, nothing emitted.
-fn tsconfig(app: &Path, sdk: &Path) -> String {
+/// A TypeScript project's compiler settings: strict, nothing emitted (esbuild strips the
+/// types), `eddy` resolved to the SDK's declarations and the WIT's interfaces to the types
+/// `jco types` generated from it, so the export can be checked against the WIT itself.
+fn tsconfig(files: &[&Path], sdk: &Path, wit_types: &Path) -> String {
     serde_json::json!({
         "compilerOptions": {
             "strict": true,
             "noEmit": true,
+            "allowImportingTsExtensions": true,
             "target": "es2022",
             "module": "esnext",
             "moduleResolution": "bundler",
@@ -84,11 +91,23 @@ fn tsconfig(app: &Path, sdk: &Path) -> String {
             "paths": {
                 "eddy": [string(&sdk.join("index.d.ts"))],
                 "eddy/testing": [string(&sdk.join("testing.d.ts"))],
+                "eddy:dataflow/*@0.4.0": [string(&wit_types.join("interfaces").join("eddy-dataflow-*.d.ts"))],
             },
         },
-        "files": [string(app)],
+        "files": files.iter().map(|f| string(f)).collect::<Vec<_>>(),
     })
     .to_string()
+}
+
+/// A module that holds the project's export to the type generated from the WIT for it: a
+/// missing or misnamed export, or an SDK that drifted from the WIT, fails the build here.
+fn export_check(app: &Path, world: &str) -> String {
+    let (interface, name) =
+        if world == "window-aggregate" { ("aggregate", "aggregate") } else { ("operator", "operator") };
+    format!(
+        "import type * as Wit from \"eddy:dataflow/{interface}@0.4.0\";\nimport {{ {name} }} from {};\nexport const exported: typeof Wit = {name};\n",
+        serde_json::Value::String(string(app))
+    )
 }
 
 pub(crate) fn build(dir: &Path, lang: Lang, options: &BuildOptions) -> Result<PathBuf, BuildError> {
@@ -110,8 +129,15 @@ pub(crate) fn build(dir: &Path, lang: Lang, options: &BuildOptions) -> Result<Pa
     let sdk = sdk.join("eddy");
 
     if lang == Lang::TypeScript {
+        let wit_types = staging.join("wit-types");
+        let mut types = Command::new(tool("jco")?);
+        types.arg("types").arg(&wit).args(["--world-name", world, "-q", "-o"]).arg(&wit_types);
+        types.stdout(std::process::Stdio::null());
+        run_tool(types, "jco types", INSTALL, dir)?;
+        let check = staging.join("export-check.ts");
+        std::fs::write(&check, export_check(&app, world)).map_err(io(&check))?;
         let config = staging.join("tsconfig.json");
-        std::fs::write(&config, tsconfig(&app, &sdk)).map_err(io(&config))?;
+        std::fs::write(&config, tsconfig(&[&app, &check], &sdk, &wit_types)).map_err(io(&config))?;
         let mut tsc = Command::new(tool("tsc")?);
         tsc.arg("-p").arg(&config);
         run_tool(tsc, "tsc", INSTALL, dir)?;

@@ -3,7 +3,7 @@
 //! What `eddy build` and `eddy new` do, as a library (the guest artifacts of Eddy's own tests
 //! are built through it too, so there is one way to build a Python operator). A project is a
 //! directory; its language is told by the files in it ([`Lang::detect`]): `Cargo.toml` for
-//! Rust, `app.py` for Python, `app.js` for JavaScript, `app.ts` for TypeScript. Building runs
+//! Rust, `app.py` for Python, `app.js` for JavaScript, `app.ts` for TypeScript, `go.mod` for Go. Building runs
 //! the language's toolchain offline and leaves one component:
 //!
 //! - Rust: `cargo build --release --target wasm32-wasip2`, the crate's `cdylib`.
@@ -15,6 +15,9 @@
 //!   esbuild bundles the project with the Eddy JavaScript SDK (embedded here too), and jco
 //!   makes a QuickJS component of the bundle ([`JsEngine`]; componentize-js's SpiderMonkey on
 //!   request). The toolchain lives in [`js_toolchain`], put there by `deploy/setup.sh languages`.
+//! - Go: the project's `package main` files with the Eddy Go SDK (embedded too), compiled by
+//!   Go's own `wasip1` port over bindings generated here, then made a component with WASI
+//!   preview1's reactor adapter. `go` comes from `deploy/setup.sh languages` (or `$EDDY_GO`).
 //!
 //! ```
 //! # fn main() -> Result<(), eddy_build::BuildError> {
@@ -26,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+mod go;
 mod js;
 mod python;
 mod rust;
@@ -35,6 +39,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub use go::unit_tests as go_unit_tests;
 pub use js::toolchain as js_toolchain;
 pub use scaffold::scaffold;
 
@@ -88,13 +93,6 @@ impl Lang {
             [one] => Ok(*one),
             [] => Err(BuildError::Undetected(dir.to_path_buf())),
             many => Err(BuildError::Ambiguous(dir.to_path_buf(), many.iter().map(|l| l.name()).collect())),
-        }
-    }
-
-    fn supported(self) -> Result<(), BuildError> {
-        match self {
-            Lang::Go => Err(BuildError::NotYet(self.name())),
-            _ => Ok(()),
         }
     }
 }
@@ -165,8 +163,6 @@ pub enum BuildError {
     Ambiguous(PathBuf, Vec<&'static str>),
     #[error("no language `{0}`: choose rust, python, js, ts or go")]
     UnknownLang(String),
-    #[error("{0} operators cannot be built yet: this Eddy builds rust, python, js and ts")]
-    NotYet(&'static str),
     #[error("no JavaScript engine `{0}`: choose quickjs or spidermonkey")]
     UnknownEngine(String),
     #[error("{tool} is not installed ({why}): {install}")]
@@ -208,6 +204,17 @@ pub(crate) fn world_of(
     hint: &str,
 ) -> Result<&'static str, BuildError> {
     let text = std::fs::read_to_string(app).map_err(io(app))?;
+    world_in(app, &text, operator_call, aggregate_call, hint)
+}
+
+/// [`world_of`] over a project's source text; `app` names it in errors.
+pub(crate) fn world_in(
+    app: &Path,
+    text: &str,
+    operator_call: &str,
+    aggregate_call: &str,
+    hint: &str,
+) -> Result<&'static str, BuildError> {
     match (text.contains(operator_call), text.contains(aggregate_call)) {
         (true, false) => Ok("keyed-operator"),
         (false, true) => Ok("window-aggregate"),
@@ -248,12 +255,11 @@ pub fn build(dir: &Path, options: &BuildOptions) -> Result<PathBuf, BuildError> 
         Some(lang) => lang,
         None => Lang::detect(dir)?,
     };
-    lang.supported()?;
     match lang {
         Lang::Rust => rust::build(dir, options),
         Lang::Python => python::build(dir, options),
         Lang::JavaScript | Lang::TypeScript => js::build(dir, lang, options),
-        Lang::Go => Err(BuildError::NotYet(lang.name())),
+        Lang::Go => go::build(dir, options),
     }
 }
 
@@ -267,9 +273,49 @@ pub(crate) fn project_name(dir: &Path) -> String {
     if name.is_empty() { "operator".into() } else { name }
 }
 
+/// The names of the files under `dir` (relative, `/`-separated) that `keep` accepts: what an
+/// embedded SDK list must hold, for the tests that check none was forgotten.
+#[cfg(test)]
+pub(crate) fn sdk_files(dir: &str, keep: impl Fn(&str) -> bool) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, keep: &dyn Fn(&str) -> bool, out: &mut Vec<String>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir).expect("SDK dir").map(|e| e.expect("entry").path()).collect();
+        entries.sort();
+        for path in entries {
+            let name = path.strip_prefix(root).expect("under root").to_string_lossy().replace('\\', "/");
+            if path.is_dir() {
+                walk(root, &path, keep, out);
+            } else if keep(&name) {
+                out.push(name);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir);
+    let mut out = Vec::new();
+    walk(&root, &root, &keep, &mut out);
+    out.sort();
+    out
+}
+
+/// The names an embedded SDK list holds, sorted.
+#[cfg(test)]
+pub(crate) fn embedded(sdk: &[(&str, &str)]) -> Vec<String> {
+    let mut names: Vec<String> = sdk.iter().map(|(name, _)| (*name).to_string()).collect();
+    names.sort();
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A module added to an SDK and not to its list would be missing from every build.
+    #[test]
+    fn every_sdk_file_is_embedded() {
+        assert_eq!(embedded(python::SDK), sdk_files("guest-sdk/python/eddy", |f| f.ends_with(".py")));
+        assert_eq!(embedded(js::SDK), sdk_files("guest-sdk/js/eddy", |f| f.ends_with(".js") || f.ends_with(".d.ts")));
+        let go = |f: &str| f == "go.mod" || (f.ends_with(".go") && !f.ends_with("_test.go") && !f.starts_with("glue/"));
+        assert_eq!(embedded(go::SDK), sdk_files("guest-sdk/go", go));
+    }
 
     #[test]
     fn the_language_is_told_by_the_project_files() {
@@ -287,11 +333,16 @@ mod tests {
     }
 
     #[test]
-    fn languages_without_a_toolchain_here_say_so() {
+    fn a_go_project_needs_its_module_and_an_export() {
         let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path();
         let options = BuildOptions { lang: Some(Lang::Go), ..BuildOptions::default() };
         assert!(JsEngine::parse("v8").expect_err("unknown").to_string().contains("quickjs or spidermonkey"));
-        let err = build(dir.path(), &options).expect_err("go").to_string();
-        assert!(err.contains("go operators cannot be built yet"), "{err}");
+        let err = build(p, &options).expect_err("no go.mod").to_string();
+        assert!(err.contains("needs go.mod"), "{err}");
+        std::fs::write(p.join("go.mod"), "module x\n").expect("write");
+        std::fs::write(p.join("app.go"), "package main\nfunc main() {}\n").expect("write");
+        let err = build(p, &options).expect_err("no export").to_string();
+        assert!(err.contains("exports nothing") && err.contains("eddy.ExportOperator"), "{err}");
     }
 }

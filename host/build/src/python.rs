@@ -7,7 +7,7 @@ use std::process::Command;
 use crate::{BuildError, BuildOptions, io, project_name, run_tool};
 
 /// The SDK package `eddy`, file by file.
-const SDK: &[(&str, &str)] = &[
+pub(crate) const SDK: &[(&str, &str)] = &[
     ("__init__.py", include_str!("../../../guest-sdk/python/eddy/__init__.py")),
     ("_wit.py", include_str!("../../../guest-sdk/python/eddy/_wit.py")),
     ("aggregate.py", include_str!("../../../guest-sdk/python/eddy/aggregate.py")),
@@ -15,7 +15,10 @@ const SDK: &[(&str, &str)] = &[
     ("errors.py", include_str!("../../../guest-sdk/python/eddy/errors.py")),
     ("log.py", include_str!("../../../guest-sdk/python/eddy/log.py")),
     ("operator.py", include_str!("../../../guest-sdk/python/eddy/operator.py")),
+    ("output.py", include_str!("../../../guest-sdk/python/eddy/output.py")),
+    ("records.py", include_str!("../../../guest-sdk/python/eddy/records.py")),
     ("rows.py", include_str!("../../../guest-sdk/python/eddy/rows.py")),
+    ("state.py", include_str!("../../../guest-sdk/python/eddy/state.py")),
     ("testing.py", include_str!("../../../guest-sdk/python/eddy/testing.py")),
 ];
 

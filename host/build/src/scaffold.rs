@@ -122,13 +122,80 @@ class Counter extends Operator {
 export const operator = exportOperator(Counter);
 "#;
 
+const GO_APP: &str = r#"// A running count per key: every record adds one to its key's count, and the new count is
+// emitted. Change Process to make it yours; `eddy test .` checks it still passes, and
+// `go test` runs app_test.go (after one `eddy build`, which puts the SDK in build/eddy-go).
+package main
+
+import "eddy"
+
+type Counter struct {
+	count *eddy.ValueState[uint64]
+}
+
+func (c *Counter) Open(ctx *eddy.OpenContext) error {
+	c.count = eddy.NewValueState[uint64](ctx, "count")
+	return nil
+}
+
+func (c *Counter) Process(r *eddy.Record, ctx *eddy.Context) error {
+	var key string
+	if err := r.Key(&key); err != nil {
+		return err
+	}
+	count, _ := c.count.Get()
+	c.count.Set(count + 1)
+	ctx.Emit(key, count+1)
+	return nil
+}
+
+func init() { eddy.ExportOperator(func() eddy.Operator { return &Counter{} }) }
+"#;
+
+const GO_TEST: &str = r#"package main
+
+import (
+	"slices"
+	"testing"
+
+	"eddy"
+)
+
+func TestCountsPerKey(t *testing.T) {
+	h, err := eddy.NewHarness("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := h.Process(eddy.Keyed("a", nil), eddy.Keyed("b", nil), eddy.Keyed("a", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, o := range out {
+		got = append(got, o.String())
+	}
+	if want := []string{`"a" => 1`, `"b" => 1`, `"a" => 2`}; !slices.Equal(got, want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+"#;
+
+fn go_mod(name: &str) -> String {
+    format!(
+        "module {name}\n\ngo 1.24\n\nrequire eddy v0.0.0\n\n\
+         // `eddy build` writes the Eddy Go SDK here.\nreplace eddy => ./{}\n",
+        crate::go::SDK_DIR
+    )
+}
+
 /// The file a project of `lang` is written in, and its text.
 fn source(lang: Lang) -> (&'static str, &'static str) {
     match lang {
         Lang::Rust => ("src/lib.rs", RUST_LIB),
         Lang::JavaScript => ("app.js", JS_APP),
         Lang::TypeScript => ("app.ts", TS_APP),
-        _ => ("app.py", PYTHON_APP),
+        Lang::Go => ("app.go", GO_APP),
+        Lang::Python => ("app.py", PYTHON_APP),
     }
 }
 
@@ -159,7 +226,6 @@ fn rust_manifest(name: &str) -> Result<String, BuildError> {
 
 /// Writes a new project for `lang` into `dir` (new or empty) and returns the files written.
 pub fn scaffold(lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, BuildError> {
-    lang.supported()?;
     if dir.exists() && std::fs::read_dir(dir).map_err(io(dir))?.next().is_some() {
         return Err(BuildError::NotEmpty { path: dir.to_path_buf() });
     }
@@ -172,6 +238,10 @@ pub fn scaffold(lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, BuildError> {
             let wasm = format!("target/wasm32-wasip2/release/{}.wasm", name.replace('-', "_"));
             (wasm, vec![("Cargo.toml", rust_manifest(&name)?), ("src/lib.rs", RUST_LIB.into())])
         }
+        Lang::Go => (
+            format!("build/{name}.wasm"),
+            vec![("go.mod", go_mod(&name)), ("app.go", GO_APP.into()), ("app_test.go", GO_TEST.into())],
+        ),
         _ => {
             let (file, text) = source(lang);
             (format!("build/{name}.wasm"), vec![(file, text.into())])
@@ -209,7 +279,7 @@ mod tests {
 
     #[test]
     fn every_scaffold_names_the_component_its_build_leaves() {
-        for lang in [Lang::Rust, Lang::Python, Lang::JavaScript, Lang::TypeScript] {
+        for lang in Lang::ALL {
             let dir = tempfile::tempdir().expect("tempdir");
             let project = dir.path().join("my-op");
             scaffold(lang, &project).expect("scaffold");

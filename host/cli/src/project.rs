@@ -87,5 +87,12 @@ pub fn test(dir: &Path, flags: Flags<'_>) -> Result<()> {
         );
     }
     println!("test passed: {} lines as expected.txt says", got.len());
+    let lang = flags.options(None)?.lang.map_or_else(|| Lang::detect(dir), Ok)?;
+    if lang == Lang::Go {
+        eprintln!("running go test ...");
+        if eddy_build::go_unit_tests(dir)? {
+            println!("go test passed");
+        }
+    }
     Ok(())
 }

@@ -1,0 +1,3 @@
+module eddy
+
+go 1.24
