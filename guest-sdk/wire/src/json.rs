@@ -18,6 +18,68 @@ fn put<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
 
 /// Appends the row in `bytes` to `out` as JSON.
 pub fn row_to_json(bytes: &[u8], schemas: &dyn Schemas, out: &mut Vec<u8>) -> Result<(), RowError> {
+    render_row(bytes, schemas, out, Fidelity::Render).map_err(|e| match e {
+        NotExact::Row(e) => e,
+        // Only `Fidelity::Exact` refuses fields.
+        NotExact::Field { field } => RowError::BadKind(field),
+    })
+}
+
+/// Appends field `i` of `row` to `out` as JSON.
+pub fn field_to_json(row: &RowRef<'_>, i: usize, schemas: &dyn Schemas, out: &mut Vec<u8>) -> Result<(), RowError> {
+    render_field(row, i, schemas, out, Fidelity::Render).map_err(|e| match e {
+        NotExact::Row(e) => e,
+        NotExact::Field { field } => RowError::BadKind(field),
+    })
+}
+
+/// Appends the row in `bytes` to `out` as JSON that reads back as exactly what the row holds,
+/// or refuses: bytes (JSON has no bytes; rendered they read back as a list of numbers),
+/// floats that are not finite (rendered as `null`) and embedded JSON that is not one JSON value. What SDKs whose rows are read through JSON
+/// need, so a value reads the same whichever way it came.
+pub fn row_to_exact_json(bytes: &[u8], schemas: &dyn Schemas, out: &mut Vec<u8>) -> Result<(), NotExact> {
+    render_row(bytes, schemas, out, Fidelity::Exact)
+}
+
+/// Why a row has no exact JSON text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotExact {
+    /// The row is malformed.
+    Row(RowError),
+    /// Field `field` (of the row or a row nested in it) holds bytes, a float that is not
+    /// finite or embedded text that is not JSON.
+    Field {
+        /// Its index in the row that holds it.
+        field: usize,
+    },
+}
+
+impl From<RowError> for NotExact {
+    fn from(e: RowError) -> Self {
+        NotExact::Row(e)
+    }
+}
+
+impl core::fmt::Display for NotExact {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            NotExact::Row(e) => e.fmt(f),
+            NotExact::Field { field } => {
+                write!(f, "field {field} holds bytes, a float that is not finite or text that is not JSON")
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fidelity {
+    /// As sinks show values: bytes as a list of numbers, NaN and infinities as `null`.
+    Render,
+    /// Only what reads back as it was.
+    Exact,
+}
+
+fn render_row(bytes: &[u8], schemas: &dyn Schemas, out: &mut Vec<u8>, fidelity: Fidelity) -> Result<(), NotExact> {
     let row = RowRef::new(bytes)?;
     let schema = match row.schema() {
         0 => None,
@@ -33,28 +95,43 @@ pub fn row_to_json(bytes: &[u8], schemas: &dyn Schemas, out: &mut Vec<u8>) -> Re
             put(out, schema.fields[i].as_str());
             out.push(b':');
         }
-        field_to_json(&row, i, schemas, out)?;
+        render_field(&row, i, schemas, out, fidelity)?;
     }
     out.push(if names.is_some() { b'}' } else { b']' });
     Ok(())
 }
 
-/// Appends field `i` of `row` to `out` as JSON.
-pub fn field_to_json(row: &RowRef<'_>, i: usize, schemas: &dyn Schemas, out: &mut Vec<u8>) -> Result<(), RowError> {
+fn render_field(
+    row: &RowRef<'_>,
+    i: usize,
+    schemas: &dyn Schemas,
+    out: &mut Vec<u8>,
+    fidelity: Fidelity,
+) -> Result<(), NotExact> {
     if row.is_null(i)? {
         out.extend_from_slice(b"null");
         return Ok(());
     }
+    let exact = fidelity == Fidelity::Exact;
     match row.kind(i)? {
         Kind::Unset => out.extend_from_slice(b"null"),
         Kind::Bool => put(out, &row.bool(i)?),
         Kind::I64 => put(out, &row.i64(i)?),
         Kind::U64 => put(out, &row.u64(i)?),
+        Kind::F64 if exact && !row.f64(i)?.is_finite() => return Err(NotExact::Field { field: i }),
         Kind::F64 => put(out, &row.f64(i)?),
         Kind::Str => put(out, row.str(i)?.unwrap_or_default()),
+        Kind::Bytes if exact => return Err(NotExact::Field { field: i }),
         Kind::Bytes => put(out, row.bytes(i)?.unwrap_or_default()),
-        Kind::Row => row_to_json(row.variable(i)?.unwrap_or_default(), schemas, out)?,
-        Kind::Json => out.extend_from_slice(row.variable(i)?.unwrap_or_default()),
+        Kind::Row => render_row(row.variable(i)?.unwrap_or_default(), schemas, out, fidelity)?,
+        Kind::Json => {
+            let text = row.variable(i)?.unwrap_or_default();
+            // Spliced in as it is: text that is not one JSON value would shift what follows.
+            if exact && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_err() {
+                return Err(NotExact::Field { field: i });
+            }
+            out.extend_from_slice(text);
+        }
     }
     Ok(())
 }

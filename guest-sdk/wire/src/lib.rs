@@ -31,6 +31,8 @@ use core::marker::PhantomData;
 #[cfg(feature = "serde")]
 pub mod de;
 #[cfg(feature = "serde")]
+pub mod from_json;
+#[cfg(feature = "serde")]
 pub mod json;
 pub mod row;
 pub mod schema;

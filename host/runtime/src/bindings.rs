@@ -22,4 +22,4 @@ pub(crate) mod aggregate_world {
     });
 }
 
-pub(crate) use operator_world::eddy::dataflow::{log, output, schemas, state, timers, types};
+pub(crate) use operator_world::eddy::dataflow::{json_batch, log, output, schemas, state, timers, types};

@@ -77,12 +77,13 @@ impl Default for SandboxLimits {
 }
 
 /// WASI access a pipeline grants an operator. The default grants nothing: no files, no
-/// network, no environment, and clocks frozen at zero (time comes from the timer imports).
+/// network, no environment, the wall clock frozen at the epoch and a virtual monotonic clock that moves
+/// only per read (time comes from the timer imports).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WasiGrants {
     /// Environment variables the guest sees.
     pub env: Vec<(String, String)>,
-    /// Real wall and monotonic clocks instead of frozen ones.
+    /// Real wall and monotonic clocks instead of frozen and virtual ones.
     pub clocks: bool,
     /// Host directories mounted read-only, as (host path, guest path).
     pub read_only_dirs: Vec<(PathBuf, String)>,

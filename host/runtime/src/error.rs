@@ -123,6 +123,24 @@ pub enum Violation {
     /// A write that would take the subtask's state past its configured bytes or entries.
     #[error("{0}")]
     StateLimit(eddy_state::StateLimitExceeded),
+    /// JSON text given to a `json-batch` import that is not what the import takes.
+    #[error("{what} is not what json-batch takes: {reason}")]
+    MalformedJson {
+        /// What the text was for ("emitted records", "value writes").
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An import called during an export it does not serve.
+    #[error("{import} serves only {serves}, not {call}")]
+    WrongCall {
+        /// The import.
+        import: &'static str,
+        /// The export it serves.
+        serves: &'static str,
+        /// The export being called.
+        call: &'static str,
+    },
     /// A batched call that answered a different number of items than it was given.
     #[error("returned {actual} results for {expected} inputs")]
     ResultCount {

@@ -1,5 +1,7 @@
 //! Live instances: one per operator subtask. Each call is guarded by [`CallPolicy`].
 
+use std::sync::Arc;
+
 use eddy_core::{FiredTimer, RecordBatch, RecordMeta, TimerService, key_hash};
 use eddy_state::StateBackend;
 use eddy_wire::{Packed, Row, Update};
@@ -131,21 +133,25 @@ impl OperatorInstance {
     /// Processes a batch and returns what the operator emitted.
     pub fn process(&mut self, batch: &RecordBatch) -> Result<Output, CallError> {
         let Self { store, bindings, policy } = self;
-        // The previous call's buffers, refilled: no allocation per call once they are big enough.
         let keyed = &mut store.data_mut().keyed;
-        let mut wit = std::mem::replace(&mut keyed.batch, crate::keyed::empty_batch());
-        if let Err(kind) = keyed.batch_for_guest(batch, &mut wit) {
-            store.data_mut().keyed.batch = wit;
+        // The previous call's buffers, refilled: no allocation per call once they are big
+        // enough. Between calls nothing else holds the batch, so it is never copied here.
+        let mut wit = std::mem::replace(&mut keyed.batch, Arc::new(crate::keyed::empty_batch()));
+        let filled = keyed.batch_for_guest(batch, Arc::make_mut(&mut wit));
+        keyed.batch = Arc::clone(&wit);
+        if let Err(kind) = filled {
             let operator = store.data().sandbox.operator.clone();
             return Err(CallError { operator, call: "process", kind, guest_message: None });
         }
+        // The call and the store share the batch while it runs (`json-batch` reads it).
         let result =
             Self::guarded(store, policy, "process", |s| bindings.eddy_dataflow_operator().call_process(s, &wit));
+        drop(wit);
         let keyed = &mut store.data_mut().keyed;
         keyed.keys.clear("process");
         // A rare huge batch should not pin its memory for the life of the instance.
-        if wit.data.capacity() <= RETAINED_BATCH_BYTES {
-            keyed.batch = wit;
+        if keyed.batch.data.capacity() > RETAINED_BATCH_BYTES {
+            keyed.batch = Arc::new(crate::keyed::empty_batch());
         }
         result
     }

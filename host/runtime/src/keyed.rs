@@ -2,6 +2,7 @@
 //! scoped to the keys of the current call and bounded by the sandbox limits.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use eddy_core::{
     FiredTimer, KeyGroup, KeyGroupRange, MAX_BATCH_BYTES, RecordBatch, RecordMeta, TimeDomain, TimerService, key_hash,
@@ -15,6 +16,8 @@ use crate::config::SandboxLimits;
 use crate::error::{CallErrorKind, HostTrap, Violation};
 use crate::sandbox::{HasSandbox, Sandbox};
 use crate::slots::KeySlots;
+
+mod json_batch;
 
 /// Longest state or side-output name.
 const MAX_NAME_BYTES: usize = 256;
@@ -104,6 +107,16 @@ impl KeyTable {
         self.entries.push(entry);
     }
 
+    /// The export whose keys these are ("process", "on-timer", ...).
+    pub(crate) fn call(&self) -> &'static str {
+        self.context
+    }
+
+    /// Each handle's key bytes, `None` for a record without a key.
+    fn iter(&self) -> impl Iterator<Item = Option<&[u8]>> {
+        self.entries.iter().map(|e| e.map(|(_, _, start, len)| &self.data[start..start + len]))
+    }
+
     fn get(&self, handle: u32) -> ImportResult<HashedKey<'_>> {
         match self.entries.get(handle as usize) {
             Some(Some((hash, group, start, len))) => {
@@ -142,8 +155,9 @@ pub(crate) struct Keyed {
     list_keys: ListKeys,
     pub(crate) output: Output,
     output_bytes: usize,
-    /// The last `process` call's batch, whose buffers the next one reuses.
-    pub(crate) batch: types::Batch,
+    /// The `process` call's batch (the last one's between calls, whose buffers the next one
+    /// reuses): shared with the call for as long as it runs, so `json-batch` can read it.
+    pub(crate) batch: Arc<types::Batch>,
 }
 
 /// A batch with no buffers yet (nothing allocated).
@@ -174,7 +188,7 @@ impl Keyed {
             list_keys: ListKeys::default(),
             output: Output::default(),
             output_bytes: 0,
-            batch: empty_batch(),
+            batch: Arc::new(empty_batch()),
         }
     }
 

@@ -14,7 +14,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use crate::bindings::aggregate_world::WindowAggregatePre;
 use crate::bindings::operator_world::KeyedOperatorPre;
-use crate::bindings::{output, schemas, state, timers, types};
+use crate::bindings::{json_batch, output, schemas, state, timers, types};
 use crate::cache::{ArtifactCache, CacheOutcome, digest_of};
 use crate::call::{CallPolicy, classify};
 use crate::config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants};
@@ -140,6 +140,7 @@ impl Runtime {
         state::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
         timers::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
         output::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
+        json_batch::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
         guest_log::add_to_linker(&mut operator_linker).map_err(link_err)?;
         let mut aggregate_linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut aggregate_linker).map_err(link_err)?;

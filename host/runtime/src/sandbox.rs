@@ -1,5 +1,5 @@
-//! The part of an instance's store every world shares: WASI (deny by default; clocks frozen and
-//! randomness a fixed sequence unless granted), the memory
+//! The part of an instance's store every world shares: WASI (deny by default; the wall clock frozen at
+//! the epoch, the monotonic clock virtual, randomness a fixed sequence unless granted), the memory
 //! limiter, the guest's stderr, and the guest's last error message.
 
 use rand::SeedableRng;
@@ -50,6 +50,8 @@ impl ResourceLimiter for MemoryCap {
     }
 }
 
+/// The wall clock an ungranted guest sees: the Unix epoch, always. Event time comes from
+/// records and processing time from the timer imports, so a guest never needs it.
 struct FrozenClock;
 
 impl HostWallClock for FrozenClock {
@@ -61,12 +63,27 @@ impl HostWallClock for FrozenClock {
     }
 }
 
-impl HostMonotonicClock for FrozenClock {
+/// The monotonic clock an ungranted guest sees: virtual, starting at one second and moving
+/// one microsecond per read. Runtimes refuse a monotonic clock that reads zero or stands still
+/// (Go's throws "nanotime returning zero" at start), yet the readings depend only on how many
+/// reads came before, so two instances fed the same input see the same times.
+#[derive(Default)]
+struct VirtualMonotonicClock {
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl VirtualMonotonicClock {
+    const START_NS: u64 = 1_000_000_000;
+    const STEP_NS: u64 = 1_000;
+}
+
+impl HostMonotonicClock for VirtualMonotonicClock {
     fn resolution(&self) -> u64 {
-        1_000_000_000
+        Self::STEP_NS
     }
     fn now(&self) -> u64 {
-        0
+        let reads = self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self::START_NS.saturating_add(reads.saturating_mul(Self::STEP_NS))
     }
 }
 
@@ -96,7 +113,7 @@ impl Sandbox {
         let mut wasi = WasiCtxBuilder::new();
         wasi.stderr(stderr.clone()).envs(&grants.env);
         if !grants.clocks {
-            wasi.wall_clock(FrozenClock).monotonic_clock(FrozenClock);
+            wasi.wall_clock(FrozenClock).monotonic_clock(VirtualMonotonicClock::default());
         }
         if !grants.random {
             // Virtual randomness: every instance draws the same sequence, so a guest stays a
