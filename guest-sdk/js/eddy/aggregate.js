@@ -4,11 +4,12 @@
 // batch touches; an accumulator is an instance of a `schema` class (stored as a row, readable
 // by every SDK) or anything JSON holds.
 
-import { readI64, words, Writer } from "./bytes.js";
+import { words, Writer } from "./bytes.js";
 import * as codec from "./codec.js";
 import * as errors from "./errors.js";
 import * as log from "./log.js";
-import { decodeConfig, logUnexpected, Record } from "./operator.js";
+import { decodeConfig, logUnexpected } from "./operator.js";
+import { Batch, LazyRecord } from "./records.js";
 
 /** An aggregate function for the host's tumbling, sliding and session windows:
  *
@@ -72,8 +73,6 @@ export class AggregateRunner {
     log.bind(host);
     this.schemas = new codec.Schemas(host.declareSchema, host.schemaFields);
     this.agg = null;
-    // What a Record needs from its call, inside an aggregate.
-    this.scope = { data: new Uint8Array(0), schemas: this.schemas, lastKey: null, lastKeyAt: null };
   }
 
   guarded(body) {
@@ -121,20 +120,17 @@ export class AggregateRunner {
   add(data, records, accumulators, updates, indices) {
     return this.guarded(() => {
       const agg = this.aggregate();
-      const t = words(records);
+      // No views: an aggregate reads the values of the records each window holds.
+      const batch = new Batch(data, records, this.schemas);
       const u = words(updates);
       const out = new Packed();
-      this.scope.data = data;
       for (let at = 0; at < u.length; at += 4) {
         const accOff = u[at];
         let acc = this.read(accumulators, accOff, accOff + u[at + 1]);
         const first = u[at + 2];
         const count = u[at + 3];
         for (let k = first; k < first + count; k++) {
-          const r = 8 * indices[k];
-          const ts = t[r + 6] & 1 ? readI64(t, r + 4) : null;
-          const record = new Record(this.scope, t[r], t[r + 1], t[r + 2], t[r + 3], ts);
-          const next = agg.add(acc, record);
+          const next = agg.add(acc, { __proto__: LazyRecord.prototype, batch, i: indices[k] });
           if (next !== undefined) acc = next;
         }
         out.push(this.write(acc));

@@ -31,7 +31,7 @@ export class Record {
   /** The value: an object for a row or JSON object, else what the JSON holds. */
   readonly value: unknown;
   readonly valueBytes: Uint8Array;
-  /** Top-level field `name` of the value, `fallback` if it has none; from a row only that field is read. */
+  /** Top-level field `name` of the value (`fallback` if it has none; a null field is null). */
   field<T = unknown>(name: string, fallback?: T): T;
   /** The value as an instance of row class `cls`. */
   valueAs<T extends object>(cls: RowClass<T>): T;
@@ -142,11 +142,39 @@ export namespace log {
 }
 
 /** What a component exports; built by the functions below, called only by the host. */
+/** What the WIT's `batch` and `timer-batch` hand the SDK (it reads them; operators do not). */
+export interface WitBatch {
+  data: Uint8Array;
+  records: Uint8Array;
+  prefetchedStates: Uint32Array;
+  prefetched: Uint8Array;
+}
+export interface WitTimerBatch {
+  data: Uint8Array;
+  timers: Array<{ key: { offset: number; len: number }; timestamp: bigint; domain: "event-time" | "processing-time"; slot: number }>;
+}
+export interface WitPackedItems {
+  data: Uint8Array;
+  spans: Uint8Array;
+}
+
+/** The `operator` export, as the WIT's `eddy:dataflow/operator` interface is typed (an
+ * `eddy build` of a TypeScript operator checks that against types generated from the WIT). */
 export interface OperatorExport {
   readonly eddyOperator: new () => Operator;
+  open(config: string): void;
+  process(records: WitBatch): void;
+  onTimer(timers: WitTimerBatch): void;
+  close(): void;
 }
+/** The `aggregate` export, as the WIT's `eddy:dataflow/aggregate` interface is typed. */
 export interface AggregateExport {
   readonly eddyAggregate: new () => Aggregate<any, any>;
+  open(config: string): void;
+  createAccumulator(): Uint8Array;
+  add(records: WitBatch, updates: { accumulators: Uint8Array; updates: Uint8Array; records: Uint32Array }): WitPackedItems;
+  merge(a: Uint8Array, b: Uint8Array): Uint8Array;
+  getResults(accumulators: WitPackedItems): WitPackedItems;
 }
 
 /** The `operator` export: `export const operator = exportOperator(MyOperator)`. */

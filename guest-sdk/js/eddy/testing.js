@@ -15,7 +15,8 @@ import { view, Writer } from "./bytes.js";
 import * as codec from "./codec.js";
 import * as json from "./json.js";
 import { ABSENT, EVENT_TIME, PROCESSING_TIME, Runner } from "./operator.js";
-import { schemaId } from "./rows.js";
+import { schemaId, writeRow } from "./rows.js";
+import { arrayText } from "./state.js";
 
 export const MIN_WATERMARK = -(2 ** 63);
 const LEVELS = ["trace", "debug", "info", "warn", "error"];
@@ -48,6 +49,9 @@ class MemoryHost {
     this.logs = [];
     this.watermark = MIN_WATERMARK;
     this.now = 0;
+    // The \`process\` call in progress: [data, records, prefetched states, prefetched cells].
+    this.batch = null;
+    this.reader = new codec.Schemas(this.declareSchema, this.schemaFields);
   }
 
   declareSchema = (name, fields) => {
@@ -73,17 +77,6 @@ class MemoryHost {
 
   valueGet(state, handle) {
     return this.values.get(this.key(state, handle)) ?? null;
-  }
-
-  valueSetMany(data, writes) {
-    const w = view(writes);
-    for (let at = 0; at < writes.length; at += 16) {
-      const key = this.key(w.getUint32(at, true), w.getUint32(at + 4, true));
-      const off = w.getUint32(at + 8, true);
-      const length = w.getUint32(at + 12, true);
-      if (length === ABSENT) this.values.delete(key);
-      else this.values.set(key, data.slice(off, off + length));
-    }
   }
 
   listGet(state, handle) {
@@ -169,6 +162,75 @@ class MemoryHost {
   log(level, message) {
     this.logs.push([LEVELS[level], message]);
   }
+
+  // The `json-batch` views and writes, as the host answers them.
+
+  jsonKeys() {
+    try {
+      return arrayText(this.keys.map((k) => (k === null ? null : json.decodeJson(fromHex(k)))));
+    } catch {
+      return null;
+    }
+  }
+
+  jsonValues() {
+    const [data, table] = this.inProcess();
+    const t = view(table);
+    const values = [];
+    try {
+      for (let at = 0; at < table.length; at += 32) {
+        const vo = t.getUint32(at + 8, true);
+        values.push(codec.decodeValue(data, vo, vo + t.getUint32(at + 12, true), this.reader));
+      }
+    } catch {
+      return null;
+    }
+    return values.every(exact) ? arrayText(values) : null;
+  }
+
+  jsonPrefetched(state) {
+    const [data, , states, cells] = this.inProcess();
+    const column = states.indexOf(state);
+    if (column < 0) throw new Error(`state ${state} is not prefetched (the host traps)`);
+    const c = view(cells);
+    const values = [];
+    for (let at = 8 * column; at < cells.length; at += 8 * states.length) {
+      const off = c.getUint32(at, true);
+      const length = c.getUint32(at + 4, true);
+      values.push(length === ABSENT ? null : json.decodeJson(data, off, off + length));
+    }
+    return arrayText(values);
+  }
+
+  jsonSetValues(state, writes) {
+    const [handles, values, cleared] = json.parseJson(writes);
+    if (handles.length !== values.length) throw new Error("as many handles as values (the host traps)");
+    handles.forEach((h, i) => this.values.set(this.key(state, h), json.encodeJson(values[i])));
+    for (const h of cleared) this.values.delete(this.key(state, h));
+  }
+
+  jsonEmit(output, keyed, schema, records) {
+    const items = json.parseJson(records);
+    const width = keyed ? 3 : 2;
+    for (let at = 0; at < items.length; at += width) {
+      const value = items[at + width - 2];
+      const encoded = schema === 0 ? json.encodeJson(value) : writeRow(value, schema >>> 0);
+      this.emitted.push([keyed ? json.encodeJson(items[at]) : null, encoded, items[at + width - 1], output]);
+    }
+  }
+
+  inProcess() {
+    if (this.batch === null) throw new Error("json-batch values serve only process (the host traps)");
+    return this.batch;
+  }
+}
+
+/** Whether JSON says `value` exactly (the host's views refuse bytes and non-finite numbers). */
+function exact(value) {
+  if (value instanceof Uint8Array) return false;
+  if (typeof value === "number") return Number.isFinite(value);
+  if (value !== null && typeof value === "object") return Object.values(value).every(exact);
+  return true;
 }
 
 function check(failure) {
@@ -247,7 +309,12 @@ export class Harness {
         }
       }
     }
-    check(this.runner.process(data.take(), table.take(), prefetched, cells.take()));
+    this.host.batch = [data.take(), table.take(), prefetched, cells.take()];
+    try {
+      check(this.runner.process(...this.host.batch));
+    } finally {
+      this.host.batch = null;
+    }
     return this.outputs();
   }
 

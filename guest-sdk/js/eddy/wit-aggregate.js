@@ -1,3 +1,4 @@
+// @ts-check
 // The window-aggregate world's imports behind the host interface the aggregate runner uses.
 
 import { installHost } from "./host.js";

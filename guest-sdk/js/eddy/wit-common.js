@@ -1,3 +1,4 @@
+// @ts-check
 // The imports both worlds have (log, schemas), and the engine differences every binding
 // hides: SpiderMonkey (componentize-js) hands s64 values over as unsigned BigInts and wants
 // BigInts back, QuickJS (jco's qjs backend) uses Numbers; a missing option is `undefined` in
@@ -8,6 +9,7 @@
 import * as log from "eddy:dataflow/log@0.4.0";
 import * as schemas from "eddy:dataflow/schemas@0.4.0";
 
+/** @type {import("eddy:dataflow/log@0.4.0").Level[]} */
 const LEVELS = ["trace", "debug", "info", "warn", "error"];
 
 /** A WIT s64 as a Number. */

@@ -7,6 +7,7 @@ import { test } from "node:test";
 
 import { Aggregate, BadRecord, EVENT_TIME, Operator, schema } from "../eddy/index.js";
 import { Runner } from "../eddy/operator.js";
+import { arrayText } from "../eddy/state.js";
 import { AggregateHarness, Failed, Harness } from "../eddy/testing.js";
 
 class Counter extends Operator {
@@ -177,4 +178,102 @@ test("an aggregate without merge says so", () => {
   const h = new AggregateHarness(NoMerge);
   assert.equal(h.window([1, 2, 3]), 3);
   assert.throws(() => h.merge(h.accumulate([1]), h.accumulate([2])), (e) => e.detail.includes("does not merge accumulators"));
+});
+
+// What the JSON views of a batch must not change: order, snapshots, records kept, fallbacks.
+
+const Blob = schema("Blob", { name: "", data: new Uint8Array(0) });
+
+// Emits every form to one output, in an order the output must keep.
+class Mixed extends Operator {
+  process(record, ctx) {
+    const shared = { n: 1 };
+    ctx.emit(record.key, shared);
+    shared.n = 2; // after the emit: not in the output
+    ctx.emit(record.key, new Bid({ type: "bid", auction: 7, price: -3 }));
+    ctx.emit(record.key, new Blob({ name: "b", data: Uint8Array.of(0, 255) }));
+    ctx.emitValue(1.5);
+    ctx.emit(record.key, 12345678901234567n);
+    ctx.emit(record.key, 1e21);
+    ctx.emit(record.key, "last");
+  }
+}
+
+// Keeps its records past their calls, and mutates what it got from state.
+class Keeper extends Operator {
+  open(ctx) {
+    this.kept = [];
+    this.items = ctx.valueState("items");
+  }
+
+  process(record, ctx) {
+    this.kept.push(record);
+    const items = this.items.get([]);
+    items.push(record.value);
+    this.items.set(items);
+    items.push("not set"); // after the set: not stored
+    ctx.emitValue(this.kept.map((r) => [r.key, r.value]));
+  }
+}
+
+test("every form of output keeps its order, and emitted values their state at the emit", () => {
+  const h = new Harness(Mixed);
+  assert.deepEqual(plain(h.process([["k", 0]])), [
+    ["k", { n: 1 }],
+    ["k", { type: "bid", auction: 7, price: -3 }],
+    ["k", { name: "b", data: Uint8Array.of(0, 255) }],
+    [null, 1.5],
+    ["k", 12345678901234567n],
+    ["k", 1e21],
+    ["k", "last"],
+  ]);
+});
+
+test("a batch's JSON text is what serde_json writes, whichever writer ran", () => {
+  // serde_json's texts (as the shared codec table has them): integers exact, floats as f64.
+  const table = [
+    [[1, "a", null, true], '[1,"a",null,true]'],
+    [[12345678901234567n], "[12345678901234567]"],
+    [[1e21, 1.5e300, 1e16], "[1e+21,1.5e+300,1e+16]"],
+    [[9007199254740994], "[9007199254740994.0]"],
+    [["e+", 0.1], '["e+",0.1]'],
+  ];
+  for (const [values, text] of table) assert.equal(arrayText(values), text, JSON.stringify(String(values)));
+});
+
+test("records outlive their call, and state values are copies", () => {
+  const h = new Harness(Keeper);
+  h.process([["a", "x"]]);
+  const out = plain(h.process([["a", "y"], ["b", "z"]]));
+  assert.deepEqual(out.at(-1), [null, [["a", "x"], ["a", "y"], ["b", "z"]]]);
+  assert.deepEqual(h.value("items", "a"), ["x", "y"]);
+});
+
+test("values no view can carry are read one by one", () => {
+  // A row holding bytes has no exact JSON: the batch's values are read from their bytes.
+  const out = plain(new Harness(Fields).process([[null, new Blob({ name: "b", data: Uint8Array.of(1) })], [null, new Bid({ type: "bid", auction: 1, price: 2 })]]));
+  assert.deepEqual(out, [[null, [null, null, "none"]], [null, ["bid", 2, "none"]]]);
+});
+
+test("a record without a key says so when its key is read", () => {
+  class KeyReader extends Operator {
+    process(record, ctx) {
+      ctx.emitValue(record.value);
+      ctx.emitValue(record.key);
+    }
+  }
+  assert.throws(() => new Harness(KeyReader).process([[null, 5]]), (e) => e instanceof Failed && e.kind === "bad-record" && /record has no key/.test(e.detail));
+});
+
+test("what JSON cannot hold fails the call that gave it", () => {
+  class Nan extends Operator {
+    open(ctx) {
+      this.s = ctx.valueState("s");
+    }
+
+    process() {
+      this.s.set(NaN);
+    }
+  }
+  assert.throws(() => new Harness(Nan).process([["a", 1]]), (e) => e instanceof Failed && /cannot be written as JSON/.test(e.detail));
 });

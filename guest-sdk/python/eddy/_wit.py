@@ -37,7 +37,7 @@ class OperatorHost(_Log, _Schemas):
     """The keyed-operator world's imports."""
 
     def __init__(self):
-        from wit_world.imports import log, output, schemas, state, timers, types
+        from wit_world.imports import json_batch, log, output, schemas, state, timers, types
 
         _Log.__init__(self, log)
         _Schemas.__init__(self, schemas)
@@ -48,7 +48,6 @@ class OperatorHost(_Log, _Schemas):
         self._output = output
         self._types = types
         self.value_get = state.value_get
-        self.value_set_many = state.value_set_many
         self.list_get = state.list_get
         self.list_append = state.list_append
         self.list_replace = state.list_replace
@@ -60,6 +59,11 @@ class OperatorHost(_Log, _Schemas):
         self.current_watermark = timers.current_watermark
         self.current_processing_time = timers.current_processing_time
         self.side_output = output.side_output
+        self.json_keys = json_batch.keys
+        self.json_values = json_batch.values
+        self.json_prefetched = json_batch.prefetched
+        self.json_set_values = json_batch.set_values
+        self.json_emit = json_batch.emit
 
     def declare_state(self, name, kind, prefetch):
         return self._state.declare(name, self._kinds[kind], prefetch)

@@ -8,7 +8,8 @@ import struct
 import traceback
 
 from . import codec, errors, log
-from .operator import RECORD, Record, _decode_config
+from .operator import _decode_config
+from .records import Batch, LazyRecord
 
 UPDATE = struct.Struct("<IIII")
 SPAN = struct.Struct("<II")
@@ -69,7 +70,6 @@ class AggregateRunner:
         log._bind(host)
         self._schemas = codec.Schemas(host.declare_schema, host.schema_fields)
         self._agg = None
-        self._call = _RecordScope(self._schemas)
 
     def _guarded(self, body):
         try:
@@ -111,15 +111,14 @@ class AggregateRunner:
 
         def body():
             agg = self._aggregate()
-            table = RECORD.unpack_from
+            # No views: an aggregate reads the values of the records each window holds.
+            batch = Batch(data, records, self._schemas)
             out = bytearray()
             spans = bytearray()
-            call = self._call
             for acc_off, acc_len, first, count in UPDATE.iter_unpack(updates):
                 acc = self._read(accumulators[acc_off:acc_off + acc_len])
                 for index in indices[first:first + count]:
-                    ko, kl, vo, vl, ts, flags, _ = table(records, 32 * index)
-                    new = agg.add(acc, Record(call, data, ko, kl, vo, vl, ts if flags & 1 else None))
+                    new = agg.add(acc, LazyRecord((batch, index, None, None)))
                     if new is not None:
                         acc = new
                 encoded = self._write(acc)
@@ -144,11 +143,3 @@ class AggregateRunner:
             return bytes(out), bytes(out_spans)
 
         return self._guarded(body)
-
-
-class _RecordScope:
-    """What a Record needs from its call when it is read inside an aggregate."""
-
-    def __init__(self, schemas):
-        self.schemas = schemas
-        self.last_key = (None, None)

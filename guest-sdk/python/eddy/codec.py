@@ -17,7 +17,8 @@ _loads = json.loads
 _NEEDS_ESCAPE = frozenset('"\\') | frozenset(chr(c) for c in range(0x20))
 
 
-def _default(value):
+def json_default(value):
+    """What JSON writes for what it has no form of: dataclasses as objects, bytes and sets as lists."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, (bytes, bytearray)):
@@ -27,7 +28,8 @@ def _default(value):
     raise TypeError(f"a {type(value).__name__} cannot be written as JSON")
 
 
-_dumps_any = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_default).encode
+# Compact JSON text of any value, as every writer in this SDK writes it.
+dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=json_default).encode
 
 
 def encode_json(value):
@@ -38,7 +40,7 @@ def encode_json(value):
     if t is str and _NEEDS_ESCAPE.isdisjoint(value):
         return b'"' + value.encode("utf-8") + b'"'
     try:
-        return _dumps_any(value).encode("utf-8")
+        return dumps(value).encode("utf-8")
     except ValueError as e:
         # NaN and infinities: serde_json writes them as null, which would not read back.
         raise ValueError(f"{value!r} cannot be written as JSON: {e}") from None

@@ -12,11 +12,14 @@ It checks the same contract the host enforces (state only under a record's or ti
 timers only for it), but not the host's limits or the sandbox: `eddy run` does that.
 """
 
+import json
+import math
 import struct
 
-from . import codec
+from . import codec, rows
 from .aggregate import SPAN, UPDATE, AggregateRunner
-from .operator import ABSENT, EVENT_TIME, PROCESSING_TIME, RECORD, WRITE, Runner
+from .operator import EVENT_TIME, PROCESSING_TIME, Runner
+from .records import ABSENT, RECORD
 from .rows import schema_id
 
 MIN_WATERMARK = -(1 << 63)
@@ -47,6 +50,8 @@ class _Host:
         self.logs = []
         self.watermark = MIN_WATERMARK
         self.now = 0
+        # The `process` call in progress: its bytes, packed records and prefetched cells.
+        self.batch = None
 
     def declare_schema(self, name, fields):
         id = schema_id(name, fields)
@@ -71,14 +76,6 @@ class _Host:
 
     def value_get(self, state, handle):
         return self.values.get((state, self._key(handle)))
-
-    def value_set_many(self, data, writes):
-        for state, handle, off, length in WRITE.iter_unpack(writes):
-            key = (state, self._key(handle))
-            if length == ABSENT:
-                self.values.pop(key, None)
-            else:
-                self.values[key] = bytes(data[off:off + length])
 
     def list_get(self, state, handle):
         return list(self.lists.get((state, self._key(handle)), []))
@@ -126,8 +123,72 @@ class _Host:
             key = None if kl == ABSENT else bytes(data[ko:ko + kl])
             self.emitted.append((key, bytes(data[vo:vo + vl]), ts if flags & 1 else None, output))
 
+    # The `json-batch` views and writes, as the host answers them.
+
+    def json_keys(self):
+        try:
+            keys = [None if k is None else codec.decode_json(k) for k in self.keys]
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return codec.dumps(keys)
+
+    def json_values(self):
+        data, table, _, _ = self._in_process()
+        schemas = codec.Schemas(self.declare_schema, self.schema_fields)
+        try:
+            values = [codec.decode_value(data[vo:vo + vl], schemas) for _, _, vo, vl, _, _, _ in RECORD.iter_unpack(table)]
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return codec.dumps(values) if all(map(_exact, values)) else None
+
+    def json_prefetched(self, state):
+        data, _, states, cells = self._in_process()
+        if state not in states:
+            raise RuntimeError(f"state {state} is not prefetched (the host traps)")
+        width, column = len(states), states.index(state)
+        spans = list(struct.iter_unpack("<II", cells))
+        values = []
+        for row in range(len(spans) // width):
+            off, length = spans[row * width + column]
+            values.append(None if length == ABSENT else codec.decode_json(data[off:off + length]))
+        return codec.dumps(values)
+
+    def json_set_values(self, state, writes):
+        handles, values, cleared = json.loads(writes)
+        for handle, value in zip(handles, values, strict=True):
+            self.values[(state, self._key(handle))] = codec.encode_json(value)
+        for handle in cleared:
+            self.values.pop((state, self._key(handle)), None)
+
+    def json_emit(self, output, keyed, schema, records):
+        items = json.loads(records)
+        width = 3 if keyed else 2
+        for at in range(0, len(items), width):
+            key = codec.encode_json(items[at]) if keyed else None
+            value, ts = items[at + width - 2], items[at + width - 1]
+            encoded = rows.write_row(value, schema) if schema else codec.encode_json(value)
+            self.emitted.append((key, encoded, ts, output))
+
+    def _in_process(self):
+        if self.batch is None:
+            raise RuntimeError("json-batch values serve only process (the host traps)")
+        return self.batch
+
     def log(self, level, message):
         self.logs.append((("trace", "debug", "info", "warn", "error")[level], message))
+
+
+def _exact(value):
+    """Whether JSON says `value` exactly (the host's views refuse bytes and non-finite floats)."""
+    if isinstance(value, (bytes, bytearray)):
+        return False
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(map(_exact, value.values()))
+    if isinstance(value, list):
+        return all(map(_exact, value))
+    return True
 
 
 def _check(failure):
@@ -196,7 +257,11 @@ class Harness:
                 else:
                     cells += struct.pack("<II", len(data), len(value))
                     data += value
-        _check(self._runner.process(bytes(data), bytes(table), prefetched_states, bytes(cells)))
+        self.host.batch = (bytes(data), bytes(table), prefetched_states, bytes(cells))
+        try:
+            _check(self._runner.process(*self.host.batch))
+        finally:
+            self.host.batch = None
         return self._outputs()
 
     def _fire(self, domain, upto):

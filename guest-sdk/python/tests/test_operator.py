@@ -158,6 +158,95 @@ class Operators(unittest.TestCase):
         self.assertIn("not JSON", failure[1])
 
 
+@dataclass
+class Blob:
+    """A row the host cannot write from JSON (bytes): it goes the binary way."""
+
+    name: str
+    data: bytes
+
+
+class Mixed(eddy.Operator):
+    """Emits every form to one output, in an order the output must keep."""
+
+    def process(self, record, ctx):
+        shared = {"n": 1}
+        ctx.emit(record.key, shared)
+        shared["n"] = 2  # after the emit: not in the output
+        ctx.emit(record.key, Bid("bid", 7, -3))
+        ctx.emit(record.key, Blob("b", b"\x00\xff"))
+        ctx.emit_value(1.5)
+        ctx.emit(record.key, "last")
+
+
+class Keeper(eddy.Operator):
+    """Keeps its records past their calls, and mutates what it got from state."""
+
+    def open(self, ctx, config):
+        self.kept = []
+        self.items = ctx.value_state("items")
+
+    def process(self, record, ctx):
+        self.kept.append(record)
+        items = self.items.get([])
+        items.append(record.value)
+        self.items.set(items)
+        items.append("not set")  # after the set: not stored
+        ctx.emit_value([[r.key, r.value] for r in self.kept])
+
+
+class BatchViews(unittest.TestCase):
+    """What the JSON views of a batch must not change: order, snapshots, records kept, fallbacks."""
+
+    def test_every_form_of_output_keeps_its_order_and_emitted_values_their_state_at_emit(self):
+        out = Harness(Mixed).process([("k", 0)])
+        self.assertEqual(
+            out,
+            [
+                ("k", {"n": 1}),
+                ("k", {"type": "bid", "auction": 7, "price": -3}),
+                ("k", {"name": "b", "data": b"\x00\xff"}),
+                (None, 1.5),
+                ("k", "last"),
+            ],
+        )
+
+    def test_records_outlive_their_call_and_state_values_are_copies(self):
+        h = Harness(Keeper)
+        h.process([("a", "x")])
+        out = h.process([("a", "y"), ("b", "z")])
+        self.assertEqual(out[-1], (None, [["a", "x"], ["a", "y"], ["b", "z"]]))
+        self.assertEqual(h.value("items", "a"), ["x", "y"])
+
+    def test_values_no_view_can_carry_are_read_one_by_one(self):
+        # A row holding bytes has no exact JSON: the batch's values are read from their bytes.
+        out = Harness(Fields).process([(None, Blob("b", b"\x01")), (None, Bid("bid", 1, 2))])
+        self.assertEqual(out, [(None, [None, None, "none"]), (None, ["bid", 2, "none"])])
+
+    def test_a_record_without_a_key_says_so_when_its_key_is_read(self):
+        class KeyReader(eddy.Operator):
+            def process(self, record, ctx):
+                ctx.emit_value(record.value)
+                ctx.emit_value(record.key)
+
+        with self.assertRaises(Failed) as failed:
+            Harness(KeyReader).process([(None, 5)])
+        self.assertEqual(failed.exception.kind, "bad-record")
+        self.assertIn("record has no key", failed.exception.message)
+
+    def test_what_json_cannot_hold_fails_the_call_that_gave_it(self):
+        class Nan(eddy.Operator):
+            def open(self, ctx, config):
+                self.s = ctx.value_state("s")
+
+            def process(self, record, ctx):
+                self.s.set(float("nan"))
+
+        with self.assertRaises(Failed) as failed:
+            Harness(Nan).process([("a", 1)])
+        self.assertIn("cannot be written as JSON", failed.exception.message)
+
+
 class Aggregates(unittest.TestCase):
     def test_accumulators_fold_merge_and_result(self):
         h = AggregateHarness(PurchaseTotals)
