@@ -347,6 +347,7 @@ fn the_openapi_document_lists_every_route_and_every_route_answers() {
         "PUT /v1/tenants/{id}/quotas",
         "GET /metrics",
         "POST /v1/artifacts",
+        "GET /v1/artifacts/compiles",
         "GET /v1/artifacts/compiles/{digest}",
         "POST /v1/cluster/enroll",
         "POST /v1/cluster/join-tokens",

@@ -330,7 +330,17 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     let shot = browser.screenshot("job.png");
     announce(&format!("ui test: screenshot of the job page at {} (more in that directory)", shot.display()));
 
+    // An upload compiling in the background that fails shows up with its status and reason.
+    let broken = client()
+        .post(server.url("/v1/artifacts?wait=false"))
+        .bearer_auth(&token)
+        .body(b"\0asm\x0d\0\x01\0garbage".to_vec())
+        .send()
+        .unwrap();
+    assert_eq!(broken.status(), 202);
     browser.click(&format!("{} [data-nav=\"artifacts\"]", tid("nav")));
+    browser.wait_text("the failed compile", &tid("compile-status"), |t| t == "failed");
+    assert!(!browser.text(&tid("compile-error"), 0).unwrap_or_default().is_empty(), "the reason is shown");
     let names = browser.wait_text("the uploaded artifact", &tid("artifact-names"), |t| t.contains("count@1"));
     assert_eq!(browser.count(&tid("artifact-row")), 1, "one artifact: {names}");
     let digest = browser.text(&tid("artifact-digest"), 0).unwrap();

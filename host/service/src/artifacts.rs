@@ -15,10 +15,11 @@
 //! A large component (a Python or JavaScript one) compiles for seconds. With `wait=false` the
 //! upload answers 202 once the bytes are in, compiles in the background, and
 //! `GET /v1/artifacts/compiles/{digest}` shows where it is (compiling, ready, or failed with
-//! the reason); the artifact exists for jobs once it is ready. A tenant has at most
-//! [`MAX_BACKGROUND_COMPILES`] compiling at once, and the last [`KEPT_FINISHED`] finished
-//! compiles (with how long they took, or why they failed) are kept to be read. A compile the server did not finish before it stopped is gone with it: the
-//! upload is to be sent again.
+//! the reason; `GET /v1/artifacts/compiles` lists them all, for the web UI); the artifact
+//! exists for jobs once it is ready. A tenant has at most [`MAX_BACKGROUND_COMPILES`]
+//! compiling at once, and the last [`KEPT_FINISHED`] finished compiles (with how long they
+//! took, or why they failed) are kept to be read. A compile the server did not finish before
+//! it stopped is gone with it: the upload is to be sent again.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -130,17 +131,32 @@ impl Compiles {
         let all = self.lock();
         let mine = all.get(tenant)?;
         if let Some((started, size)) = mine.running.get(digest) {
-            let elapsed_ms = started.elapsed().as_millis() as u64;
-            return Some(CompileStatus {
-                digest: digest.to_owned(),
-                status: "compiling".into(),
-                size: *size,
-                elapsed_ms,
-                error: None,
-                artifact: None,
-            });
+            return Some(compiling(digest, *started, *size));
         }
         mine.finished.iter().find(|f| f.digest == digest).cloned()
+    }
+
+    /// Every compile of `tenant` kept here: the running ones, longest running first, then the
+    /// finished ones, newest first.
+    fn list(&self, tenant: &str) -> Vec<CompileStatus> {
+        let all = self.lock();
+        let Some(mine) = all.get(tenant) else { return Vec::new() };
+        let mut out: Vec<CompileStatus> =
+            mine.running.iter().map(|(digest, (started, size))| compiling(digest, *started, *size)).collect();
+        out.sort_by(|a, b| b.elapsed_ms.cmp(&a.elapsed_ms).then_with(|| a.digest.cmp(&b.digest)));
+        out.extend(mine.finished.iter().rev().cloned());
+        out
+    }
+}
+
+fn compiling(digest: &str, started: Instant, size: u64) -> CompileStatus {
+    CompileStatus {
+        digest: digest.to_owned(),
+        status: "compiling".into(),
+        size,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        error: None,
+        artifact: None,
     }
 }
 
@@ -305,6 +321,28 @@ pub async fn compile_status(
             Ok(Json(CompileStatus { digest, status, size, elapsed_ms: 0, error: None, artifact: Some(artifact) }))
         }
     }
+}
+
+/// This tenant's recent background compiles (what the web UI's artifacts page shows): running
+/// ones first, then finished ones, newest first; a ready one whose artifact was deleted since
+/// is left out.
+#[utoipa::path(get, path = "/v1/artifacts/compiles", tag = "artifacts",
+    responses((status = 200, body = Vec<CompileStatus>), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+pub async fn list_compiles(
+    State(state): State<Arc<AppState>>,
+    caller: TenantCaller,
+) -> ApiResult<Json<Vec<CompileStatus>>> {
+    let tenant = caller.tenant.as_str();
+    let mut out = Vec::new();
+    for compile in state.compiles.list(tenant) {
+        if compile.status != "ready" {
+            out.push(compile);
+        } else if let Some(artifact) = state.store.get::<Artifact>(Table::Artifacts, &key(tenant, &compile.digest))? {
+            out.push(CompileStatus { artifact: Some(artifact), ..compile });
+        }
+    }
+    Ok(Json(out))
 }
 
 /// Stores the file of a validated upload (unless the bytes are there) and records it for the

@@ -269,6 +269,7 @@ pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(connections::put, connections::show, connections::delete))
         .routes(routes!(artifacts::show, artifacts::delete))
         .routes(routes!(artifacts::compile_status))
+        .routes(routes!(artifacts::list_compiles))
         .routes(routes!(jobs::submit, jobs::list))
         .routes(routes!(jobs::show, jobs::delete))
         .routes(routes!(jobs::cancel))

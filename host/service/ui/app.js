@@ -5,7 +5,7 @@
 (() => {
   const TOKEN_KEY = 'eddy.token';
   const POLL_MS = 1000;
-  const ARTIFACTS_POLL_MS = 5000;
+  const ARTIFACTS_POLL_MS = 2000; // compiles in the background show their progress
   const CANCEL_CONFIRM_MS = 4000;
   const CHECKPOINT_ROWS = 25;
   const CHART_BARS = 60;
@@ -534,16 +534,32 @@
     );
   }
 
+  // A background compile (`eddy upload` sends `wait=false`): compiling, ready or failed.
+  function compileRow(c) {
+    return el(
+      'tr',
+      { testid: 'compile-row', 'data-digest': c.digest },
+      el('td', { class: 'mono', title: c.digest, text: shortDigest(c.digest) }),
+      el('td', { testid: 'compile-status', class: `status-${c.status}`, text: c.status }),
+      el('td', { class: 'num', text: fmtBytes(c.size) }),
+      el('td', { class: 'num', testid: 'compile-elapsed', text: fmtMs(c.elapsed_ms) }),
+      el('td', { testid: 'compile-error', text: c.error || '' }),
+    );
+  }
+
   function artifactsView() {
     showOnly('artifacts');
     const table = byTestId('artifacts-table');
+    const compiles = byTestId('compiles-table');
     return poll(
-      () => api('/v1/artifacts'),
-      (artifacts) => {
+      () => Promise.all([api('/v1/artifacts'), api('/v1/artifacts/compiles')]),
+      ([artifacts, recent]) => {
         const newest = [...artifacts].sort((a, b) => b.created_ms - a.created_ms);
         table.tBodies[0].replaceChildren(...newest.map(artifactRow));
         table.hidden = artifacts.length === 0;
         byTestId('artifacts-empty').hidden = artifacts.length > 0;
+        compiles.tBodies[0].replaceChildren(...recent.map(compileRow));
+        compiles.hidden = recent.length === 0;
       },
       ARTIFACTS_POLL_MS,
     );
