@@ -645,7 +645,7 @@ pub(crate) fn wait_for(received: &eddy_tests::Received, n: usize) {
 }
 
 /// Stop with a savepoint, then resume from it with the counting operator in another language
-/// (Rust, then its Python, JavaScript and TypeScript twins, all reading the same `count` state)
+/// (Rust, then its Python, JavaScript, TypeScript and Go twins, all reading the same `count` state)
 /// at another parallelism each time: every word's count continues exactly where the savepoint
 /// left it, and only the new lines are read.
 #[test]
@@ -656,12 +656,14 @@ fn stop_with_savepoint_then_resume_in_another_language_at_another_parallelism() 
         "a quick end to the story\nthe fox again\n".repeat(25),
         "lazy dogs and quick foxes\n".repeat(12),
         "the story ends\n".repeat(9),
+        "go gophers end the lazy story\n".repeat(7),
     ];
     let versions = [
         (eddy_guest_artifacts::WORDCOUNT_COUNT, 2),
         (eddy_guest_artifacts::PYTHON_WORDCOUNT_COUNT, 3),
         (eddy_guest_artifacts::JS_WORDCOUNT_COUNT, 2),
         (eddy_guest_artifacts::TS_WORDCOUNT_COUNT, 1),
+        (eddy_guest_artifacts::GO_WORDCOUNT_COUNT, 2),
     ];
     let savepoint = dir.path().join("savepoint");
     let mut input = String::new();
@@ -690,11 +692,26 @@ fn stop_with_savepoint_then_resume_in_another_language_at_another_parallelism() 
 }
 
 /// Window accumulators outlive the language that wrote them: purchases are folded into hourly
-/// windows by the Rust aggregate, the job stops with a savepoint before the hour closes, and
-/// the JavaScript twin resumes, folds the rest and fires the windows. The totals are a plain
+/// windows by one language's aggregate, the job stops with a savepoint before the hour closes,
+/// and another language's twin resumes, folds the rest and fires the windows. The totals are a plain
 /// sum per (user, hour) of every purchase.
 #[test]
 fn open_windows_resume_in_another_language_with_their_accumulators() {
+    use eddy_guest_artifacts as g;
+    // Every language writes an accumulator and every language reads one.
+    for (from, to) in [
+        (g::PURCHASE_TOTALS, g::JS_PURCHASE_TOTALS),
+        (g::PYTHON_PURCHASE_TOTALS, g::GO_PURCHASE_TOTALS),
+        (g::GO_PURCHASE_TOTALS, g::PURCHASE_TOTALS),
+        (g::TS_PURCHASE_TOTALS, g::PYTHON_PURCHASE_TOTALS),
+    ] {
+        open_windows_resume(from, to);
+    }
+}
+
+/// Hour 0 is open when `from` stops with a savepoint; `to` resumes it, closes it and emits
+/// totals equal to the whole hour's.
+fn open_windows_resume(from: &str, to: &str) {
     const HOUR: i64 = 3_600_000;
     let dir = tempfile::tempdir().expect("tempdir");
     let purchase =
@@ -713,10 +730,10 @@ fn open_windows_resume_in_another_language_with_their_accumulators() {
         )
     };
     std::fs::write(dir.path().join("input.jsonl"), &first).expect("input");
-    let (job, received) = start_wordcount(dir.path(), &yaml(eddy_guest_artifacts::PURCHASE_TOTALS), None);
+    let (job, received) = start_wordcount(dir.path(), &yaml(from), None);
     let deadline = Instant::now() + Duration::from_secs(60);
     while job.metrics().tasks.iter().all(|t| t.records_in < 30) {
-        assert!(Instant::now() < deadline, "the aggregate never saw the first purchases");
+        assert!(Instant::now() < deadline, "{from}: the aggregate never saw the first purchases");
         std::thread::sleep(Duration::from_millis(10));
     }
     let savepoint = dir.path().join("savepoint");
@@ -728,7 +745,7 @@ fn open_windows_resume_in_another_language_with_their_accumulators() {
     all.push_str(&second);
     std::fs::write(dir.path().join("input.jsonl"), &all).expect("append");
     std::fs::remove_dir_all(dir.path().join("checkpoints")).expect("fresh checkpoint dir");
-    let (job, received) = start_wordcount(dir.path(), &yaml(eddy_guest_artifacts::JS_PURCHASE_TOTALS), Some(savepoint));
+    let (job, received) = start_wordcount(dir.path(), &yaml(to), Some(savepoint));
     assert_eq!(job.restored_from(), Some(id));
     wait_for(&received, 4);
     // The first purchases live on only in the accumulators: the source reads just the new ones.
@@ -756,7 +773,7 @@ fn open_windows_resume_in_another_language_with_their_accumulators() {
             (user, (result["purchases"].as_u64().expect("n"), result["total_cents"].as_i64().expect("cents")))
         })
         .collect();
-    assert_eq!(got, oracle);
+    assert_eq!(got, oracle, "{from} -> {to}");
 }
 
 /// A RocksDB subtask resuming at its key-group range opens its checkpointed database and takes
@@ -1045,8 +1062,8 @@ fn a_source_that_skips_a_timed_out_checkpoint_does_not_stall_alignment() {
 }
 
 /// List and map state outlive the language that wrote them: a user's tags (list state) and
-/// per-tag counts (map state) are kept by the Rust operator, then by its Python, JavaScript
-/// and TypeScript twins in turn, each resuming from the savepoint of the one before at another
+/// per-tag counts (map state) are kept by the Rust operator, then by its Python, JavaScript,
+/// TypeScript and Go twins in turn, each resuming from the savepoint of the one before at another
 /// parallelism. Every record's output (the user's tags so far, this tag's count, the distinct
 /// tags) is what a plain replay of the whole input gives.
 #[test]
@@ -1057,18 +1074,19 @@ fn list_and_map_state_resume_in_every_language() {
     let colours = ["red", "green", "blue", "red", "teal", "green", "red"];
     let line = |i: usize| format!("{{\"user\":\"{}\",\"tag\":\"{}\"}}\n", users[i % 5], colours[(i * 3 + i / 5) % 7]);
     let parts: Vec<String> =
-        [(0, 40), (40, 70), (70, 95), (95, 110)].iter().map(|&(a, b)| (a..b).map(line).collect()).collect();
+        [(0, 40), (40, 70), (70, 95), (95, 110), (110, 130)].iter().map(|&(a, b)| (a..b).map(line).collect()).collect();
     let versions = [
         (eddy_guest_artifacts::TAGS, 2),
         (eddy_guest_artifacts::PYTHON_TAGS, 3),
         (eddy_guest_artifacts::JS_TAGS, 1),
         (eddy_guest_artifacts::TS_TAGS, 2),
+        (eddy_guest_artifacts::GO_TAGS, 3),
     ];
     // The oracle: the whole input replayed with a vector and a map per user.
     let mut oracle: std::collections::BTreeSet<Seen> = std::collections::BTreeSet::new();
     let mut lists: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut maps: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for i in 0..110 {
+    for i in 0..130 {
         let (user, tag) = (users[i % 5].to_string(), colours[(i * 3 + i / 5) % 7].to_string());
         let list = lists.entry(user.clone()).or_default();
         list.push(tag.clone());

@@ -15,7 +15,8 @@ fn example(name: &str) -> PathBuf {
 
 /// The pipeline files of an example, one per language its operators are written in: the
 /// same job, which must meet the same oracle in every language.
-const LANGUAGES: &[&str] = &["pipeline.yaml", "pipeline-python.yaml", "pipeline-js.yaml", "pipeline-ts.yaml"];
+const LANGUAGES: &[&str] =
+    &["pipeline.yaml", "pipeline-python.yaml", "pipeline-js.yaml", "pipeline-ts.yaml", "pipeline-go.yaml"];
 
 /// Runs one of an example's pipeline files into memory: (side output, key JSON, value JSON).
 fn run_pipeline(name: &str, file: &str) -> Vec<(Option<String>, Value, Value)> {
@@ -227,7 +228,7 @@ fn kafka_to_postgres_example() {
     assert_eq!(got, oracle);
 }
 
-/// The polyglot pipeline (TypeScript parse, Python enrich, Rust window, JavaScript alert)
+/// The polyglot pipeline (TypeScript parse, Python enrich, Rust window, Go alert)
 /// against the same computation done plainly over the generator's events
 /// ([`eddy_tests::polyglot_alerts`]).
 #[test]

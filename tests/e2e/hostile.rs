@@ -548,27 +548,24 @@ mod python {
         HOSTILE.get_or_init(|| load("hostile", guests::PYTHON_HOSTILE).with_limits(limits()))
     }
 
-    fn probe_with(component: &Component) -> serde_json::Value {
-        let mut op = open_operator(component, Subtask::single(128), r#"{"mode": "probe"}"#);
-        let out = op.process(&json_batch(&[(Some("k"), "v")])).expect("probe");
-        decode::<(), serde_json::Value>(&out.main).pop().expect("one report").1
-    }
-
     #[test]
     fn the_sandbox_grants_a_python_operator_nothing_and_its_randomness_is_a_fixed_sequence() {
-        let first = probe_with(hostile());
+        let first = probe(hostile());
         assert_eq!(first["env"], serde_json::json!([]), "{first}");
         assert_eq!(first["file"], false, "{first}");
         assert_eq!(first["clock_ms"], 0, "clocks are frozen: {first}");
-        assert_eq!(first["monotonic_ns"], 0, "{first}");
         assert_eq!(first["network"], false, "{first}");
-        // A second instance draws the same bytes: randomness is virtual.
-        let second = probe_with(hostile());
+        // A second instance draws the same bytes and reads the same times: randomness and the
+        // monotonic clock are virtual.
+        let second = probe(hostile());
         assert_eq!(first["random"], second["random"], "virtual randomness repeats");
+        let monotonic = first["monotonic_ns"].as_u64().unwrap_or(0);
+        assert!(monotonic > 0, "a monotonic clock never reads zero: {first}");
+        assert_eq!(first["monotonic_ns"], second["monotonic_ns"], "virtual time repeats");
         // Granted, it is real: another instance draws other bytes.
         let grants = WasiGrants { random: true, ..WasiGrants::default() };
         let real = load("hostile", guests::PYTHON_HOSTILE).with_limits(limits()).with_grants(grants);
-        let (a, b) = (probe_with(&real), probe_with(&real));
+        let (a, b) = (probe(&real), probe(&real));
         assert_ne!(a["random"], b["random"], "granted randomness is real: {a} {b}");
     }
 
@@ -617,22 +614,16 @@ mod js {
         HOSTILE.get_or_init(|| load("hostile", guests::JS_HOSTILE).with_limits(limits()))
     }
 
-    fn probe() -> serde_json::Value {
-        let mut op = open_operator(hostile(), Subtask::single(128), r#"{"mode": "probe"}"#);
-        let out = op.process(&json_batch(&[(Some("k"), "v")])).expect("probe");
-        decode::<(), serde_json::Value>(&out.main).pop().expect("one report").1
-    }
-
     #[test]
     fn the_sandbox_grants_a_javascript_operator_nothing_and_its_clock_is_the_hosts() {
-        let seen = probe();
+        let seen = probe(hostile());
         assert_eq!(seen["env"], serde_json::json!([]), "{seen}");
         assert_eq!(seen["fetch"], "undefined", "no network API: {seen}");
         assert_eq!(seen["require"], "undefined", "no modules to load: {seen}");
         // Date.now() is the host's processing time, which this test harness keeps at 0.
         assert_eq!(seen["clock_ms"], 0, "{seen}");
         // Math.random is seeded when the component is built: every instance draws the same.
-        assert_eq!(seen["random"], probe()["random"], "{seen}");
+        assert_eq!(seen["random"], probe(hostile())["random"], "{seen}");
         assert_ne!(seen["random"][0], seen["random"][1], "{seen}");
     }
 
@@ -663,11 +654,92 @@ mod js {
         }
     }
 
-    /// QuickJS recurses on the WebAssembly stack, which runs out before its own depth check:
-    /// the trap is contained and named, not a JavaScript RangeError.
+    /// QuickJS recurses on the WebAssembly stack, which runs out before its own depth check
+    /// (tried with stacks of 0.5 to 2 MiB, the most wasmtime allows without async stacks): the
+    /// trap is contained and says what it was, not a JavaScript RangeError.
     #[test]
     fn unbounded_javascript_recursion_is_a_contained_stack_overflow() {
         let err = contained_trap_in(hostile(), "recurse");
         assert_eq!(err.kind, CallErrorKind::StackOverflow, "{err}");
+        assert!(err.to_string().contains("unbounded recursion"), "{err}");
+    }
+}
+
+/// The Go probes (tests/guests/go-hostile): Go's runtime starts on the virtual clock and
+/// randomness, sees no files, environment or network, and what it cannot catch itself
+/// (allocation, endless loops and recursion) is a contained, named trap; a panic is an
+/// operator error carrying its message.
+mod go {
+    use super::*;
+
+    fn limits() -> SandboxLimits {
+        SandboxLimits { memory_bytes: 128 << 20, call_timeout_ms: 1_000, ..SandboxLimits::default() }
+    }
+
+    fn hostile() -> &'static Component {
+        static HOSTILE: OnceLock<Component> = OnceLock::new();
+        HOSTILE.get_or_init(|| load("hostile", guests::GO_HOSTILE).with_limits(limits()))
+    }
+
+    #[test]
+    fn the_sandbox_grants_a_go_operator_nothing_and_its_time_and_randomness_are_virtual() {
+        let first = probe(hostile());
+        assert_eq!(first["env"], serde_json::json!([]), "{first}");
+        assert_eq!(first["file"], false, "{first}");
+        assert_eq!(first["network"], false, "{first}");
+        assert_eq!(first["clock_ms"], 0, "the wall clock is frozen at the epoch: {first}");
+        assert!(first["monotonic_ns"].as_i64().unwrap_or(0) > 0, "virtual time moves per read: {first}");
+        let second = probe(hostile());
+        assert_eq!(first["random"], second["random"], "virtual randomness repeats");
+        assert_eq!(first["monotonic_ns"], second["monotonic_ns"], "virtual time repeats");
+        let grants = WasiGrants { random: true, clocks: true, ..WasiGrants::default() };
+        let real = load("hostile", guests::GO_HOSTILE).with_limits(limits()).with_grants(grants);
+        let (a, b) = (probe(&real), probe(&real));
+        assert_ne!(a["random"], b["random"], "granted randomness is real: {a} {b}");
+        assert!(a["clock_ms"].as_i64().unwrap_or(0) > 1_600_000_000_000, "granted clocks are real: {a}");
+    }
+
+    #[test]
+    fn go_allocation_without_end_hits_the_memory_cap() {
+        let err = contained_trap_in(hostile(), "allocate");
+        assert!(
+            matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "linear memory bytes", .. })),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_go_loop_is_interrupted_by_the_call_deadline() {
+        let err = contained_trap_in(hostile(), "loop");
+        assert_eq!(err.kind, CallErrorKind::Timeout { timeout_ms: 1_000 }, "{err}");
+    }
+
+    /// Go grows a goroutine's stack on its heap, so endless recursion ends at the memory cap.
+    #[test]
+    fn unbounded_go_recursion_is_a_contained_trap() {
+        let err = contained_trap_in(hostile(), "recurse");
+        assert!(
+            matches!(err.kind, CallErrorKind::Violation(Violation::Limit { what: "linear memory bytes", .. }))
+                || err.kind == CallErrorKind::StackOverflow,
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_go_panic_is_an_operator_error_with_its_message() {
+        for (mode, wanted) in [
+            ("panic", "panic: no such thing"),
+            ("nil", "panic: runtime error: invalid memory address or nil pointer dereference"),
+        ] {
+            let (err, poisoned) = misbehave_in(hostile(), mode);
+            assert!(!poisoned, "a recovered panic leaves the instance usable: {err}");
+            match &err.kind {
+                CallErrorKind::Operator { kind, message } => {
+                    assert_eq!(*kind, GuestErrorKind::Failed, "{err}");
+                    assert_eq!(message, wanted, "{err}");
+                }
+                other => panic!("{mode}: expected an operator error, got {other:?} ({err})"),
+            }
+        }
     }
 }

@@ -90,6 +90,11 @@ fn q1_currency_conversion_in_javascript() {
 }
 
 #[test]
+fn q1_currency_conversion_in_go() {
+    check("q1-go", eddy_nexmark::native::q1);
+}
+
+#[test]
 fn q2_selection() {
     check("q2", eddy_nexmark::native::q2);
 }

@@ -237,7 +237,7 @@ fn the_shared_codec_table_is_what_eddy_wire_writes() {
         "json": json,
     });
     let text = serde_json::to_string_pretty(&table).expect("json") + "\n";
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk/testdata/codec-table.json");
+    let path = CODEC_TABLE;
     if std::env::var_os("EDDY_BLESS").is_some() {
         std::fs::create_dir_all(std::path::Path::new(path).parent().expect("dir")).expect("mkdir");
         std::fs::write(path, &text).expect("write the table");
@@ -247,6 +247,48 @@ fn the_shared_codec_table_is_what_eddy_wire_writes() {
         on_disk == text,
         "{path} is not what eddy-wire writes: rerun this test with EDDY_BLESS=1 and review the diff"
     );
+}
+
+const CODEC_TABLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk/testdata/codec-table.json");
+
+/// The host writes the rows the Python and JavaScript SDKs hand it as JSON field values
+/// (`json-batch.emit`): for every natural row of the shared table whose fields JSON can carry
+/// (no bytes, no nested row), the bytes equal the table's.
+#[test]
+fn rows_written_from_json_fields_are_the_shared_tables_rows() {
+    let table: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(CODEC_TABLE).expect("table")).expect("JSON");
+    let schemas = table["schemas"].as_object().expect("schemas");
+    let mut checked = 0;
+    for case in table["rows"].as_array().expect("rows") {
+        let bytes: Vec<u8> = (0..case["hex"].as_str().expect("hex").len() / 2)
+            .map(|i| u8::from_str_radix(&case["hex"].as_str().expect("hex")[2 * i..2 * i + 2], 16).expect("hex digit"))
+            .collect();
+        let schema = u32::from_le_bytes(bytes[4..8].try_into().expect("header"));
+        let Some(fields) = schemas.get(&schema.to_string()).map(|s| s[1].as_array().expect("fields").clone()) else {
+            continue;
+        };
+        let values: Vec<&serde_json::Value> =
+            fields.iter().map(|f| &case["meaning"][f.as_str().expect("name")]).collect();
+        let carried = case["natural"] == true
+            && values.iter().all(|v| !v.is_object())
+            && eddy_wire::row::RowRef::new(&bytes)
+                .map(|r| (0..r.len()).all(|i| r.kind(i) != Ok(eddy_wire::row::Kind::Bytes)))
+                .expect("row");
+        if !carried {
+            continue;
+        }
+        let mut written = Vec::new();
+        eddy_wire::from_json::row_from_json_fields(
+            &serde_json::to_string(&values).expect("text"),
+            schema,
+            &mut written,
+        )
+        .expect("fields");
+        assert_eq!(hex(&written), case["hex"].as_str().expect("hex"), "{}", case["name"]);
+        checked += 1;
+    }
+    assert!(checked >= 3, "only {checked} rows of the table could be checked");
 }
 
 /// Whether every integer field of `row` (nested rows too) is signed exactly when negative: the
@@ -306,4 +348,20 @@ fn the_javascript_sdk_passes_its_tests() {
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{report}{}", String::from_utf8_lossy(&out.stderr));
     assert!(report.contains("# fail 0") && !report.contains("# pass 0"), "{report}");
+}
+
+/// The Go SDK's own tests (`go test`, native, no component): its codec against the shared
+/// table, and its operator and aggregate runners on the in-memory harness.
+#[test]
+fn the_go_sdk_passes_its_tests() {
+    let sdk = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk/go");
+    let out = std::process::Command::new("go")
+        .args(["test", "-count=1", "-v", "./..."])
+        .current_dir(sdk)
+        .envs([("GOPROXY", "off"), ("GOTOOLCHAIN", "local"), ("GOFLAGS", "-mod=mod"), ("GOWORK", "off")])
+        .output()
+        .expect("go (deploy/setup.sh languages installs it)");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{report}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(report.contains("--- PASS") && !report.contains("--- FAIL"), "{report}");
 }

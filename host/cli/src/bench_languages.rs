@@ -43,6 +43,7 @@ const LANGUAGES: &[Guests] = &[
         q1: "python_nexmark_q1.wasm",
     },
     Guests { lang: "js", split: "js_wordcount_split.wasm", count: "js_wordcount_count.wasm", q1: "js_nexmark_q1.wasm" },
+    Guests { lang: "go", split: "go_wordcount_split.wasm", count: "go_wordcount_count.wasm", q1: "go_nexmark_q1.wasm" },
 ];
 
 /// What `eddy bench languages` takes.

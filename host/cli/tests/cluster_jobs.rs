@@ -365,7 +365,7 @@ fn q5_across_worker_processes_behind_a_faulty_network_equals_the_native_baseline
     assert!(lost > 0, "the faults must have struck for the test to mean anything");
 }
 
-/// The polyglot pipeline (TypeScript, Python, Rust and JavaScript steps) on three worker
+/// The polyglot pipeline (TypeScript, Python, Rust and Go steps) on three worker
 /// processes, paced so that four SIGKILLs of its workers land while it runs, each after a
 /// checkpoint: the committed alerts are exactly those computed plainly from the generator's
 /// events, none lost, none twice.
