@@ -3,11 +3,9 @@
 //!
 //! Each side runs in its own child process (`--only eddy|native`), so CPU time and peak RSS
 //! (from `getrusage`) belong to that side alone; the parent prints the table and writes the
-//! JSON report. Latency needs event time to track the wall clock, so it is measured only in a
-//! paced run (`--rate`): the source's event `i` is scheduled at `start + i / rate`, which is
-//! also its event time, and the sink records `now - timestamp` for every output row (for window
-//! results that is the time from the window's end to its emission, bound included). Paced runs
-//! generate without disorder, which would otherwise read as latency.
+//! JSON report. Latency is measured in a paced run (`--rate`), from the moment the input that
+//! made a result entered the job to the moment the result reached the sink
+//! ([`crate::bench_latency`]); the events, their times and so the results are the unpaced run's.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -21,6 +19,8 @@ use eddy_engine::{Job, JobOptions, SinkFactory};
 use eddy_plan::{CheckpointSpec, PipelineSpec, SinkSpec, SourceSpec, StateBackendKind};
 use eddy_runtime::Runtime;
 use serde::{Deserialize, Serialize};
+
+use crate::bench_latency::{EntryLog, Made};
 
 /// The queries with a pipeline and a native baseline.
 pub const QUERIES: [&str; 8] = ["q0", "q1", "q2", "q3", "q5", "q7", "q8", "q11"];
@@ -125,29 +125,37 @@ fn percentiles(mut samples: Vec<f64>) -> (Option<f64>, Option<f64>) {
     (Some(at(0.5)), Some(at(0.99)))
 }
 
-fn now_ms() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
-}
+/// What the measuring sinks saw: rows, and in paced runs each row's arrival and event time.
+type Arrivals = Arc<Mutex<(u64, Vec<(u64, i64)>)>>;
 
-/// Counts rows and, in paced runs, samples their latency.
+/// Counts rows and, in paced runs, logs when each arrived (for its latency).
 struct MeasuringSink {
-    rows: Arc<Mutex<(u64, Vec<f64>)>>,
-    paced: bool,
+    rows: Arrivals,
+    paced: Option<Arc<EntryLog>>,
 }
 
 impl Sink for MeasuringSink {
     fn write(&mut self, _output: Option<&str>, batch: &RecordBatch) -> std::io::Result<()> {
-        let now = now_ms();
         let mut rows = self.rows.lock().map_err(|_| std::io::Error::other("sink lock poisoned"))?;
         rows.0 += batch.len() as u64;
-        if self.paced {
-            rows.1.extend(batch.iter().filter_map(|r| r.timestamp).map(|t| now - t as f64));
+        if let Some(log) = &self.paced {
+            let now = log.now();
+            rows.1.extend(batch.iter().filter_map(|r| r.timestamp).map(|t| (now, t)));
         }
         Ok(())
     }
 
     fn finish(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// How `query`'s results come about: q0–q3 emit a row per event (with its time), the others
+/// fire windows or event-time timers.
+fn made_by(query: &str, bound_ms: i64) -> Made {
+    match query {
+        "q0" | "q1" | "q2" | "q3" => Made::ByItsEvent,
+        _ => Made::ByWatermark { bound_ms },
     }
 }
 
@@ -161,12 +169,7 @@ fn bench_spec(args: &BenchArgs) -> Result<PipelineSpec> {
     source.events = Some(args.events);
     source.parallelism = args.parallelism;
     if let Some(rate) = args.rate {
-        // Event time = schedule: event i is due at start + i / rate, and that is its time.
         source.rate_per_sec = Some((rate / u64::from(args.parallelism)).max(1));
-        source.inter_event_us = (1_000_000 / rate).max(1);
-        source.first_event_time_ms = now_ms() as i64;
-        // Disorder would move event times back by up to the bound and read as latency.
-        source.max_disorder_ms = 0;
     }
     spec.parallelism = args.parallelism;
     for step in &mut spec.steps {
@@ -192,19 +195,22 @@ pub fn run_eddy(args: &BenchArgs) -> Result<SideReport> {
         cache_dir: Some(args.cache_dir.clone()),
         ..eddy_runtime::RuntimeConfig::default()
     })?;
-    // After the runtime exists: a paced run's event time starts now, so start-up is not latency.
     let spec = bench_spec(args)?;
-    let rows = Arc::new(Mutex::new((0u64, Vec::new())));
-    let (shared, paced) = (rows.clone(), args.rate.is_some());
+    let rows: Arrivals = Arc::default();
+    let entries = args.rate.map(|_| EntryLog::new());
+    let (shared, paced) = (rows.clone(), entries.clone());
     // One measuring sink per subtask of the last step (the spec's sink is a blackhole, which
     // runs at its input's parallelism), so no single sink thread funnels the output.
-    let sinks: SinkFactory = Box::new(move |_| Box::new(MeasuringSink { rows: shared.clone(), paced }));
+    let sinks: SinkFactory =
+        Box::new(move |_| Box::new(MeasuringSink { rows: shared.clone(), paced: paced.clone() }));
+    let observer = entries.as_ref().map(EntryLog::observer);
     let (cpu_before, _) = cpu_and_rss();
     let started = Instant::now();
     let summary = if args.spread > 1 {
-        run_spread(&spec, &runtime, args.spread, sinks)
+        run_spread(&spec, &runtime, args.spread, sinks, observer)
     } else {
-        let options = JobOptions { sink_per_subtask: Some(sinks), ..JobOptions::default() };
+        let options =
+            JobOptions { sink_per_subtask: Some(sinks), source_observer: observer, ..JobOptions::default() };
         Job::run(&spec, &runtime, options, Duration::from_secs(3600), |_, _| {}).map_err(anyhow::Error::from)
     };
     // The temporary checkpoint and state directories of this side.
@@ -213,7 +219,11 @@ pub fn run_eddy(args: &BenchArgs) -> Result<SideReport> {
     }
     let summary = summary?;
     let events = summary.metrics.source_records;
-    let (count, latencies) = std::mem::take(&mut *rows.lock().map_err(|_| anyhow::anyhow!("sink lock poisoned"))?);
+    let (count, arrivals) = std::mem::take(&mut *rows.lock().map_err(|_| anyhow::anyhow!("sink lock poisoned"))?);
+    let latencies = match &entries {
+        Some(log) => log.latencies(&arrivals, made_by(&args.query, spec.watermarks.out_of_orderness_ms)),
+        None => Vec::new(),
+    };
     Ok(finish("eddy", events, count, started, cpu_before, latencies))
 }
 
@@ -224,6 +234,7 @@ fn run_spread(
     runtime: &Runtime,
     nodes: u32,
     sinks: SinkFactory,
+    observer: Option<eddy_engine::SourceObserver>,
 ) -> Result<eddy_engine::RunSummary> {
     use eddy_transport::quic::{ClusterCa, QuicNode, Tuning};
     if spec.checkpoints.is_some() {
@@ -259,6 +270,7 @@ fn run_spread(
             let options = JobOptions {
                 sink_per_subtask: Some(per_subtask),
                 placement: Some(Arc::new(placement)),
+                source_observer: observer.clone(),
                 ..JobOptions::default()
             };
             Ok(Job::start(spec, runtime, options)?)
@@ -408,6 +420,13 @@ pub fn run_pairs(args: &BenchArgs, queries: &[String], runs: usize, report: &std
             let eddy = child(&args, "eddy")?;
             if native.rows != eddy.rows {
                 eprintln!("warning: {query}: row counts differ (native {}, eddy {})", native.rows, eddy.rows);
+            }
+            if let Some(rate) = args.rate.filter(|&r| eddy.events_per_sec < 0.9 * r as f64) {
+                eprintln!(
+                    "warning: {query}: eddy kept {:.0} of the {rate} events/s asked: its latency is that of an \
+                     overloaded job; ask a lower --rate",
+                    eddy.events_per_sec
+                );
             }
             eprintln!(
                 "  {query} run {run}: native {:.0} events/s {:.2} CPU s/M | eddy {:.0} events/s {:.2} CPU s/M, {:.0} MiB, p50 {} p99 {} ms",

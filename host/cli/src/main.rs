@@ -7,6 +7,7 @@ use std::time::Duration;
 
 mod bench;
 mod bench_checkpoint;
+mod bench_latency;
 mod bench_languages;
 mod client;
 mod cluster;

@@ -170,6 +170,19 @@ pub enum RunError {
 /// Makes the sink of one sink subtask from its index (see [`JobOptions::sink_per_subtask`]).
 pub type SinkFactory = Box<dyn FnMut(u32) -> Box<dyn Sink> + Send>;
 
+/// What a source reader just passed into its chain (see [`JobOptions::source_observer`]).
+#[derive(Debug, Clone, Copy)]
+pub enum SourceEntry<'a> {
+    /// A batch it read, before the chain processes it.
+    Batch(&'a eddy_core::RecordBatch),
+    /// Its input ended (the final watermark follows).
+    End,
+}
+
+/// Told, on the reader's own thread, of every batch a source reader passes into its chain, by
+/// the source's position in the spec and the reader's subtask index.
+pub type SourceObserver = Arc<dyn Fn(usize, u32, SourceEntry<'_>) + Send + Sync>;
+
 /// Knobs of the local execution (defaults suit a laptop and CI).
 pub struct JobOptions {
     /// Channel capacity (credits) and sender queue.
@@ -208,6 +221,9 @@ pub struct JobOptions {
     /// With a placement and `checkpoints:`, this part's end of the checkpoint protocol: one
     /// part is the master, the others follow it.
     pub checkpoint_role: Option<CheckpointRole>,
+    /// Benchmarks: sees every batch as its source reader passes it on, to time the moment
+    /// input entered the job (latency is measured from it).
+    pub source_observer: Option<SourceObserver>,
 }
 
 impl Default for JobOptions {
@@ -226,6 +242,7 @@ impl Default for JobOptions {
             sandbox_limits: None,
             placement: None,
             checkpoint_role: None,
+            source_observer: None,
         }
     }
 }
@@ -780,6 +797,7 @@ impl Job {
                         watermarks: BoundedOutOfOrderness::new(spec.watermarks.out_of_orderness_ms),
                         batch_size: spec.batch_size,
                         buffer: eddy_core::RecordBatch::with_capacity(spec.batch_size, spec.batch_size * 64),
+                        observer: options.source_observer.clone().map(|o| (source, index, o)),
                     },
                     None => {
                         let Some(gate) = gates[task.id][index as usize].take() else {

@@ -31,7 +31,9 @@ mod wasm_operator;
 pub mod window_operator;
 
 pub use checkpointing::{CompletedCheckpoint, PARTS_LINK_CLOSED};
-pub use job::{Job, JobOptions, Placement, RunError, RunSummary, SinkFactory, files_output};
+pub use job::{
+    Job, JobOptions, Placement, RunError, RunSummary, SinkFactory, SourceEntry, SourceObserver, files_output,
+};
 pub use messages::{
     CheckpointRole, FaultHook, FaultPoint, MasterCommand, MasterLink, PartLink, PartReport, local_links,
 };

@@ -90,6 +90,8 @@ pub(crate) enum Head {
         batch_size: usize,
         /// Reused for every read, so the hot loop does not allocate a batch per poll.
         buffer: RecordBatch,
+        /// Told of each batch and of the end, with the source's position and the reader's index.
+        observer: Option<(usize, u32, crate::job::SourceObserver)>,
     },
     /// Input channels from upstream tasks.
     Input { gate: Box<dyn InputGate>, tracker: WatermarkTracker, ended: Vec<bool> },
@@ -123,6 +125,13 @@ impl Tail {
     fn watermark(&mut self, w: i64) -> Result<(), TaskError> {
         match self {
             Tail::Exchange(router) => Ok(router.watermark(w)?),
+            Tail::Sink(_) => Ok(()),
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), TaskError> {
+        match self {
+            Tail::Exchange(router) => Ok(router.flush_all()?),
             Tail::Sink(_) => Ok(()),
         }
     }
@@ -252,13 +261,20 @@ impl SubtaskRunner {
         batch: &mut RecordBatch,
         idle_wait: Duration,
     ) -> Result<bool, TaskError> {
-        let Head::Source { source, watermarks, .. } = &mut self.head else { return Ok(false) };
+        let Head::Source { source, watermarks, observer, .. } = &mut self.head else { return Ok(false) };
         let status = status?;
         if status == SourceStatus::Ready {
             for r in batch.iter() {
                 if let Some(t) = r.timestamp {
                     watermarks.on_event(t);
                 }
+            }
+        }
+        if let Some((source, reader, observe)) = observer {
+            match status {
+                SourceStatus::Ready => observe(*source, *reader, crate::job::SourceEntry::Batch(batch)),
+                SourceStatus::End => observe(*source, *reader, crate::job::SourceEntry::End),
+                SourceStatus::Idle => {}
             }
         }
         // A source that tracks event time per split says its watermark; others get theirs from
@@ -566,11 +582,18 @@ impl SubtaskRunner {
             return Ok(());
         }
         self.watermark = watermark;
+        let mut fired = false;
         for i in 0..self.operators.len() {
             let out = self.operators[i].on_watermark(watermark)?;
+            fired |= !out.main.is_empty() || out.side.iter().any(|(_, b)| !b.is_empty());
             self.forward(i, out)?;
         }
         self.metrics.watermark.store(watermark, Ordering::Relaxed);
+        if fired {
+            // Results the watermark fired (windows, timers) leave with it: on a sparse channel
+            // they would otherwise wait out the buffer timeout, and that wait is their latency.
+            self.tail.flush()?;
+        }
         self.tail.watermark(watermark)
     }
 
@@ -707,6 +730,68 @@ mod tests {
             [(1, expected)],
             "snapshot at the first barrier, with every record it and the other overtook"
         );
+    }
+
+    /// Emits one record per watermark that passes `fires_at`, as a window firing would.
+    struct FiresAt(i64);
+    impl crate::operator::StreamOperator for FiresAt {
+        fn name(&self) -> &str {
+            "fires-at"
+        }
+        fn process(&mut self, _: &RecordBatch) -> Result<Output, OperatorError> {
+            Ok(Output::default())
+        }
+        fn on_watermark(&mut self, watermark: i64) -> Result<Output, OperatorError> {
+            let mut out = Output::default();
+            if watermark >= self.0 {
+                out.main.push(Some(b"k"), b"fired", Some(self.0));
+                self.0 = i64::MAX;
+            }
+            Ok(out)
+        }
+        fn on_processing_time(&mut self, _: i64) -> Result<Output, OperatorError> {
+            Ok(Output::default())
+        }
+        fn finish(&mut self) -> Result<Output, OperatorError> {
+            Ok(Output::default())
+        }
+        fn snapshot(&mut self, _: &std::path::Path) -> Result<eddy_checkpoint::OperatorSnapshot, OperatorError> {
+            unreachable!("no checkpoint in this test")
+        }
+    }
+
+    struct Collect(Arc<std::sync::Mutex<Vec<Message>>>);
+    impl ChannelSender for Collect {
+        fn send(&mut self, message: Message) -> Result<(), eddy_transport::channel::Disconnected> {
+            self.0.lock().expect("collector").push(message);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn results_a_watermark_fires_leave_with_it_not_a_buffer_timeout_later() {
+        let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let router = OutputRouter::new(
+            eddy_plan::Partitioning::Forward,
+            vec![Box::new(Collect(sent.clone()))],
+            128,
+            1 << 20,
+            3_600_000,
+            "next".into(),
+        );
+        let (mut runner, _senders, _reports) = aligning_subtask(std::path::Path::new("/nonexistent"));
+        runner.operators = vec![Box::new(FiresAt(100))];
+        runner.tail = Tail::Exchange(router);
+        runner.advance_watermark(50).expect("watermark 50");
+        assert!(matches!(sent.lock().expect("collector").as_slice(), [Message::Watermark(50)]));
+        runner.advance_watermark(100).expect("watermark 100");
+        let sent = sent.lock().expect("collector");
+        assert_eq!(sent.len(), 3, "the fired record and the watermark, with no tick: {sent:?}");
+        assert!(
+            matches!(&sent[1], Message::Data { batch, .. } if batch.len() == 1),
+            "the fired record first: {sent:?}"
+        );
+        assert!(matches!(&sent[2], Message::Watermark(100)), "then the watermark that fired it: {sent:?}");
     }
 
     #[test]

@@ -31,7 +31,8 @@ pub(super) struct IndexedSource<E> {
     /// `next_index` would pass `u64::MAX`: an unbounded stream has run out of indices (then
     /// `next_index` is the last index produced; unreachable in practice, after 2^64 events).
     exhausted: bool,
-    pacer: Option<Pacer>,
+    /// The pacer and the reader's start, when rate-limited.
+    pacer: Option<(Pacer, Instant)>,
     scratch: Vec<u8>,
 }
 
@@ -65,7 +66,7 @@ impl<E: IndexedEvents> IndexedSource<E> {
             }
             Some(other) => return Err(bad_position(other, "it is not a generator position".into())),
         };
-        let pacer = rate_per_sec.map(Pacer::new);
+        let pacer = rate_per_sec.map(|rate| (Pacer::new(rate), Instant::now()));
         Ok(Self { events, parallelism, next_index, exhausted: false, pacer, scratch: Vec::new() })
     }
 
@@ -80,7 +81,21 @@ impl<E: IndexedEvents> super::Source for IndexedSource<E> {
             return Ok(SourceStatus::End);
         }
         let allowed = match &mut self.pacer {
-            Some(pacer) => pacer.allowance(max),
+            Some((pacer, start)) => match pacer.next(start.elapsed(), max) {
+                Pace::Release(n) => usize::try_from(n).unwrap_or(max),
+                Pace::Wait(wait) if wait <= MAX_SLEEP => {
+                    std::thread::sleep(wait);
+                    match pacer.next(start.elapsed(), max) {
+                        Pace::Release(n) => usize::try_from(n).unwrap_or(max),
+                        Pace::Wait(_) => 0,
+                    }
+                }
+                Pace::Wait(_) => {
+                    // Further off than a poll may sleep: the task stays responsive meanwhile.
+                    std::thread::sleep(MAX_SLEEP);
+                    0
+                }
+            },
             None => max,
         };
         let mut produced = 0;
@@ -93,9 +108,6 @@ impl<E: IndexedEvents> super::Source for IndexedSource<E> {
                 None => self.exhausted = true,
             }
         }
-        if let Some(pacer) = &mut self.pacer {
-            pacer.spent(produced);
-        }
         Ok(if produced > 0 { SourceStatus::Ready } else { SourceStatus::Idle })
     }
 
@@ -104,50 +116,64 @@ impl<E: IndexedEvents> super::Source for IndexedSource<E> {
     }
 }
 
-/// Spreads a reader's events evenly over time: event `n` (counted from the reader's start) is
-/// due `n / rate` seconds after it.
+/// What a paced reader does at a poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pace {
+    /// Release this many events now.
+    Release(u64),
+    /// Nothing is due yet: the next chunk is due after this long.
+    Wait(Duration),
+}
+
+/// Spreads a reader's events evenly over time, free of clocks (the caller passes the time
+/// since the reader's start): event `n` is due `n / rate` seconds after the start. Events
+/// leave in chunks of a millisecond's worth (at least one, at most a batch), each once its
+/// last event is due, so a fast rate costs a sleep per batch rather than a poll per event,
+/// and an event waits at most a millisecond in the reader.
 #[derive(Debug)]
 pub(super) struct Pacer {
     rate: u64,
-    origin: Instant,
-    /// Events handed out, as counted by the schedule.
+    /// Events released, as counted by the schedule.
     granted: u64,
 }
 
 impl Pacer {
     pub(super) fn new(rate: u64) -> Self {
         // Validation rejects rate 0; treating it as 1 keeps the arithmetic total.
-        Pacer { rate: rate.max(1), origin: Instant::now(), granted: 0 }
+        Pacer { rate: rate.max(1), granted: 0 }
     }
 
-    /// Events due by now (the first is due at once).
-    fn due(&self) -> u64 {
-        let elapsed = self.origin.elapsed().as_nanos();
-        u64::try_from(elapsed * u128::from(self.rate) / 1_000_000_000).unwrap_or(u64::MAX).saturating_add(1)
+    /// Events due `elapsed` after the start (the first is due at once).
+    fn due(&self, elapsed: Duration) -> u64 {
+        let due = elapsed.as_nanos().saturating_mul(u128::from(self.rate)) / 1_000_000_000;
+        u64::try_from(due).unwrap_or(u64::MAX).saturating_add(1)
     }
 
-    /// How many events may go out now, at most `max`: sleeps up to [`MAX_SLEEP`] for the next
-    /// one when ahead of schedule, and allows none if it is further off.
-    pub(super) fn allowance(&mut self, max: usize) -> usize {
-        let mut due = self.due();
+    /// When event `n` is due, after the start.
+    fn due_at(&self, n: u64) -> Duration {
+        let nanos = u128::from(n).saturating_mul(1_000_000_000) / u128::from(self.rate);
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// The decision at `elapsed` for a poll that takes at most `max` events; a release counts
+    /// as granted.
+    pub(super) fn next(&mut self, elapsed: Duration, max: usize) -> Pace {
+        let max = u64::try_from(max).unwrap_or(u64::MAX);
+        let due = self.due(elapsed);
         // A reader held up (backpressure, a slow poller) catches up at most one second's worth
         // in a burst, instead of flooding the pipeline with everything it missed.
         if due > self.granted.saturating_add(self.rate) {
             self.granted = due - self.rate;
         }
-        if due <= self.granted && max > 0 {
-            let next_due = Duration::from_nanos(
-                u64::try_from(u128::from(self.granted) * 1_000_000_000 / u128::from(self.rate)).unwrap_or(u64::MAX),
-            );
-            let wait = next_due.saturating_sub(self.origin.elapsed());
-            std::thread::sleep(wait.min(MAX_SLEEP));
-            due = self.due();
+        let chunk = (self.rate / 1_000).clamp(1, max.max(1));
+        let available = due.saturating_sub(self.granted);
+        if available >= chunk {
+            let released = available.min(max);
+            self.granted += released;
+            Pace::Release(released)
+        } else {
+            Pace::Wait(self.due_at(self.granted + chunk - 1).saturating_sub(elapsed))
         }
-        usize::try_from(due.saturating_sub(self.granted)).unwrap_or(usize::MAX).min(max)
-    }
-
-    pub(super) fn spent(&mut self, events: usize) {
-        self.granted = self.granted.saturating_add(events as u64);
     }
 }
 
@@ -277,6 +303,46 @@ pub(super) mod tests {
             let bound = 1 + (10.0 * elapsed) as usize;
             assert!((1..=bound).contains(&batch.len()), "{} events in {elapsed:.3} s", batch.len());
             assert!(idle > 0, "never ahead of schedule");
+        }
+    }
+
+    #[test]
+    fn the_pacer_releases_a_millisecond_at_a_time_as_it_falls_due() {
+        use super::{Pace, Pacer};
+        let us = Duration::from_micros;
+        // (rate, max per poll, [(time since start, decision)]), worked out from "event n is
+        // due n / rate s after the start; a chunk is rate / 1000 events, at least 1, at most
+        // max, released once its last event is due; at most one second behind".
+        let cases: [(u64, usize, &[(Duration, Pace)]); 3] = [
+            (
+                100_000,
+                1000,
+                &[
+                    (us(0), Pace::Wait(us(990))),
+                    (us(990), Pace::Release(100)),
+                    (us(1000), Pace::Wait(us(990))),
+                    (us(5000), Pace::Release(401)),
+                    (us(2_000_000), Pace::Release(1000)),
+                    (us(2_000_000), Pace::Release(1000)),
+                ],
+            ),
+            (
+                10,
+                1000,
+                &[
+                    (us(0), Pace::Release(1)),
+                    (us(50_000), Pace::Wait(us(50_000))),
+                    (us(100_000), Pace::Release(1)),
+                    (us(1_000_000), Pace::Release(9)),
+                ],
+            ),
+            (1_000_000, 64, &[(us(0), Pace::Wait(us(63))), (us(63), Pace::Release(64)), (us(63), Pace::Wait(us(64)))]),
+        ];
+        for (rate, max, steps) in cases {
+            let mut pacer = Pacer::new(rate);
+            for (i, (at, expected)) in steps.iter().enumerate() {
+                assert_eq!(pacer.next(*at, max), *expected, "rate {rate}, step {i} at {at:?}");
+            }
         }
     }
 
