@@ -43,7 +43,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
-use eddy_state::{HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list, state_id};
+use eddy_state::{
+    EntryCache, EntryMeasure, HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list,
+    state_id,
+};
 
 use eddy_checkpoint::OperatorSnapshot;
 
@@ -190,9 +193,80 @@ struct WindowStore {
     max_parallelism: u32,
     acc_state: eddy_state::StateId,
     sessions_state: eddy_state::StateId,
+    /// On a disk backend, the entries this store last wrote (accumulators, session lists), so
+    /// a window's update reads nothing from RocksDB; every write goes through this store, which
+    /// keeps it exact. None on the heap, where state is memory the state limit counts.
+    cache: Option<EntryCache<Vec<u8>>>,
 }
 
 impl WindowStore {
+    fn new(backend: Box<dyn StateBackend>, operator: String, max_parallelism: u32) -> Self {
+        let on_disk = backend.entry_measure() == EntryMeasure::KeyValueBytes;
+        Self {
+            backend,
+            keys: StateKey::default(),
+            value: Vec::new(),
+            operator,
+            max_parallelism,
+            acc_state: state_id(ACC_STATE),
+            sessions_state: state_id(SESSIONS_STATE),
+            cache: on_disk.then(|| EntryCache::new(eddy_state::WINDOW_CACHE_BYTES)),
+        }
+    }
+
+    /// Reads `entry` into `value` (cleared first), from the cache when it knows the entry.
+    fn read(
+        backend: &dyn StateBackend,
+        cache: &mut Option<EntryCache<Vec<u8>>>,
+        entry: &[u8],
+        value: &mut Vec<u8>,
+    ) -> Result<bool, StateError> {
+        value.clear();
+        let Some(cache) = cache else { return backend.read_into(entry, value) };
+        if let Some(known) = cache.get(entry) {
+            value.extend_from_slice(known);
+            return Ok(true);
+        }
+        let found = backend.read_into(entry, value)?;
+        if found {
+            cache.insert(entry, value.clone());
+        }
+        Ok(found)
+    }
+
+    /// Writes `value` under `entry`, then remembers it.
+    fn write(
+        backend: &mut dyn StateBackend,
+        cache: &mut Option<EntryCache<Vec<u8>>>,
+        entry: &[u8],
+        value: &[u8],
+    ) -> Result<(), StateError> {
+        backend.put(entry, value)?;
+        if let Some(cache) = cache
+            && !cache.update(entry, |known| {
+                known.clear();
+                known.extend_from_slice(value);
+            })
+        {
+            cache.insert(entry, value.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Deletes `entry` and forgets it (a purged window is never read again: remembering its
+    /// absence would only fill the cache).
+    fn remove(
+        backend: &mut dyn StateBackend,
+        cache: &mut Option<EntryCache<Vec<u8>>>,
+        entry: &[u8],
+    ) -> Result<(), StateError> {
+        backend.delete(entry)?;
+        if let Some(cache) = cache {
+            cache.remove(entry);
+        }
+        Ok(())
+    }
+
     fn error(&self, source: StateError) -> OperatorError {
         OperatorError::State { operator: self.operator.clone(), source }
     }
@@ -209,8 +283,8 @@ impl WindowStore {
     /// [`Self::acc`], borrowed from a buffer the next read reuses.
     fn acc_ref(&mut self, key: &[u8], window: &Window) -> Result<Option<(bool, &[u8])>, OperatorError> {
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
-        self.value.clear();
-        let found = self.backend.read_into(entry, &mut self.value).map_err(|e| self.error(e))?;
+        let found =
+            Self::read(self.backend.as_ref(), &mut self.cache, entry, &mut self.value).map_err(|e| self.error(e))?;
         match found {
             false => Ok(None),
             true => match self.value.split_first() {
@@ -228,30 +302,32 @@ impl WindowStore {
         self.value.push(if fired { FIRED } else { NOT_FIRED });
         self.value.extend_from_slice(acc);
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
-        self.backend.put(entry, &self.value).map_err(|e| self.error(e))
+        Self::write(self.backend.as_mut(), &mut self.cache, entry, &self.value).map_err(|e| self.error(e))
     }
 
     fn delete_acc(&mut self, key: &[u8], window: &Window) -> Result<(), OperatorError> {
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
-        self.backend.delete(entry).map_err(|e| self.error(e))
+        Self::remove(self.backend.as_mut(), &mut self.cache, entry).map_err(|e| self.error(e))
     }
 
     fn sessions(&mut self, key: &[u8]) -> Result<Vec<Window>, OperatorError> {
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
-        let Some(list) = self.backend.get(entry).map_err(|e| self.error(e))? else {
+        let found =
+            Self::read(self.backend.as_ref(), &mut self.cache, entry, &mut self.value).map_err(|e| self.error(e))?;
+        if !found {
             return Ok(Vec::new());
-        };
-        let items = decode_list(&list).map_err(|e| self.error(e))?;
+        }
+        let items = decode_list(&self.value).map_err(|e| self.error(e))?;
         items.iter().map(|w| decode_window(w).map_err(|e| self.error(e))).collect()
     }
 
     fn put_sessions(&mut self, key: &[u8], sessions: &[Window]) -> Result<(), OperatorError> {
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
         let result = if sessions.is_empty() {
-            self.backend.delete(entry)
+            Self::remove(self.backend.as_mut(), &mut self.cache, entry)
         } else {
             let items: Vec<[u8; 16]> = sessions.iter().map(encode_window).collect();
-            self.backend.put(entry, &encode_list(&items))
+            Self::write(self.backend.as_mut(), &mut self.cache, entry, &encode_list(&items))
         };
         result.map_err(|e| self.error(e))
     }
@@ -454,15 +530,7 @@ impl<A: AggregateFn> WindowOperator<A> {
         debug_assert!(config.kind.validate().is_ok(), "unvalidated window config {:?}", config.kind);
         let name = name.into();
         Self {
-            store: WindowStore {
-                backend: state,
-                keys: StateKey::default(),
-                value: Vec::new(),
-                operator: name.clone(),
-                max_parallelism: config.max_parallelism,
-                acc_state: state_id(ACC_STATE),
-                sessions_state: state_id(SESSIONS_STATE),
-            },
+            store: WindowStore::new(state, name.clone(), config.max_parallelism),
             name,
             kind: config.kind,
             allowed_lateness_ms: config.allowed_lateness_ms.max(0),

@@ -6,9 +6,10 @@
 //! the server hold at most: its slots; the disk its RocksDB state may fill; and the memory its
 //! operator instances, its heap state (which is memory: the heap backend counts what its
 //! entries occupy, and a snapshot in flight and emptied leaves can make that up to about 3x,
-//! [`eddy_state::heap_memory_bound_bytes`]) and its RocksDB caches may take. The
-//! same memory is also charged to the server's budget ([`crate::supervisor::Supervisor`]),
-//! so tenants together cannot take more than the machine has.
+//! [`eddy_state::heap_memory_bound_bytes`]) and its RocksDB caches (with the host's entry
+//! caches beside them) may take. The same memory is also charged to the server's budget
+//! ([`crate::supervisor::Supervisor`]), so tenants together cannot take more than the machine
+//! has.
 
 use std::sync::Arc;
 
@@ -140,7 +141,9 @@ impl Demand {
                 StateBackendKind::Rocksdb => {
                     state_bytes = state_bytes.saturating_add(limit.saturating_mul(parallelism));
                     let caches = spec.state.block_cache_mb.saturating_add(spec.state.write_buffer_mb.saturating_mul(2));
-                    u64::try_from(caches).unwrap_or(u64::MAX).saturating_mul(1 << 20)
+                    let rocksdb = u64::try_from(caches).unwrap_or(u64::MAX).saturating_mul(1 << 20);
+                    // And the host's caches of what it wrote, beside the database.
+                    rocksdb.saturating_add(eddy_state::DISK_ENTRY_CACHES_BYTES as u64)
                 }
             };
             let instance = per_subtask.saturating_add(instance_memory);
@@ -286,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn a_jobs_demand_counts_instances_heap_state_twice_and_rocksdb_caches_as_memory() {
+    fn a_jobs_demand_counts_instances_heap_state_twice_and_rocksdb_and_host_caches_as_memory() {
         let heap = spec(
             "name: a\nparallelism: 2\nsources: [{type: generator, name: g}]\nsteps:\n  - {name: s, wasm: x}\n  - {name: \
              c, wasm: y, key_by: key, state_max_bytes: 1000}\nstate: {max_bytes_per_subtask: 100}\nsink: {type: \
@@ -306,6 +309,6 @@ mod tests {
              {backend: rocksdb, max_bytes_per_subtask: 5, block_cache_mb: 8, write_buffer_mb: 4}\nsink: {type: print}\n",
         );
         let d = Demand::of(&rocks, 0);
-        assert_eq!(d, Demand { slots: 3, state_bytes: 15, memory_bytes: 3 * (16 << 20) });
+        assert_eq!(d, Demand { slots: 3, state_bytes: 15, memory_bytes: 3 * ((16 << 20) + (12 << 20)) });
     }
 }

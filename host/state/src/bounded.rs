@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use crate::{BackendSnapshot, EntryMeasure, StateBackend, StateError, StateLimitExceeded};
+use crate::{BackendSnapshot, EntryCache, EntryMeasure, StateBackend, StateError, StateLimitExceeded};
 
 /// How much state one subtask of one step may hold. Bytes are entries as stored (a TTL stamp
 /// included) in the backend's [`EntryMeasure`]: on the heap the memory they hold, node
@@ -49,6 +49,11 @@ pub struct BoundedBackend {
     limits: StateLimits,
     how_to_raise: String,
     usage: StateUsage,
+    /// On disk, the length of the value last written under each key, so a rewrite or a
+    /// delete need not read the backend to learn what it replaces (every write to the inner
+    /// backend passes through here, which keeps it exact). None on the heap: its lookups
+    /// cost as much as the cache's, and its state is memory this count must hold to.
+    lengths: Option<EntryCache<usize>>,
 }
 
 impl std::fmt::Debug for BoundedBackend {
@@ -95,12 +100,22 @@ impl BoundedBackend {
                 usage
             }
         };
-        Ok(Self { inner, measure, limits, how_to_raise: how_to_raise.into(), usage })
+        let lengths = (measure == EntryMeasure::KeyValueBytes).then(|| EntryCache::new(crate::LENGTHS_CACHE_BYTES));
+        Ok(Self { inner, measure, limits, how_to_raise: how_to_raise.into(), usage, lengths })
+    }
+
+    /// The length of the value under `key`, if this backend remembers it.
+    fn known_len(&self, key: &[u8]) -> Option<usize> {
+        self.lengths.as_ref().and_then(|l| l.get(key)).copied()
     }
 
     /// The usage after removing the entry under `key`, if there is one.
     fn without(&self, key: &[u8]) -> Result<StateUsage, StateError> {
-        Ok(usage_without(self.measure, self.usage, key, self.inner.value_len(key)?))
+        let len = match self.known_len(key) {
+            Some(len) => Some(len),
+            None => self.inner.value_len(key)?,
+        };
+        Ok(usage_without(self.measure, self.usage, key, len))
     }
 }
 
@@ -145,14 +160,27 @@ impl StateBackend for BoundedBackend {
     }
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-        let Self { inner, measure, limits, how_to_raise, usage } = self;
+        let known = self.known_len(key);
+        let Self { inner, measure, limits, how_to_raise, usage, lengths } = self;
         let mut next = *usage;
-        inner.put_admitted(key, value, &mut |old| {
+        let mut check = |old| {
             let rest = usage_without(*measure, *usage, key, old);
             next = StateUsage { bytes: rest.bytes + measure.bytes(key.len(), value.len()), entries: rest.entries + 1 };
             admit(*usage, limits, how_to_raise, next)
-        })?;
+        };
+        match known {
+            Some(old) => {
+                check(Some(old))?;
+                inner.put(key, value)?;
+            }
+            None => inner.put_admitted(key, value, &mut check)?,
+        }
         self.usage = next;
+        if let Some(lengths) = lengths
+            && !lengths.update(key, |len| *len = value.len())
+        {
+            lengths.insert(key, value.len());
+        }
         Ok(())
     }
 
@@ -160,6 +188,9 @@ impl StateBackend for BoundedBackend {
         let next = self.without(key)?;
         self.inner.delete(key)?;
         self.usage = next;
+        if let Some(lengths) = &mut self.lengths {
+            lengths.remove(key);
+        }
         Ok(())
     }
 
@@ -178,6 +209,9 @@ impl StateBackend for BoundedBackend {
             removed.entries += 1;
         })?;
         self.inner.delete_prefix(prefix)?;
+        if let Some(lengths) = &mut self.lengths {
+            lengths.clear();
+        }
         self.usage.bytes = self.usage.bytes.saturating_sub(removed.bytes);
         self.usage.entries = self.usage.entries.saturating_sub(removed.entries);
         Ok(())
@@ -190,7 +224,13 @@ impl StateBackend for BoundedBackend {
     fn purge_expired(&mut self) -> Result<usize, StateError> {
         // Whatever the inner backend reclaims on its own is outside this count; a storage
         // backend (the only thing this wraps) expires nothing itself.
-        self.inner.purge_expired()
+        let purged = self.inner.purge_expired()?;
+        if purged > 0
+            && let Some(lengths) = &mut self.lengths
+        {
+            lengths.clear();
+        }
+        Ok(purged)
     }
 
     fn snapshot(&mut self, staging: &Path) -> Result<BackendSnapshot, StateError> {
@@ -236,26 +276,34 @@ mod tests {
 
     const UNLIMITED: StateLimits = StateLimits { max_bytes: u64::MAX, max_entries: u64::MAX };
 
-    /// Usage recomputed from a plain map in the heap's measure: the oracle of the bookkeeping
-    /// (what the measure itself is worth, `tests/heap_memory.rs` measures).
-    fn usage_of(map: &BTreeMap<Vec<u8>, Vec<u8>>) -> StateUsage {
-        let bytes = map.iter().map(|(k, v)| EntryMeasure::HeapMemory.bytes(k.len(), v.len())).sum();
+    /// Usage recomputed from a plain map in `measure`: the oracle of the bookkeeping (what the
+    /// heap's measure itself is worth, `tests/heap_memory.rs` measures).
+    fn usage_of(measure: EntryMeasure, map: &BTreeMap<Vec<u8>, Vec<u8>>) -> StateUsage {
+        let bytes = map.iter().map(|(k, v)| measure.bytes(k.len(), v.len())).sum();
         StateUsage { bytes, entries: map.len() as u64 }
     }
 
     proptest! {
         /// Overwrites, deletes and prefix deletes keep the count equal to what is stored, and
-        /// a refused write changes nothing. Limits up to about seven small heap entries.
+        /// a refused write changes nothing: on the heap, and on RocksDB, where the count takes
+        /// replaced lengths from its cache of what it wrote. Limits up to about seven small
+        /// heap entries.
         #[test]
-        fn usage_is_what_is_stored(ops in proptest::collection::vec(op(), 0..60), max_bytes in 0u64..1_600, max_entries in 0u64..12) {
-            let mut backend = bounded(StateLimits { max_bytes, max_entries });
+        fn usage_is_what_is_stored(ops in proptest::collection::vec(op(), 0..60), max_bytes in 0u64..1_600, max_entries in 0u64..12, disk in any::<bool>()) {
+            let limits = StateLimits { max_bytes, max_entries };
+            let dir = tempfile::tempdir().unwrap();
+            let (mut backend, measure) = match disk {
+                true => (on_disk(&dir, &[], limits), EntryMeasure::KeyValueBytes),
+                false => (bounded(limits), EntryMeasure::HeapMemory),
+            };
+            let counted = |map: &BTreeMap<Vec<u8>, Vec<u8>>| usage_of(measure, map);
             let mut oracle: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
             for op in ops {
                 match op {
                     Op::Put(k, v) => {
                         let mut next = oracle.clone();
                         next.insert(k.clone(), v.clone());
-                        let (now, after) = (usage_of(&oracle), usage_of(&next));
+                        let (now, after) = (counted(&oracle), counted(&next));
                         let grows_past = (after.bytes > max_bytes && after.bytes > now.bytes)
                             || (after.entries > max_entries && after.entries > now.entries);
                         match backend.put(&k, &v) {
@@ -269,11 +317,33 @@ mod tests {
                     Op::Delete(k) => { backend.delete(&k).unwrap(); oracle.remove(&k); }
                     Op::DeletePrefix(p) => { backend.delete_prefix(&p).unwrap(); oracle.retain(|k, _| !k.starts_with(&p)); }
                 }
-                prop_assert_eq!(backend.usage(), Some(usage_of(&oracle)));
+                prop_assert_eq!(backend.usage(), Some(counted(&oracle)));
                 let mut stored = BTreeMap::new();
                 backend.scan_prefix(b"", &mut |k, v| { stored.insert(k.to_vec(), v.to_vec()); }).unwrap();
                 prop_assert_eq!(&stored, &oracle);
             }
+        }
+    }
+
+    #[test]
+    fn on_disk_rewrites_and_deletes_count_the_length_last_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = on_disk(&dir, &[(b"old", b"12345")], UNLIMITED);
+        // (write, bytes counted after it): key plus value bytes of what is stored.
+        let steps: [(&[u8], Option<&[u8]>, u64); 6] = [
+            (b"k", Some(b"ab"), 8 + 3),
+            (b"k", Some(b"abcde"), 8 + 6),
+            (b"k", Some(b"a"), 8 + 2),
+            (b"old", Some(b"1"), 4 + 2),
+            (b"k", None, 4),
+            (b"old", None, 0),
+        ];
+        for (i, (key, value, bytes)) in steps.into_iter().enumerate() {
+            match value {
+                Some(v) => backend.put(key, v).unwrap(),
+                None => backend.delete(key).unwrap(),
+            }
+            assert_eq!(backend.usage().map(|u| u.bytes), Some(bytes), "after step {i}");
         }
     }
 

@@ -164,6 +164,38 @@ fn operator<A: AggregateFn>(kind: WindowKind, allowed_lateness_ms: i64, aggregat
     WindowOperator::new("win", config(kind, allowed_lateness_ms), aggregate, Box::new(HeapStateBackend::default()))
 }
 
+/// A heap backend that counts its entries as a disk backend does, so the window store keeps
+/// its entry cache over it (as over RocksDB) and the oracles check the cached path.
+#[derive(Debug, Default)]
+struct MeasuredAsDisk(HeapStateBackend);
+
+impl StateBackend for MeasuredAsDisk {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        self.0.get(key)
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        self.0.put(key, value)
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
+        self.0.delete(key)
+    }
+    fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
+        self.0.scan_prefix(prefix, visit)
+    }
+    fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
+        self.0.delete_prefix(prefix)
+    }
+    fn approximate_len(&self) -> usize {
+        self.0.approximate_len()
+    }
+    fn raw_mut(&mut self) -> &mut dyn StateBackend {
+        self
+    }
+    fn entry_measure(&self) -> EntryMeasure {
+        EntryMeasure::KeyValueBytes
+    }
+}
+
 /// One event: key `k{key}`, event time, value `{"v": v}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Ev {
@@ -340,7 +372,19 @@ fn arrivals(start: i64, raw: &[(u8, i64, i64, i64, u8)], max_delay: i64) -> Vec<
 }
 
 fn drive(kind: WindowKind, lateness: i64, bound: i64, events: &[Ev], chunks: &[usize]) -> Run {
-    let mut op = operator(kind, lateness, SumCount::default());
+    drive_on(Box::new(HeapStateBackend::default()), kind, lateness, bound, events, chunks)
+}
+
+/// [`drive`] over `state`.
+fn drive_on(
+    state: Box<dyn StateBackend>,
+    kind: WindowKind,
+    lateness: i64,
+    bound: i64,
+    events: &[Ev],
+    chunks: &[usize],
+) -> Run {
+    let mut op = WindowOperator::new("win", config(kind, lateness), SumCount::default(), state);
     let mut generator = BoundedOutOfOrderness::new(bound);
     let mut in_order = Vec::new();
     let mut late = Vec::new();

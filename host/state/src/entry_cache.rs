@@ -1,0 +1,137 @@
+//! A bounded map from state keys to what their owner last wrote under them, beside a disk
+//! backend: the owner answers reads from it instead of a lookup through RocksDB's memtable
+//! and block cache.
+//!
+//! It is exact only because every write under its keys passes through its owner, which
+//! updates it after the backend took the write (so limits, snapshots and restores see the
+//! backend alone). It holds at most its budget of host memory and starts over when that is
+//! reached: no eviction order to keep, and a cache that keeps starting over is one whose keys
+//! do not repeat, where it could not help anyway. Its count is of the memory it holds: slots,
+//! and keys and values as glibc's malloc sizes them. Meant for disk backends only: on the heap,
+//! state is memory the state limit counts, and a copy beside it would escape that limit.
+
+use crate::heap_memory::allocation_bytes;
+
+/// Host memory of the caches beside a disk backend: a [`crate::BoundedBackend`]'s lengths.
+pub const LENGTHS_CACHE_BYTES: usize = 4 << 20;
+/// Host memory of a window operator's cache of its accumulators, on a disk backend.
+pub const WINDOW_CACHE_BYTES: usize = 8 << 20;
+/// The most host memory the entry caches take per step subtask on a disk backend (what a
+/// job's memory demand counts beside RocksDB's own caches).
+pub const DISK_ENTRY_CACHES_BYTES: usize = LENGTHS_CACHE_BYTES + WINDOW_CACHE_BYTES;
+
+/// What a cached value holds outside its slot of the map, bytes.
+pub trait Weigh {
+    /// Bytes of its own allocations, as malloc sizes them.
+    fn heap_bytes(&self) -> usize;
+}
+
+impl Weigh for usize {
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
+
+impl Weigh for Vec<u8> {
+    fn heap_bytes(&self) -> usize {
+        allocation_bytes(self.capacity()) as usize
+    }
+}
+
+/// Keys to the last value written under them, within a memory budget.
+#[derive(Debug)]
+pub struct EntryCache<V> {
+    map: foldhash::HashMap<Box<[u8]>, V>,
+    used: usize,
+    budget: usize,
+}
+
+impl<V: Weigh> EntryCache<V> {
+    /// An empty cache of at most `budget` bytes.
+    pub fn new(budget: usize) -> Self {
+        Self { map: foldhash::HashMap::default(), used: 0, budget }
+    }
+
+    /// What was last written under `key`, if this cache still knows.
+    pub fn get(&self, key: &[u8]) -> Option<&V> {
+        self.map.get(key)
+    }
+
+    /// Rewrites the value under `key` in place (no allocation for a known key); returns
+    /// whether the key was known.
+    pub fn update(&mut self, key: &[u8], rewrite: impl FnOnce(&mut V)) -> bool {
+        let Some(slot) = self.map.get_mut(key) else { return false };
+        let before = slot.heap_bytes();
+        rewrite(slot);
+        self.used = self.used.saturating_sub(before) + slot.heap_bytes();
+        true
+    }
+
+    /// What an entry costs at most: its slots (the table doubles as it grows and keeps at most
+    /// 7 of 8 slots full, so up to 16/7 slots and control bytes per entry), the key's
+    /// allocation and the value's.
+    fn cost(key: &[u8], value: &V) -> usize {
+        (size_of::<(Box<[u8]>, V)>() + 1) * 16 / 7 + allocation_bytes(key.len()) as usize + value.heap_bytes()
+    }
+
+    /// Remembers `value` as written under `key`.
+    pub fn insert(&mut self, key: &[u8], value: V) {
+        if let Some(slot) = self.map.get_mut(key) {
+            self.used = self.used.saturating_sub(slot.heap_bytes()) + value.heap_bytes();
+            *slot = value;
+            return;
+        }
+        let cost = Self::cost(key, &value);
+        if self.used + cost > self.budget {
+            self.clear();
+            if cost > self.budget {
+                return;
+            }
+        }
+        self.used += cost;
+        self.map.insert(key.into(), value);
+    }
+
+    /// Forgets `key` (deleted, or no longer known).
+    pub fn remove(&mut self, key: &[u8]) {
+        if let Some(value) = self.map.remove(key) {
+            self.used = self.used.saturating_sub(Self::cost(key, &value));
+        }
+    }
+
+    /// Forgets everything.
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.used = 0;
+    }
+
+    /// Bytes held, as counted.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn it_answers_what_was_written_and_starts_over_when_full() {
+        let cost = |key: &[u8]| EntryCache::<usize>::cost(key, &0);
+        let mut cache = EntryCache::new(2 * cost(b"a"));
+        cache.insert(b"a", 1usize);
+        cache.insert(b"b", 2);
+        assert_eq!((cache.get(b"a"), cache.get(b"b")), (Some(&1), Some(&2)));
+        cache.insert(b"a", 3);
+        assert_eq!((cache.get(b"a"), cache.used()), (Some(&3), 2 * cost(b"a")), "an overwrite costs nothing more");
+        cache.insert(b"c", 4);
+        assert_eq!((cache.get(b"a"), cache.get(b"b"), cache.get(b"c")), (None, None, Some(&4)), "full: started over");
+        assert!(cache.update(b"c", |v| *v = 5) && !cache.update(b"a", |v| *v = 5));
+        assert_eq!(cache.get(b"c"), Some(&5));
+        cache.remove(b"c");
+        assert_eq!((cache.get(b"c"), cache.used()), (None, 0));
+        let mut tiny: EntryCache<Vec<u8>> = EntryCache::new(8);
+        tiny.insert(b"k", vec![0; 64]);
+        assert_eq!(tiny.get(b"k"), None, "a value beyond the budget is not kept");
+    }
+}
