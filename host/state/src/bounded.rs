@@ -329,8 +329,10 @@ mod tests {
     fn on_disk_rewrites_and_deletes_count_the_length_last_written() {
         let dir = tempfile::tempdir().unwrap();
         let mut backend = on_disk(&dir, &[(b"old", b"12345")], UNLIMITED);
-        // (write, bytes counted after it): key plus value bytes of what is stored.
-        let steps: [(&[u8], Option<&[u8]>, u64); 6] = [
+        // (key, value written or none for a delete, bytes counted after it): key plus value
+        // bytes of what is stored.
+        type Step = (&'static [u8], Option<&'static [u8]>, u64);
+        let steps: [Step; 6] = [
             (b"k", Some(b"ab"), 8 + 3),
             (b"k", Some(b"abcde"), 8 + 6),
             (b"k", Some(b"a"), 8 + 2),

@@ -313,7 +313,8 @@ pub(super) mod tests {
         // (rate, max per poll, [(time since start, decision)]), worked out from "event n is
         // due n / rate s after the start; a chunk is rate / 1000 events, at least 1, at most
         // max, released once its last event is due; at most one second behind".
-        let cases: [(u64, usize, &[(Duration, Pace)]); 3] = [
+        type Case<'a> = (u64, usize, &'a [(Duration, Pace)]);
+        let cases: [Case<'_>; 3] = [
             (
                 100_000,
                 1000,
