@@ -201,16 +201,14 @@ pub fn run_eddy(args: &BenchArgs) -> Result<SideReport> {
     let (shared, paced) = (rows.clone(), entries.clone());
     // One measuring sink per subtask of the last step (the spec's sink is a blackhole, which
     // runs at its input's parallelism), so no single sink thread funnels the output.
-    let sinks: SinkFactory =
-        Box::new(move |_| Box::new(MeasuringSink { rows: shared.clone(), paced: paced.clone() }));
+    let sinks: SinkFactory = Box::new(move |_| Box::new(MeasuringSink { rows: shared.clone(), paced: paced.clone() }));
     let observer = entries.as_ref().map(EntryLog::observer);
     let (cpu_before, _) = cpu_and_rss();
     let started = Instant::now();
     let summary = if args.spread > 1 {
         run_spread(&spec, &runtime, args.spread, sinks, observer)
     } else {
-        let options =
-            JobOptions { sink_per_subtask: Some(sinks), source_observer: observer, ..JobOptions::default() };
+        let options = JobOptions { sink_per_subtask: Some(sinks), source_observer: observer, ..JobOptions::default() };
         Job::run(&spec, &runtime, options, Duration::from_secs(3600), |_, _| {}).map_err(anyhow::Error::from)
     };
     // The temporary checkpoint and state directories of this side.

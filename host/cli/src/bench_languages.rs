@@ -6,7 +6,9 @@
 //! - **q1**: Nexmark q1 (a stateless map over generated events); records are events.
 //!
 //! Records per CPU second (user + system, `getrusage`, the whole process while the job runs)
-//! are medians over `--runs` runs taken in turn. Per component: artifact size, compile time
+//! are medians over `--runs` runs taken in turn. For word count also per step: words out of
+//! the split and into the count per CPU second of that step's own thread (the engine's
+//! per-task CPU time), what one operator in the language costs apart from the rest of the job. Per component: artifact size, compile time
 //! (a fresh compile, no cache), instantiate-and-open time and linear memory per instance.
 
 use std::collections::HashMap;
@@ -14,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use eddy_engine::{Job, JobOptions};
+use eddy_engine::{Job, JobOptions, MetricsSnapshot};
 use eddy_plan::PipelineSpec;
 use eddy_runtime::{Runtime, RuntimeConfig, Subtask};
 use serde::Serialize;
@@ -63,6 +65,10 @@ struct Throughput {
     records: u64,
     records_per_cpu_sec: Option<f64>,
     native_per_cpu_sec: Option<f64>,
+    /// Word count: words the split step emitted per CPU second of its thread.
+    split_step_per_cpu_sec: Option<f64>,
+    /// Word count: words the count step took per CPU second of its thread.
+    count_step_per_cpu_sec: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -119,12 +125,21 @@ fn q1_spec(events: u64, q1: &Path) -> Result<PipelineSpec> {
     Ok(PipelineSpec::from_yaml(&yaml)?)
 }
 
-fn run_job(spec: &PipelineSpec, runtime: &Runtime) -> Result<()> {
+fn run_job(spec: &PipelineSpec, runtime: &Runtime) -> Result<MetricsSnapshot> {
     let summary = Job::run(spec, runtime, JobOptions::default(), Duration::from_secs(3600), |_, _| {})?;
     if !summary.finished {
         bail!("{} did not finish", spec.name);
     }
-    Ok(())
+    Ok(summary.metrics)
+}
+
+/// Per CPU second of its thread: the words the word count's split task emitted and its count
+/// task took (the split is chained with the source, the count with the sink).
+fn step_rates(metrics: &MetricsSnapshot) -> Option<(f64, f64)> {
+    let rate = |records: u64, cpu_ns: u64| (cpu_ns > 0).then(|| records as f64 / (cpu_ns as f64 / 1e9));
+    let task = |step: &str| metrics.tasks.iter().find(|t| t.label.contains(step));
+    let (split, count) = (task("-> split")?, task("count ->")?);
+    Some((rate(split.records_out, split.cpu_ns)?, rate(count.records_in, count.cpu_ns)?))
 }
 
 /// The native loop of the word count: the same split and count, in a HashMap.
@@ -204,24 +219,39 @@ pub fn run(args: &LanguageArgs) -> Result<()> {
         run_job(q1, &runtime)?;
     }
     let mut cpu: HashMap<(&str, &str), Vec<f64>> = HashMap::new();
+    let mut steps: HashMap<&str, (Vec<f64>, Vec<f64>)> = HashMap::new();
     for run in 0..args.runs {
         eprintln!("run {} of {} ...", run + 1, args.runs);
         cpu.entry(("native", "wordcount")).or_default().push(cpu_of(|| native_wordcount(&words))?);
         cpu.entry(("native", "q1")).or_default().push(cpu_of(|| native_q1(args.events))?);
         for (lang, wordcount, q1) in &jobs {
-            cpu.entry((lang, "wordcount")).or_default().push(cpu_of(|| run_job(wordcount, &runtime))?);
-            cpu.entry((lang, "q1")).or_default().push(cpu_of(|| run_job(q1, &runtime))?);
+            let mut metrics = None;
+            cpu.entry((lang, "wordcount"))
+                .or_default()
+                .push(cpu_of(|| run_job(wordcount, &runtime).map(|m| metrics = Some(m)))?);
+            if let Some((split, count)) = metrics.as_ref().and_then(step_rates) {
+                let rates = steps.entry(lang).or_default();
+                rates.0.push(split);
+                rates.1.push(count);
+            }
+            cpu.entry((lang, "q1")).or_default().push(cpu_of(|| run_job(q1, &runtime).map(drop))?);
         }
     }
     let mut rows = Vec::new();
     for g in LANGUAGES {
         for (workload, records) in [("wordcount", args.words), ("q1", args.events)] {
+            let (split, count) = match workload {
+                "wordcount" => steps.remove(g.lang).map_or((None, None), |(s, c)| (median(s), median(c))),
+                _ => (None, None),
+            };
             rows.push(Throughput {
                 lang: g.lang.into(),
                 workload,
                 records,
                 records_per_cpu_sec: rate(records, cpu.remove(&(g.lang, workload)).unwrap_or_default()),
                 native_per_cpu_sec: rate(records, cpu.get(&("native", workload)).cloned().unwrap_or_default()),
+                split_step_per_cpu_sec: split,
+                count_step_per_cpu_sec: count,
             });
         }
     }
@@ -237,20 +267,30 @@ fn print_tables(rows: &[Throughput], costs: &[ComponentCost], runs: usize) {
     let rust = |workload: &str| rows.iter().find(|r| r.lang == "rust" && r.workload == workload).map(per);
     println!("records per CPU second, medians of {runs} runs:");
     println!(
-        "{:<8} {:<10} {:>10} {:>14} {:>9} {:>11}",
-        "language", "workload", "records", "records/cpu-s", "vs rust", "vs native"
+        "{:<8} {:<10} {:>10} {:>14} {:>9} {:>11} {:>16} {:>16}",
+        "language",
+        "workload",
+        "records",
+        "records/cpu-s",
+        "vs rust",
+        "vs native",
+        "split step/cpu-s",
+        "count step/cpu-s"
     );
+    let step = |rate: Option<f64>| rate.map_or("-".to_string(), |r| format!("{r:.0}"));
     for r in rows {
         let vs_rust = rust(r.workload).map_or(0.0, |base| per(r) / base.max(1e-9));
         let vs_native = r.native_per_cpu_sec.map_or(0.0, |n| per(r) / n.max(1e-9));
         println!(
-            "{:<8} {:<10} {:>10} {:>14.0} {:>8.3}x {:>10.3}x",
+            "{:<8} {:<10} {:>10} {:>14.0} {:>8.3}x {:>10.3}x {:>16} {:>16}",
             r.lang,
             r.workload,
             r.records,
             per(r),
             vs_rust,
-            vs_native
+            vs_native,
+            step(r.split_step_per_cpu_sec),
+            step(r.count_step_per_cpu_sec)
         );
     }
     println!(

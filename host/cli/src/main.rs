@@ -7,8 +7,8 @@ use std::time::Duration;
 
 mod bench;
 mod bench_checkpoint;
-mod bench_latency;
 mod bench_languages;
+mod bench_latency;
 mod client;
 mod cluster;
 mod project;
@@ -574,13 +574,14 @@ fn summary(plan: &PhysicalPlan, run: &RunSummary) {
     );
     for (task, t) in plan.tasks.iter().zip(&m.tasks) {
         eprintln!(
-            "  task {} x{}  {}: in {}  out {}  watermark {}",
+            "  task {} x{}  {}: in {}  out {}  watermark {}  cpu {:.2}s",
             task.id,
             task.parallelism,
             t.label,
             t.records_in,
             t.records_out,
-            watermark_text(Some(t.watermark))
+            watermark_text(Some(t.watermark)),
+            t.cpu_ns as f64 / 1e9
         );
     }
 }

@@ -509,6 +509,7 @@ fn metrics_show_each_tenant_its_own_jobs_and_the_admin_all() {
     assert!(sample(&first, "eddy_job_last_checkpoint_size_bytes", &a_label).is_some_and(|b| b > 0.0), "{first}");
     let count_task = format!("{a_label},job=\"{}\",name=\"counts\",task=\"1\"", jobs[0]);
     assert!(sample(&first, "eddy_task_wasm_memory_bytes", &count_task).is_some_and(|b| b > 0.0), "{first}");
+    assert!(sample(&first, "eddy_task_cpu_seconds_total", &count_task).is_some_and(|s| s > 0.0), "{first}");
     let deadline = Instant::now() + Duration::from_secs(60);
     while sample(&scrape(&a), "eddy_task_records_in_total", &a_label).unwrap_or(0.0) <= before {
         assert!(Instant::now() < deadline, "records in never rose");

@@ -26,6 +26,9 @@ pub struct SubtaskMetrics {
     pub late_records: AtomicU64,
     /// Linear memory the chain's Wasm instances hold (updated on the processing-time tick).
     pub wasm_memory_bytes: AtomicU64,
+    /// CPU time the subtask's thread has used, ns (updated on the processing-time tick and
+    /// when it ends): what one step costs, apart from the rest of the job.
+    pub cpu_ns: AtomicU64,
 }
 
 impl SubtaskMetrics {
@@ -40,6 +43,7 @@ impl SubtaskMetrics {
             blocked_ns: Arc::new(AtomicU64::new(0)),
             late_records: AtomicU64::new(0),
             wasm_memory_bytes: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
         }
     }
 
@@ -66,6 +70,9 @@ pub struct TaskSnapshot {
     pub late_records: u64,
     /// Summed over subtasks.
     pub wasm_memory_bytes: u64,
+    /// CPU time of the subtasks' threads, ns, summed (absent from older workers: 0).
+    #[serde(default)]
+    pub cpu_ns: u64,
 }
 
 /// The whole job (or one part of a spread job) at one moment.
@@ -94,6 +101,7 @@ impl MetricsSnapshot {
             t.blocked_ns = t.blocked_ns.saturating_add(p.blocked_ns);
             t.late_records = t.late_records.saturating_add(p.late_records);
             t.wasm_memory_bytes = t.wasm_memory_bytes.saturating_add(p.wasm_memory_bytes);
+            t.cpu_ns = t.cpu_ns.saturating_add(p.cpu_ns);
         }
         self.source_records = self.source_records.saturating_add(part.source_records);
         self.sink_records = self.sink_records.saturating_add(part.sink_records);
@@ -174,6 +182,7 @@ impl JobMetrics {
             t.blocked_ns += s.blocked_ns.load(Ordering::Relaxed);
             t.late_records += s.late_records.load(Ordering::Relaxed);
             t.wasm_memory_bytes += s.wasm_memory_bytes.load(Ordering::Relaxed);
+            t.cpu_ns += s.cpu_ns.load(Ordering::Relaxed);
         }
         let source_records = self.source_tasks.iter().filter_map(|&i| tasks.get(i)).map(|t| t.records_in).sum();
         let sink_records = tasks.get(self.sink_task).map_or(0, |t| t.records_out);

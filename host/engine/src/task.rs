@@ -181,6 +181,7 @@ impl SubtaskRunner {
     /// Runs until the input ends, the job is cancelled or something fails.
     pub(crate) fn run(mut self) -> Result<Ended, TaskError> {
         let result = self.start().and_then(|()| self.run_loop());
+        self.record_cpu();
         match result {
             // A closed channel during cancellation is the cancellation, not a failure.
             Err(TaskError::Route(RouteError::Disconnected(_))) if self.cancelled() => Ok(Ended::Cancelled),
@@ -545,7 +546,14 @@ impl SubtaskRunner {
         }
         let memory: u64 = self.operators.iter_mut().map(|o| o.wasm_memory_bytes()).sum();
         self.metrics.wasm_memory_bytes.store(memory, Ordering::Relaxed);
+        self.record_cpu();
         self.tail.tick(now)
+    }
+
+    /// Publishes the CPU time this subtask's thread has used so far.
+    fn record_cpu(&self) {
+        let used = u64::try_from(eddy_runtime::thread_cpu_time().as_nanos()).unwrap_or(u64::MAX);
+        self.metrics.cpu_ns.store(used, Ordering::Relaxed);
     }
 
     /// Feeds `batch` to operator `from` and everything after it.

@@ -44,8 +44,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
 use eddy_state::{
-    EntryCache, EntryMeasure, HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list,
-    state_id,
+    EntryCache, EntryMeasure, HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key,
+    encode_list, state_id,
 };
 
 use eddy_checkpoint::OperatorSnapshot;

@@ -67,7 +67,7 @@ mod validate;
 
 pub use cache::{CacheOutcome, digest_of};
 pub use config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants, default_host_key_path};
-pub use cpu::{Bucket, CpuShare};
+pub use cpu::{Bucket, CpuShare, thread_cpu_time};
 pub use eddy_wire::TableError;
 pub use error::{CallError, CallErrorKind, Fault, GuestErrorKind, LoadError, RuntimeError, Violation};
 pub use guest_log::LogStats;

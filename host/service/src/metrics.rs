@@ -126,6 +126,13 @@ impl Collector for Jobs {
             MetricType::Gauge,
             memory,
         )?;
+        family(
+            &mut encoder,
+            "eddy_task_cpu_seconds",
+            "CPU time the task's subtask threads have used.",
+            MetricType::Counter,
+            tasks().map(|(l, t)| (l, ConstCounter::new(t.cpu_seconds))),
+        )?;
         let backpressure = tasks().map(|(l, t)| (l, ConstGauge::new(t.backpressure)));
         family(
             &mut encoder,

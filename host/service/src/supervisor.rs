@@ -65,6 +65,8 @@ pub struct TaskView {
     pub late_records: u64,
     /// Linear memory its Wasm instances hold, summed over subtasks.
     pub wasm_memory_bytes: u64,
+    /// CPU seconds its subtasks' threads have used, summed.
+    pub cpu_seconds: f64,
     /// The worker each subtask runs on, by subtask index (empty when the job runs in the
     /// server's own process).
     pub workers: Vec<String>,
@@ -125,6 +127,7 @@ impl LiveView {
                     backpressure: backpressure.get(i).copied().unwrap_or(0.0),
                     late_records: t.late_records,
                     wasm_memory_bytes: t.wasm_memory_bytes,
+                    cpu_seconds: t.cpu_ns as f64 / 1e9,
                     workers: assignment.get(i).cloned().unwrap_or_default(),
                 }
             })

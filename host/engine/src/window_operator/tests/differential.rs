@@ -98,7 +98,8 @@ fn the_window_operator_equals_the_reference_over_seeded_random_inputs() {
                     let expected = reference(kind, lateness, &events, batch_size);
                     let run: Run = drive(kind, lateness, BOUND_MS, &events, &[batch_size]);
                     let case = format!("seed {seed}, {kind:?}, lateness {lateness}, batch size {batch_size}");
-                    let cached = drive_on(Box::<MeasuredAsDisk>::default(), kind, lateness, BOUND_MS, &events, &[batch_size]);
+                    let cached =
+                        drive_on(Box::<MeasuredAsDisk>::default(), kind, lateness, BOUND_MS, &events, &[batch_size]);
                     assert_eq!(per_window(&cached.in_order), per_window(&expected.emitted), "results, cached, {case}");
                     assert_eq!(cached.late, expected.late, "late records, cached, {case}");
                     assert_eq!(run.late, expected.late, "late records, {case}");
