@@ -28,8 +28,10 @@ pub struct EuroBid {
 
 /// Dollars to euros at 0.908, rounded down.
 pub fn to_euros(dollars: u64) -> u64 {
-    // At most 908/1000 of a u64, so the result fits.
-    (u128::from(dollars) * 908 / 1000) as u64
+    // `dollars * 908 / 1000` without its overflow and without u128, whose division is a
+    // software routine in WebAssembly (3% of q1's CPU): with dollars = 1000 q + r,
+    // floor(dollars * 0.908) = 908 q + floor(908 r / 1000) exactly.
+    dollars / 1000 * 908 + dollars % 1000 * 908 / 1000
 }
 
 /// The fields of a bid this query reads: from a row only these four slots are read.
@@ -65,3 +67,25 @@ impl Operator for CurrencyConversion {
 }
 
 eddy_sdk::export_operator!(CurrencyConversion);
+
+#[cfg(test)]
+mod tests {
+    use super::to_euros;
+
+    #[test]
+    fn euros_are_the_exact_floor_of_0_908_times_the_dollars() {
+        // The definition, in 128-bit arithmetic where the product cannot overflow.
+        let definition = |d: u64| (u128::from(d) * 908 / 1000) as u64;
+        let edges = [0, 1, 999, 1000, 1001, 1_099, 123_456_789, u64::MAX / 908, u64::MAX - 1, u64::MAX];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let spread = (0..10_000).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        });
+        for d in edges.into_iter().chain(spread).chain(0..5_000) {
+            assert_eq!(to_euros(d), definition(d), "{d} dollars");
+        }
+    }
+}
