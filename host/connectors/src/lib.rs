@@ -31,6 +31,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod json_pointer;
 pub mod sink;
 pub mod source;
 pub mod values;

@@ -28,9 +28,8 @@ pub fn pointer_text(value: &[u8], pointer: &str) -> Result<Option<Vec<u8>>, Stri
         return pointer_to_json(value, pointer, eddy_runtime::schemas())
             .map_err(|e| format!("the value is a damaged row ({e})"));
     }
-    let value: serde_json::Value =
-        serde_json::from_slice(value).map_err(|e| format!("`{pointer}` selected, but the value is not JSON ({e})"))?;
-    value.pointer(pointer).map(serde_json::to_vec).transpose().map_err(|e| e.to_string())
+    crate::json_pointer::pointer_json(value, pointer)
+        .map_err(|e| format!("`{pointer}` selected, but the value is not JSON ({e})"))
 }
 
 /// A window's result that is a row, as the row `{"start", "end", "result"}` (the result
