@@ -8,6 +8,7 @@
 //! raw text that is already in that form (an integer, a string without escapes, `true`,
 //! `false`, `null`) is returned as it is, anything else is parsed and written again.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -23,7 +24,11 @@ pub fn pointer_json(text: &[u8], pointer: &str) -> Result<Option<Vec<u8>>, serde
     let Some(path) = pointer.strip_prefix('/') else { return Ok(None) };
     let mut at = whole;
     for token in path.split('/') {
-        let token = token.replace("~1", "/").replace("~0", "~");
+        // Unescaped only where needed: this runs per record on a `key_by` pointer.
+        let token = match token.contains('~') {
+            true => Cow::Owned(token.replace("~1", "/").replace("~0", "~")),
+            false => Cow::Borrowed(token),
+        };
         let mut de = serde_json::Deserializer::from_str(at.get());
         match (Member { token: &token }).deserialize(&mut de)? {
             Some(inner) => at = inner,

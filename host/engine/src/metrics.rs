@@ -222,4 +222,28 @@ mod tests {
         let idle = MetricsSnapshot { tasks: vec![task(0, i64::MAX)], ..Default::default() };
         assert_eq!(idle.watermark(), None, "no subtask, no watermark");
     }
+
+    #[test]
+    fn a_lying_part_skews_the_sums_at_worst() {
+        let honest = TaskSnapshot { cpu_ns: 5, ..task(3, 100) };
+        let mut master = MetricsSnapshot { tasks: vec![honest], ..Default::default() };
+        // Counters at their maximum and a task the plan does not have.
+        let lying = TaskSnapshot {
+            cpu_ns: u64::MAX,
+            blocked_ns: u64::MAX,
+            wasm_memory_bytes: u64::MAX,
+            late_records: u64::MAX,
+            ..task(u64::MAX, i64::MIN)
+        };
+        let part =
+            MetricsSnapshot { tasks: vec![lying.clone(), lying], source_records: u64::MAX, ..Default::default() };
+        master.absorb(&part);
+        assert_eq!(master.tasks.len(), 1, "an extra task is ignored");
+        let t = &master.tasks[0];
+        assert_eq!(
+            (t.records_in, t.cpu_ns, t.blocked_ns, t.wasm_memory_bytes),
+            (u64::MAX, u64::MAX, u64::MAX, u64::MAX)
+        );
+        assert_eq!(master.source_records, u64::MAX, "sums saturate");
+    }
 }

@@ -213,7 +213,7 @@ impl OutputRouter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn view<'a>(key: Option<&'a [u8]>, value: &'a [u8]) -> RecordView<'a> {
@@ -231,7 +231,8 @@ mod tests {
         assert!(extract_key(&KeyBy::Field("/x".into()), &view(None, b"nope")).unwrap_err().contains("not JSON"));
     }
 
-    struct Collect(std::sync::Arc<std::sync::Mutex<Vec<Message>>>);
+    /// A channel that keeps what is sent on it, for tests to read.
+    pub(crate) struct Collect(pub(crate) std::sync::Arc<std::sync::Mutex<Vec<Message>>>);
     impl ChannelSender for Collect {
         fn send(&mut self, message: Message) -> Result<(), Disconnected> {
             self.0.lock().unwrap().push(message);

@@ -768,16 +768,9 @@ mod tests {
         }
     }
 
-    struct Collect(Arc<std::sync::Mutex<Vec<Message>>>);
-    impl ChannelSender for Collect {
-        fn send(&mut self, message: Message) -> Result<(), eddy_transport::channel::Disconnected> {
-            self.0.lock().expect("collector").push(message);
-            Ok(())
-        }
-    }
-
     #[test]
     fn results_a_watermark_fires_leave_with_it_not_a_buffer_timeout_later() {
+        use crate::router::tests::Collect;
         let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
         let router = OutputRouter::new(
             eddy_plan::Partitioning::Forward,

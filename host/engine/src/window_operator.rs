@@ -242,13 +242,12 @@ impl WindowStore {
         value: &[u8],
     ) -> Result<(), StateError> {
         backend.put(entry, value)?;
-        if let Some(cache) = cache
-            && !cache.update(entry, |known| {
+        if let Some(cache) = cache {
+            let rewrite = |known: &mut Vec<u8>| {
                 known.clear();
                 known.extend_from_slice(value);
-            })
-        {
-            cache.insert(entry, value.to_vec());
+            };
+            cache.write(entry, rewrite, || value.to_vec());
         }
         Ok(())
     }

@@ -176,10 +176,8 @@ impl StateBackend for BoundedBackend {
             None => inner.put_admitted(key, value, &mut check)?,
         }
         self.usage = next;
-        if let Some(lengths) = lengths
-            && !lengths.update(key, |len| *len = value.len())
-        {
-            lengths.insert(key, value.len());
+        if let Some(lengths) = lengths {
+            lengths.write(key, |len| *len = value.len(), || value.len());
         }
         Ok(())
     }

@@ -57,14 +57,17 @@ impl<V: Weigh> EntryCache<V> {
         self.map.get(key)
     }
 
-    /// Rewrites the value under `key` in place (no allocation for a known key); returns
-    /// whether the key was known.
-    pub fn update(&mut self, key: &[u8], rewrite: impl FnOnce(&mut V)) -> bool {
-        let Some(slot) = self.map.get_mut(key) else { return false };
-        let before = slot.heap_bytes();
-        rewrite(slot);
-        self.used = self.used.saturating_sub(before) + slot.heap_bytes();
-        true
+    /// Remembers what was just written under `key`: rewrites the known value in place (no
+    /// allocation for a key seen before), or inserts `fresh()`.
+    pub fn write(&mut self, key: &[u8], rewrite: impl FnOnce(&mut V), fresh: impl FnOnce() -> V) {
+        match self.map.get_mut(key) {
+            Some(slot) => {
+                let before = slot.heap_bytes();
+                rewrite(slot);
+                self.used = self.used.saturating_sub(before) + slot.heap_bytes();
+            }
+            None => self.insert(key, fresh()),
+        }
     }
 
     /// What an entry costs at most: its slots (the table doubles as it grows and keeps at most
@@ -126,8 +129,11 @@ mod tests {
         assert_eq!((cache.get(b"a"), cache.used()), (Some(&3), 2 * cost(b"a")), "an overwrite costs nothing more");
         cache.insert(b"c", 4);
         assert_eq!((cache.get(b"a"), cache.get(b"b"), cache.get(b"c")), (None, None, Some(&4)), "full: started over");
-        assert!(cache.update(b"c", |v| *v = 5) && !cache.update(b"a", |v| *v = 5));
-        assert_eq!(cache.get(b"c"), Some(&5));
+        cache.write(b"c", |v| *v = 5, || 6);
+        assert_eq!(cache.get(b"c"), Some(&5), "a known key is rewritten");
+        cache.write(b"d", |v| *v = 5, || 6);
+        assert_eq!((cache.get(b"c"), cache.get(b"d")), (Some(&5), Some(&6)), "a new one is inserted");
+        cache.remove(b"d");
         cache.remove(b"c");
         assert_eq!((cache.get(b"c"), cache.used()), (None, 0));
         let mut tiny: EntryCache<Vec<u8>> = EntryCache::new(8);
