@@ -30,8 +30,10 @@
 //! last time known complete) reaches `end`. Firing one millisecond earlier would split a
 //! session that a batch computation keeps whole.
 //!
-//! State (all in the [`StateBackend`], so a snapshot of the backend is a snapshot of the
-//! operator), under the [`StateKey`] layout with the key's key group and the [`state_id`] of
+//! State (all in the [`StateBackend`] once written back, which every snapshot does first, so a
+//! snapshot of the backend is a snapshot of the operator; between snapshots the store keeps
+//! updates in a bounded write-back buffer, see [`WindowStore`]), under the [`StateKey`] layout
+//! with the key's key group and the [`state_id`] of
 //! these names:
 //! - `window-acc`, namespace = the window (16 bytes, see [`encode_window`]): one flag byte
 //!   (1 = the window has fired) followed by the aggregate's accumulator bytes;
@@ -44,8 +46,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
 use eddy_state::{
-    EntryCache, EntryMeasure, HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key,
-    encode_list, state_id,
+    EntryCache, HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list, state_id,
 };
 
 use eddy_checkpoint::OperatorSnapshot;
@@ -162,8 +163,9 @@ type Timer = (i64, Vec<u8>, Window);
 /// Kept in memory rather than in the backend because firing needs them in time order across
 /// all keys, while the backend orders by key group first; and they need no snapshot of their
 /// own: every accumulator entry is exactly one window with a cleanup time, and a firing time
-/// unless its fired flag is set, so [`Timers::rebuild`] recovers the index from the backend
-/// alone (which is what the next milestone snapshots).
+/// unless its fired flag is set, so the operator rebuilds them from the backend alone on its
+/// first call. (Grouping them by time in hash sets was tried: no faster for sliding windows,
+/// 10% slower for sessions, whose times rarely repeat.)
 #[derive(Debug, Default)]
 struct Timers {
     fire: BTreeSet<Timer>,
@@ -183,7 +185,37 @@ impl Timers {
     }
 }
 
-/// The operator's state entries, keyed by the `StateKey` layout.
+/// An entry the window store holds: the value it last wrote or read, and where the backend
+/// stands against it.
+#[derive(Debug)]
+struct Held {
+    value: Vec<u8>,
+    /// False: the backend was read and had nothing (so a window's first write, which follows
+    /// that read, knows there is nothing to delete when it is purged unwritten).
+    present: bool,
+    /// The backend does not have `value` yet.
+    dirty: bool,
+    /// The backend holds a value under this key (an older one while `dirty`).
+    stored: bool,
+}
+
+impl eddy_state::Weigh for Held {
+    fn heap_bytes(&self) -> usize {
+        self.value.heap_bytes()
+    }
+}
+
+/// The operator's state entries, keyed by the `StateKey` layout, with a write-back buffer in
+/// front of the backend.
+///
+/// Windows are updated by every batch and read when they fire, and most are purged when they
+/// fire: written to the backend per batch, they would cost a B-tree (or memtable) write per
+/// (key, window) per batch, and a delete at the end. So the store keeps what it writes in
+/// [`Held`] entries and writes them to the backend only when a snapshot is taken (the barrier:
+/// the snapshot is taken after the write-back, so state stays exactly once) or when the buffer
+/// passes its budget between calls; a window created and purged between two of those never
+/// reaches the backend. Everything the buffer loses on a failure is after the last snapshot,
+/// which is what a restore starts from anyway.
 struct WindowStore {
     backend: Box<dyn StateBackend>,
     keys: StateKey,
@@ -193,15 +225,12 @@ struct WindowStore {
     max_parallelism: u32,
     acc_state: eddy_state::StateId,
     sessions_state: eddy_state::StateId,
-    /// On a disk backend, the entries this store last wrote (accumulators, session lists), so
-    /// a window's update reads nothing from RocksDB; every write goes through this store, which
-    /// keeps it exact. None on the heap, where state is memory the state limit counts.
-    cache: Option<EntryCache<Vec<u8>>>,
+    /// Counted as memory; a job's memory demand reserves its budget per window subtask.
+    held: EntryCache<Held>,
 }
 
 impl WindowStore {
     fn new(backend: Box<dyn StateBackend>, operator: String, max_parallelism: u32) -> Self {
-        let on_disk = backend.entry_measure() == EntryMeasure::KeyValueBytes;
         Self {
             backend,
             keys: StateKey::default(),
@@ -210,64 +239,76 @@ impl WindowStore {
             max_parallelism,
             acc_state: state_id(ACC_STATE),
             sessions_state: state_id(SESSIONS_STATE),
-            cache: on_disk.then(|| EntryCache::new(eddy_state::WINDOW_CACHE_BYTES)),
+            held: EntryCache::write_back(eddy_state::WINDOW_CACHE_BYTES),
         }
     }
 
-    /// Reads `entry` into `value` (cleared first), from the cache when it knows the entry.
-    fn read(
+    /// The entry under `entry`, read from the backend into the buffer if it does not hold it.
+    fn load<'h>(
         backend: &dyn StateBackend,
-        cache: &mut Option<EntryCache<Vec<u8>>>,
+        held: &'h mut EntryCache<Held>,
         entry: &[u8],
-        value: &mut Vec<u8>,
-    ) -> Result<bool, StateError> {
-        value.clear();
-        let Some(cache) = cache else { return backend.read_into(entry, value) };
-        if let Some(known) = cache.get(entry) {
-            value.extend_from_slice(known);
-            return Ok(true);
+    ) -> Result<Option<&'h [u8]>, StateError> {
+        if held.get(entry).is_none() {
+            let mut value = Vec::new();
+            let found = backend.read_into(entry, &mut value)?;
+            held.insert(entry, Held { value, present: found, dirty: false, stored: found });
         }
-        let found = backend.read_into(entry, value)?;
-        if found {
-            cache.insert(entry, value.clone());
-        }
-        Ok(found)
+        Ok(held.get(entry).filter(|h| h.present).map(|h| h.value.as_slice()))
     }
 
-    /// Writes `value` under `entry`, then remembers it.
-    fn write(
-        backend: &mut dyn StateBackend,
-        cache: &mut Option<EntryCache<Vec<u8>>>,
-        entry: &[u8],
-        value: &[u8],
-    ) -> Result<(), StateError> {
-        backend.put(entry, value)?;
-        if let Some(cache) = cache {
-            let rewrite = |known: &mut Vec<u8>| {
-                known.clear();
-                known.extend_from_slice(value);
-            };
-            cache.write(entry, rewrite, || value.to_vec());
-        }
-        Ok(())
+    /// Sets `entry` to `value` in the buffer (the backend gets it at the next write-back).
+    fn write(held: &mut EntryCache<Held>, entry: &[u8], value: &[u8]) {
+        let rewrite = |h: &mut Held| {
+            h.value.clear();
+            h.value.extend_from_slice(value);
+            h.present = true;
+            h.dirty = true;
+        };
+        // Not read first (every write here follows a read): the backend may hold one.
+        let fresh = || Held { value: value.to_vec(), present: true, dirty: true, stored: true };
+        held.write(entry, rewrite, fresh);
     }
 
-    /// Deletes `entry` and forgets it (a purged window is never read again: remembering its
-    /// absence would only fill the cache).
-    fn remove(
-        backend: &mut dyn StateBackend,
-        cache: &mut Option<EntryCache<Vec<u8>>>,
-        entry: &[u8],
-    ) -> Result<(), StateError> {
-        backend.delete(entry)?;
-        if let Some(cache) = cache {
-            cache.remove(entry);
+    /// Deletes `entry`: from the buffer, and from the backend if it ever got it.
+    fn remove(backend: &mut dyn StateBackend, held: &mut EntryCache<Held>, entry: &[u8]) -> Result<(), StateError> {
+        match held.remove(entry) {
+            Some(Held { stored: false, .. }) => Ok(()),
+            _ => backend.delete(entry),
+        }
+    }
+
+    /// Writes every entry the backend lacks to it.
+    fn write_back(&mut self) -> Result<(), OperatorError> {
+        let backend = self.backend.as_mut();
+        let written = self.held.try_for_each_mut(|entry, h| {
+            if h.dirty {
+                backend.put(entry, &h.value)?;
+                h.dirty = false;
+                h.stored = true;
+            }
+            Ok(())
+        });
+        written.map_err(|e| self.error(e))
+    }
+
+    /// Between `add` calls (never between a read and the write that follows it, which relies on
+    /// the entry staying held): a buffer past its budget is written back and emptied.
+    fn keep_within_budget(&mut self) -> Result<(), OperatorError> {
+        if self.held.over_budget() {
+            self.write_back()?;
+            self.held.clear();
         }
         Ok(())
     }
 
     fn error(&self, source: StateError) -> OperatorError {
-        OperatorError::State { operator: self.operator.clone(), source }
+        Self::error_in(&self.operator, source)
+    }
+
+    /// [`Self::error`] while the buffer is borrowed.
+    fn error_in(operator: &str, source: StateError) -> OperatorError {
+        OperatorError::State { operator: operator.to_owned(), source }
     }
 
     fn corrupt(&self, problem: String) -> OperatorError {
@@ -279,60 +320,60 @@ impl WindowStore {
         Ok(self.acc_ref(key, window)?.map(|(fired, acc)| (fired, acc.to_vec())))
     }
 
-    /// [`Self::acc`], borrowed from a buffer the next read reuses.
+    /// [`Self::acc`], borrowed from the buffer.
     fn acc_ref(&mut self, key: &[u8], window: &Window) -> Result<Option<(bool, &[u8])>, OperatorError> {
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
-        let found =
-            Self::read(self.backend.as_ref(), &mut self.cache, entry, &mut self.value).map_err(|e| self.error(e))?;
-        match found {
-            false => Ok(None),
-            true => match self.value.split_first() {
-                Some((&flag @ (NOT_FIRED | FIRED), acc)) => Ok(Some((flag == FIRED, acc))),
-                _ => Err(self.corrupt(format!(
+        let loaded = Self::load(self.backend.as_ref(), &mut self.held, entry);
+        match loaded.map_err(|e| Self::error_in(&self.operator, e))?.map(<[u8]>::split_first) {
+            None => Ok(None),
+            Some(Some((&flag @ (NOT_FIRED | FIRED), acc))) => Ok(Some((flag == FIRED, acc))),
+            Some(_) => Err(Self::error_in(
+                &self.operator,
+                StateError::Corrupt(format!(
                     "accumulator of window [{}, {}) has no valid flag byte",
                     window.start, window.end
-                ))),
-            },
+                )),
+            )),
         }
     }
 
-    fn put_acc(&mut self, key: &[u8], window: &Window, fired: bool, acc: &[u8]) -> Result<(), OperatorError> {
+    fn put_acc(&mut self, key: &[u8], window: &Window, fired: bool, acc: &[u8]) {
         self.value.clear();
         self.value.push(if fired { FIRED } else { NOT_FIRED });
         self.value.extend_from_slice(acc);
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
-        Self::write(self.backend.as_mut(), &mut self.cache, entry, &self.value).map_err(|e| self.error(e))
+        Self::write(&mut self.held, entry, &self.value);
     }
 
     fn delete_acc(&mut self, key: &[u8], window: &Window) -> Result<(), OperatorError> {
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
-        Self::remove(self.backend.as_mut(), &mut self.cache, entry).map_err(|e| self.error(e))
+        Self::remove(self.backend.as_mut(), &mut self.held, entry).map_err(|e| self.error(e))
     }
 
     fn sessions(&mut self, key: &[u8]) -> Result<Vec<Window>, OperatorError> {
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
-        let found =
-            Self::read(self.backend.as_ref(), &mut self.cache, entry, &mut self.value).map_err(|e| self.error(e))?;
-        if !found {
-            return Ok(Vec::new());
-        }
-        let items = decode_list(&self.value).map_err(|e| self.error(e))?;
-        items.iter().map(|w| decode_window(w).map_err(|e| self.error(e))).collect()
+        let decoded = match Self::load(self.backend.as_ref(), &mut self.held, entry) {
+            Ok(None) => return Ok(Vec::new()),
+            Ok(Some(list)) => decode_list(list)
+                .and_then(|items| items.iter().map(|w| decode_window(w)).collect::<Result<Vec<_>, _>>()),
+            Err(e) => Err(e),
+        };
+        decoded.map_err(|e| Self::error_in(&self.operator, e))
     }
 
     fn put_sessions(&mut self, key: &[u8], sessions: &[Window]) -> Result<(), OperatorError> {
         let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
-        let result = if sessions.is_empty() {
-            Self::remove(self.backend.as_mut(), &mut self.cache, entry)
-        } else {
-            let items: Vec<[u8; 16]> = sessions.iter().map(encode_window).collect();
-            Self::write(self.backend.as_mut(), &mut self.cache, entry, &encode_list(&items))
-        };
-        result.map_err(|e| self.error(e))
+        if sessions.is_empty() {
+            return Self::remove(self.backend.as_mut(), &mut self.held, entry).map_err(|e| self.error(e));
+        }
+        let items: Vec<[u8; 16]> = sessions.iter().map(encode_window).collect();
+        Self::write(&mut self.held, entry, &encode_list(&items));
+        Ok(())
     }
 
     /// Every window with an accumulator: (key, window, fired).
-    fn windows(&self) -> Result<Vec<(Vec<u8>, Window, bool)>, OperatorError> {
+    fn windows(&mut self) -> Result<Vec<(Vec<u8>, Window, bool)>, OperatorError> {
+        self.write_back()?;
         let mut found = Vec::new();
         let mut damage: Option<StateError> = None;
         let acc_state = self.acc_state;
@@ -542,14 +583,24 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
     }
 
-    /// The state backend (for metrics, snapshots and tests).
-    pub fn state(&self) -> &dyn StateBackend {
-        self.store.backend.as_ref()
+    /// The state backend, with everything the operator holds written to it (for tests).
+    pub fn state(&mut self) -> Result<&dyn StateBackend, OperatorError> {
+        self.store.write_back()?;
+        Ok(self.store.backend.as_ref())
     }
 
-    /// Gives the state backend back, to snapshot it or hand it to a restarted operator.
-    pub fn into_state(self) -> Box<dyn StateBackend> {
-        self.store.backend
+    /// Gives the state backend back, everything written to it, to hand it to a restarted
+    /// operator (what a snapshot and a restore do).
+    pub fn into_state(mut self) -> Result<Box<dyn StateBackend>, OperatorError> {
+        self.store.write_back()?;
+        Ok(self.store.backend)
+    }
+
+    /// A write-back buffer of `bytes` instead of [`eddy_state::WINDOW_CACHE_BYTES`] (tests
+    /// drive the write-backs that running past the budget causes).
+    pub fn with_write_back_budget(mut self, bytes: usize) -> Self {
+        self.store.held = EntryCache::write_back(bytes);
+        self
     }
 
     /// The aggregate.
@@ -655,7 +706,7 @@ impl<A: AggregateFn> WindowOperator<A> {
         for ((acc, (key, window)), needs_timers) in accs.iter().zip(updates.windows).zip(updates.needs_timers) {
             let (fire_time, cleanup_time) = (self.fire_time(&window), self.cleanup_time(&window));
             let fires_now = fire_time <= self.watermark;
-            self.store.put_acc(key, &window, fires_now, acc)?;
+            self.store.put_acc(key, &window, fires_now, acc);
             if fires_now {
                 due.push(fire_time, key.to_vec(), window, acc);
             }
@@ -701,16 +752,17 @@ impl<A: AggregateFn> WindowOperator<A> {
     ) -> Result<(Vec<Fired>, usize), OperatorError> {
         let mut groups = Groups::default();
         let mut next = batch.len();
+        let mut live = Vec::new();
         for (i, r) in records_from(batch, from) {
             let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
-            let mut live = self.kind.assign(t).unwrap_or_default();
+            self.kind.assign_into(t, &mut live);
             live.retain(|w| !self.past_cleanup(w));
             if live.is_empty() {
                 self.emit_late(out, &r);
                 continue;
             }
             let fires_now = live.iter().any(|w| self.fire_time(w) <= self.watermark);
-            for w in live {
+            for &w in &live {
                 groups.add(key, w, i as u32);
             }
             if fires_now {
@@ -740,9 +792,11 @@ impl<A: AggregateFn> WindowOperator<A> {
     ) -> Result<(Vec<Fired>, usize), OperatorError> {
         let mut keys: BTreeMap<&[u8], KeySessions> = BTreeMap::new();
         let mut next = batch.len();
+        let mut assigned = Vec::new();
         for (i, r) in records_from(batch, from) {
             let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
-            let Some(window) = self.kind.assign(t).and_then(|w| w.first().copied()) else {
+            self.kind.assign_into(t, &mut assigned);
+            let Some(&window) = assigned.first() else {
                 self.emit_late(out, &r);
                 continue;
             };
@@ -875,6 +929,7 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
                 }
             };
             self.emit_results(&mut out, fired)?;
+            self.store.keep_within_budget()?;
             from = next;
         }
         Ok(out)
@@ -902,7 +957,7 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
             due.accs.push(acc);
             if keep && let Some(acc) = due.accs.last() {
                 // Kept for the allowed lateness; the flag stops a restored operator re-firing it.
-                self.store.put_acc(&key, &window, true, acc)?;
+                self.store.put_acc(&key, &window, true, acc);
             }
             due.windows.push((time, key, window));
         }
@@ -921,6 +976,7 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
             sessions.retain(|s| !purged.contains(s));
             self.store.put_sessions(&key, &sessions)?;
         }
+        self.store.keep_within_budget()?;
         Ok(out)
     }
 
@@ -942,8 +998,11 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
         self.aggregate.memory_bytes()
     }
 
-    /// State only: the timers are rebuilt from it on restore (see [`Timers`]).
+    /// State only, written back first: the timers are rebuilt from it on restore (see
+    /// [`Timers`]).
     fn snapshot(&mut self, staging: &std::path::Path) -> Result<OperatorSnapshot, OperatorError> {
+        // The barrier: what the buffer holds goes into the backend before its picture is taken.
+        self.store.write_back()?;
         let usage = self.store.backend.usage();
         let state = self.store.backend.snapshot(staging).map_err(|e| self.store.error(e))?;
         Ok(OperatorSnapshot { timers: Vec::new(), state, usage })

@@ -92,21 +92,34 @@ impl WindowKind {
     /// record gets its own `[t, t + gap)` window, which [`SessionWindows`] merges with its
     /// neighbours.
     pub fn assign(&self, timestamp: i64) -> Option<Vec<Window>> {
-        match *self {
-            WindowKind::Tumbling { size_ms } => {
-                let start = timestamp.checked_sub(timestamp.rem_euclid(size_ms))?;
-                Some(vec![Window::starting_at(start, size_ms)?])
-            }
+        let mut windows = Vec::new();
+        self.assign_into(timestamp, &mut windows).then_some(windows)
+    }
+
+    /// [`Self::assign`] into `windows` (cleared first; left empty for a record that belongs to
+    /// no window, and then `false`), so a window operator reuses one buffer for every record.
+    pub fn assign_into(&self, timestamp: i64, windows: &mut Vec<Window>) -> bool {
+        windows.clear();
+        let assigned = match *self {
+            WindowKind::Tumbling { size_ms } => timestamp
+                .checked_sub(timestamp.rem_euclid(size_ms))
+                .and_then(|start| Window::starting_at(start, size_ms))
+                .map(|w| windows.push(w)),
             WindowKind::Sliding { size_ms, slide_ms } => {
-                let last = timestamp.checked_sub(timestamp.rem_euclid(slide_ms))?;
-                // `i * slide_ms < size_ms` for every i here, so only the subtraction can overflow.
-                (0..size_ms / slide_ms)
-                    .rev()
-                    .map(|i| Window::starting_at(last.checked_sub(i * slide_ms)?, size_ms))
-                    .collect()
+                timestamp.checked_sub(timestamp.rem_euclid(slide_ms)).and_then(|last| {
+                    // `i * slide_ms < size_ms` for every i here, so only the subtraction can overflow.
+                    (0..size_ms / slide_ms).rev().try_for_each(|i| {
+                        windows.push(Window::starting_at(last.checked_sub(i * slide_ms)?, size_ms)?);
+                        Some(())
+                    })
+                })
             }
-            WindowKind::Session { gap_ms } => Some(vec![Window::starting_at(timestamp, gap_ms)?]),
+            WindowKind::Session { gap_ms } => Window::starting_at(timestamp, gap_ms).map(|w| windows.push(w)),
+        };
+        if assigned.is_none() {
+            windows.clear();
         }
+        assigned.is_some()
     }
 }
 

@@ -6,8 +6,8 @@
 //! the server hold at most: its slots; the disk its RocksDB state may fill; and the memory its
 //! operator instances, its heap state (which is memory: the heap backend counts what its
 //! entries occupy, and a snapshot in flight and emptied leaves can make that up to about 3x,
-//! [`eddy_state::heap_memory_bound_bytes`]) and its RocksDB caches (with the host's entry
-//! caches beside them) may take. The same memory is also charged to the server's budget
+//! [`eddy_state::heap_memory_bound_bytes`]), its RocksDB caches and the host's entry caches
+//! (a window step's write-back buffer, the lengths beside RocksDB) may take. The same memory is also charged to the server's budget
 //! ([`crate::supervisor::Supervisor`]), so tenants together cannot take more than the machine
 //! has.
 
@@ -134,6 +134,7 @@ impl Demand {
         for (i, step) in spec.steps.iter().enumerate() {
             let parallelism = u64::from(spec.step_parallelism(i));
             let limit = spec.state.max_bytes_for(step);
+            let on_disk = spec.state.backend == StateBackendKind::Rocksdb;
             let per_subtask = match spec.state.backend {
                 // The memory the heap backend's count can stand for, a checkpoint's snapshot and
                 // emptied leaves included (see `eddy_state::heap_memory_bound_bytes`).
@@ -141,12 +142,11 @@ impl Demand {
                 StateBackendKind::Rocksdb => {
                     state_bytes = state_bytes.saturating_add(limit.saturating_mul(parallelism));
                     let caches = spec.state.block_cache_mb.saturating_add(spec.state.write_buffer_mb.saturating_mul(2));
-                    let rocksdb = u64::try_from(caches).unwrap_or(u64::MAX).saturating_mul(1 << 20);
-                    // And the host's caches of what it wrote, beside the database.
-                    rocksdb.saturating_add(eddy_state::DISK_ENTRY_CACHES_BYTES as u64)
+                    u64::try_from(caches).unwrap_or(u64::MAX).saturating_mul(1 << 20)
                 }
             };
-            let instance = per_subtask.saturating_add(instance_memory);
+            let host_caches = eddy_state::entry_caches_bytes(on_disk, step.window.is_some()) as u64;
+            let instance = per_subtask.saturating_add(host_caches).saturating_add(instance_memory);
             memory_bytes = memory_bytes.saturating_add(instance.saturating_mul(parallelism));
         }
         Self { slots: crate::supervisor::slots_of(spec), state_bytes, memory_bytes }
@@ -292,16 +292,18 @@ mod tests {
     fn a_jobs_demand_counts_instances_heap_state_twice_and_rocksdb_and_host_caches_as_memory() {
         let heap = spec(
             "name: a\nparallelism: 2\nsources: [{type: generator, name: g}]\nsteps:\n  - {name: s, wasm: x}\n  - {name: \
-             c, wasm: y, key_by: key, state_max_bytes: 1000}\nstate: {max_bytes_per_subtask: 100}\nsink: {type: \
-             print}\n",
+             c, wasm: y, key_by: key, state_max_bytes: 1000}\n  - {name: w, wasm: z, key_by: key, window: {type: \
+             tumbling, size_ms: 10}}\nstate: {max_bytes_per_subtask: 100}\nsink: {type: print}\n",
         );
         let d = Demand::of(&heap, 10);
-        // Step s: 100 B of state, step c: 1000 B, each at parallelism 2, each as the memory the
-        // heap backend's count stands for; four instances of 10 B.
+        // Step s: 100 B of state, step c: 1000 B, step w: 100 B and its write-back buffer of 8
+        // MiB, each at parallelism 2, each as the memory the heap backend's count stands for;
+        // six instances of 10 B.
         let bound = eddy_state::heap_memory_bound_bytes;
+        let windows = 2 * ((8 << 20) + bound(100) + 10);
         assert_eq!(
             d,
-            Demand { slots: 2, state_bytes: 0, memory_bytes: 2 * (bound(100) + 10) + 2 * (bound(1000) + 10) }
+            Demand { slots: 2, state_bytes: 0, memory_bytes: 2 * (bound(100) + 10) + 2 * (bound(1000) + 10) + windows }
         );
         assert!(bound(1000) >= 3000, "a snapshot doubles heap state, emptied leaves add half: {}", bound(1000));
         let rocks = spec(
@@ -309,6 +311,7 @@ mod tests {
              {backend: rocksdb, max_bytes_per_subtask: 5, block_cache_mb: 8, write_buffer_mb: 4}\nsink: {type: print}\n",
         );
         let d = Demand::of(&rocks, 0);
-        assert_eq!(d, Demand { slots: 3, state_bytes: 15, memory_bytes: 3 * ((16 << 20) + (12 << 20)) });
+        // RocksDB's caches and the host's lengths beside it (4 MiB); no window, no buffer.
+        assert_eq!(d, Demand { slots: 3, state_bytes: 15, memory_bytes: 3 * ((16 << 20) + (4 << 20)) });
     }
 }

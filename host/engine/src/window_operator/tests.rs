@@ -2,7 +2,7 @@
 //! allowed lateness and purging, session merging across batches, restore from the backend,
 //! and the real Wasm purchase-totals aggregate.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use eddy_core::BoundedOutOfOrderness;
 use eddy_state::{HashedKey, HeapStateBackend, state_id};
@@ -164,35 +164,37 @@ fn operator<A: AggregateFn>(kind: WindowKind, allowed_lateness_ms: i64, aggregat
     WindowOperator::new("win", config(kind, allowed_lateness_ms), aggregate, Box::new(HeapStateBackend::default()))
 }
 
-/// A heap backend that counts its entries as a disk backend does, so the window store keeps
-/// its entry cache over it (as over RocksDB) and the oracles check the cached path.
+/// A heap backend that counts the writes and deletes that reach it.
 #[derive(Debug, Default)]
-struct MeasuredAsDisk(HeapStateBackend);
+struct Counted {
+    inner: HeapStateBackend,
+    puts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    deletes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
 
-impl StateBackend for MeasuredAsDisk {
+impl StateBackend for Counted {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-        self.0.get(key)
+        self.inner.get(key)
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-        self.0.put(key, value)
+        self.puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.put(key, value)
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
-        self.0.delete(key)
+        self.deletes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.delete(key)
     }
     fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
-        self.0.scan_prefix(prefix, visit)
+        self.inner.scan_prefix(prefix, visit)
     }
     fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
-        self.0.delete_prefix(prefix)
+        self.inner.delete_prefix(prefix)
     }
     fn approximate_len(&self) -> usize {
-        self.0.approximate_len()
+        self.inner.approximate_len()
     }
     fn raw_mut(&mut self) -> &mut dyn StateBackend {
         self
-    }
-    fn entry_measure(&self) -> EntryMeasure {
-        EntryMeasure::KeyValueBytes
     }
 }
 
@@ -372,19 +374,35 @@ fn arrivals(start: i64, raw: &[(u8, i64, i64, i64, u8)], max_delay: i64) -> Vec<
 }
 
 fn drive(kind: WindowKind, lateness: i64, bound: i64, events: &[Ev], chunks: &[usize]) -> Run {
-    drive_on(Box::new(HeapStateBackend::default()), kind, lateness, bound, events, chunks)
+    drive_with(None, kind, lateness, bound, events, chunks)
 }
 
-/// [`drive`] over `state`.
-fn drive_on(
-    state: Box<dyn StateBackend>,
+/// How a run treats the window store's write-back buffer: its budget, and every how many
+/// batches the operator is rebuilt from its backend (a snapshot and a restore).
+#[derive(Debug, Clone, Copy)]
+struct Restarts {
+    budget: usize,
+    every: usize,
+}
+
+/// [`drive`], restarted as `restarts` says.
+fn drive_with(
+    restarts: Option<Restarts>,
     kind: WindowKind,
     lateness: i64,
     bound: i64,
     events: &[Ev],
     chunks: &[usize],
 ) -> Run {
-    let mut op = WindowOperator::new("win", config(kind, lateness), SumCount::default(), state);
+    let new = |state: Box<dyn StateBackend>| {
+        let op = WindowOperator::new("win", config(kind, lateness), SumCount::default(), state);
+        match restarts {
+            Some(r) => op.with_write_back_budget(r.budget),
+            None => op,
+        }
+    };
+    let mut op = new(Box::new(HeapStateBackend::default()));
+    let mut batches = 0;
     let mut generator = BoundedOutOfOrderness::new(bound);
     let mut in_order = Vec::new();
     let mut late = Vec::new();
@@ -406,6 +424,15 @@ fn drive_on(
         assert!(out.side(LATE).is_some_and(RecordBatch::is_empty), "watermarks emit no late records");
         check_firing_order(kind, &out.main);
         in_order.extend(emitted(&out.main));
+        batches += 1;
+        if let Some(r) = restarts
+            && batches % r.every == 0
+        {
+            op = new(op.into_state().expect("written back"));
+            // The engine's next watermark; what fired before the restart must not fire again.
+            let out = op.on_watermark(generator.current()).expect("watermark after a restore");
+            assert!(out.main.is_empty(), "a restored operator re-fired {:?}", emitted(&out.main));
+        }
     }
     let out = op.on_watermark(i64::MAX).expect("final watermark");
     check_firing_order(kind, &out.main);
@@ -420,7 +447,7 @@ fn drive_on(
         late,
         watermark_at_arrival,
         late_count: op.late_records(),
-        state_entries_after: op.state().approximate_len(),
+        state_entries_after: op.state().expect("written back").approximate_len(),
     }
 }
 
@@ -565,11 +592,11 @@ fn a_record_within_the_allowed_lateness_refires_and_one_after_it_is_late() {
     assert_eq!(emitted(&out.main), vec![single(4, 113, 0, 0, 10), single(5, 1113, 0, 0, 10)], "one re-fire per record");
 
     // The window is purged at 9 + 5 = 14; [10, 20) of key 1 stays until it fires.
-    assert_eq!(op.state().approximate_len(), 2);
+    assert_eq!(op.state().expect("written back").approximate_len(), 2);
     assert!(emitted(&op.on_watermark(13).expect("wm").main).is_empty());
-    assert_eq!(op.state().approximate_len(), 2);
+    assert_eq!(op.state().expect("written back").approximate_len(), 2);
     assert!(emitted(&op.on_watermark(14).expect("wm").main).is_empty(), "purging emits nothing");
-    assert_eq!(op.state().approximate_len(), 1);
+    assert_eq!(op.state().expect("written back").approximate_len(), 1);
 
     let out = op.process(&batch(&[ev(0, 6, 1), ev(1, 13, 1)])).expect("process");
     assert_eq!(decode_events(out.side(LATE).expect("declared")), vec![ev(0, 6, 1)]);
@@ -578,17 +605,50 @@ fn a_record_within_the_allowed_lateness_refires_and_one_after_it_is_late() {
 
     let out = op.on_watermark(i64::MAX).expect("final");
     assert_eq!(emitted(&out.main), vec![single(2, 8, 1, 10, 20)]);
-    assert_eq!(op.state().approximate_len(), 0, "everything purged after the final watermark");
+    assert_eq!(op.state().expect("written back").approximate_len(), 0, "everything purged after the final watermark");
+}
+
+#[test]
+fn windows_fired_and_purged_between_snapshots_never_reach_the_backend_and_a_snapshot_holds_the_rest() {
+    let backend = Counted::default();
+    let (puts, deletes) = (backend.puts.clone(), backend.deletes.clone());
+    let count = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
+    let kind = WindowKind::Tumbling { size_ms: 10 };
+    let mut op = WindowOperator::new("win", config(kind, 0), SumCount::default(), Box::new(backend));
+    op.process(&batch(&[ev(0, 1, 1), ev(1, 2, 2)])).expect("process");
+    op.process(&batch(&[ev(0, 3, 4)])).expect("process");
+    let out = op.on_watermark(9).expect("wm");
+    assert_eq!(emitted(&out.main), vec![single(2, 5, 0, 0, 10), single(1, 2, 1, 0, 10)]);
+    assert_eq!((count(&puts), count(&deletes)), (0, 0), "updated, fired and purged in the buffer");
+
+    op.process(&batch(&[ev(0, 11, 8), ev(1, 12, 16)])).expect("process");
+    let staging = std::env::temp_dir();
+    let snapshot = op.snapshot(&staging).expect("snapshot");
+    assert_eq!(count(&puts), 2, "the barrier wrote the two open windows back");
+    op.process(&batch(&[ev(0, 13, 32)])).expect("process");
+    assert_eq!(count(&puts), 2, "an update after the snapshot waits for the next");
+    let out = op.on_watermark(19).expect("wm");
+    assert_eq!(emitted(&out.main), vec![single(2, 40, 0, 10, 20), single(1, 16, 1, 10, 20)]);
+    assert_eq!(count(&deletes), 2, "a purged window the backend had is deleted from it");
+    drop(snapshot);
+
+    // Past its budget the buffer is written back between calls, and what it held stays right.
+    let mut op = operator(kind, 0, SumCount::default()).with_write_back_budget(0);
+    op.process(&batch(&[ev(0, 21, 1)])).expect("process");
+    assert_eq!(op.store.backend.approximate_len(), 1, "written back at once");
+    op.process(&batch(&[ev(0, 22, 2)])).expect("process");
+    assert_eq!(emitted(&op.on_watermark(29).expect("wm").main), vec![single(2, 3, 0, 20, 30)]);
+    assert_eq!(op.state().expect("written back").approximate_len(), 0);
 }
 
 #[test]
 fn without_allowed_lateness_state_is_purged_when_the_window_fires() {
     let mut op = operator(WindowKind::Sliding { size_ms: 20, slide_ms: 10 }, 0, SumCount::default());
     op.process(&batch(&[ev(0, 15, 1)])).expect("process");
-    assert_eq!(op.state().approximate_len(), 2, "[0, 20) and [10, 30)");
+    assert_eq!(op.state().expect("written back").approximate_len(), 2, "[0, 20) and [10, 30)");
     let out = op.on_watermark(19).expect("wm");
     assert_eq!(emitted(&out.main), vec![single(1, 1, 0, 0, 20)]);
-    assert_eq!(op.state().approximate_len(), 1);
+    assert_eq!(op.state().expect("written back").approximate_len(), 1);
     // 15 is still in the open [10, 30): not late, and the closed [0, 20) is skipped.
     let out = op.process(&batch(&[ev(0, 15, 2)])).expect("process");
     assert!(out.main.is_empty() && out.side(LATE).is_some_and(RecordBatch::is_empty));
@@ -596,7 +656,7 @@ fn without_allowed_lateness_state_is_purged_when_the_window_fires() {
     let out = op.process(&batch(&[ev(0, 5, 4)])).expect("process");
     assert_eq!(decode_events(out.side(LATE).expect("declared")), vec![ev(0, 5, 4)]);
     assert_eq!(emitted(&op.on_watermark(29).expect("wm").main), vec![single(2, 3, 0, 10, 30)]);
-    assert_eq!(op.state().approximate_len(), 0);
+    assert_eq!(op.state().expect("written back").approximate_len(), 0);
 }
 
 #[test]
@@ -629,7 +689,11 @@ fn sessions_merge_across_batches_and_absorbed_sessions_never_fire_alone() {
     op.process(&batch(&[ev(0, 15, 4)])).expect("process");
     // [0,10) [15,25) [30,40) for key 0; 10 touches [0,10) and overlaps [15,25).
     op.process(&batch(&[ev(0, 10, 8)])).expect("process");
-    assert_eq!(op.state().approximate_len(), 2 + 1 + 2, "two sessions of key 0, one of key 1, two sets");
+    assert_eq!(
+        op.state().expect("written back").approximate_len(),
+        2 + 1 + 2,
+        "two sessions of key 0, one of key 1, two sets"
+    );
     // Key 1's [0, 10) fires at 10 (a record at 10 could still extend it); key 0's [0,10) was
     // absorbed into [0, 25) and must not fire on its old timer.
     assert!(emitted(&op.on_watermark(9).expect("wm").main).is_empty());
@@ -638,7 +702,7 @@ fn sessions_merge_across_batches_and_absorbed_sessions_never_fire_alone() {
     op.process(&batch(&[ev(0, 25, 16)])).expect("process");
     assert!(emitted(&op.on_watermark(39).expect("wm").main).is_empty());
     assert_eq!(emitted(&op.on_watermark(40).expect("wm").main), vec![single(5, 31, 0, 0, 40)]);
-    assert_eq!(op.state().approximate_len(), 0);
+    assert_eq!(op.state().expect("written back").approximate_len(), 0);
 }
 
 #[test]
@@ -660,12 +724,12 @@ fn a_late_but_allowed_record_merges_fired_sessions_and_refires_the_merged_one() 
     // [10, 20) touches both fired sessions: one merged result, fired at once.
     let out = op.process(&batch(&[ev(0, 10, 4)])).expect("process");
     assert_eq!(emitted(&out.main), vec![single(3, 7, 0, 0, 30)]);
-    assert_eq!(op.state().approximate_len(), 2, "one accumulator and the session set");
+    assert_eq!(op.state().expect("written back").approximate_len(), 2, "one accumulator and the session set");
     // The absorbed sessions' cleanups (110, 130) are replaced by the merged one's (130).
     assert!(emitted(&op.on_watermark(129).expect("wm").main).is_empty());
-    assert_eq!(op.state().approximate_len(), 2);
+    assert_eq!(op.state().expect("written back").approximate_len(), 2);
     op.on_watermark(130).expect("wm");
-    assert_eq!(op.state().approximate_len(), 0);
+    assert_eq!(op.state().expect("written back").approximate_len(), 0);
     let out = op.process(&batch(&[ev(0, 5, 1)])).expect("process");
     assert_eq!(decode_events(out.side(LATE).expect("declared")), vec![ev(0, 5, 1)]);
 }
@@ -734,7 +798,7 @@ fn late_but_allowed_records_in_one_batch_each_refire_their_window() {
     let out = op.process(&batch(&[ev(0, 5, 4), ev(0, 15, 8)])).expect("process");
     assert_eq!(emitted(&out.main), vec![single(2, 5, 0, 0, 15), single(4, 15, 0, 0, 30)]);
     assert!(emitted(&op.on_watermark(i64::MAX).expect("wm").main).is_empty());
-    assert_eq!(op.state().approximate_len(), 0);
+    assert_eq!(op.state().expect("written back").approximate_len(), 0);
 }
 
 /// Small windows of each kind, for the edges of time.
@@ -761,7 +825,7 @@ fn a_record_whose_window_would_leave_i64_goes_to_the_late_output() {
         assert_eq!(op.late_records(), late.len() as u64, "{kind:?}");
         let results = emitted(&op.on_watermark(i64::MAX).expect("wm").main);
         assert!(results.iter().any(|r| r.key == "\"k3\"" && r.sum == 8), "{kind:?}: {results:?}");
-        assert_eq!(op.state().approximate_len(), 0, "{kind:?}");
+        assert_eq!(op.state().expect("written back").approximate_len(), 0, "{kind:?}");
     }
 }
 
@@ -818,12 +882,16 @@ fn a_restored_operator_fires_what_was_pending_and_not_what_already_fired() {
     let mut op = operator(kind, 50, SumCount::default());
     op.process(&batch(&[ev(0, 1, 1), ev(0, 11, 2), ev(1, 25, 3)])).expect("process");
     assert_eq!(emitted(&op.on_watermark(9).expect("wm").main), vec![single(1, 1, 0, 0, 10)]);
-    let state = op.into_state();
+    let state = op.into_state().expect("written back");
 
     let mut restored = WindowOperator::new("win", config(kind, 50), SumCount::default(), state);
     let out = restored.on_watermark(i64::MAX).expect("wm");
     assert_eq!(emitted(&out.main), vec![single(1, 2, 0, 10, 20), single(1, 3, 1, 20, 30)]);
-    assert_eq!(restored.state().approximate_len(), 0, "the fired window's cleanup was restored too");
+    assert_eq!(
+        restored.state().expect("written back").approximate_len(),
+        0,
+        "the fired window's cleanup was restored too"
+    );
 }
 
 #[test]
@@ -844,7 +912,7 @@ fn records_without_key_or_timestamp_are_rejected_naming_the_operator_and_the_fix
     assert!(text.contains("record 0") && text.contains("timestamp") && text.contains("source"), "{text}");
 
     // A rejected batch changes nothing, not even its valid records.
-    assert_eq!(op.state().approximate_len(), 0);
+    assert_eq!(op.state().expect("written back").approximate_len(), 0);
     assert!(op.on_watermark(i64::MAX).expect("wm").main.is_empty());
 }
 
@@ -864,7 +932,7 @@ fn the_final_watermark_fires_windows_at_the_end_of_time_without_overflow() {
         for t in [high, low] {
             assert!(results.iter().any(|r| r.window.start <= t && t < r.window.end), "{kind:?} {t}: {results:?}");
         }
-        assert_eq!(op.state().approximate_len(), 0, "{kind:?}");
+        assert_eq!(op.state().expect("written back").approximate_len(), 0, "{kind:?}");
         assert!(op.finish().expect("finish").main.is_empty());
         assert!(op.on_processing_time(i64::MAX).expect("tick").main.is_empty());
     }
@@ -983,7 +1051,7 @@ fn hourly_purchase_totals_through_the_wasm_aggregate_equal_a_hand_sum() {
             ("carol".into(), 1, json!({"purchases": 1, "total_cents": 42})),
         ]
     );
-    assert_eq!(op.state().approximate_len(), 0);
+    assert_eq!(op.state().expect("written back").approximate_len(), 0);
 }
 
 #[test]

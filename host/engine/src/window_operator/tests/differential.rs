@@ -2,13 +2,14 @@
 //! keys, about a tenth of them delayed past the watermark bound, tumbling / sliding / session
 //! windows, allowed lateness 0 and 500, batches of 1, 7 and 64 records. Every result (re-fires
 //! included, per key and window in emission order), every late record and the purge of all
-//! state must agree, on the heap and on a backend counted as disk (where the window store
-//! caches what it wrote). A failure prints the seed and the configuration to replay.
+//! state must agree, also when the operator's write-back buffer is small enough to be written
+//! back after most calls and the operator is rebuilt from its backend every few batches (a
+//! snapshot and a restore). A failure prints the seed and the configuration to replay.
 
 use std::collections::BTreeMap;
 
 use super::reference::Reference;
-use super::{Emitted, Ev, MeasuredAsDisk, Run, drive, drive_on};
+use super::{Emitted, Ev, Restarts, Run, drive, drive_with};
 use eddy_plan::window::{Window, WindowKind};
 
 const RECORDS: usize = 400;
@@ -98,10 +99,12 @@ fn the_window_operator_equals_the_reference_over_seeded_random_inputs() {
                     let expected = reference(kind, lateness, &events, batch_size);
                     let run: Run = drive(kind, lateness, BOUND_MS, &events, &[batch_size]);
                     let case = format!("seed {seed}, {kind:?}, lateness {lateness}, batch size {batch_size}");
-                    let cached =
-                        drive_on(Box::<MeasuredAsDisk>::default(), kind, lateness, BOUND_MS, &events, &[batch_size]);
-                    assert_eq!(per_window(&cached.in_order), per_window(&expected.emitted), "results, cached, {case}");
-                    assert_eq!(cached.late, expected.late, "late records, cached, {case}");
+                    let restarts = Some(Restarts { budget: 2_048, every: 3 });
+                    let restarted = drive_with(restarts, kind, lateness, BOUND_MS, &events, &[batch_size]);
+                    let in_order = per_window(&restarted.in_order);
+                    assert_eq!(in_order, per_window(&expected.emitted), "results, restarted, {case}");
+                    assert_eq!(restarted.late, expected.late, "late records, restarted, {case}");
+                    assert_eq!(restarted.state_entries_after, 0, "state left, restarted, {case}");
                     assert_eq!(run.late, expected.late, "late records, {case}");
                     assert_eq!(run.late_count, expected.late.len() as u64, "late count, {case}");
                     assert_eq!(per_window(&run.in_order), per_window(&expected.emitted), "results, {case}");
