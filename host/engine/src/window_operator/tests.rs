@@ -401,7 +401,7 @@ fn drive_with(
             None => op,
         }
     };
-    let mut op = new(Box::new(HeapStateBackend::default()));
+    let mut op = new(Box::<HeapStateBackend>::default());
     let mut batches = 0;
     let mut generator = BoundedOutOfOrderness::new(bound);
     let mut in_order = Vec::new();
