@@ -265,8 +265,11 @@ impl WindowStore {
             h.present = true;
             h.dirty = true;
         };
-        // Not read first (every write here follows a read): the backend may hold one.
-        let fresh = || Held { value: value.to_vec(), present: true, dirty: true, stored: true };
+        // Every other write follows a read of its entry in the same call, which left it held;
+        // an entry not held is a session new to its key's session set, and the backend holds no
+        // accumulator of a session outside the set (the two change together), so purging it
+        // unwritten deletes nothing there (on RocksDB, a tombstone per merged session).
+        let fresh = || Held { value: value.to_vec(), present: true, dirty: true, stored: false };
         held.write(entry, rewrite, fresh);
     }
 

@@ -642,6 +642,29 @@ fn windows_fired_and_purged_between_snapshots_never_reach_the_backend_and_a_snap
 }
 
 #[test]
+fn sessions_merged_in_the_buffer_delete_nothing_from_the_backend_and_ones_it_got_are_deleted() {
+    let backend = Counted::default();
+    let (puts, deletes) = (backend.puts.clone(), backend.deletes.clone());
+    let count = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
+    let kind = WindowKind::Session { gap_ms: 10 };
+    let mut op = WindowOperator::new("win", config(kind, 0), SumCount::default(), Box::new(backend));
+    // [1, 11) and [5, 15) merge; [20, 30) stays apart until 14 bridges them: [1, 30).
+    for e in [ev(0, 1, 1), ev(0, 5, 1), ev(0, 20, 1), ev(0, 14, 1)] {
+        op.process(&batch(&[e])).expect("process");
+    }
+    assert_eq!((count(&puts), count(&deletes)), (0, 0), "every merge stayed in the buffer");
+    let staging = std::env::temp_dir();
+    drop(op.snapshot(&staging).expect("snapshot"));
+    assert_eq!(count(&puts), 2, "the session's accumulator and the key's session set");
+    op.process(&batch(&[ev(0, 29, 1)])).expect("process");
+    assert_eq!(count(&deletes), 1, "[1, 30), which the backend got, merged into [1, 39)");
+    let out = op.on_watermark(i64::MAX).expect("wm");
+    assert_eq!(emitted(&out.main), vec![single(5, 5, 0, 1, 39)]);
+    assert_eq!(count(&deletes), 2, "and the emptied session set; [1, 39) never reached the backend");
+    assert_eq!(op.state().expect("written back").approximate_len(), 0);
+}
+
+#[test]
 fn without_allowed_lateness_state_is_purged_when_the_window_fires() {
     let mut op = operator(WindowKind::Sliding { size_ms: 20, slide_ms: 10 }, 0, SumCount::default());
     op.process(&batch(&[ev(0, 15, 1)])).expect("process");
