@@ -168,8 +168,29 @@ fn operator<A: AggregateFn>(kind: WindowKind, allowed_lateness_ms: i64, aggregat
 #[derive(Debug, Default)]
 struct Counted {
     inner: HeapStateBackend,
+    tally: Tally,
+}
+
+/// What reached a [`Counted`] backend so far.
+#[derive(Debug, Default, Clone)]
+struct Tally {
     puts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     deletes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Tally {
+    /// (puts, deletes).
+    fn now(&self) -> (usize, usize) {
+        let load = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
+        (load(&self.puts), load(&self.deletes))
+    }
+}
+
+/// A window operator over a [`Counted`] backend, and its tally.
+fn counted_operator(kind: WindowKind) -> (WindowOperator<SumCount>, Tally) {
+    let backend = Counted::default();
+    let tally = backend.tally.clone();
+    (WindowOperator::new("win", config(kind, 0), SumCount::default(), Box::new(backend)), tally)
 }
 
 impl StateBackend for Counted {
@@ -177,11 +198,11 @@ impl StateBackend for Counted {
         self.inner.get(key)
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-        self.puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.tally.puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.put(key, value)
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
-        self.deletes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.tally.deletes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.delete(key)
     }
     fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
@@ -610,26 +631,23 @@ fn a_record_within_the_allowed_lateness_refires_and_one_after_it_is_late() {
 
 #[test]
 fn windows_fired_and_purged_between_snapshots_never_reach_the_backend_and_a_snapshot_holds_the_rest() {
-    let backend = Counted::default();
-    let (puts, deletes) = (backend.puts.clone(), backend.deletes.clone());
-    let count = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
     let kind = WindowKind::Tumbling { size_ms: 10 };
-    let mut op = WindowOperator::new("win", config(kind, 0), SumCount::default(), Box::new(backend));
+    let (mut op, tally) = counted_operator(kind);
     op.process(&batch(&[ev(0, 1, 1), ev(1, 2, 2)])).expect("process");
     op.process(&batch(&[ev(0, 3, 4)])).expect("process");
     let out = op.on_watermark(9).expect("wm");
     assert_eq!(emitted(&out.main), vec![single(2, 5, 0, 0, 10), single(1, 2, 1, 0, 10)]);
-    assert_eq!((count(&puts), count(&deletes)), (0, 0), "updated, fired and purged in the buffer");
+    assert_eq!(tally.now(), (0, 0), "updated, fired and purged in the buffer");
 
     op.process(&batch(&[ev(0, 11, 8), ev(1, 12, 16)])).expect("process");
     let staging = std::env::temp_dir();
     let snapshot = op.snapshot(&staging).expect("snapshot");
-    assert_eq!(count(&puts), 2, "the barrier wrote the two open windows back");
+    assert_eq!(tally.now().0, 2, "the barrier wrote the two open windows back");
     op.process(&batch(&[ev(0, 13, 32)])).expect("process");
-    assert_eq!(count(&puts), 2, "an update after the snapshot waits for the next");
+    assert_eq!(tally.now().0, 2, "an update after the snapshot waits for the next");
     let out = op.on_watermark(19).expect("wm");
     assert_eq!(emitted(&out.main), vec![single(2, 40, 0, 10, 20), single(1, 16, 1, 10, 20)]);
-    assert_eq!(count(&deletes), 2, "a purged window the backend had is deleted from it");
+    assert_eq!(tally.now().1, 2, "a purged window the backend had is deleted from it");
     drop(snapshot);
 
     // Past its budget the buffer is written back between calls, and what it held stays right.
@@ -643,24 +661,20 @@ fn windows_fired_and_purged_between_snapshots_never_reach_the_backend_and_a_snap
 
 #[test]
 fn sessions_merged_in_the_buffer_delete_nothing_from_the_backend_and_ones_it_got_are_deleted() {
-    let backend = Counted::default();
-    let (puts, deletes) = (backend.puts.clone(), backend.deletes.clone());
-    let count = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
-    let kind = WindowKind::Session { gap_ms: 10 };
-    let mut op = WindowOperator::new("win", config(kind, 0), SumCount::default(), Box::new(backend));
+    let (mut op, tally) = counted_operator(WindowKind::Session { gap_ms: 10 });
     // [1, 11) and [5, 15) merge; [20, 30) stays apart until 14 bridges them: [1, 30).
     for e in [ev(0, 1, 1), ev(0, 5, 1), ev(0, 20, 1), ev(0, 14, 1)] {
         op.process(&batch(&[e])).expect("process");
     }
-    assert_eq!((count(&puts), count(&deletes)), (0, 0), "every merge stayed in the buffer");
+    assert_eq!(tally.now(), (0, 0), "every merge stayed in the buffer");
     let staging = std::env::temp_dir();
     drop(op.snapshot(&staging).expect("snapshot"));
-    assert_eq!(count(&puts), 2, "the session's accumulator and the key's session set");
+    assert_eq!(tally.now().0, 2, "the session's accumulator and the key's session set");
     op.process(&batch(&[ev(0, 29, 1)])).expect("process");
-    assert_eq!(count(&deletes), 1, "[1, 30), which the backend got, merged into [1, 39)");
+    assert_eq!(tally.now().1, 1, "[1, 30), which the backend got, merged into [1, 39)");
     let out = op.on_watermark(i64::MAX).expect("wm");
     assert_eq!(emitted(&out.main), vec![single(5, 5, 0, 1, 39)]);
-    assert_eq!(count(&deletes), 2, "and the emptied session set; [1, 39) never reached the backend");
+    assert_eq!(tally.now().1, 2, "and the emptied session set; [1, 39) never reached the backend");
     assert_eq!(op.state().expect("written back").approximate_len(), 0);
 }
 
