@@ -37,6 +37,16 @@ const FLUSH_ROWS: usize = 4096;
 
 /// A PostgreSQL error with the server's message, detail and hint (the client's own `Display`
 /// says only "db error").
+/// Whether `CREATE TABLE IF NOT EXISTS` failed only because another session created the same
+/// table at the same moment. PostgreSQL then reports, depending on where the two met, the
+/// table (42P07), its row type of the same name (42710, "type ... already exists") or the
+/// catalog's unique index (23505).
+fn lost_a_creation_race(code: Option<&SqlState>) -> bool {
+    code.is_some_and(|c| {
+        [SqlState::DUPLICATE_TABLE, SqlState::DUPLICATE_OBJECT, SqlState::UNIQUE_VIOLATION].contains(c)
+    })
+}
+
 fn describe(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => {
@@ -263,8 +273,7 @@ impl PostgresSink {
         match self.client.batch_execute(&sql) {
             Ok(()) => {}
             // Another subtask created it at the same moment: its types win.
-            Err(e) if matches!(e.code(), Some(c) if *c == SqlState::UNIQUE_VIOLATION || *c == SqlState::DUPLICATE_TABLE) =>
-                {}
+            Err(e) if lost_a_creation_race(e.code()) => {}
             Err(e) => return Err(io_error(format!("cannot create table `{}`: {}", self.spec.table, describe(&e)))),
         }
         let found = table_types(&mut self.client, &self.spec.table)
@@ -412,5 +421,18 @@ impl Sink for PostgresSink {
         }
         self.prepared.drain(..done);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_concurrent_creation_of_the_same_table_counts_as_created() {
+        let lost = |code: &str| lost_a_creation_race(Some(&SqlState::from_code(code)));
+        assert!(lost("42P07") && lost("42710") && lost("23505"), "table, row type, catalog index");
+        assert!(!lost("42501") && !lost("42601") && !lost("3F000"), "no permission, bad SQL, no schema");
+        assert!(!lost_a_creation_race(None), "no server error at all (the connection dropped)");
     }
 }
