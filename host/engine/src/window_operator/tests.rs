@@ -678,6 +678,47 @@ fn sessions_merged_in_the_buffer_delete_nothing_from_the_backend_and_ones_it_got
     assert_eq!(op.state().expect("written back").approximate_len(), 0);
 }
 
+/// A hostile aggregate: every accumulator it returns is 64 KiB.
+struct Bloat;
+
+impl AggregateFn for Bloat {
+    fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError> {
+        Ok(Vec::new())
+    }
+    fn add(&mut self, _: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Items, OperatorError> {
+        let big = vec![7u8; 64 << 10];
+        Ok(updates.iter().map(|_| big.as_slice()).collect())
+    }
+    fn merge(&mut self, a: &[u8], _: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        Ok(a.to_vec())
+    }
+    fn results(&mut self, accs: &Items) -> Result<Items, OperatorError> {
+        Ok(accs.iter().collect())
+    }
+}
+
+#[test]
+fn accumulators_past_the_state_limit_fail_the_step_when_written_back_and_the_buffer_stays_bounded() {
+    let limits = eddy_state::StateLimits { max_bytes: 1 << 20, max_entries: u64::MAX };
+    let bounded = || {
+        let heap = Box::<HeapStateBackend>::default();
+        Box::new(eddy_state::BoundedBackend::new(heap, limits, "raise `state_max_bytes`").expect("an empty backend"))
+    };
+    let kind = WindowKind::Tumbling { size_ms: 10 };
+    // At a snapshot: 20 windows of 64 KiB (1.25 MiB) sit in the buffer until the barrier.
+    let mut op = WindowOperator::new("win", config(kind, 0), Bloat, bounded());
+    let events: Vec<Ev> = (0..20).map(|k| ev(k, 1, 1)).collect();
+    op.process(&batch(&events)).expect("within the buffer's budget");
+    let err = op.snapshot(&std::env::temp_dir()).expect_err("over the state limit");
+    assert!(err.to_string().contains("raise `state_max_bytes`"), "says how to raise it: {err}");
+    // Without a barrier: past its 8 MiB the buffer is written back within the call, so it
+    // never holds more than its budget and one call's windows.
+    let mut op = WindowOperator::new("win", config(kind, 0), Bloat, bounded());
+    let events: Vec<Ev> = (0..=200).map(|k| ev(k as u8, 1, 1)).collect();
+    let err = op.process(&batch(&events)).expect_err("over the state limit");
+    assert!(err.to_string().contains("raise `state_max_bytes`"), "{err}");
+}
+
 #[test]
 fn without_allowed_lateness_state_is_purged_when_the_window_fires() {
     let mut op = operator(WindowKind::Sliding { size_ms: 20, slide_ms: 10 }, 0, SumCount::default());
