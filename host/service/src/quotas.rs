@@ -7,9 +7,9 @@
 //! operator instances, its heap state (which is memory: the heap backend counts what its
 //! entries occupy, and a snapshot in flight and emptied leaves can make that up to about 3x,
 //! [`eddy_state::heap_memory_bound_bytes`]), its RocksDB caches and the host's entry caches
-//! (a window step's write-back buffer, the lengths beside RocksDB) may take. The same memory is also charged to the server's budget
-//! ([`crate::supervisor::Supervisor`]), so tenants together cannot take more than the machine
-//! has.
+//! (a window step's write-back buffer, the lengths beside RocksDB) may take. The same memory
+//! is also charged to the server's budget ([`crate::supervisor::Supervisor`]), so tenants
+//! together cannot take more than the machine has.
 
 use std::sync::Arc;
 

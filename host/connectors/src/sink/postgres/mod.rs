@@ -35,8 +35,6 @@ use super::Sink;
 /// Rows buffered in an open transaction before they are sent (upserts are sent per batch).
 const FLUSH_ROWS: usize = 4096;
 
-/// A PostgreSQL error with the server's message, detail and hint (the client's own `Display`
-/// says only "db error").
 /// Whether `CREATE TABLE IF NOT EXISTS` failed only because another session created the same
 /// table at the same moment. PostgreSQL then reports, depending on where the two met, the
 /// table (42P07), its row type of the same name (42710, "type ... already exists") or the
@@ -47,6 +45,8 @@ fn lost_a_creation_race(code: Option<&SqlState>) -> bool {
     })
 }
 
+/// A PostgreSQL error with the server's message, detail and hint (the client's own `Display`
+/// says only "db error").
 fn describe(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => {
