@@ -64,11 +64,39 @@ impl Schemas for HostSchemas {
     }
 }
 
+/// Where one field name sits in rows of one schema and field count, as last looked up: a
+/// filter reads the same field of every record, and finding it by name (the schema, then a
+/// scan of its names) per record was a tenth of Nexmark q0.
+struct FieldSlot {
+    schema: u32,
+    fields: usize,
+    name: String,
+    slot: Option<usize>,
+}
+
 #[derive(Default)]
 struct Rows {
     encoder: RowEncoder,
     decoder: RowDecoder,
     schemas: HostSchemas,
+    field: Option<FieldSlot>,
+}
+
+impl Rows {
+    /// The slot of top-level field `name` in `row`, `None` if its schema does not name it.
+    fn slot_of(&mut self, row: &RowRef<'_>, name: &str) -> Option<usize> {
+        let (schema, fields) = (row.schema(), row.len());
+        if let Some(last) = &self.field
+            && last.schema == schema
+            && last.fields == fields
+            && last.name == name
+        {
+            return last.slot;
+        }
+        let slot = self.schemas.get(schema).filter(|s| s.fields.len() == fields).and_then(|s| s.index_of(name));
+        self.field = Some(FieldSlot { schema, fields, name: name.to_owned(), slot });
+        slot
+    }
 }
 
 thread_local! {
@@ -113,14 +141,30 @@ pub fn str_field<'a>(bytes: &'a [u8], field: &str) -> Result<Option<Cow<'a, str>
     }
     let bad = |e| Error::bad_record(format!("reading a row: {e}"));
     let row = RowRef::new(bytes).map_err(bad)?;
-    let schema = ROWS.with_borrow(|rows| rows.schemas.get(row.schema()));
-    let Some(i) = schema.filter(|s| s.fields.len() == row.len()).and_then(|s| s.index_of(field)) else {
-        return Ok(None);
-    };
-    match row.kind(i).map_err(bad)? {
-        Kind::Str => Ok(row.str(i).map_err(bad)?.map(Cow::Borrowed)),
-        _ => Ok(None),
+    match str_slot(&row, field).map_err(bad)? {
+        Some(i) => Ok(row.str(i).map_err(bad)?.map(Cow::Borrowed)),
+        None => Ok(None),
     }
+}
+
+/// [`str_field`]'s bytes, not checked to be UTF-8: for comparing with known text, which a
+/// UTF-8 pass per record (a call of its own in WebAssembly) would only slow down.
+pub fn str_field_bytes<'a>(bytes: &'a [u8], field: &str) -> Result<Option<Cow<'a, [u8]>>> {
+    if !is_row(bytes) {
+        return Ok(str_field(bytes, field)?.map(|s| Cow::Owned(s.into_owned().into_bytes())));
+    }
+    let bad = |e| Error::bad_record(format!("reading a row: {e}"));
+    let row = RowRef::new(bytes).map_err(bad)?;
+    match str_slot(&row, field).map_err(bad)? {
+        Some(i) => Ok(row.variable(i).map_err(bad)?.map(Cow::Borrowed)),
+        None => Ok(None),
+    }
+}
+
+/// The slot of top-level field `field` of `row` if it holds a string (null included).
+fn str_slot(row: &RowRef<'_>, field: &str) -> std::result::Result<Option<usize>, eddy_wire::row::RowError> {
+    let Some(i) = ROWS.with_borrow_mut(|rows| rows.slot_of(row, field)) else { return Ok(None) };
+    Ok((row.kind(i)? == Kind::Str).then_some(i))
 }
 
 /// The JSON text of the part of record value `bytes` that JSON pointer `pointer` (such as
@@ -204,5 +248,41 @@ mod tests {
         assert_eq!(str_field(json, "type").expect("json").as_deref(), Some("bid"));
         assert_eq!(str_field(json, "n").expect("json"), None);
         assert!(str_field(b"{not json", "type").is_err());
+    }
+
+    #[test]
+    fn a_string_fields_bytes_are_read_as_its_text_and_the_slot_cache_follows_the_schema() {
+        #[derive(Serialize)]
+        struct Other<'a> {
+            channel: &'a str,
+            auction: u64,
+        }
+        #[derive(Serialize)]
+        struct Optional<'a> {
+            auction: u64,
+            channel: Option<&'a str>,
+        }
+        let bid = encode_value(&Bid { auction: 3, channel: "web" }).expect("row");
+        // The same field name at another slot of another schema, read right after: a cache
+        // keyed by the name alone would read slot 1 of this row (a number).
+        let other = encode_value(&Other { channel: "app", auction: 4 }).expect("row");
+        let null = encode_value(&Optional { auction: 5, channel: None }).expect("row");
+        for _ in 0..2 {
+            assert_eq!(str_field_bytes(&bid, "channel").expect("row").as_deref(), Some(&b"web"[..]));
+            assert_eq!(str_field_bytes(&other, "channel").expect("row").as_deref(), Some(&b"app"[..]));
+            assert_eq!(str_field(&other, "channel").expect("row").as_deref(), Some("app"));
+            assert_eq!(str_field_bytes(&null, "channel").expect("row"), None);
+            assert_eq!(str_field_bytes(&bid, "auction").expect("row"), None);
+            assert_eq!(str_field_bytes(&bid, "price").expect("row"), None);
+        }
+        assert_eq!(str_field_bytes(br#"{"type":"bid"}"#, "type").expect("json").as_deref(), Some(&b"bid"[..]));
+        assert_eq!(str_field_bytes(br#"{"type":1}"#, "type").expect("json"), None);
+        // Not UTF-8: the bytes are still compared, the text refused.
+        let id = host::declare(&Schema { name: "Raw".into(), fields: vec!["x".into()] });
+        let mut raw = Vec::new();
+        let frame = eddy_wire::row::RowFrame::begin(&mut raw, 1, id);
+        frame.variable(&mut raw, 0, Kind::Str, &[0xFF, b'x']);
+        assert_eq!(str_field_bytes(&raw, "x").expect("bytes").as_deref(), Some(&[0xFF, b'x'][..]));
+        assert!(str_field(&raw, "x").is_err());
     }
 }

@@ -211,6 +211,7 @@ impl<'a> RowRef<'a> {
     }
 
     /// Number of fields.
+    #[inline]
     pub fn len(&self) -> usize {
         self.fields
     }
@@ -221,11 +222,13 @@ impl<'a> RowRef<'a> {
     }
 
     /// The id of the schema that names the fields (0: none).
+    #[inline]
     pub fn schema(&self) -> u32 {
         u32::from_le_bytes([self.bytes[4], self.bytes[5], self.bytes[6], self.bytes[7]])
     }
 
     /// Whether field `i` is null.
+    #[inline]
     pub fn is_null(&self, i: usize) -> Result<bool, RowError> {
         if i >= self.fields {
             return Err(RowError::NoField(i));
@@ -235,6 +238,7 @@ impl<'a> RowRef<'a> {
     }
 
     /// What field `i` holds.
+    #[inline]
     pub fn kind(&self, i: usize) -> Result<Kind, RowError> {
         if i >= self.fields {
             return Err(RowError::NoField(i));
@@ -243,6 +247,7 @@ impl<'a> RowRef<'a> {
     }
 
     /// The raw 8 bytes of slot `i` (`i` below the field count: the caller checked it).
+    #[inline]
     pub(crate) fn slot(&self, i: usize) -> [u8; 8] {
         let at = self.slots + SLOT * i;
         let s = &self.bytes[at..at + SLOT];
@@ -250,6 +255,7 @@ impl<'a> RowRef<'a> {
     }
 
     /// Field `i`'s slot if it is not null and holds `wanted`.
+    #[inline]
     fn present(&self, i: usize, wanted: Kind) -> Result<[u8; 8], RowError> {
         if self.is_null(i)? {
             return Err(RowError::Null(i));
@@ -261,11 +267,13 @@ impl<'a> RowRef<'a> {
     }
 
     /// Field `i` as an `i64` (not null).
+    #[inline]
     pub fn i64(&self, i: usize) -> Result<i64, RowError> {
         self.present(i, Kind::I64).map(i64::from_le_bytes)
     }
 
     /// Field `i` as a `u64` (not null).
+    #[inline]
     pub fn u64(&self, i: usize) -> Result<u64, RowError> {
         self.present(i, Kind::U64).map(u64::from_le_bytes)
     }
@@ -290,6 +298,7 @@ impl<'a> RowRef<'a> {
 
     /// The bytes slot `i` points at (`i` below the field count, the field a non-null variable
     /// kind: the caller checked both).
+    #[inline]
     pub(crate) fn span(&self, i: usize) -> Result<&'a [u8], RowError> {
         let s = self.slot(i);
         let offset = u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize;
@@ -299,6 +308,7 @@ impl<'a> RowRef<'a> {
     }
 
     /// The bytes of variable field `i` whatever its kind, `None` if null.
+    #[inline]
     pub fn variable(&self, i: usize) -> Result<Option<&'a [u8]>, RowError> {
         if self.is_null(i)? {
             return Ok(None);
@@ -310,6 +320,7 @@ impl<'a> RowRef<'a> {
         self.span(i).map(Some)
     }
 
+    #[inline]
     fn variable_of(&self, i: usize, wanted: Kind) -> Result<Option<&'a [u8]>, RowError> {
         match self.kind(i)? {
             found if found == wanted || self.is_null(i)? => self.variable(i),
@@ -323,6 +334,7 @@ impl<'a> RowRef<'a> {
     }
 
     /// Field `i` as a string, `None` if null.
+    #[inline]
     pub fn str(&self, i: usize) -> Result<Option<&'a str>, RowError> {
         match self.variable_of(i, Kind::Str)? {
             Some(b) => core::str::from_utf8(b).map(Some).map_err(|_| RowError::NotUtf8(i)),

@@ -55,8 +55,8 @@ impl Operator for CurrencyConversion {
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        let kind = record.value_str("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
-        if kind != "bid" {
+        let kind = record.value_str_bytes("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        if *kind != *b"bid" {
             return Ok(());
         }
         let bid: BidPrice = record.value()?;

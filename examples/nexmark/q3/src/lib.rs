@@ -86,9 +86,9 @@ impl Operator for LocalItemSuggestion {
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        let kind = record.value_str("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        let kind = record.value_str_bytes("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
         match &*kind {
-            "person" => {
+            b"person" => {
                 let p: PersonPlace = record.value()?;
                 let seller = Seller { name: p.name, city: p.city, state: p.state };
                 let waiting = self.waiting.get()?;
@@ -102,7 +102,7 @@ impl Operator for LocalItemSuggestion {
                 }
                 self.seller.set(&seller)
             }
-            "auction" => {
+            b"auction" => {
                 let a: AuctionSeller = record.value()?;
                 if a.category != CATEGORY {
                     return Ok(());

@@ -78,10 +78,10 @@ impl Operator for MonitorNewUsers {
         if fire_at <= ctx.current_watermark() {
             return ctx.emit_raw(Some(self.late), record.key_bytes(), record.value_bytes(), Some(t));
         }
-        let kind = record.value_str("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        let kind = record.value_str_bytes("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
         let person_name = match &*kind {
-            "person" => Some(record.value::<PersonName>()?.name),
-            "auction" => None,
+            b"person" => Some(record.value::<PersonName>()?.name),
+            b"auction" => None,
             _ => return Ok(()),
         };
         let mut windows = self.windows.get()?.unwrap_or_default();

@@ -104,8 +104,11 @@ impl Operator for Select {
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
         // Only `type` decides, so only `type` is read (in place, from a row).
-        let event_type = record.value_str("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
-        let Some((kind, keying)) = self.routes.iter().find(|(k, _)| *k == event_type) else { return Ok(()) };
+        let event_type =
+            record.value_str_bytes("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        let Some((kind, keying)) = self.routes.iter().find(|(k, _)| k.as_bytes() == &*event_type) else {
+            return Ok(());
+        };
         let key =
             match keying {
                 Keying::None => None,

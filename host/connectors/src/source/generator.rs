@@ -28,7 +28,7 @@ pub fn generator_event(spec: &GeneratorSpec, index: u64) -> Record {
     Record { key: None, value, timestamp: Some(timestamp) }
 }
 
-/// Writes event `index`'s JSON to `out` and returns its event time.
+/// Appends event `index`'s JSON to `out` and returns its event time.
 fn write_event(spec: &GeneratorSpec, index: u64, out: &mut Vec<u8>) -> i64 {
     // A spec that skipped validation (keys 0, min > max, negative disorder) still gets events
     // rather than a panic: one key, the range between the bounds, no disorder.
@@ -49,7 +49,6 @@ fn write_event(spec: &GeneratorSpec, index: u64, out: &mut Vec<u8>) -> i64 {
         time,
         index,
     };
-    out.clear();
     // Serializing integers and strings into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *out, &event);
     time

@@ -18,7 +18,7 @@ pub(super) trait IndexedEvents: Send + std::fmt::Debug {
     fn source_name(&self) -> &str;
     /// Number of events; none = unbounded.
     fn events(&self) -> Option<u64>;
-    /// Replaces `out` with event `index`'s value and returns its event time.
+    /// Appends event `index`'s value to `out` (a batch's buffer) and returns its event time.
     fn write(&self, index: u64, out: &mut Vec<u8>) -> i64;
 }
 
@@ -33,7 +33,6 @@ pub(super) struct IndexedSource<E> {
     exhausted: bool,
     /// The pacer and the reader's start, when rate-limited.
     pacer: Option<(Pacer, Instant)>,
-    scratch: Vec<u8>,
 }
 
 impl<E: IndexedEvents> IndexedSource<E> {
@@ -67,7 +66,7 @@ impl<E: IndexedEvents> IndexedSource<E> {
             Some(other) => return Err(bad_position(other, "it is not a generator position".into())),
         };
         let pacer = rate_per_sec.map(|rate| (Pacer::new(rate), Instant::now()));
-        Ok(Self { events, parallelism, next_index, exhausted: false, pacer, scratch: Vec::new() })
+        Ok(Self { events, parallelism, next_index, exhausted: false, pacer })
     }
 
     fn done(&self) -> bool {
@@ -100,8 +99,8 @@ impl<E: IndexedEvents> super::Source for IndexedSource<E> {
         };
         let mut produced = 0;
         while produced < allowed && !self.done() {
-            let time = self.events.write(self.next_index, &mut self.scratch);
-            out.push(None, &self.scratch, Some(time));
+            let (events, index) = (&self.events, self.next_index);
+            out.push_written(|buf| Some(events.write(index, buf)));
             produced += 1;
             match self.next_index.checked_add(u64::from(self.parallelism)) {
                 Some(next) => self.next_index = next,

@@ -41,7 +41,6 @@ impl IndexedEvents for NexmarkEvents {
     fn write(&self, index: u64, out: &mut Vec<u8>) -> i64 {
         let mut scratch = self.scratch.borrow_mut();
         let event = eddy_nexmark::event_ref(&self.config, index, &mut scratch);
-        out.clear();
         eddy_nexmark::write_row(&event, out);
         event.date_time()
     }
