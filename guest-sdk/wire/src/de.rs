@@ -237,6 +237,7 @@ struct Slots<'de, 's> {
 impl<'de> de::SeqAccess<'de> for Slots<'de, '_> {
     type Error = RowDeError;
 
+    #[inline]
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, RowDeError> {
         let Some(i) = self.order.get(self.at) else { return Ok(None) };
         self.at += 1;
@@ -307,11 +308,13 @@ struct FieldDe<'de, 's> {
 }
 
 impl<'de> FieldDe<'de, '_> {
+    #[inline]
     fn null(&self) -> Result<bool, RowDeError> {
         Ok(self.row.is_null(self.i)?)
     }
 
     /// The bytes of this (non-null, variable) field.
+    #[inline]
     fn variable(&self) -> Result<&'de [u8], RowDeError> {
         Ok(self.row.span(self.i)?)
     }
@@ -327,6 +330,7 @@ impl<'de, 's> FieldDe<'de, 's> {
 impl<'de> Deserializer<'de> for FieldDe<'de, '_> {
     type Error = RowDeError;
 
+    #[inline]
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, RowDeError> {
         if self.null()? {
             return visitor.visit_unit();

@@ -421,19 +421,23 @@ impl RowFrame {
     }
 
     /// Number of fields.
+    #[inline]
     pub fn fields(&self) -> usize {
         self.fields
     }
 
+    #[inline]
     fn null_byte(&self, i: usize) -> usize {
         self.start + HEADER + 8 * (i / 64) + (i % 64) / 8
     }
 
     /// Sets the schema id (for writers that learn the names only after the fields).
+    #[inline]
     pub fn set_schema(&self, buf: &mut [u8], schema: u32) {
         buf[self.start + 4..self.start + 8].copy_from_slice(&schema.to_le_bytes());
     }
 
+    #[inline]
     fn put(&self, buf: &mut [u8], i: usize, kind: Kind, slot: [u8; 8]) {
         buf[self.null_byte(i)] &= !(1 << (i % 8));
         buf[self.start + self.kinds + i] = kind as u8;
@@ -442,21 +446,25 @@ impl RowFrame {
     }
 
     /// Sets field `i` to `v`.
+    #[inline]
     pub fn i64(&self, buf: &mut [u8], i: usize, v: i64) {
         self.put(buf, i, Kind::I64, v.to_le_bytes());
     }
 
     /// Sets field `i` to `v`.
+    #[inline]
     pub fn u64(&self, buf: &mut [u8], i: usize, v: u64) {
         self.put(buf, i, Kind::U64, v.to_le_bytes());
     }
 
     /// Sets field `i` to `v`.
+    #[inline]
     pub fn f64(&self, buf: &mut [u8], i: usize, v: f64) {
         self.put(buf, i, Kind::F64, v.to_le_bytes());
     }
 
     /// Sets field `i` to `v`.
+    #[inline]
     pub fn bool(&self, buf: &mut [u8], i: usize, v: bool) {
         self.put(buf, i, Kind::Bool, u64::from(v).to_le_bytes());
     }

@@ -209,6 +209,7 @@ impl ser::SerializeStruct for StructWriter<'_> {
     type Ok = ();
     type Error = RowSerError;
 
+    #[inline]
     fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), RowSerError> {
         let i = self.next;
         if i >= self.frame.fields() {
