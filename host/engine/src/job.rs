@@ -472,6 +472,9 @@ struct StepContext<'a> {
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     task: usize,
+    /// Which subtask of its task this is. Not `subtask.index`: a step that is not right behind
+    /// a hash exchange runs as a single subtask over every key group, whatever its index.
+    index: u32,
     position: usize,
     subtask: Subtask,
     share: Share,
@@ -499,7 +502,7 @@ impl StepContext<'_> {
         let storage: Box<dyn StateBackend> = match self.spec.state.backend {
             StateBackendKind::Heap => Box::new(HeapStateBackend::default()),
             StateBackendKind::Rocksdb => {
-                let dir = self.state_dir.join(format!("t{}-s{}-op{}", slot.task, slot.subtask.index, slot.position));
+                let dir = self.state_dir.join(format!("t{}-s{}-op{}", slot.task, slot.index, slot.position));
                 let config = RocksDbConfig {
                     block_cache_bytes: self.spec.state.block_cache_mb << 20,
                     write_buffer_bytes: self.spec.state.write_buffer_mb << 20,
@@ -779,7 +782,7 @@ impl Job {
                         } else {
                             Subtask::single(spec.max_parallelism)
                         };
-                        steps.operator(step, Slot { task: task.id, position, subtask, share })
+                        steps.operator(step, Slot { task: task.id, index, position, subtask, share })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 let source_name = task.source().map(|i| spec.sources[i].name().to_owned());
