@@ -128,8 +128,8 @@ mod tests {
         assert_eq!(read, serde_json::json!({"bidder": 7, "bids": 3}));
         // A key of any JSON kind survives.
         let key = serde_json::json!({"id": [1, "x"]});
-        let row = eddy_sdk::codec::encode_value(&count.result(Counted { key: Some(key.clone()), count: 1 }))
-            .expect("a row");
+        let row =
+            eddy_sdk::codec::encode_value(&count.result(Counted { key: Some(key.clone()), count: 1 })).expect("a row");
         let read: Value = eddy_sdk::codec::decode_value(&row).expect("read by name");
         assert_eq!(read, serde_json::json!({"bidder": key, "bids": 1}));
     }
