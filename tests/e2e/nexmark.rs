@@ -21,24 +21,22 @@ fn query_spec(query: &str) -> PipelineSpec {
     spec
 }
 
+/// A query's native baseline over the generated events.
+type Baseline = fn(Vec<eddy_nexmark::Event>) -> Vec<Value>;
+
 fn sorted(mut rows: Vec<Value>) -> Vec<Value> {
     rows.sort_by_key(|v| v.to_string());
     rows
 }
 
-fn check(query: &str, native: fn(Vec<eddy_nexmark::Event>) -> Vec<Value>) {
+fn check(query: &str, native: Baseline) {
     check_with(query, native, false, None);
 }
 
 /// [`check`], with `per_subtask`: the spec's sink a blackhole (which runs at its input's
 /// parallelism) replaced by one memory sink per subtask, all of which must be made; with
 /// `rocksdb`, state in RocksDB databases under that directory.
-fn check_with(
-    query: &str,
-    native: fn(Vec<eddy_nexmark::Event>) -> Vec<Value>,
-    per_subtask: bool,
-    rocksdb: Option<&Path>,
-) {
+fn check_with(query: &str, native: Baseline, per_subtask: bool, rocksdb: Option<&Path>) {
     let mut spec = query_spec(query);
     if let Some(dir) = rocksdb {
         spec.state.backend = eddy_plan::StateBackendKind::Rocksdb;
@@ -131,7 +129,7 @@ fn q5_into_a_sink_per_subtask_at_parallelism_2() {
 /// subtasks once shared one directory, and the second failed on RocksDB's lock.
 #[test]
 fn queries_on_rocksdb_at_parallelism_2_equal_the_baseline() {
-    let queries: [(&str, fn(Vec<eddy_nexmark::Event>) -> Vec<Value>); 3] =
+    let queries: [(&str, Baseline); 3] =
         [("q0", eddy_nexmark::native::q0), ("q5", eddy_nexmark::native::q5), ("q11", eddy_nexmark::native::q11)];
     for (query, native) in queries {
         assert_eq!(query_spec(query).parallelism, 2, "{query} runs at parallelism 2");
