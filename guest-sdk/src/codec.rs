@@ -130,7 +130,7 @@ pub fn decode_value<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
     }
     ROWS.with_borrow_mut(|rows| {
         let Rows { decoder, schemas, .. } = rows;
-        decoder.decode(bytes, schemas).map_err(|e| Error::bad_record(format!("reading a row: {e}")))
+        decoder.decode(bytes, schemas).map_err(row_error)
     })
 }
 
@@ -142,10 +142,8 @@ pub fn str_field<'a>(bytes: &'a [u8], field: &str) -> Result<Option<Cow<'a, str>
         let value: serde_json::Value = decode(bytes)?;
         return Ok(value.get(field).and_then(|f| f.as_str()).map(|s| Cow::Owned(s.to_owned())));
     }
-    let bad = |e| Error::bad_record(format!("reading a row: {e}"));
-    let row = RowRef::new(bytes).map_err(bad)?;
-    match str_slot(&row, field).map_err(bad)? {
-        Some(i) => Ok(row.str(i).map_err(bad)?.map(Cow::Borrowed)),
+    match str_slot(bytes, field)? {
+        Some((row, i)) => Ok(row.str(i).map_err(row_error)?.map(Cow::Borrowed)),
         None => Ok(None),
     }
 }
@@ -156,18 +154,23 @@ pub fn str_field_bytes<'a>(bytes: &'a [u8], field: &str) -> Result<Option<Cow<'a
     if !is_row(bytes) {
         return Ok(str_field(bytes, field)?.map(|s| Cow::Owned(s.into_owned().into_bytes())));
     }
-    let bad = |e| Error::bad_record(format!("reading a row: {e}"));
-    let row = RowRef::new(bytes).map_err(bad)?;
-    match str_slot(&row, field).map_err(bad)? {
-        Some(i) => Ok(row.variable(i).map_err(bad)?.map(Cow::Borrowed)),
+    match str_slot(bytes, field)? {
+        Some((row, i)) => Ok(row.variable(i).map_err(row_error)?.map(Cow::Borrowed)),
         None => Ok(None),
     }
 }
 
-/// The slot of top-level field `field` of `row` if it holds a string (null included).
-fn str_slot(row: &RowRef<'_>, field: &str) -> std::result::Result<Option<usize>, eddy_wire::row::RowError> {
-    let Some(i) = ROWS.with_borrow_mut(|rows| rows.slot_of(row, field)) else { return Ok(None) };
-    Ok((row.kind(i)? == Kind::Str).then_some(i))
+/// Row `bytes`, and the slot of its top-level field `field` if that holds a string (null
+/// included).
+fn str_slot<'a>(bytes: &'a [u8], field: &str) -> Result<Option<(RowRef<'a>, usize)>> {
+    let row = RowRef::new(bytes).map_err(row_error)?;
+    let Some(i) = ROWS.with_borrow_mut(|rows| rows.slot_of(&row, field)) else { return Ok(None) };
+    Ok((row.kind(i).map_err(row_error)? == Kind::Str).then_some((row, i)))
+}
+
+/// A row that cannot be read, as the operator's error.
+fn row_error(e: impl std::fmt::Display) -> Error {
+    Error::bad_record(format!("reading a row: {e}"))
 }
 
 /// The JSON text of the part of record value `bytes` that JSON pointer `pointer` (such as
@@ -175,21 +178,20 @@ fn str_slot(row: &RowRef<'_>, field: &str) -> std::result::Result<Option<usize>,
 /// JSON.
 pub fn pointer_json(bytes: &[u8], pointer: &str) -> Result<Option<Vec<u8>>> {
     if is_row(bytes) {
-        let bad = |e| Error::bad_record(format!("reading a row: {e}"));
         // A top-level field (a key such as `/auction`): its slot as remembered.
         if let Some(name) = pointer.strip_prefix('/').filter(|name| !name.contains(['/', '~'])) {
-            let row = RowRef::new(bytes).map_err(bad)?;
+            let row = RowRef::new(bytes).map_err(row_error)?;
             let found = ROWS.with_borrow_mut(|rows| {
                 let i = rows.slot_of(&row, name)?;
                 let mut out = Vec::new();
                 Some(eddy_wire::json::field_to_json(&row, i, &rows.schemas, &mut out).map(|()| out))
             });
             if let Some(found) = found {
-                return found.map(Some).map_err(bad);
+                return found.map(Some).map_err(row_error);
             }
         }
         let found = ROWS.with_borrow(|rows| eddy_wire::json::pointer_to_json(bytes, pointer, &rows.schemas));
-        return found.map_err(bad);
+        return found.map_err(row_error);
     }
     let value: serde_json::Value = decode(bytes)?;
     value.pointer(pointer).map(encode).transpose()
