@@ -32,9 +32,9 @@
 //!
 //! State (all in the [`StateBackend`] once written back, which every snapshot does first, so a
 //! snapshot of the backend is a snapshot of the operator; between snapshots the store keeps
-//! updates in a bounded write-back buffer, see [`WindowStore`]), under the [`StateKey`] layout
+//! updates in a bounded write-back buffer), under the [`StateKey`] layout
 //! with the key's key group and the [`state_id`] of
-//! these names:
+//! these names (the buffer and why it is held per key: [`store`]):
 //! - `window-acc`, namespace = the window (16 bytes, see [`encode_window`]): one flag byte
 //!   (1 = the window has fired) followed by the aggregate's accumulator bytes;
 //! - `window-sessions` (session windows only), empty namespace: the key's open sessions as a
@@ -45,17 +45,18 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
-use eddy_state::{
-    EntryCache, HashedKey, StateBackend, StateError, StateKey, decode_list, decode_state_key, encode_list, state_id,
-};
+use eddy_state::{StateBackend, StateError};
 
 use eddy_checkpoint::OperatorSnapshot;
 
 use crate::operator::{OperatorError, StreamOperator};
 use eddy_plan::window::{SessionWindows, Window, WindowKind};
 
+mod store;
 #[cfg(test)]
 mod tests;
+
+use store::WindowStore;
 
 /// State name of the per-(key, window) accumulators.
 pub const ACC_STATE: &str = "window-acc";
@@ -185,230 +186,6 @@ impl Timers {
     }
 }
 
-/// An entry the window store holds: the value it last wrote or read, and where the backend
-/// stands against it.
-#[derive(Debug)]
-struct Held {
-    value: Vec<u8>,
-    /// False: the backend was read and had nothing (so a window's first write, which follows
-    /// that read, knows there is nothing to delete when it is purged unwritten).
-    present: bool,
-    /// The backend does not have `value` yet.
-    dirty: bool,
-    /// The backend holds a value under this key (an older one while `dirty`).
-    stored: bool,
-}
-
-impl eddy_state::Weigh for Held {
-    fn heap_bytes(&self) -> usize {
-        self.value.heap_bytes()
-    }
-}
-
-/// The operator's state entries, keyed by the `StateKey` layout, with a write-back buffer in
-/// front of the backend.
-///
-/// Windows are updated by every batch and read when they fire, and most are purged when they
-/// fire: written to the backend per batch, they would cost a B-tree (or memtable) write per
-/// (key, window) per batch, and a delete at the end. So the store keeps what it writes in
-/// [`Held`] entries and writes them to the backend only when a snapshot is taken (the barrier:
-/// the snapshot is taken after the write-back, so state stays exactly once) or when the buffer
-/// passes its budget between calls; a window created and purged between two of those never
-/// reaches the backend. Everything the buffer loses on a failure is after the last snapshot,
-/// which is what a restore starts from anyway.
-struct WindowStore {
-    backend: Box<dyn StateBackend>,
-    keys: StateKey,
-    /// The value being written, reused.
-    value: Vec<u8>,
-    operator: String,
-    max_parallelism: u32,
-    acc_state: eddy_state::StateId,
-    sessions_state: eddy_state::StateId,
-    /// Counted as memory; a job's memory demand reserves its budget per window subtask.
-    held: EntryCache<Held>,
-}
-
-impl WindowStore {
-    fn new(backend: Box<dyn StateBackend>, operator: String, max_parallelism: u32) -> Self {
-        Self {
-            backend,
-            keys: StateKey::default(),
-            value: Vec::new(),
-            operator,
-            max_parallelism,
-            acc_state: state_id(ACC_STATE),
-            sessions_state: state_id(SESSIONS_STATE),
-            held: EntryCache::write_back(eddy_state::WINDOW_CACHE_BYTES),
-        }
-    }
-
-    /// The entry under `entry`, read from the backend into the buffer if it does not hold it.
-    fn load<'h>(
-        backend: &dyn StateBackend,
-        held: &'h mut EntryCache<Held>,
-        entry: &[u8],
-    ) -> Result<Option<&'h [u8]>, StateError> {
-        if held.get(entry).is_none() {
-            let mut value = Vec::new();
-            let found = backend.read_into(entry, &mut value)?;
-            held.insert(entry, Held { value, present: found, dirty: false, stored: found });
-        }
-        Ok(held.get(entry).filter(|h| h.present).map(|h| h.value.as_slice()))
-    }
-
-    /// Sets `entry` to `value` in the buffer (the backend gets it at the next write-back).
-    fn write(held: &mut EntryCache<Held>, entry: &[u8], value: &[u8]) {
-        let rewrite = |h: &mut Held| {
-            h.value.clear();
-            h.value.extend_from_slice(value);
-            h.present = true;
-            h.dirty = true;
-        };
-        // Every other write follows a read of its entry in the same call, which left it held;
-        // an entry not held is a session new to its key's session set, and the backend holds no
-        // accumulator of a session outside the set (the two change together), so purging it
-        // unwritten deletes nothing there (on RocksDB, a tombstone per merged session).
-        let fresh = || Held { value: value.to_vec(), present: true, dirty: true, stored: false };
-        held.write(entry, rewrite, fresh);
-    }
-
-    /// Deletes `entry`: from the buffer, and from the backend if it ever got it.
-    fn remove(backend: &mut dyn StateBackend, held: &mut EntryCache<Held>, entry: &[u8]) -> Result<(), StateError> {
-        match held.remove(entry) {
-            Some(Held { stored: false, .. }) => Ok(()),
-            _ => backend.delete(entry),
-        }
-    }
-
-    /// Writes every entry the backend lacks to it.
-    fn write_back(&mut self) -> Result<(), OperatorError> {
-        let backend = self.backend.as_mut();
-        let written = self.held.try_for_each_mut(|entry, h| {
-            if h.dirty {
-                backend.put(entry, &h.value)?;
-                h.dirty = false;
-                h.stored = true;
-            }
-            Ok(())
-        });
-        written.map_err(|e| self.error(e))
-    }
-
-    /// Between `add` calls (never between a read and the write that follows it, which relies on
-    /// the entry staying held): a buffer past its budget is written back and emptied.
-    fn keep_within_budget(&mut self) -> Result<(), OperatorError> {
-        if self.held.over_budget() {
-            self.write_back()?;
-            self.held.clear();
-        }
-        Ok(())
-    }
-
-    fn error(&self, source: StateError) -> OperatorError {
-        Self::error_in(&self.operator, source)
-    }
-
-    /// [`Self::error`] while the buffer is borrowed.
-    fn error_in(operator: &str, source: StateError) -> OperatorError {
-        OperatorError::State { operator: operator.to_owned(), source }
-    }
-
-    fn corrupt(&self, problem: String) -> OperatorError {
-        self.error(StateError::Corrupt(problem))
-    }
-
-    /// The window's fired flag and accumulator, if it has state.
-    fn acc(&mut self, key: &[u8], window: &Window) -> Result<Option<(bool, Vec<u8>)>, OperatorError> {
-        Ok(self.acc_ref(key, window)?.map(|(fired, acc)| (fired, acc.to_vec())))
-    }
-
-    /// [`Self::acc`], borrowed from the buffer.
-    fn acc_ref(&mut self, key: &[u8], window: &Window) -> Result<Option<(bool, &[u8])>, OperatorError> {
-        let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
-        let loaded = Self::load(self.backend.as_ref(), &mut self.held, entry);
-        match loaded.map_err(|e| Self::error_in(&self.operator, e))?.map(<[u8]>::split_first) {
-            None => Ok(None),
-            Some(Some((&flag @ (NOT_FIRED | FIRED), acc))) => Ok(Some((flag == FIRED, acc))),
-            Some(_) => Err(Self::error_in(
-                &self.operator,
-                StateError::Corrupt(format!(
-                    "accumulator of window [{}, {}) has no valid flag byte",
-                    window.start, window.end
-                )),
-            )),
-        }
-    }
-
-    fn put_acc(&mut self, key: &[u8], window: &Window, fired: bool, acc: &[u8]) {
-        self.value.clear();
-        self.value.push(if fired { FIRED } else { NOT_FIRED });
-        self.value.extend_from_slice(acc);
-        let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
-        Self::write(&mut self.held, entry, &self.value);
-    }
-
-    fn delete_acc(&mut self, key: &[u8], window: &Window) -> Result<(), OperatorError> {
-        let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
-        Self::remove(self.backend.as_mut(), &mut self.held, entry).map_err(|e| self.error(e))
-    }
-
-    fn sessions(&mut self, key: &[u8]) -> Result<Vec<Window>, OperatorError> {
-        let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
-        let decoded = match Self::load(self.backend.as_ref(), &mut self.held, entry) {
-            Ok(None) => return Ok(Vec::new()),
-            Ok(Some(list)) => decode_list(list)
-                .and_then(|items| items.iter().map(|w| decode_window(w)).collect::<Result<Vec<_>, _>>()),
-            Err(e) => Err(e),
-        };
-        decoded.map_err(|e| Self::error_in(&self.operator, e))
-    }
-
-    fn put_sessions(&mut self, key: &[u8], sessions: &[Window]) -> Result<(), OperatorError> {
-        let entry = self.keys.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
-        if sessions.is_empty() {
-            return Self::remove(self.backend.as_mut(), &mut self.held, entry).map_err(|e| self.error(e));
-        }
-        let items: Vec<[u8; 16]> = sessions.iter().map(encode_window).collect();
-        Self::write(&mut self.held, entry, &encode_list(&items));
-        Ok(())
-    }
-
-    /// Every window with an accumulator: (key, window, fired).
-    fn windows(&mut self) -> Result<Vec<(Vec<u8>, Window, bool)>, OperatorError> {
-        self.write_back()?;
-        let mut found = Vec::new();
-        let mut damage: Option<StateError> = None;
-        let acc_state = self.acc_state;
-        self.backend
-            .scan_prefix(b"", &mut |entry, value| {
-                if damage.is_some() {
-                    return;
-                }
-                let parsed = decode_state_key(entry).and_then(|k| {
-                    if k.state != acc_state {
-                        return Ok(None);
-                    }
-                    let window = decode_window(k.namespace)?;
-                    match value.first() {
-                        Some(&flag @ (NOT_FIRED | FIRED)) => Ok(Some((k.key.to_vec(), window, flag == FIRED))),
-                        _ => Err(StateError::Corrupt("window accumulator without a valid flag byte".into())),
-                    }
-                });
-                match parsed {
-                    Ok(Some(w)) => found.push(w),
-                    Ok(None) => {}
-                    Err(e) => damage = Some(e),
-                }
-            })
-            .map_err(|e| self.error(e))?;
-        match damage {
-            Some(e) => Err(self.error(e)),
-            None => Ok(found),
-        }
-    }
-}
-
 /// The records of `batch` from index `from` on, with their indices (without walking the
 /// ones before: a batch is resumed after each record that fires a window).
 fn records_from(batch: &RecordBatch, from: usize) -> impl Iterator<Item = (usize, RecordView<'_>)> {
@@ -473,21 +250,28 @@ impl<'b> Updates<'b> {
     }
 }
 
-/// The (key, window) groups of a batch in first-seen order (the order does not matter: what
-/// fires is sorted), each with its records in arrival order, hashed rather than kept in a
-/// tree and chained through one table rather than a `Vec` per group.
+/// The (key, window) groups of a batch: its keys in first-seen order (the order does not
+/// matter: what fires is sorted), each found once per record by hashing, with the windows its
+/// records fall in kept in window order, each with its records in arrival order, chained
+/// through one table rather than a `Vec` per group.
 #[derive(Debug, Default)]
 struct Groups<'b> {
-    index: foldhash::HashMap<(&'b [u8], Window), u32>,
-    groups: Vec<Group<'b>>,
+    index: foldhash::HashMap<&'b [u8], u32>,
+    keys: Vec<BatchKey<'b>>,
     /// Per member: the record, and the group's next member ([`Groups::END`]: none).
     members: Vec<(u32, u32)>,
 }
 
-/// One (key, window) of a batch and the ends of its chain of members.
+/// One key of a batch and its windows.
 #[derive(Debug)]
-struct Group<'b> {
+struct BatchKey<'b> {
     key: &'b [u8],
+    windows: Vec<Group>,
+}
+
+/// One window of a key of a batch, and the ends of its chain of members.
+#[derive(Debug)]
+struct Group {
     window: Window,
     first: u32,
     last: u32,
@@ -496,18 +280,23 @@ struct Group<'b> {
 impl<'b> Groups<'b> {
     const END: u32 = u32::MAX;
 
-    fn add(&mut self, key: &'b [u8], window: Window, record: u32) {
-        let member = self.members.len() as u32;
-        self.members.push((record, Self::END));
-        match self.index.entry((key, window)) {
-            std::collections::hash_map::Entry::Occupied(e) => {
-                let group = &mut self.groups[*e.get() as usize];
-                self.members[group.last as usize].1 = member;
-                group.last = member;
-            }
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(self.groups.len() as u32);
-                self.groups.push(Group { key, window, first: member, last: member });
+    fn add(&mut self, key: &'b [u8], windows: &[Window], record: u32) {
+        let keys = &mut self.keys;
+        let at = *self.index.entry(key).or_insert_with(|| {
+            keys.push(BatchKey { key, windows: Vec::new() });
+            keys.len() as u32 - 1
+        });
+        let groups = &mut self.keys[at as usize].windows;
+        for &window in windows {
+            let member = self.members.len() as u32;
+            self.members.push((record, Self::END));
+            match groups.binary_search_by(|g| g.window.cmp(&window)) {
+                Ok(g) => {
+                    let group = &mut groups[g];
+                    self.members[group.last as usize].1 = member;
+                    group.last = member;
+                }
+                Err(g) => groups.insert(g, Group { window, first: member, last: member }),
             }
         }
     }
@@ -530,6 +319,14 @@ impl Due {
     fn push(&mut self, fire_time: i64, key: Vec<u8>, window: Window, acc: &[u8]) {
         self.windows.push((fire_time, key, window));
         self.accs.push(acc);
+    }
+}
+
+/// When `window` of `kind` fires (see the module docs for why sessions fire at `end`).
+fn fire_time(kind: WindowKind, window: &Window) -> i64 {
+    match kind {
+        WindowKind::Session { .. } => window.end,
+        WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } => window.max_timestamp(),
     }
 }
 
@@ -602,7 +399,7 @@ impl<A: AggregateFn> WindowOperator<A> {
     /// A write-back buffer of `bytes` instead of [`eddy_state::WINDOW_CACHE_BYTES`] (tests
     /// drive the write-backs that running past the budget causes).
     pub fn with_write_back_budget(mut self, bytes: usize) -> Self {
-        self.store.held = EntryCache::write_back(bytes);
+        self.store.set_budget(bytes);
         self
     }
 
@@ -625,12 +422,8 @@ impl<A: AggregateFn> WindowOperator<A> {
         Ok(acc)
     }
 
-    /// When `window` fires (see the module docs for why sessions fire at `end`).
     fn fire_time(&self, window: &Window) -> i64 {
-        match self.kind {
-            WindowKind::Session { .. } => window.end,
-            WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } => window.max_timestamp(),
-        }
+        fire_time(self.kind, window)
     }
 
     /// When `window`'s state is purged; from then on it takes no records.
@@ -705,20 +498,29 @@ impl<A: AggregateFn> WindowOperator<A> {
         if accs.len() != updates.windows.len() {
             return Err(self.miscounted("accumulators", accs.len(), updates.windows.len()));
         }
+        self.timers()?;
+        let Self { store, timers, kind, allowed_lateness_ms, watermark, .. } = self;
+        let timers = timers.get_or_insert_with(Timers::default);
         let mut due = Due::default();
-        for ((acc, (key, window)), needs_timers) in accs.iter().zip(updates.windows).zip(updates.needs_timers) {
-            let (fire_time, cleanup_time) = (self.fire_time(&window), self.cleanup_time(&window));
-            let fires_now = fire_time <= self.watermark;
-            self.store.put_acc(key, &window, fires_now, acc);
-            if fires_now {
-                due.push(fire_time, key.to_vec(), window, acc);
-            }
-            if needs_timers {
-                let timers = self.timers()?;
-                if !fires_now {
-                    timers.fire.insert((fire_time, key.to_vec(), window));
+        let mut accs = accs.iter().zip(updates.needs_timers);
+        // Updates come key by key: each key is found once.
+        for run in updates.windows.chunk_by(|a, b| a.0 == b.0) {
+            let key = run[0].0;
+            let mut entries = store.key(key);
+            for (&(_, window), (acc, needs_timers)) in run.iter().zip(accs.by_ref()) {
+                let fire_time = fire_time(*kind, &window);
+                let cleanup_time = fire_time.saturating_add(*allowed_lateness_ms);
+                let fires_now = fire_time <= *watermark;
+                entries.put_acc(&window, fires_now, acc);
+                if fires_now {
+                    due.push(fire_time, key.to_vec(), window, acc);
                 }
-                timers.cleanup.insert((cleanup_time, key.to_vec(), window));
+                if needs_timers {
+                    if !fires_now {
+                        timers.fire.insert((fire_time, key.to_vec(), window));
+                    }
+                    timers.cleanup.insert((cleanup_time, key.to_vec(), window));
+                }
             }
         }
         self.fire(due)
@@ -765,9 +567,7 @@ impl<A: AggregateFn> WindowOperator<A> {
                 continue;
             }
             let fires_now = live.iter().any(|w| self.fire_time(w) <= self.watermark);
-            for &w in &live {
-                groups.add(key, w, i as u32);
-            }
+            groups.add(key, &live, i as u32);
             if fires_now {
                 next = i + 1;
                 break;
@@ -775,10 +575,13 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         let mut updates = Updates::default();
         let empty = self.empty_accumulator()?;
-        for &Group { key, window, first, .. } in &groups.groups {
-            match self.store.acc_ref(key, &window)? {
-                Some((_, acc)) => updates.push(key, window, acc, groups.records(first), false),
-                None => updates.push(key, window, &empty, groups.records(first), true),
+        for BatchKey { key, windows } in &groups.keys {
+            let mut entries = self.store.key(key);
+            for &Group { window, first, .. } in windows {
+                match entries.acc(&window)? {
+                    Some((_, acc)) => updates.push(key, window, acc, groups.records(first), false),
+                    None => updates.push(key, window, &empty, groups.records(first), true),
+                }
             }
         }
         Ok((self.apply(batch, updates)?, next))
@@ -854,7 +657,7 @@ impl<A: AggregateFn> WindowOperator<A> {
     fn merge_stored(&mut self, key: &[u8], window: &Window, stored: &[Window]) -> Result<Vec<u8>, OperatorError> {
         let mut acc: Option<Vec<u8>> = None;
         for part in stored {
-            let Some((_, part_acc)) = self.store.acc(key, part)? else {
+            let Some(part_acc) = self.store.key(key).acc(part)?.map(|(_, acc)| acc.to_vec()) else {
                 return Err(self.store.corrupt(format!(
                     "session [{}, {}) is in the session set but has no accumulator",
                     part.start, part.end
@@ -951,7 +754,8 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
         let mut due = Due::default();
         for (time, key, window) in due_fire {
             let keep = self.cleanup_time(&window) > watermark;
-            let Some((_, acc)) = self.store.acc_ref(&key, &window)? else {
+            let mut entries = self.store.key(&key);
+            let Some((_, acc)) = entries.acc(&window)? else {
                 return Err(self.store.corrupt(format!(
                     "window [{}, {}) has a pending firing but no accumulator",
                     window.start, window.end
@@ -960,7 +764,7 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
             due.accs.push(acc);
             if keep && let Some(acc) = due.accs.last() {
                 // Kept for the allowed lateness; the flag stops a restored operator re-firing it.
-                self.store.put_acc(&key, &window, true, acc);
+                entries.put_acc(&window, true, acc);
             }
             due.windows.push((time, key, window));
         }

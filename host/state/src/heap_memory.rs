@@ -76,7 +76,7 @@ const MMAP_THRESHOLD_BYTES: usize = 128 << 10;
 /// header, rounded up to 16 bytes and at least 32; from it on, whole 4 KiB pages (glibc may
 /// raise the threshold, and such a request then takes a chunk: at most a page less). Eddy's
 /// binaries use the system allocator, glibc's on the Linux hosts it runs on.
-pub(crate) const fn allocation_bytes(n: usize) -> u64 {
+pub const fn allocation_bytes(n: usize) -> u64 {
     let bytes = if n == 0 {
         0
     } else if n >= MMAP_THRESHOLD_BYTES {

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use eddy_core::BoundedOutOfOrderness;
-use eddy_state::{HashedKey, HeapStateBackend, state_id};
+use eddy_state::{HashedKey, HeapStateBackend, StateKey, state_id};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -436,6 +436,8 @@ fn drive_with(
         rest = later;
         watermark_at_arrival.extend(std::iter::repeat_n(op.current_watermark(), now.len()));
         let out = op.process(&batch(now)).expect("process");
+        let (running, recounted) = op.store.recount();
+        assert_eq!(running, recounted, "the buffer's running count of its memory drifted");
         in_order.extend(emitted(&out.main));
         late.extend(decode_events(out.side(LATE).expect("the late output is declared")));
         for e in now {

@@ -1,0 +1,402 @@
+//! The window operator's state entries, held per key in a write-back buffer in front of the
+//! backend.
+//!
+//! Windows are updated by every batch and read when they fire, and most are purged when they
+//! fire: written to the backend per batch, they would cost a B-tree (or memtable) write per
+//! (key, window) per batch, and a delete at the end. So the store keeps what it writes in
+//! [`Held`] entries and writes them to the backend only when a snapshot is taken (the barrier:
+//! the snapshot is taken after the write-back, so state stays exactly once) or when the buffer
+//! passes its budget between calls; a window created and purged between two of those never
+//! reaches the backend. Everything the buffer loses on a failure is after the last snapshot,
+//! which is what a restore starts from anyway.
+//!
+//! The buffer is indexed by the record's key, each key holding its windows in order: a batch
+//! finds a key once and its five windows (a 10 s window sliding every 2 s) by a search in a
+//! short array, where one table of encoded state keys hashed and compared the whole entry
+//! (key group, state, key hash, key, window) per window, read and again written. State keys
+//! are encoded only for the backend: on a miss, and at the write-back.
+
+use eddy_plan::window::Window;
+use eddy_state::{
+    HashedKey, StateBackend, StateError, StateId, StateKey, allocation_bytes, decode_list, decode_state_key,
+    encode_list, state_id,
+};
+
+use super::{ACC_STATE, FIRED, NOT_FIRED, SESSIONS_STATE, decode_window, encode_window};
+use crate::operator::OperatorError;
+
+/// One entry as the buffer holds it: the value it last wrote or read, and where the backend
+/// stands against it.
+#[derive(Debug)]
+struct Held {
+    value: Vec<u8>,
+    /// False: the backend was read and had nothing (so a window's first write, which follows
+    /// that read, knows there is nothing to delete when it is purged unwritten).
+    present: bool,
+    /// The backend does not have `value` yet.
+    dirty: bool,
+    /// The backend holds a value under this key (an older one while `dirty`).
+    stored: bool,
+}
+
+impl Held {
+    fn read(backend: &dyn StateBackend, entry: &[u8]) -> Result<Self, StateError> {
+        let mut value = Vec::new();
+        let found = backend.read_into(entry, &mut value)?;
+        Ok(Held { value, present: found, dirty: false, stored: found })
+    }
+
+    /// Every other write follows a read of its entry in the same call, which left it held; an
+    /// entry not held is a session new to its key's session set, and the backend holds no
+    /// accumulator of a session outside the set (the two change together), so purging it
+    /// unwritten deletes nothing there (on RocksDB, a tombstone per merged session).
+    fn fresh(value: &[u8]) -> Self {
+        Held { value: value.to_vec(), present: true, dirty: true, stored: false }
+    }
+
+    fn set(&mut self, value: &[u8]) {
+        self.value.clear();
+        self.value.extend_from_slice(value);
+        self.present = true;
+        self.dirty = true;
+    }
+
+    fn value(&self) -> Option<&[u8]> {
+        self.present.then_some(self.value.as_slice())
+    }
+
+    fn bytes(&self) -> usize {
+        allocation_bytes(self.value.capacity()) as usize
+    }
+}
+
+/// One key's held entries.
+#[derive(Debug, Default)]
+struct KeyHeld {
+    /// Accumulators by window, in window order.
+    accs: Vec<(Window, Held)>,
+    /// The session list (session windows only).
+    sessions: Option<Held>,
+}
+
+impl KeyHeld {
+    fn is_empty(&self) -> bool {
+        self.accs.is_empty() && self.sessions.is_none()
+    }
+
+    fn accs_bytes(&self) -> usize {
+        allocation_bytes(self.accs.capacity() * size_of::<(Window, Held)>()) as usize
+    }
+
+    /// What the key holds in the buffer: its slot of the table (which doubles as it grows and
+    /// keeps at most 7 of 8 slots full, so up to 16/7 slots and control bytes per key), its
+    /// bytes, its window array and every value.
+    fn bytes(&self, key: &[u8]) -> usize {
+        (size_of::<(Box<[u8]>, KeyHeld)>() + 1) * 16 / 7
+            + allocation_bytes(key.len()) as usize
+            + self.accs_bytes()
+            + self.accs.iter().map(|(_, h)| h.bytes()).sum::<usize>()
+            + self.sessions.as_ref().map_or(0, Held::bytes)
+    }
+}
+
+/// The operator's state entries (see the module docs).
+pub(super) struct WindowStore {
+    pub(super) backend: Box<dyn StateBackend>,
+    /// The state key being encoded, reused.
+    entry: StateKey,
+    /// The value being written, reused.
+    value: Vec<u8>,
+    operator: String,
+    max_parallelism: u32,
+    acc_state: StateId,
+    sessions_state: StateId,
+    held: hashbrown::HashMap<Box<[u8]>, KeyHeld, foldhash::fast::RandomState>,
+    /// Memory `held` takes, as [`KeyHeld::bytes`] counts it; a job's memory demand reserves
+    /// the budget per window subtask.
+    used: usize,
+    budget: usize,
+}
+
+/// One key's entries in the store, found once for all the windows a batch gives it.
+pub(super) struct KeyEntries<'s> {
+    key: &'s [u8],
+    held: &'s mut KeyHeld,
+    backend: &'s dyn StateBackend,
+    entry: &'s mut StateKey,
+    value: &'s mut Vec<u8>,
+    used: &'s mut usize,
+    operator: &'s str,
+    max_parallelism: u32,
+    acc_state: StateId,
+}
+
+impl KeyEntries<'_> {
+    /// The window's fired flag and accumulator, if it has state: read from the backend into
+    /// the buffer if the buffer does not hold it.
+    pub(super) fn acc(&mut self, window: &Window) -> Result<Option<(bool, &[u8])>, OperatorError> {
+        let at = match self.held.accs.binary_search_by(|(w, _)| w.cmp(window)) {
+            Ok(at) => at,
+            Err(at) => {
+                let entry = self.entry.encode(
+                    HashedKey::new(self.key, self.max_parallelism),
+                    self.acc_state,
+                    &encode_window(window),
+                );
+                let held = Held::read(self.backend, entry).map_err(|e| error(self.operator, e))?;
+                let before = self.held.accs_bytes();
+                *self.used += held.bytes();
+                self.held.accs.insert(at, (*window, held));
+                *self.used = (*self.used + self.held.accs_bytes()).saturating_sub(before);
+                at
+            }
+        };
+        match self.held.accs[at].1.value().map(<[u8]>::split_first) {
+            None => Ok(None),
+            Some(Some((&flag @ (NOT_FIRED | FIRED), acc))) => Ok(Some((flag == FIRED, acc))),
+            Some(_) => Err(error(
+                self.operator,
+                StateError::Corrupt(format!(
+                    "accumulator of window [{}, {}) has no valid flag byte",
+                    window.start, window.end
+                )),
+            )),
+        }
+    }
+
+    /// Sets the window's accumulator (the backend gets it at the next write-back).
+    pub(super) fn put_acc(&mut self, window: &Window, fired: bool, acc: &[u8]) {
+        self.value.clear();
+        self.value.push(if fired { FIRED } else { NOT_FIRED });
+        self.value.extend_from_slice(acc);
+        match self.held.accs.binary_search_by(|(w, _)| w.cmp(window)) {
+            Ok(at) => {
+                let held = &mut self.held.accs[at].1;
+                let before = held.bytes();
+                held.set(self.value);
+                *self.used = (*self.used + held.bytes()).saturating_sub(before);
+            }
+            Err(at) => {
+                let held = Held::fresh(self.value);
+                let before = self.held.accs_bytes();
+                *self.used += held.bytes();
+                self.held.accs.insert(at, (*window, held));
+                *self.used = (*self.used + self.held.accs_bytes()).saturating_sub(before);
+            }
+        }
+    }
+}
+
+fn error(operator: &str, source: StateError) -> OperatorError {
+    OperatorError::State { operator: operator.to_owned(), source }
+}
+
+impl WindowStore {
+    pub(super) fn new(backend: Box<dyn StateBackend>, operator: String, max_parallelism: u32) -> Self {
+        Self {
+            backend,
+            entry: StateKey::default(),
+            value: Vec::new(),
+            operator,
+            max_parallelism,
+            acc_state: state_id(ACC_STATE),
+            sessions_state: state_id(SESSIONS_STATE),
+            held: hashbrown::HashMap::default(),
+            used: 0,
+            budget: eddy_state::WINDOW_CACHE_BYTES,
+        }
+    }
+
+    /// A buffer of `bytes` instead of [`eddy_state::WINDOW_CACHE_BYTES`].
+    pub(super) fn set_budget(&mut self, bytes: usize) {
+        self.budget = bytes;
+    }
+
+    /// `key`'s entries, for reads and writes of its windows.
+    pub(super) fn key<'s>(&'s mut self, key: &'s [u8]) -> KeyEntries<'s> {
+        let held = match self.held.entry_ref(key) {
+            hashbrown::hash_map::EntryRef::Occupied(held) => held.into_mut(),
+            hashbrown::hash_map::EntryRef::Vacant(slot) => {
+                let fresh = KeyHeld::default();
+                self.used += fresh.bytes(key);
+                slot.insert(fresh)
+            }
+        };
+        KeyEntries {
+            key,
+            held,
+            backend: self.backend.as_ref(),
+            entry: &mut self.entry,
+            value: &mut self.value,
+            used: &mut self.used,
+            operator: &self.operator,
+            max_parallelism: self.max_parallelism,
+            acc_state: self.acc_state,
+        }
+    }
+
+    /// Gives up `key`'s slot once it holds nothing.
+    fn forget_if_empty(&mut self, key: &[u8]) {
+        if self.held.get(key).is_some_and(KeyHeld::is_empty)
+            && let Some((key, held)) = self.held.remove_entry(key)
+        {
+            self.used = self.used.saturating_sub(held.bytes(&key));
+        }
+    }
+
+    /// Deletes the window's accumulator: from the buffer, and from the backend if it ever got
+    /// it.
+    pub(super) fn delete_acc(&mut self, key: &[u8], window: &Window) -> Result<(), OperatorError> {
+        let removed = self.held.get_mut(key).and_then(|held| {
+            let at = held.accs.binary_search_by(|(w, _)| w.cmp(window)).ok()?;
+            Some(held.accs.remove(at).1)
+        });
+        if let Some(held) = &removed {
+            self.used = self.used.saturating_sub(held.bytes());
+        }
+        self.forget_if_empty(key);
+        if matches!(removed, Some(Held { stored: false, .. })) {
+            return Ok(());
+        }
+        let entry =
+            self.entry.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
+        self.backend.delete(entry).map_err(|e| error(&self.operator, e))
+    }
+
+    /// The key's open sessions (session windows only).
+    pub(super) fn sessions(&mut self, key: &[u8]) -> Result<Vec<Window>, OperatorError> {
+        let held = self.held.get(key).and_then(|h| h.sessions.as_ref());
+        let list = match held {
+            Some(held) => held.value().map(<[u8]>::to_vec),
+            None => {
+                let entry = self.entry.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
+                let read = Held::read(self.backend.as_ref(), entry).map_err(|e| error(&self.operator, e))?;
+                let list = read.value().map(<[u8]>::to_vec);
+                self.used += read.bytes();
+                self.key(key).held.sessions = Some(read);
+                list
+            }
+        };
+        let Some(list) = list else { return Ok(Vec::new()) };
+        decode_list(&list)
+            .and_then(|items| items.iter().map(|w| decode_window(w)).collect::<Result<Vec<_>, _>>())
+            .map_err(|e| error(&self.operator, e))
+    }
+
+    /// Sets the key's open sessions; none deletes the list.
+    pub(super) fn put_sessions(&mut self, key: &[u8], sessions: &[Window]) -> Result<(), OperatorError> {
+        if sessions.is_empty() {
+            let removed = self.held.get_mut(key).and_then(|h| h.sessions.take());
+            if let Some(held) = &removed {
+                self.used = self.used.saturating_sub(held.bytes());
+            }
+            self.forget_if_empty(key);
+            if matches!(removed, Some(Held { stored: false, .. })) {
+                return Ok(());
+            }
+            let entry = self.entry.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
+            return self.backend.delete(entry).map_err(|e| error(&self.operator, e));
+        }
+        let items: Vec<[u8; 16]> = sessions.iter().map(encode_window).collect();
+        let list = encode_list(&items);
+        let entries = self.key(key);
+        match &mut entries.held.sessions {
+            Some(held) => {
+                let before = held.bytes();
+                held.set(&list);
+                *entries.used = (*entries.used + held.bytes()).saturating_sub(before);
+            }
+            slot @ None => {
+                let held = Held::fresh(&list);
+                *entries.used += held.bytes();
+                *slot = Some(held);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes every entry the backend lacks to it.
+    pub(super) fn write_back(&mut self) -> Result<(), OperatorError> {
+        let Self { backend, entry, held, acc_state, sessions_state, max_parallelism, .. } = self;
+        let mut put = |entry: &[u8], held: &mut Held| -> Result<(), StateError> {
+            if held.dirty {
+                backend.put(entry, &held.value)?;
+                held.dirty = false;
+                held.stored = true;
+            }
+            Ok(())
+        };
+        let mut written = || -> Result<(), StateError> {
+            for (key, held) in held.iter_mut() {
+                let hashed = HashedKey::new(key, *max_parallelism);
+                for (window, acc) in &mut held.accs {
+                    put(entry.encode(hashed, *acc_state, &encode_window(window)), acc)?;
+                }
+                if let Some(sessions) = &mut held.sessions {
+                    put(entry.encode(hashed, *sessions_state, b""), sessions)?;
+                }
+            }
+            Ok(())
+        };
+        written().map_err(|e| error(&self.operator, e))
+    }
+
+    /// Between `add` calls (never between a read and the write that follows it, which relies on
+    /// the entry staying held): a buffer past its budget is written back and emptied.
+    pub(super) fn keep_within_budget(&mut self) -> Result<(), OperatorError> {
+        if self.used > self.budget {
+            self.write_back()?;
+            self.held.clear();
+            self.used = 0;
+        }
+        Ok(())
+    }
+
+    /// The memory the buffer holds, counted afresh (tests check the running count against it).
+    #[cfg(test)]
+    pub(super) fn recount(&self) -> (usize, usize) {
+        (self.used, self.held.iter().map(|(key, held)| held.bytes(key)).sum())
+    }
+
+    pub(super) fn error(&self, source: StateError) -> OperatorError {
+        error(&self.operator, source)
+    }
+
+    pub(super) fn corrupt(&self, problem: String) -> OperatorError {
+        self.error(StateError::Corrupt(problem))
+    }
+
+    /// Every window with an accumulator: (key, window, fired).
+    pub(super) fn windows(&mut self) -> Result<Vec<(Vec<u8>, Window, bool)>, OperatorError> {
+        self.write_back()?;
+        let mut found = Vec::new();
+        let mut damage: Option<StateError> = None;
+        let acc_state = self.acc_state;
+        self.backend
+            .scan_prefix(b"", &mut |entry, value| {
+                if damage.is_some() {
+                    return;
+                }
+                let parsed = decode_state_key(entry).and_then(|k| {
+                    if k.state != acc_state {
+                        return Ok(None);
+                    }
+                    let window = decode_window(k.namespace)?;
+                    match value.first() {
+                        Some(&flag @ (NOT_FIRED | FIRED)) => Ok(Some((k.key.to_vec(), window, flag == FIRED))),
+                        _ => Err(StateError::Corrupt("window accumulator without a valid flag byte".into())),
+                    }
+                });
+                match parsed {
+                    Ok(Some(w)) => found.push(w),
+                    Ok(None) => {}
+                    Err(e) => damage = Some(e),
+                }
+            })
+            .map_err(|e| self.error(e))?;
+        match damage {
+            Some(e) => Err(self.error(e)),
+            None => Ok(found),
+        }
+    }
+}
