@@ -41,7 +41,7 @@
 //!   list ([`eddy_state::encode_list`]) of encoded windows. A session stays in it until purged,
 //!   so a record within the allowed lateness can still merge into a fired session.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
@@ -55,8 +55,10 @@ use eddy_plan::window::{SessionWindows, Window, WindowKind};
 mod store;
 #[cfg(test)]
 mod tests;
+mod timers;
 
 use store::WindowStore;
+use timers::Timers;
 
 /// State name of the per-(key, window) accumulators.
 pub const ACC_STATE: &str = "window-acc";
@@ -154,36 +156,6 @@ pub fn decode_window(bytes: &[u8]) -> Result<Window, StateError> {
         return Err(StateError::Corrupt(format!("window [{start}, {end}) is empty")));
     }
     Ok(Window { start, end })
-}
-
-/// One pending timer: (time, key, window). Ordering by time then key is the emission order.
-type Timer = (i64, Vec<u8>, Window);
-
-/// Pending firing and cleanup times of every window that has state.
-///
-/// Kept in memory rather than in the backend because firing needs them in time order across
-/// all keys, while the backend orders by key group first; and they need no snapshot of their
-/// own: every accumulator entry is exactly one window with a cleanup time, and a firing time
-/// unless its fired flag is set, so the operator rebuilds them from the backend alone on its
-/// first call. (Grouping them by time in hash sets was tried: no faster for sliding windows,
-/// 10% slower for sessions, whose times rarely repeat.)
-#[derive(Debug, Default)]
-struct Timers {
-    fire: BTreeSet<Timer>,
-    cleanup: BTreeSet<Timer>,
-}
-
-impl Timers {
-    /// Removes and returns the timers due at `watermark`, earliest first.
-    fn take_due(set: &mut BTreeSet<Timer>, watermark: i64) -> BTreeSet<Timer> {
-        match watermark.checked_add(1) {
-            Some(bound) => {
-                let later = set.split_off(&(bound, Vec::new(), Window { start: i64::MIN, end: i64::MIN }));
-                std::mem::replace(set, later)
-            }
-            None => std::mem::take(set),
-        }
-    }
 }
 
 /// The records of `batch` from index `from` on, with their indices (without walking the
@@ -457,16 +429,16 @@ impl<A: AggregateFn> WindowOperator<A> {
     /// The timer index, rebuilt from the backend on first use.
     fn timers(&mut self) -> Result<&mut Timers, OperatorError> {
         if self.timers.is_none() {
-            let mut timers = Timers::default();
+            let mut timers = Timers::new(self.kind);
             for (key, window, fired) in self.store.windows()? {
                 if !fired {
-                    timers.fire.insert((self.fire_time(&window), key.clone(), window));
+                    timers.fire.insert(self.fire_time(&window), &key, window);
                 }
-                timers.cleanup.insert((self.cleanup_time(&window), key, window));
+                timers.cleanup.insert(self.cleanup_time(&window), &key, window);
             }
             self.timers = Some(timers);
         }
-        Ok(self.timers.get_or_insert_with(Timers::default))
+        Ok(self.timers.get_or_insert_with(|| Timers::new(self.kind)))
     }
 
     /// Checks every record before any state changes, so a bad batch leaves no partial effect.
@@ -500,7 +472,7 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         self.timers()?;
         let Self { store, timers, kind, allowed_lateness_ms, watermark, .. } = self;
-        let timers = timers.get_or_insert_with(Timers::default);
+        let timers = timers.get_or_insert_with(|| Timers::new(*kind));
         let mut due = Due::default();
         let mut accs = accs.iter().zip(updates.needs_timers);
         // Updates come key by key: each key is found once.
@@ -517,9 +489,9 @@ impl<A: AggregateFn> WindowOperator<A> {
                 }
                 if needs_timers {
                     if !fires_now {
-                        timers.fire.insert((fire_time, key.to_vec(), window));
+                        timers.fire.insert(fire_time, key, window);
                     }
-                    timers.cleanup.insert((cleanup_time, key.to_vec(), window));
+                    timers.cleanup.insert(cleanup_time, key, window);
                 }
             }
         }
@@ -671,8 +643,8 @@ impl<A: AggregateFn> WindowOperator<A> {
                 self.store.delete_acc(key, part)?;
                 let (fire, cleanup) = (self.fire_time(part), self.cleanup_time(part));
                 let timers = self.timers()?;
-                timers.fire.remove(&(fire, key.to_vec(), *part));
-                timers.cleanup.remove(&(cleanup, key.to_vec(), *part));
+                timers.fire.remove(fire, key, *part);
+                timers.cleanup.remove(cleanup, key, *part);
             }
         }
         match acc {
@@ -748,8 +720,8 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
         }
         self.watermark = watermark;
         let timers = self.timers()?;
-        let due_fire = Timers::take_due(&mut timers.fire, watermark);
-        let due_cleanup = Timers::take_due(&mut timers.cleanup, watermark);
+        let due_fire = timers.fire.take_due(watermark);
+        let due_cleanup = timers.cleanup.take_due(watermark);
         // Already in (firing time, key) order.
         let mut due = Due::default();
         for (time, key, window) in due_fire {
