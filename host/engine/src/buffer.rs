@@ -2,7 +2,7 @@
 //! or when its oldest record has waited `buffer_timeout_ms` (latency bound under low load).
 //! I/O-free: the caller passes `now_ms` and polls.
 
-use eddy_core::{RecordBatch, RecordView};
+use eddy_core::{BatchFull, RecordBatch, RecordView};
 
 /// Collects records into batches of about `capacity_bytes`.
 #[derive(Debug)]
@@ -30,6 +30,15 @@ impl BufferBuilder {
         self.oldest_ms.get_or_insert(now_ms);
         self.batch.push_view(record);
         if self.batch.byte_len() >= self.capacity_bytes { self.take() } else { self.poll_timeout(now_ms) }
+    }
+
+    /// Adds every record of `batch` with one copy of its buffer (a batch going whole to one
+    /// channel); returns the batch if it is now full. Adds nothing if the two would not fit in
+    /// one batch: the caller ships what is held ([`Self::take`]) and adds it to the empty one.
+    pub fn push_batch(&mut self, batch: &RecordBatch, now_ms: i64) -> Result<Option<RecordBatch>, BatchFull> {
+        self.batch.try_extend(batch)?;
+        self.oldest_ms.get_or_insert(now_ms);
+        Ok(if self.batch.byte_len() >= self.capacity_bytes { self.take() } else { self.poll_timeout(now_ms) })
     }
 
     /// Returns the batch if its oldest record waited long enough.
@@ -68,6 +77,20 @@ mod tests {
 
     fn rec(value: &[u8]) -> RecordView<'_> {
         RecordView { key: None, value, timestamp: None }
+    }
+
+    #[test]
+    fn a_whole_batch_is_added_at_once_and_flushes_when_full() {
+        let mut b = BufferBuilder::new(8, 1_000);
+        let mut three = RecordBatch::default();
+        for v in [b"12", b"34", b"56"] {
+            three.push(None, v, None);
+        }
+        assert!(b.push_batch(&three, 0).expect("fits").is_none(), "6 bytes is not full");
+        let full = b.push_batch(&three, 1).expect("fits").expect("12 bytes is full");
+        let values: Vec<&[u8]> = full.iter().map(|r| r.value).collect();
+        assert_eq!(values, [b"12", b"34", b"56", b"12", b"34", b"56"]);
+        assert!(b.take().is_none());
     }
 
     #[test]

@@ -80,6 +80,29 @@ impl Outlets {
             None => Ok(()),
         }
     }
+
+    /// [`Self::push`] for every record of `batch`, copying its buffer once.
+    fn push_batch(&mut self, channel: usize, batch: &RecordBatch, now_ms: i64) -> Result<(), Disconnected> {
+        if self.pending_watermarks[channel].is_some()
+            && let Some(before) = self.builders[channel].take()
+        {
+            self.ship(channel, before)?;
+        }
+        let full = match self.builders[channel].push_batch(batch, now_ms) {
+            Ok(full) => full,
+            // Over one batch's limit together: what is held goes first, then record by record.
+            Err(_) => {
+                if let Some(before) = self.builders[channel].take() {
+                    self.ship(channel, before)?;
+                }
+                return batch.iter().try_for_each(|record| self.push(channel, &record, now_ms));
+            }
+        };
+        match full {
+            Some(full) => self.ship(channel, full),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Routes one task's output over one exchange.
@@ -128,6 +151,12 @@ impl OutputRouter {
             return Ok(());
         }
         match &self.partitioning {
+            // One channel, and the keys stay: the batch goes whole (its keys checked).
+            Partitioning::Hash(KeyBy::Key)
+                if self.outlets.senders.len() == 1 && batch.iter().all(|r| r.key.is_some()) =>
+            {
+                self.outlets.push_batch(0, batch, now_ms)?;
+            }
             Partitioning::Hash(key_by) => {
                 let parallelism = self.outlets.senders.len() as u32;
                 for record in batch.iter() {
@@ -144,9 +173,7 @@ impl OutputRouter {
                 // edge has exactly one channel.
                 let channel = self.next % self.outlets.senders.len();
                 self.next = self.next.wrapping_add(1);
-                for record in batch.iter() {
-                    self.outlets.push(channel, &record, now_ms)?;
-                }
+                self.outlets.push_batch(channel, batch, now_ms)?;
             }
         }
         Ok(())
@@ -349,6 +376,41 @@ pub(crate) mod tests {
         let got = received(&outs);
         assert_eq!(got[1][3..], [(1, Some(8)), (1, None), (0, None)], "order kept: record, 8, record, end");
         assert_eq!(got[0][2..], [(1, Some(8)), (0, None)], "flushed before the end, with its watermark");
+    }
+
+    #[test]
+    fn one_channel_by_key_ships_whole_batches_in_order_and_still_refuses_a_record_without_a_key() {
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let senders: Vec<Box<dyn ChannelSender>> = vec![Box::new(Collect(out.clone()))];
+        // Buffers of 24 bytes: the second batch fills the first buffer.
+        let mut router = OutputRouter::new(Partitioning::Hash(KeyBy::Key), senders, 128, 24, 1_000, "s".into());
+        let mut sent = Vec::new();
+        for (n, t) in [(2, 0), (3, 1), (1, 2)] {
+            let mut batch = RecordBatch::default();
+            for i in 0..n {
+                let (key, value) = (format!("k{t}{i}"), format!("v{t}{i}"));
+                batch.push(Some(key.as_bytes()), value.as_bytes(), Some(t));
+                sent.push((key.into_bytes(), value.into_bytes(), Some(t)));
+            }
+            router.emit(&batch, 0).unwrap();
+        }
+        router.broadcast(Message::EndOfStream).unwrap();
+        let mut got = Vec::new();
+        let mut batches = Vec::new();
+        for m in out.lock().unwrap().iter() {
+            if let Message::Data { batch, .. } = m {
+                batches.push(batch.len());
+                got.extend(batch.iter().map(|r| (r.key.unwrap_or_default().to_vec(), r.value.to_vec(), r.timestamp)));
+            }
+        }
+        assert_eq!(got, sent, "every record, keys kept, in order");
+        assert_eq!(batches, vec![5, 1], "shipped when full, the rest before the end");
+
+        let mut keyless = RecordBatch::default();
+        keyless.push(Some(b"k"), b"v", None);
+        keyless.push(None, b"w", None);
+        let err = router.emit(&keyless, 0).unwrap_err().to_string();
+        assert!(err.contains("no key"), "{err}");
     }
 
     #[test]
