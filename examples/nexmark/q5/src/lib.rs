@@ -22,7 +22,8 @@
 //! 3. this operator, `key_by: /end` (one key per window end, so all auctions of a window meet
 //!    in one subtask), keeps per window end the highest count and the auctions that have it
 //!    (`ValueState`), and emits them when an event-time timer at `end` fires, then forgets
-//!    the window.
+//!    the window. The timer is registered with the window's first result (the state is empty
+//!    exactly then: it is cleared when the timer fires).
 //!
 //! Why the output is complete when the timer fires: every subtask of step 2 fires window
 //! `[end - 10 s, end)` at the first watermark `>= end - 1` it sees and sends the results
@@ -100,10 +101,18 @@ impl Operator for HotItems {
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
         let window: WindowResult<AuctionCount> = record.value()?;
-        let mut leaders = self.leaders.get()?.unwrap_or_default();
+        let (mut leaders, first) = match self.leaders.get()? {
+            Some(leaders) => (leaders, false),
+            None => (Leaders::default(), true),
+        };
         leaders.offer(window.result);
         self.leaders.set(&leaders)?;
-        ctx.register_timer(TimeDomain::EventTime, window.end)
+        // The window's first result registers its timer; the rest find it pending (a
+        // registration is a crossing to the host, and a window has hundreds of results).
+        if first {
+            ctx.register_timer(TimeDomain::EventTime, window.end)?;
+        }
+        Ok(())
     }
 
     fn on_timer(&mut self, timer: &Timer<'_>, ctx: &mut Context) -> Result<()> {
