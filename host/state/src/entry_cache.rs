@@ -2,16 +2,14 @@
 //! the owner answers reads from it instead of a lookup through RocksDB's memtable and block
 //! cache or the heap backend's B-tree.
 //!
-//! Two uses, one map. A write-through cache ([`EntryCache::new`]) is exact only because every
-//! write under its keys passes through its owner, which updates it after the backend took the
-//! write (so limits, snapshots and restores see the backend alone); it holds at most its
-//! budget of host memory and starts over when that is reached: no eviction order to keep, and
-//! a cache that keeps starting over is one whose keys do not repeat, where it could not help
-//! anyway. A write-back buffer ([`EntryCache::write_back`]) holds values the backend has not
-//! seen yet; it never drops one by itself: its owner checks [`EntryCache::over_budget`]
-//! between batches and then writes everything back and clears it. Its count is of the memory
-//! it holds: slots, and keys and values as glibc's malloc sizes them, so a job's memory demand
-//! can reserve its budget.
+//! A write-through cache: exact only because every write under its keys passes through its
+//! owner, which updates it after the backend took the write (so limits, snapshots and restores
+//! see the backend alone); it holds at most its budget of host memory and starts over when
+//! that is reached: no eviction order to keep, and a cache that keeps starting over is one
+//! whose keys do not repeat, where it could not help anyway. Its count is of the memory it
+//! holds: slots, and keys and values as glibc's malloc sizes them, so a job's memory demand can
+//! reserve its budget. (The window operator's write-back buffer, which must never drop an
+//! entry by itself, is its own map, held per key: `eddy_engine`'s `window_operator::store`.)
 
 use crate::heap_memory::allocation_bytes;
 
@@ -53,26 +51,12 @@ pub struct EntryCache<V> {
     map: foldhash::HashMap<Box<[u8]>, V>,
     used: usize,
     budget: usize,
-    /// Whether an insert past the budget empties the map first (a cache), or is kept for the
-    /// owner to write back (a write-back buffer).
-    starts_over: bool,
 }
 
 impl<V: Weigh> EntryCache<V> {
     /// An empty cache of at most `budget` bytes.
     pub fn new(budget: usize) -> Self {
-        Self { map: foldhash::HashMap::default(), used: 0, budget, starts_over: true }
-    }
-
-    /// An empty write-back buffer of `budget` bytes: inserts past it are kept, and
-    /// [`Self::over_budget`] tells the owner to write back and [`Self::clear`].
-    pub fn write_back(budget: usize) -> Self {
-        Self { starts_over: false, ..Self::new(budget) }
-    }
-
-    /// Whether it holds more than its budget.
-    pub fn over_budget(&self) -> bool {
-        self.used > self.budget
+        Self { map: foldhash::HashMap::default(), used: 0, budget }
     }
 
     /// What was last written under `key`, if this cache still knows.
@@ -108,7 +92,7 @@ impl<V: Weigh> EntryCache<V> {
             return;
         }
         let cost = Self::cost(key, &value);
-        if self.starts_over && self.used + cost > self.budget {
+        if self.used + cost > self.budget {
             self.clear();
             if cost > self.budget {
                 return;
@@ -123,18 +107,6 @@ impl<V: Weigh> EntryCache<V> {
         let value = self.map.remove(key)?;
         self.used = self.used.saturating_sub(Self::cost(key, &value));
         Some(value)
-    }
-
-    /// Visits every entry, mutably (to write it back and mark it written), stopping at the
-    /// first error.
-    pub fn try_for_each_mut<E>(&mut self, mut visit: impl FnMut(&[u8], &mut V) -> Result<(), E>) -> Result<(), E> {
-        for (key, value) in &mut self.map {
-            let before = value.heap_bytes();
-            let visited = visit(key, value);
-            self.used = self.used.saturating_sub(before) + value.heap_bytes();
-            visited?;
-        }
-        Ok(())
     }
 
     /// Forgets everything.
@@ -174,30 +146,5 @@ mod tests {
         let mut tiny: EntryCache<Vec<u8>> = EntryCache::new(8);
         tiny.insert(b"k", vec![0; 64]);
         assert_eq!(tiny.get(b"k"), None, "a value beyond the budget is not kept");
-    }
-
-    #[test]
-    fn a_write_back_buffer_keeps_what_passes_its_budget_and_says_so() {
-        let cost = |key: &[u8]| EntryCache::<Vec<u8>>::cost(key, &Vec::new());
-        let mut buffer: EntryCache<Vec<u8>> = EntryCache::write_back(2 * cost(b"a"));
-        buffer.insert(b"a", Vec::new());
-        buffer.insert(b"b", Vec::new());
-        assert!(!buffer.over_budget(), "at its budget, not past it");
-        buffer.insert(b"c", Vec::new());
-        assert!(buffer.over_budget());
-        assert!([b"a", b"b", b"c"].iter().all(|k| buffer.get(*k).is_some()), "nothing dropped");
-        let mut visited = Vec::new();
-        let grown = buffer.try_for_each_mut(|key, value| {
-            visited.push(key.to_vec());
-            value.resize(100, 0);
-            Ok::<_, ()>(())
-        });
-        assert_eq!((grown, visited.len()), (Ok(()), 3));
-        let grown_cost = 3 * cost(b"a") + 3 * allocation_bytes(100) as usize;
-        assert_eq!(buffer.used(), grown_cost, "values changed by a visit are counted as they are now");
-        assert_eq!(buffer.remove(b"a").map(|v| v.len()), Some(100));
-        assert_eq!(buffer.remove(b"a"), None);
-        buffer.clear();
-        assert_eq!((buffer.used(), buffer.over_budget()), (0, false));
     }
 }
