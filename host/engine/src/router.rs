@@ -47,6 +47,53 @@ pub fn extract_key<'a>(key_by: &KeyBy, record: &RecordView<'a>) -> Result<Cow<'a
     }
 }
 
+/// Where a `key_by` field of one step (`/name`) sits in rows of the schema last seen. An
+/// exchange's rows mostly share one schema (q5 keys each window result by `/end`), so the key
+/// is read from its slot instead of asking the schema registry and scanning the names per
+/// record.
+#[derive(Debug, Default)]
+struct RowField {
+    /// The field's name; none for a `key_by` this path does not serve.
+    name: Option<String>,
+    /// (schema id, field count, field index) of the last row read.
+    last: Option<(u32, usize, usize)>,
+}
+
+impl RowField {
+    fn new(key_by: &KeyBy) -> Self {
+        let name = match key_by {
+            KeyBy::Field(pointer) => pointer.strip_prefix('/').filter(|n| !n.contains(['/', '~'])).map(str::to_owned),
+            KeyBy::Key | KeyBy::Value => None,
+        };
+        Self { name, last: None }
+    }
+
+    /// The JSON text of the field in row `value`; `None` where this path does not answer (no
+    /// one-step field, not a row, a schema without the field, a damaged row): [`extract_key`]
+    /// then reads it, or says what is wrong.
+    fn key(&mut self, value: &[u8]) -> Option<Vec<u8>> {
+        use eddy_wire::schema::Schemas as _;
+        let name = self.name.as_deref()?;
+        if !eddy_wire::row::is_row(value) {
+            return None;
+        }
+        let row = eddy_wire::row::RowRef::new(value).ok()?;
+        let (schema, fields) = (row.schema(), row.len());
+        let index = match self.last {
+            Some((s, n, i)) if s == schema && n == fields => i,
+            _ => {
+                let known = eddy_runtime::schemas().get(schema).filter(|s| s.fields.len() == fields)?;
+                let i = known.index_of(name)?;
+                self.last = Some((schema, fields, i));
+                i
+            }
+        };
+        let mut key = Vec::new();
+        eddy_wire::json::field_to_json(&row, index, eddy_runtime::schemas(), &mut key).ok()?;
+        Some(key)
+    }
+}
+
 /// The channels of one exchange with their buffers and the watermarks waiting behind them.
 struct Outlets {
     senders: Vec<Box<dyn ChannelSender>>,
@@ -109,6 +156,7 @@ impl Outlets {
 pub struct OutputRouter {
     partitioning: Partitioning,
     outlets: Outlets,
+    row_field: RowField,
     max_parallelism: u32,
     next: usize,
     step: String,
@@ -135,10 +183,15 @@ impl OutputRouter {
         step: String,
     ) -> Self {
         let builders = senders.iter().map(|_| BufferBuilder::new(buffer_bytes, buffer_timeout_ms)).collect();
+        let row_field = match &partitioning {
+            Partitioning::Hash(key_by) => RowField::new(key_by),
+            Partitioning::Forward | Partitioning::Rebalance => RowField::default(),
+        };
         let pending_watermarks = vec![None; senders.len()];
         Self {
             partitioning,
             outlets: Outlets { senders, builders, pending_watermarks },
+            row_field,
             max_parallelism,
             next: 0,
             step,
@@ -160,8 +213,11 @@ impl OutputRouter {
             Partitioning::Hash(key_by) => {
                 let parallelism = self.outlets.senders.len() as u32;
                 for record in batch.iter() {
-                    let key = extract_key(key_by, &record)
-                        .map_err(|problem| RouteError::Key { step: self.step.clone(), problem })?;
+                    let key = match self.row_field.key(record.value).map(Cow::Owned) {
+                        Some(key) => key,
+                        None => extract_key(key_by, &record)
+                            .map_err(|problem| RouteError::Key { step: self.step.clone(), problem })?,
+                    };
                     let group = key_group_of(&key, self.max_parallelism);
                     let channel = KeyGroupRange::subtask_of(group, self.max_parallelism, parallelism) as usize;
                     let keyed = RecordView { key: Some(&key), value: record.value, timestamp: record.timestamp };
@@ -411,6 +467,46 @@ pub(crate) mod tests {
         keyless.push(None, b"w", None);
         let err = router.emit(&keyless, 0).unwrap_err().to_string();
         assert!(err.contains("no key"), "{err}");
+    }
+
+    #[test]
+    fn keys_read_from_row_slots_equal_the_general_reader_across_schemas() {
+        use eddy_wire::row::{Kind, RowFrame};
+        use eddy_wire::schema::Schema;
+        // A second schema of as many fields with `end` at another slot: a cache that does not
+        // check the schema id reads the wrong field.
+        let other = eddy_runtime::schemas().declare(&Schema::new("router-test", &["end", "x", "y"])).expect("declared");
+        let other_row = |end: &str| {
+            let mut out = Vec::new();
+            let row = RowFrame::begin(&mut out, 3, other);
+            row.variable(&mut out, 0, Kind::Str, end.as_bytes());
+            row.i64(&mut out, 1, 9);
+            row.i64(&mut out, 2, 8);
+            out
+        };
+        let values = [
+            eddy_connectors::values::window_row(0, 10, &other_row("a")),
+            other_row("b\"c"),
+            eddy_connectors::values::window_row(-5, i64::MAX, &other_row("d")),
+            other_row(""),
+            br#"{"end": 3}"#.to_vec(),
+        ];
+        for pointer in ["/end", "/x", "/start", "/result/end"] {
+            let key_by = KeyBy::Field(pointer.into());
+            let mut slot = RowField::new(&key_by);
+            // Twice over, so the second pass reads from what the first cached.
+            for value in values.iter().chain(&values) {
+                let general = extract_key(&key_by, &view(None, value)).ok();
+                if let Some(fast) = slot.key(value) {
+                    assert_eq!(Some(fast.as_slice()), general.as_deref(), "{pointer} of {value:?}");
+                }
+            }
+        }
+        let mut end = RowField::new(&KeyBy::Field("/end".into()));
+        assert_eq!(end.key(&values[0]).as_deref(), Some(&b"10"[..]));
+        assert_eq!(end.key(&values[1]).as_deref(), Some(&br#""b\"c""#[..]));
+        assert_eq!(end.key(&values[4]), None, "JSON goes to the general reader");
+        assert_eq!(RowField::new(&KeyBy::Field("/result/end".into())).key(&values[0]), None, "one step only");
     }
 
     #[test]

@@ -507,15 +507,21 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
     }
 
-    /// The results of `due` windows, from one `results` call.
-    fn fire(&mut self, due: Due) -> Result<Vec<Fired>, OperatorError> {
+    /// The results of `due` windows, from one `results` call, one per window in order.
+    fn results(&mut self, due: &Due) -> Result<Items, OperatorError> {
         if due.windows.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Items::default());
         }
         let results = self.aggregate.results(&due.accs)?;
         if results.len() != due.windows.len() {
             return Err(self.miscounted("results", results.len(), due.windows.len()));
         }
+        Ok(results)
+    }
+
+    /// The results of `due` windows, to be sorted among others before they are emitted.
+    fn fire(&mut self, due: Due) -> Result<Vec<Fired>, OperatorError> {
+        let results = self.results(&due)?;
         Ok(due.windows.into_iter().zip(results.iter()).map(|((t, k, w), result)| (t, k, w, result.to_vec())).collect())
     }
 
@@ -740,8 +746,10 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
             }
             due.windows.push((time, key, window));
         }
-        for (_, key, window, result) in self.fire(due)? {
-            self.result_record(&mut out, &key, &window, &result)?;
+        // Already in emission order: emitted straight from the results.
+        let results = self.results(&due)?;
+        for ((_, key, window), result) in due.windows.iter().zip(results.iter()) {
+            self.result_record(&mut out, key, window, result)?;
         }
         let mut purged_sessions: BTreeMap<Vec<u8>, Vec<Window>> = BTreeMap::new();
         for (_, key, window) in due_cleanup {
