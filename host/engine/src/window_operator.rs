@@ -234,11 +234,12 @@ struct Groups<'b> {
     members: Vec<(u32, u32)>,
 }
 
-/// One key of a batch and its windows.
+/// One key of a batch and its windows (inline up to six: a bid's five sliding windows and
+/// the next slide's first, without an allocation per key per batch).
 #[derive(Debug)]
 struct BatchKey<'b> {
     key: &'b [u8],
-    windows: Vec<Group>,
+    windows: smallvec::SmallVec<[Group; 6]>,
 }
 
 /// One window of a key of a batch, and the ends of its chain of members.
@@ -255,7 +256,7 @@ impl<'b> Groups<'b> {
     fn add(&mut self, key: &'b [u8], windows: &[Window], record: u32) {
         let keys = &mut self.keys;
         let at = *self.index.entry(key).or_insert_with(|| {
-            keys.push(BatchKey { key, windows: Vec::new() });
+            keys.push(BatchKey { key, windows: smallvec::SmallVec::new() });
             keys.len() as u32 - 1
         });
         let groups = &mut self.keys[at as usize].windows;
