@@ -54,11 +54,14 @@ impl Held {
         Held { value: value.to_vec(), present: true, dirty: true, stored: false }
     }
 
-    fn set(&mut self, value: &[u8]) {
+    /// Sets the value, keeping `used` (the buffer's count of its memory) true.
+    fn set(&mut self, value: &[u8], used: &mut usize) {
+        let before = self.bytes();
         self.value.clear();
         self.value.extend_from_slice(value);
         self.present = true;
         self.dirty = true;
+        *used = (*used + self.bytes()).saturating_sub(before);
     }
 
     fn value(&self) -> Option<&[u8]> {
@@ -144,10 +147,7 @@ impl KeyEntries<'_> {
                     &encode_window(window),
                 );
                 let held = Held::read(self.backend, entry).map_err(|e| error(self.operator, e))?;
-                let before = self.held.accs_bytes();
-                *self.used += held.bytes();
-                self.held.accs.insert(at, (*window, held));
-                *self.used = (*self.used + self.held.accs_bytes()).saturating_sub(before);
+                self.insert_acc(at, *window, held);
                 at
             }
         };
@@ -170,20 +170,17 @@ impl KeyEntries<'_> {
         self.value.push(if fired { FIRED } else { NOT_FIRED });
         self.value.extend_from_slice(acc);
         match self.held.accs.binary_search_by(|(w, _)| w.cmp(window)) {
-            Ok(at) => {
-                let held = &mut self.held.accs[at].1;
-                let before = held.bytes();
-                held.set(self.value);
-                *self.used = (*self.used + held.bytes()).saturating_sub(before);
-            }
-            Err(at) => {
-                let held = Held::fresh(self.value);
-                let before = self.held.accs_bytes();
-                *self.used += held.bytes();
-                self.held.accs.insert(at, (*window, held));
-                *self.used = (*self.used + self.held.accs_bytes()).saturating_sub(before);
-            }
+            Ok(at) => self.held.accs[at].1.set(self.value, self.used),
+            Err(at) => self.insert_acc(at, *window, Held::fresh(self.value)),
         }
+    }
+
+    /// Puts `held` at `at` of the key's window array, counting it and the array's growth.
+    fn insert_acc(&mut self, at: usize, window: Window, held: Held) {
+        let before = self.held.accs_bytes();
+        *self.used += held.bytes();
+        self.held.accs.insert(at, (window, held));
+        *self.used = (*self.used + self.held.accs_bytes()).saturating_sub(before);
     }
 }
 
@@ -301,11 +298,7 @@ impl WindowStore {
         let list = encode_list(&items);
         let entries = self.key(key);
         match &mut entries.held.sessions {
-            Some(held) => {
-                let before = held.bytes();
-                held.set(&list);
-                *entries.used = (*entries.used + held.bytes()).saturating_sub(before);
-            }
+            Some(held) => held.set(&list, entries.used),
             slot @ None => {
                 let held = Held::fresh(&list);
                 *entries.used += held.bytes();
