@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use eddy_wire::de::RowDecoder;
 use eddy_wire::row::{Kind, RowRef, is_row};
-use eddy_wire::schema::{Schema, Schemas};
+use eddy_wire::schema::{FieldSlots, Schema, Schemas};
 use eddy_wire::ser::{RowEncoder, RowSerError};
 use serde::{Deserialize, Serialize};
 
@@ -64,41 +64,18 @@ impl Schemas for HostSchemas {
     }
 }
 
-/// Where one field name sits in rows of one schema and field count: a filter or a key reads
-/// the same few fields of every record, and finding one by name (the schema, then a scan of
-/// its names) per record was a tenth of Nexmark q0.
-struct FieldSlot {
-    schema: u32,
-    fields: usize,
-    name: String,
-    slot: Option<usize>,
-}
-
-/// Fields remembered at once: more than an operator reads by name per record (q5's select
-/// reads `type`, then the key field); the oldest is forgotten first.
-const FIELD_SLOTS: usize = 8;
-
 #[derive(Default)]
 struct Rows {
     encoder: RowEncoder,
     decoder: RowDecoder,
     schemas: HostSchemas,
-    fields: Vec<FieldSlot>,
+    fields: FieldSlots,
 }
 
 impl Rows {
     /// The slot of top-level field `name` in `row`, `None` if its schema does not name it.
     fn slot_of(&mut self, row: &RowRef<'_>, name: &str) -> Option<usize> {
-        let (schema, fields) = (row.schema(), row.len());
-        if let Some(known) = self.fields.iter().find(|f| f.schema == schema && f.fields == fields && f.name == name) {
-            return known.slot;
-        }
-        let slot = self.schemas.get(schema).filter(|s| s.fields.len() == fields).and_then(|s| s.index_of(name));
-        if self.fields.len() == FIELD_SLOTS {
-            self.fields.remove(0);
-        }
-        self.fields.push(FieldSlot { schema, fields, name: name.to_owned(), slot });
-        slot
+        self.fields.slot_of(row, name, &self.schemas)
     }
 }
 

@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 
 use eddy_core::{KeyGroupRange, RecordBatch, RecordView, key_group_of};
+use eddy_wire::schema::FieldSlots;
 
 use crate::buffer::BufferBuilder;
 use eddy_plan::KeyBy;
@@ -47,16 +48,14 @@ pub fn extract_key<'a>(key_by: &KeyBy, record: &RecordView<'a>) -> Result<Cow<'a
     }
 }
 
-/// Where a `key_by` field of one step (`/name`) sits in rows of the schema last seen. An
-/// exchange's rows mostly share one schema (q5 keys each window result by `/end`), so the key
-/// is read from its slot instead of asking the schema registry and scanning the names per
-/// record.
+/// A `key_by` of one field (`/name`) read from rows at the slot remembered for their schema
+/// ([`FieldSlots`], the guest SDK's reader too), instead of asking the schema registry and
+/// scanning the names per record (q5 keys each window result by `/end`).
 #[derive(Debug, Default)]
 struct RowField {
     /// The field's name; none for a `key_by` this path does not serve.
     name: Option<String>,
-    /// (schema id, field count, field index) of the last row read.
-    last: Option<(u32, usize, usize)>,
+    slots: FieldSlots,
 }
 
 impl RowField {
@@ -65,29 +64,19 @@ impl RowField {
             KeyBy::Field(pointer) => pointer.strip_prefix('/').filter(|n| !n.contains(['/', '~'])).map(str::to_owned),
             KeyBy::Key | KeyBy::Value => None,
         };
-        Self { name, last: None }
+        Self { name, slots: FieldSlots::default() }
     }
 
     /// The JSON text of the field in row `value`; `None` where this path does not answer (no
     /// one-step field, not a row, a schema without the field, a damaged row): [`extract_key`]
     /// then reads it, or says what is wrong.
     fn key(&mut self, value: &[u8]) -> Option<Vec<u8>> {
-        use eddy_wire::schema::Schemas as _;
         let name = self.name.as_deref()?;
         if !eddy_wire::row::is_row(value) {
             return None;
         }
         let row = eddy_wire::row::RowRef::new(value).ok()?;
-        let (schema, fields) = (row.schema(), row.len());
-        let index = match self.last {
-            Some((s, n, i)) if s == schema && n == fields => i,
-            _ => {
-                let known = eddy_runtime::schemas().get(schema).filter(|s| s.fields.len() == fields)?;
-                let i = known.index_of(name)?;
-                self.last = Some((schema, fields, i));
-                i
-            }
-        };
+        let index = self.slots.slot_of(&row, name, eddy_runtime::schemas())?;
         let mut key = Vec::new();
         eddy_wire::json::field_to_json(&row, index, eddy_runtime::schemas(), &mut key).ok()?;
         Some(key)
