@@ -23,6 +23,7 @@
 //! ```
 
 pub mod format;
+pub mod inspect;
 pub mod metadata;
 pub mod recovery;
 pub mod restore;
@@ -90,6 +91,11 @@ pub struct OperatorSnapshot {
     pub state: BackendSnapshot,
     /// What the state quota counted in that picture ([`eddy_state::StateBackend::usage`]).
     pub usage: Option<StateUsage>,
+    /// The states the operator declared, so a reader of the snapshot can name and decode
+    /// its entries ([`inspect`]).
+    pub states: Vec<eddy_state::DeclaredState>,
+    /// The row schemas the operator declared, so its row values read by field name.
+    pub schemas: Vec<eddy_wire::schema::Schema>,
 }
 
 /// Why a checkpoint could not be written or read.

@@ -4,6 +4,7 @@
 //! with their sizes and checksums. A checkpoint without metadata never completed; one whose
 //! metadata or files fail their checks is skipped for the one before it.
 
+use eddy_state::DeclaredState;
 use serde::{Deserialize, Serialize};
 
 use crate::format::{seal, unseal};
@@ -74,6 +75,22 @@ pub struct OperatorState {
     /// checkpoints written before it existed (such a restore counts by scanning).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<StoredUsage>,
+    /// The states the step declared (absent in checkpoints written before they were
+    /// recorded: `eddy state` then names states by id and shows their bytes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<DeclaredState>,
+    /// The row schemas the step declared, so its row values read by field name anywhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schemas: Vec<StoredSchema>,
+}
+
+/// A row schema as a checkpoint stores it ([`eddy_wire::schema::Schema`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredSchema {
+    /// The record's name.
+    pub name: String,
+    /// Field names in slot order.
+    pub fields: Vec<String>,
 }
 
 /// An operator's state quota count ([`eddy_state::StateUsage`]) as a checkpoint stores it.

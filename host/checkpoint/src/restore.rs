@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use eddy_core::KeyGroupRange;
-use eddy_state::{RocksDbBackend, StateBackend, StateUsage};
+use eddy_state::{RocksDbBackend, StateBackend, StateError, StateUsage};
 
 use crate::format::{InFlightBatch, decode_entries, decode_in_flight, decode_timer, unseal};
 use crate::metadata::{CheckpointMetadata, FileRef, StoredState, SubtaskState, TimerState, completed_ids};
@@ -78,6 +78,26 @@ impl RestorePoint {
     /// databases: a restore's files are then hard-linked rather than copied into them, and a
     /// killed run's are swept with the rest of its directory.
     pub fn fetch(store: &CheckpointStore, meta: CheckpointMetadata, local: &Path) -> Result<Self, CheckpointError> {
+        Self::fetch_only(store, meta, local, None)
+    }
+
+    /// Fetches, as [`RestorePoint::fetch`] does, only the files of step `step` (its state and
+    /// timers, no records in flight): what a reader of one step's state needs.
+    pub fn fetch_step(
+        store: &CheckpointStore,
+        meta: CheckpointMetadata,
+        local: &Path,
+        step: &str,
+    ) -> Result<Self, CheckpointError> {
+        Self::fetch_only(store, meta, local, Some(step))
+    }
+
+    fn fetch_only(
+        store: &CheckpointStore,
+        meta: CheckpointMetadata,
+        local: &Path,
+        step: Option<&str>,
+    ) -> Result<Self, CheckpointError> {
         let local = tempfile::Builder::new().prefix("restore-").tempdir_in(local).map_err(|e| {
             CheckpointError::Storage { what: "creating a local restore directory".into(), problem: e.to_string() }
         })?;
@@ -88,12 +108,12 @@ impl RestorePoint {
             })
         };
         for state in &meta.subtasks {
-            for (n, file) in state.in_flight.iter().enumerate() {
+            for (n, file) in state.in_flight.iter().enumerate().filter(|_| step.is_none()) {
                 let bytes = fetch_verified(store, file)?;
                 unseal(&bytes, &file.path)?;
                 write(&in_flight_path(local.path(), state, n), &bytes)?;
             }
-            for (i, op) in state.operators.iter().enumerate() {
+            for (i, op) in state.operators.iter().enumerate().filter(|(_, o)| step.is_none_or(|s| o.step == s)) {
                 let path = local_path(local.path(), state, i);
                 std::fs::create_dir_all(&path).map_err(|e| CheckpointError::Storage {
                     what: format!("creating {}", path.display()),
@@ -281,7 +301,19 @@ impl RestorePoint {
         target: &mut dyn StateBackend,
         timer: &mut dyn FnMut(&TimerState),
     ) -> Result<(), CheckpointError> {
-        self.restore(step, share, Some(target), timer)
+        self.restore(step, share, Some(&mut |k, v| target.put(k, v)), timer)
+    }
+
+    /// Hands step `step`'s entries of `share` to `entry` (as stored, in key order within each
+    /// old subtask's part) and its timers to `timer`, without a backend: a reader's way in.
+    pub fn visit_operator(
+        &self,
+        step: &str,
+        share: Share,
+        entry: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StateError>,
+        timer: &mut dyn FnMut(&TimerState),
+    ) -> Result<(), CheckpointError> {
+        self.restore(step, share, Some(entry), timer)
     }
 
     /// The fetched RocksDB database of step `step` that the new subtask of `share` may open as
@@ -313,12 +345,12 @@ impl RestorePoint {
         self.restore(step, share, None, timer)
     }
 
-    /// [`RestorePoint::restore_operator`], the entries only into `target` if given.
+    /// [`RestorePoint::restore_operator`], the entries only to `target` if given.
     fn restore(
         &self,
         step: &str,
         share: Share,
-        mut target: Option<&mut dyn StateBackend>,
+        mut target: Option<&mut dyn FnMut(&[u8], &[u8]) -> Result<(), StateError>>,
         timer: &mut dyn FnMut(&TimerState),
     ) -> Result<(), CheckpointError> {
         for state in &self.meta.subtasks {
@@ -369,7 +401,7 @@ impl RestorePoint {
                 let mut put = |k: &[u8], v: &[u8]| {
                     let group = k.get(..2).map_or(0, |g| u16::from_be_bytes([g[0], g[1]]));
                     if failed.is_none() && in_range(group) {
-                        failed = target.put(k, v).err();
+                        failed = target(k, v).err();
                     }
                 };
                 match &op.state {
@@ -436,7 +468,7 @@ mod tests {
                 }
                 entries.sort();
                 let state = BackendSnapshot::Frozen(Box::new(entries));
-                (step.to_string(), OperatorSnapshot { timers: Vec::new(), state, usage: None })
+                (step.to_string(), OperatorSnapshot { timers: Vec::new(), state, usage: None, states: Vec::new(), schemas: Vec::new() })
             })
             .collect();
         TakenSnapshot { keyed, ..TakenSnapshot::of_keyed_subtask(subtask, parallelism, operators) }

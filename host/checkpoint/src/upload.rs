@@ -13,7 +13,7 @@ use eddy_state::BackendSnapshot;
 use sha2::{Digest, Sha256};
 
 use crate::format::{InFlightBatch, encode_chunks, encode_in_flight, encode_timer, seal};
-use crate::metadata::{CheckpointStats, FileRef, OperatorState, StoredState, StoredUsage, SubtaskState, TimerState};
+use crate::metadata::{CheckpointStats, FileRef, OperatorState, StoredSchema, StoredState, StoredUsage, SubtaskState, TimerState};
 use crate::store::CheckpointStore;
 use crate::{CheckpointError, CheckpointId, OperatorSnapshot, SourcePosition};
 
@@ -177,7 +177,17 @@ impl Uploader {
                 }
             };
             let usage = snapshot.usage.map(|u| StoredUsage { bytes: u.bytes, entries: u.entries });
-            operators.push(OperatorState { step, timers: Vec::new(), timer_files, state, usage });
+            let schemas =
+                snapshot.schemas.into_iter().map(|s| StoredSchema { name: s.name, fields: s.fields }).collect();
+            operators.push(OperatorState {
+                step,
+                timers: Vec::new(),
+                timer_files,
+                state,
+                usage,
+                states: snapshot.states,
+                schemas,
+            });
         }
         drop(taken.staging);
         let mut in_flight = Vec::new();
@@ -314,6 +324,8 @@ mod tests {
             timers: Vec::new(),
             state: BackendSnapshot::Directory(dir.path().to_path_buf()),
             usage: None,
+            states: Vec::new(),
+            schemas: Vec::new(),
         };
         TakenSnapshot { staging: Some(dir), ..TakenSnapshot::of_keyed_subtask(0, 1, vec![("count".into(), snapshot)]) }
     }

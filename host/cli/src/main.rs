@@ -13,6 +13,7 @@ mod client;
 mod cluster;
 mod project;
 mod serve;
+mod state;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -279,6 +280,9 @@ enum Command {
         #[command(flatten)]
         flags: BuildFlags,
     },
+    /// Read a step's keyed state from a checkpoint or savepoint: keys and values of value,
+    /// list and map states, window accumulators and timers, decoded.
+    State(state::StateArgs),
     /// Validate a component and print what it is.
     Inspect {
         /// The `.wasm` file.
@@ -758,6 +762,7 @@ fn main() {
         Command::Plan { pipeline } => plan(pipeline),
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
+        Command::State(args) => state::state(args),
         Command::New { lang, dir } => project::new(&lang, &dir),
         Command::Build { dir, flags, out } => project::build(&dir, flags.as_flags(), out).map(|_| ()),
         Command::Test { dir, flags } => project::test(&dir, flags.as_flags()),

@@ -82,6 +82,7 @@ impl StreamOperator for WasmOperator {
         let usage = backend.usage();
         let state =
             backend.snapshot(staging).map_err(|source| OperatorError::State { operator: self.name.clone(), source })?;
-        Ok(OperatorSnapshot { timers, state, usage })
+        let (states, schemas) = (self.instance.declared_states(), self.instance.declared_schemas());
+        Ok(OperatorSnapshot { timers, state, usage, states, schemas })
     }
 }

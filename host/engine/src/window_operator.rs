@@ -32,20 +32,16 @@
 //!
 //! State (all in the [`StateBackend`] once written back, which every snapshot does first, so a
 //! snapshot of the backend is a snapshot of the operator; between snapshots the store keeps
-//! updates in a bounded write-back buffer), under the [`StateKey`] layout
-//! with the key's key group and the [`state_id`] of
-//! these names (the buffer and why it is held per key: [`store`]):
-//! - `window-acc`, namespace = the window (16 bytes, see [`encode_window`]): one flag byte
-//!   (1 = the window has fired) followed by the aggregate's accumulator bytes;
-//! - `window-sessions` (session windows only), empty namespace: the key's open sessions as a
-//!   list ([`eddy_state::encode_list`]) of encoded windows. A session stays in it until purged,
-//!   so a record within the allowed lateness can still merge into a fired session.
+//! updates in a bounded write-back buffer) is laid out as [`eddy_plan::window_state`] says:
+//! an accumulator per (key, window) and, for sessions, each key's session set. A session stays
+//! in the set until purged, so a record within the allowed lateness can still merge into a
+//! fired session. The buffer and why it is held per key: [`store`].
 
 use std::collections::BTreeMap;
 
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
-use eddy_state::{StateBackend, StateError};
+use eddy_state::{DeclaredState, StateBackend, StateError, StateKind};
 
 use eddy_checkpoint::OperatorSnapshot;
 
@@ -60,13 +56,12 @@ mod timers;
 use store::WindowStore;
 use timers::Timers;
 
-/// State name of the per-(key, window) accumulators.
-pub const ACC_STATE: &str = "window-acc";
-/// State name of the per-key session sets.
-pub const SESSIONS_STATE: &str = "window-sessions";
+pub use eddy_plan::window_state::{ACC_STATE, SESSIONS_STATE, encode_window};
 
-const NOT_FIRED: u8 = 0;
-const FIRED: u8 = 1;
+/// [`eddy_plan::window_state::decode_window`], its error as damaged state.
+pub fn decode_window(bytes: &[u8]) -> Result<Window, StateError> {
+    eddy_plan::window_state::decode_window(bytes).map_err(StateError::Corrupt)
+}
 
 /// The aggregate a window operator folds records into. Accumulators and results are opaque
 /// bytes; the operator only stores them and hands them back.
@@ -87,6 +82,11 @@ pub trait AggregateFn: Send {
     /// Linear memory the aggregate's instance holds now (0 when not a Wasm instance).
     fn memory_bytes(&mut self) -> u64 {
         0
+    }
+    /// The row schemas the aggregate declared (its accumulators', if they are rows), for
+    /// snapshots.
+    fn declared_schemas(&self) -> Vec<eddy_wire::schema::Schema> {
+        Vec::new()
     }
 }
 
@@ -110,6 +110,10 @@ impl AggregateFn for AggregateInstance {
     fn memory_bytes(&mut self) -> u64 {
         AggregateInstance::memory_bytes(self) as u64
     }
+
+    fn declared_schemas(&self) -> Vec<eddy_wire::schema::Schema> {
+        AggregateInstance::declared_schemas(self)
+    }
 }
 
 /// What happens to records too late for every window they belong to.
@@ -132,30 +136,6 @@ pub struct WindowConfig {
     pub late_data: LateData,
     /// Number of key groups of the job (`1..=MAX_PARALLELISM_LIMIT`), for the state keys.
     pub max_parallelism: u32,
-}
-
-/// The 16-byte state namespace of a window: start and end as big-endian i64 with the sign bit
-/// flipped, so byte order is (start, end) order, negative times included, and a scan of one
-/// key's accumulators visits its windows in time order.
-pub fn encode_window(window: &Window) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    out[..8].copy_from_slice(&((window.start as u64) ^ (1 << 63)).to_be_bytes());
-    out[8..].copy_from_slice(&((window.end as u64) ^ (1 << 63)).to_be_bytes());
-    out
-}
-
-/// Reads what [`encode_window`] wrote.
-pub fn decode_window(bytes: &[u8]) -> Result<Window, StateError> {
-    let Ok(bytes) = <[u8; 16]>::try_from(bytes) else {
-        return Err(StateError::Corrupt(format!("a window is 16 bytes, got {}", bytes.len())));
-    };
-    let both = u128::from_be_bytes(bytes);
-    let start = (((both >> 64) as u64) ^ (1 << 63)) as i64;
-    let end = ((both as u64) ^ (1 << 63)) as i64;
-    if start >= end {
-        return Err(StateError::Corrupt(format!("window [{start}, {end}) is empty")));
-    }
-    Ok(Window { start, end })
 }
 
 /// The records of `batch` from index `from` on, with their indices (without walking the
@@ -793,6 +773,11 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
         self.store.write_back()?;
         let usage = self.store.backend.usage();
         let state = self.store.backend.snapshot(staging).map_err(|e| self.store.error(e))?;
-        Ok(OperatorSnapshot { timers: Vec::new(), state, usage })
+        let mut states = vec![DeclaredState { name: ACC_STATE.into(), kind: StateKind::WindowAccumulator }];
+        if matches!(self.kind, WindowKind::Session { .. }) {
+            states.push(DeclaredState { name: SESSIONS_STATE.into(), kind: StateKind::WindowSessions });
+        }
+        let schemas = self.aggregate.declared_schemas();
+        Ok(OperatorSnapshot { timers: Vec::new(), state, usage, states, schemas })
     }
 }

@@ -44,6 +44,7 @@
 mod plan;
 mod spec;
 pub mod window;
+pub mod window_state;
 mod yaml_guard;
 
 pub use plan::{EdgePlan, Node, Partitioning, PhysicalPlan, TaskPlan};

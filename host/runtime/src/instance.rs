@@ -226,6 +226,16 @@ impl OperatorInstance {
         self.store.data_mut().keyed.backend.as_mut()
     }
 
+    /// The states the guest declared, in declaration order.
+    pub fn declared_states(&self) -> Vec<eddy_state::DeclaredState> {
+        self.store.data().keyed.declared_states()
+    }
+
+    /// The schemas the guest declared (its first [`crate::MAX_NOTED_SCHEMAS`]).
+    pub fn declared_schemas(&self) -> Vec<eddy_wire::schema::Schema> {
+        self.store.data().sandbox.declared_schemas()
+    }
+
     /// The subtask's timers, for the engine to advance.
     pub fn timer_service(&mut self) -> &mut dyn TimerService {
         self.store.data_mut().keyed.timers.as_mut()
@@ -289,6 +299,12 @@ impl AggregateInstance {
     pub fn open(&mut self, config: &str) -> Result<(), CallError> {
         let Self { store, bindings, policy } = self;
         policy.call(store, "open", |s| bindings.eddy_dataflow_aggregate().call_open(s, config))
+    }
+
+    /// The schemas the guest declared (its first [`crate::MAX_NOTED_SCHEMAS`]): those of its
+    /// accumulators, if they are rows.
+    pub fn declared_schemas(&self) -> Vec<eddy_wire::schema::Schema> {
+        self.store.data().sandbox.declared_schemas()
     }
 
     /// A new empty accumulator.

@@ -346,6 +346,16 @@ impl Keyed {
         Ok(id)
     }
 
+    /// The declared states, in declaration order.
+    pub(crate) fn declared_states(&self) -> Vec<eddy_state::DeclaredState> {
+        let kind = |k: state::StateKind| match k {
+            state::StateKind::Value => eddy_state::StateKind::Value,
+            state::StateKind::List => eddy_state::StateKind::List,
+            state::StateKind::Map => eddy_state::StateKind::Map,
+        };
+        self.states.iter().map(|d| eddy_state::DeclaredState { name: d.name.clone(), kind: kind(d.kind) }).collect()
+    }
+
     /// Takes the call's output, leaving empty side-output slots in place.
     pub(crate) fn take_output(&mut self) -> Output {
         let side = self.side_outputs.iter().map(|n| (n.clone(), RecordBatch::default())).collect();

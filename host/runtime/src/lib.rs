@@ -75,5 +75,6 @@ pub use instance::{AccumulatorUpdate, AggregateInstance, OperatorInstance};
 pub use items::Items;
 pub use keyed::Output;
 pub use runtime::{Component, Runtime, Subtask};
+pub use sandbox::MAX_NOTED_SCHEMAS;
 pub use schemas::{SchemaError, SchemaRegistry, schemas};
 pub use validate::{AGGREGATE_EXPORT, OPERATOR_EXPORT, World};

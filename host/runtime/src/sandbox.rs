@@ -96,7 +96,16 @@ pub(crate) struct Sandbox {
     stderr: MemoryOutputPipe,
     last_error_log: Option<String>,
     pub(crate) log: GuestLog,
+    /// Ids of the schemas this instance declared, first [`MAX_NOTED_SCHEMAS`]: recorded with
+    /// its state so a snapshot's rows can be read by field name in another process.
+    schemas: Vec<u32>,
 }
+
+/// Most schema ids an instance's snapshots record (a guest may declare more; rows of the rest
+/// read positionally from a snapshot).
+pub const MAX_NOTED_SCHEMAS: usize = 256;
+/// Most bytes of names those schemas may hold together.
+pub const MAX_NOTED_SCHEMA_BYTES: usize = 64 << 10;
 
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,7 +149,31 @@ impl Sandbox {
             stderr,
             last_error_log: None,
             log: GuestLog::new(limits.log_lines_per_second, limits.log_burst_lines, limits.max_log_message_bytes),
+            schemas: Vec::new(),
         }
+    }
+
+    /// Notes that the guest declared schema `id`.
+    pub(crate) fn note_schema(&mut self, id: u32) {
+        if self.schemas.len() < MAX_NOTED_SCHEMAS && !self.schemas.contains(&id) {
+            self.schemas.push(id);
+        }
+    }
+
+    /// The schemas the guest declared, as the registry holds them, up to
+    /// [`MAX_NOTED_SCHEMA_BYTES`] of names (a schema may name 4 096 fields).
+    pub(crate) fn declared_schemas(&self) -> Vec<eddy_wire::schema::Schema> {
+        use eddy_wire::schema::Schemas;
+        let mut bytes = 0;
+        let mut out = Vec::new();
+        for schema in self.schemas.iter().filter_map(|id| crate::schemas::schemas().get(*id)) {
+            bytes += schema.name.len() + schema.fields.iter().map(String::len).sum::<usize>();
+            if bytes > MAX_NOTED_SCHEMA_BYTES {
+                break;
+            }
+            out.push((*schema).clone());
+        }
+        out
     }
 
     /// Linear memory the instance holds now (all memories).

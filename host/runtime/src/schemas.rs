@@ -104,7 +104,9 @@ macro_rules! schemas_host {
     ($host:ty) => {
         impl crate::bindings::schemas::Host for $host {
             fn declare_schema(&mut self, name: String, fields: Vec<String>) -> wasmtime::Result<u32> {
-                crate::schemas::declare_import(name, fields)
+                let id = crate::schemas::declare_import(name, fields)?;
+                crate::sandbox::HasSandbox::sandbox(self).note_schema(id);
+                Ok(id)
             }
 
             fn schema_fields(&mut self, id: u32) -> wasmtime::Result<Option<(String, Vec<String>)>> {

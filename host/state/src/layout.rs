@@ -15,6 +15,33 @@ use eddy_core::{KeyGroup, key_group_of_hash, key_hash};
 
 use crate::StateError;
 
+/// How a state's entries are laid out, as its operator declared it: what a reader of a
+/// snapshot needs besides the name to decode them. Recorded per step in checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateKind {
+    /// One value under the key.
+    Value,
+    /// A list: a header under the key and an entry per item ([`crate::ListKeys`]).
+    List,
+    /// A map: an entry per map key, the map key after the namespace.
+    Map,
+    /// A window operator's accumulators: namespace = the window, value = a fired flag byte
+    /// and the aggregate's bytes (`eddy_plan::window_state`).
+    WindowAccumulator,
+    /// A window operator's session sets: a list value of windows per key.
+    WindowSessions,
+}
+
+/// A state an operator declared: its name (whose [`state_id`] its keys carry) and kind.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeclaredState {
+    /// The declared name.
+    pub name: String,
+    /// How its entries are laid out.
+    pub kind: StateKind,
+}
+
 /// A state's id in state keys: [`state_id`] of its name.
 pub type StateId = u32;
 

@@ -41,7 +41,10 @@ pub use bounded::{BoundedBackend, StateLimits, StateUsage};
 pub use entry_cache::{EntryCache, LENGTHS_CACHE_BYTES, WINDOW_CACHE_BYTES, Weigh, entry_caches_bytes};
 pub use heap::HeapStateBackend;
 pub use heap_memory::{HEAP_SNAPSHOT_COPIES, allocation_bytes, heap_memory_bound_bytes};
-pub use layout::{DecodedStateKey, HashedKey, StateId, StateKey, decode_list, decode_state_key, encode_list, state_id};
+pub use layout::{
+    DecodedStateKey, DeclaredState, HashedKey, StateId, StateKey, StateKind, decode_list, decode_state_key, encode_list,
+    state_id,
+};
 pub use list::{ListKeys, list_for_each};
 pub use rocks::{RocksDbBackend, RocksDbConfig};
 pub use ttl::{ManualTtlClock, PURGE_STEP_ENTRIES, TtlBackend, TtlClock};

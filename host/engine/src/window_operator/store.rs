@@ -22,7 +22,9 @@ use eddy_state::{
     encode_list, state_id,
 };
 
-use super::{ACC_STATE, FIRED, NOT_FIRED, SESSIONS_STATE, decode_window, encode_window};
+use eddy_plan::window_state::{FIRED, NOT_FIRED};
+
+use super::{ACC_STATE, SESSIONS_STATE, decode_window, encode_window};
 use crate::operator::OperatorError;
 
 /// One entry as the buffer holds it: the value it last wrote or read, and where the backend
