@@ -14,5 +14,6 @@ mod polyglot;
 mod postgres;
 mod recovery;
 mod spread;
+mod state;
 mod unaligned;
 mod windows;
