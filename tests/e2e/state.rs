@@ -49,7 +49,8 @@ fn counts(dump: &StateDump) -> BTreeMap<String, u64> {
 /// lookup finds exactly that key's count (in whichever old subtask held its key group).
 #[test]
 fn word_counts_read_back_equal_the_input_on_both_backends_and_after_a_rescale() {
-    let parts = ["the quick brown fox\njumps over the lazy dog\nthe end\n".repeat(30), "a quick end\nzebra\n".repeat(17)];
+    let parts =
+        ["the quick brown fox\njumps over the lazy dog\nthe end\n".repeat(30), "a quick end\nzebra\n".repeat(17)];
     for backend in ["heap", "rocksdb"] {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut input = String::new();
@@ -69,14 +70,16 @@ fn word_counts_read_back_equal_the_input_on_both_backends_and_after_a_rescale() 
             let (job, received) = start_wordcount(dir.path(), &yaml, restore.take());
             wait_for(&received, part.split_whitespace().count());
             let savepoint = dir.path().join(format!("savepoint-{round}"));
-            job.stop_with_savepoint(&StoreLocation::Dir(savepoint.clone()), Duration::from_secs(30)).expect("savepoint");
+            job.stop_with_savepoint(&StoreLocation::Dir(savepoint.clone()), Duration::from_secs(30))
+                .expect("savepoint");
             let expected = oracle(&input);
             let dump = read(&savepoint, "count", None);
             assert!(!dump.truncated);
             assert_eq!(counts(&dump), expected, "{backend}, round {round}");
             for word in ["the", "zebra", "absent"] {
                 let one = read(&savepoint, "count", Some(word));
-                let want: BTreeMap<String, u64> = expected.get(word).map(|n| (word.to_owned(), *n)).into_iter().collect();
+                let want: BTreeMap<String, u64> =
+                    expected.get(word).map(|n| (word.to_owned(), *n)).into_iter().collect();
                 assert_eq!(counts(&one), want, "{backend}, round {round}, key {word}");
             }
             restore = Some(savepoint);

@@ -19,7 +19,7 @@ use eddy_core::KeyGroupRange;
 use eddy_plan::window_state::{decode_window, split_accumulator};
 use eddy_state::{DeclaredState, HashedKey, StateError, StateId, StateKind, decode_list, decode_state_key, state_id};
 use eddy_wire::schema::{Schema, Schemas};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::metadata::{CheckpointMetadata, StoredSchema, TimerState, completed_ids};
@@ -53,6 +53,15 @@ impl From<StateError> for InspectError {
     }
 }
 
+/// A key as a user types it, as the bytes it is stored under: JSON text, compact (`"alice"`
+/// with its quotes, `42`); text that is not JSON is taken as a JSON string (`alice`).
+pub fn key_from_text(key: &str) -> Vec<u8> {
+    match serde_json::from_str::<Value>(key) {
+        Ok(value) => value.to_string().into_bytes(),
+        Err(_) => Value::String(key.to_owned()).to_string().into_bytes(),
+    }
+}
+
 /// Which entries to read.
 #[derive(Debug, Clone)]
 pub struct StateQuery {
@@ -67,7 +76,7 @@ pub struct StateQuery {
 }
 
 /// One decoded entry: one value, one list, one map entry, or one window's accumulator.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StateEntry {
     /// The record key (JSON; a key that is not JSON as a string of its text).
     pub key: Value,
@@ -76,23 +85,23 @@ pub struct StateEntry {
     /// The state's declared name (`#<id>` if the checkpoint did not record it).
     pub state: String,
     /// How the state is laid out, if recorded.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<StateKind>,
     /// A window accumulator's window.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowRange>,
     /// Whether a window accumulator's window has fired (kept for allowed lateness).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fired: Option<bool>,
     /// A map entry's map key.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub map_key: Option<Value>,
     /// The value, decoded.
     pub value: Value,
 }
 
 /// A window `[start, end)` in event time (ms).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WindowRange {
     /// First millisecond inside.
     pub start: i64,
@@ -101,18 +110,18 @@ pub struct WindowRange {
 }
 
 /// A pending timer of the step.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimerEntry {
     /// The record key.
     pub key: Value,
     /// `event_time` or `processing_time`.
-    pub domain: &'static str,
+    pub domain: String,
     /// When it fires (ms).
     pub timestamp: i64,
 }
 
 /// What a read found.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StateDump {
     /// The checkpoint read.
     pub checkpoint: CheckpointId,
@@ -141,7 +150,8 @@ pub fn read_state(
         None => newest(store)?,
     };
     if !meta.subtasks.iter().any(|s| s.operators.iter().any(|o| o.step == query.step)) {
-        let mut steps: Vec<&str> = meta.subtasks.iter().flat_map(|s| s.operators.iter().map(|o| o.step.as_str())).collect();
+        let mut steps: Vec<&str> =
+            meta.subtasks.iter().flat_map(|s| s.operators.iter().map(|o| o.step.as_str())).collect();
         steps.sort_unstable();
         steps.dedup();
         return Err(InspectError::NotFound(format!(
@@ -210,15 +220,20 @@ pub fn read_fetched(point: &RestorePoint, query: &StateQuery) -> Result<StateDum
         truncated: false,
     };
     let mut timers = Vec::new();
-    point.visit_operator(&query.step, Share::KeyGroups(range), &mut |k, v| reader.entry(k, v), &mut |t: &TimerState| {
-        if query.key.as_deref().is_none_or(|key| key == t.key.as_slice()) && timers.len() < MAX_ENTRIES {
-            timers.push(TimerEntry {
-                key: json_or_text(&t.key),
-                domain: if t.event_time { "event_time" } else { "processing_time" },
-                timestamp: t.timestamp,
-            });
-        }
-    })?;
+    point.visit_operator(
+        &query.step,
+        Share::KeyGroups(range),
+        &mut |k, v| reader.entry(k, v),
+        &mut |t: &TimerState| {
+            if query.key.as_deref().is_none_or(|key| key == t.key.as_slice()) && timers.len() < MAX_ENTRIES {
+                timers.push(TimerEntry {
+                    key: json_or_text(&t.key),
+                    domain: if t.event_time { "event_time" } else { "processing_time" }.to_owned(),
+                    timestamp: t.timestamp,
+                });
+            }
+        },
+    )?;
     reader.close_list();
     timers.sort_by_key(|t| t.timestamp);
     let (entries, truncated) = (reader.entries, reader.truncated);
@@ -397,4 +412,18 @@ fn json_or_text(bytes: &[u8]) -> Value {
 fn hex(bytes: &[u8]) -> Value {
     let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     serde_json::json!({ "hex": text })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_from_text;
+
+    #[test]
+    fn a_key_is_json_as_stored_and_plain_text_is_a_string() {
+        assert_eq!(key_from_text("alice"), br#""alice""#);
+        assert_eq!(key_from_text(r#""alice""#), br#""alice""#);
+        assert_eq!(key_from_text("42"), b"42");
+        assert_eq!(key_from_text(r#"{ "a" : 1 }"#), br#"{"a":1}"#);
+        assert_eq!(key_from_text("not json {"), br#""not json {""#);
+    }
 }

@@ -468,7 +468,16 @@ mod tests {
                 }
                 entries.sort();
                 let state = BackendSnapshot::Frozen(Box::new(entries));
-                (step.to_string(), OperatorSnapshot { timers: Vec::new(), state, usage: None, states: Vec::new(), schemas: Vec::new() })
+                (
+                    step.to_string(),
+                    OperatorSnapshot {
+                        timers: Vec::new(),
+                        state,
+                        usage: None,
+                        states: Vec::new(),
+                        schemas: Vec::new(),
+                    },
+                )
             })
             .collect();
         TakenSnapshot { keyed, ..TakenSnapshot::of_keyed_subtask(subtask, parallelism, operators) }

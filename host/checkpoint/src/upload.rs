@@ -13,7 +13,9 @@ use eddy_state::BackendSnapshot;
 use sha2::{Digest, Sha256};
 
 use crate::format::{InFlightBatch, encode_chunks, encode_in_flight, encode_timer, seal};
-use crate::metadata::{CheckpointStats, FileRef, OperatorState, StoredSchema, StoredState, StoredUsage, SubtaskState, TimerState};
+use crate::metadata::{
+    CheckpointStats, FileRef, OperatorState, StoredSchema, StoredState, StoredUsage, SubtaskState, TimerState,
+};
 use crate::store::CheckpointStore;
 use crate::{CheckpointError, CheckpointId, OperatorSnapshot, SourcePosition};
 

@@ -114,7 +114,10 @@ fn checkpoint(
     let usage = writer.backend.usage();
     let state = writer.backend.snapshot(staging.path())?;
     let sync_ms = sync_started.elapsed().as_secs_f64() * 1e3;
-    let operators = vec![("totals".into(), OperatorSnapshot { timers: Vec::new(), state, usage, states: Vec::new(), schemas: Vec::new() })];
+    let operators = vec![(
+        "totals".into(),
+        OperatorSnapshot { timers: Vec::new(), state, usage, states: Vec::new(), schemas: Vec::new() },
+    )];
     let taken = TakenSnapshot { sync_ms, staging: Some(staging), ..TakenSnapshot::of_keyed_subtask(0, 1, operators) };
     let (store, uploader) = (store.clone(), uploader.clone());
     let upload = std::thread::spawn(move || -> Result<(eddy_checkpoint::upload::Uploaded, f64)> {

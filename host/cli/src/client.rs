@@ -112,6 +112,11 @@ impl Api {
         Ok(self.send(self.http.get(self.url(path)))?.json()?)
     }
 
+    /// GET with a query string (encoded here), returning JSON.
+    pub fn get_query(&self, path: &str, query: &[(&str, String)]) -> Result<Value> {
+        Ok(self.send(self.http.get(self.url(path)).query(query))?.json()?)
+    }
+
     /// POST of JSON returning JSON.
     pub fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
         Ok(self.send(self.http.post(self.url(path)).json(body))?.json()?)

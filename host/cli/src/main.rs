@@ -762,7 +762,7 @@ fn main() {
         Command::Plan { pipeline } => plan(pipeline),
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
-        Command::State(args) => state::state(args),
+        Command::State(args) => state::state(args, login),
         Command::New { lang, dir } => project::new(&lang, &dir),
         Command::Build { dir, flags, out } => project::build(&dir, flags.as_flags(), out).map(|_| ()),
         Command::Test { dir, flags } => project::test(&dir, flags.as_flags()),

@@ -4,9 +4,11 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use eddy_checkpoint::inspect::{StateDump, StateEntry, StateQuery, read_state};
+use eddy_checkpoint::inspect::{StateDump, StateEntry, StateQuery, key_from_text, read_state};
 use eddy_checkpoint::{CheckpointId, CheckpointStore};
 use eddy_plan::PipelineSpec;
+
+use crate::client::{Api, Login};
 
 /// How `eddy state` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -21,8 +23,9 @@ pub enum Format {
 #[derive(Debug, clap::Args)]
 pub struct StateArgs {
     /// Where the state is: a pipeline spec (its checkpoints), a checkpoint or savepoint
-    /// directory, one `chk-N` directory in it, or `s3://bucket/prefix` (endpoint and keys
-    /// from the AWS_* environment).
+    /// directory, one `chk-N` directory in it, `s3://bucket/prefix` (endpoint and keys from
+    /// the AWS_* environment), or the id of a job on the server (`eddy login`): its newest
+    /// completed checkpoint.
     pub source: String,
     /// The step whose state to read.
     #[arg(long)]
@@ -43,14 +46,6 @@ pub struct StateArgs {
     /// How to print.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
-}
-
-/// The key's bytes as stored: JSON text, compact.
-pub fn key_bytes(key: &str) -> Vec<u8> {
-    match serde_json::from_str::<serde_json::Value>(key) {
-        Ok(value) => value.to_string().into_bytes(),
-        Err(_) => serde_json::Value::String(key.to_owned()).to_string().into_bytes(),
-    }
 }
 
 /// The store and checkpoint `source` names.
@@ -85,21 +80,49 @@ fn open(source: &str, checkpoint: Option<CheckpointId>) -> Result<(CheckpointSto
     Ok((CheckpointStore::local(path)?, checkpoint))
 }
 
-/// Runs `eddy state`.
-pub fn state(args: StateArgs) -> Result<()> {
+/// Whether `source` names a job on the server rather than a place: not a URL, not a path
+/// that exists, and no path separator.
+fn is_job_id(source: &str) -> bool {
+    !source.contains("://") && !source.contains('/') && !Path::new(source).exists()
+}
+
+/// Runs `eddy state`; `login` is the server's, asked for only when `source` is a job id.
+pub fn state(args: StateArgs, login: impl FnOnce() -> Result<Login>) -> Result<()> {
+    if is_job_id(&args.source) {
+        return from_server(&args, login()?);
+    }
     let (store, id) = open(&args.source, args.checkpoint)?;
     let query = StateQuery {
         step: args.step.clone(),
         state: args.state.clone(),
-        key: args.key.as_deref().map(key_bytes),
+        key: args.key.as_deref().map(key_from_text),
         limit: args.limit,
     };
     // The step's files are fetched into a temporary directory there, removed after.
     let dump = read_state(&store, id, &query, &std::env::temp_dir())
         .with_context(|| format!("reading step `{}` from {}", args.step, store.describe()))?;
-    let printed = match args.format {
-        Format::Jsonl => print_jsonl(&dump),
-        Format::Table => print_table(&dump, store.describe()),
+    print(&dump, args.format, store.describe())
+}
+
+/// `eddy state JOB`: the job's newest completed checkpoint, read by the server.
+fn from_server(args: &StateArgs, login: Login) -> Result<()> {
+    if args.checkpoint.is_some() {
+        anyhow::bail!("the server reads a job's newest completed checkpoint: drop --checkpoint, or give a directory");
+    }
+    let api = Api::new(login)?;
+    let mut query = vec![("step", args.step.clone()), ("limit", args.limit.to_string())];
+    query.extend(args.key.clone().map(|k| ("key", k)));
+    query.extend(args.state.clone().map(|s| ("state", s)));
+    let path = format!("/v1/jobs/{}/state", args.source);
+    let dump: StateDump = serde_json::from_value(api.get_query(&path, &query)?)
+        .context("the server's answer is not a state read; is it an older `eddy serve`?")?;
+    print(&dump, args.format, &format!("job {}", args.source))
+}
+
+fn print(dump: &StateDump, format: Format, source: &str) -> Result<()> {
+    let printed = match format {
+        Format::Jsonl => print_jsonl(dump),
+        Format::Table => print_table(dump, source),
     };
     match printed {
         // `eddy state ... | head`: the reader has what it wanted.
@@ -121,8 +144,11 @@ fn print_jsonl(dump: &StateDump) -> std::io::Result<()> {
 
 fn print_table(dump: &StateDump, source: &str) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
-    let states: Vec<String> =
-        dump.states.iter().map(|d| format!("{} ({})", d.name, serde_json::json!(d.kind).as_str().unwrap_or("?"))).collect();
+    let states: Vec<String> = dump
+        .states
+        .iter()
+        .map(|d| format!("{} ({})", d.name, serde_json::json!(d.kind).as_str().unwrap_or("?")))
+        .collect();
     writeln!(
         out,
         "checkpoint {} in {source}, step `{}`: {}",
@@ -153,18 +179,4 @@ fn entry_line(e: &StateEntry) -> String {
         line += &format!("  [{m}]");
     }
     line + &format!("  = {}", e.value)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::key_bytes;
-
-    #[test]
-    fn a_key_is_json_as_stored_and_plain_text_is_a_string() {
-        assert_eq!(key_bytes("alice"), br#""alice""#);
-        assert_eq!(key_bytes(r#""alice""#), br#""alice""#);
-        assert_eq!(key_bytes("42"), b"42");
-        assert_eq!(key_bytes(r#"{ "a" : 1 }"#), br#"{"a":1}"#);
-        assert_eq!(key_bytes("not json {"), br#""not json {""#);
-    }
 }

@@ -59,6 +59,53 @@ fn a_tenant_uploads_the_word_count_submits_it_and_reads_its_output() {
     // The oracle: a running count per word emits 1..=n for a word seen n times.
     assert_eq!(common::output_counts(&server, &token, id), common::running_word_counts(text));
 
+    // The state behind it, from the final checkpoint: each word's `count` is how often it
+    // occurs (counted here, from the text).
+    let mut occurrences: BTreeMap<String, u64> = BTreeMap::new();
+    for word in text.split_whitespace() {
+        *occurrences.entry(word.to_owned()).or_default() += 1;
+    }
+    let state = |token: &str, query: &str| {
+        client().get(server.url(&format!("/v1/jobs/{id}/state?{query}"))).bearer_auth(token).send().unwrap()
+    };
+    let read = expect(state(&token, "step=count"), 200);
+    let counts: BTreeMap<String, u64> = read["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            assert_eq!((&e["state"], &e["kind"]), (&json!("count"), &json!("value")), "{e}");
+            (e["key"].as_str().unwrap().to_owned(), e["value"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(counts, occurrences);
+    assert_eq!(read["truncated"], false);
+    let one = expect(state(&token, "step=count&key=the"), 200);
+    assert_eq!(
+        one["entries"],
+        json!([{"key": "the", "key_group": one["entries"][0]["key_group"], "state": "count", "kind": "value", "value": 3}])
+    );
+    let two = expect(state(&token, "step=count&limit=2"), 200);
+    assert_eq!((two["entries"].as_array().unwrap().len(), &two["truncated"]), (2, &json!(true)));
+    // Wrong step, wrong state, bad queries: each named; another tenant sees no such job.
+    let missing = expect(state(&token, "step=nope"), 404);
+    assert!(
+        missing["detail"].as_str().unwrap().contains("no state of step `nope`; steps with state: count, split"),
+        "{missing}"
+    );
+    let missing = expect(state(&token, "step=count&state=nope"), 404);
+    assert!(missing["detail"].as_str().unwrap().contains("declares no state `nope`"), "{missing}");
+    assert!(!missing["detail"].as_str().unwrap().contains(server.dir.to_str().unwrap()), "no server path: {missing}");
+    expect(state(&token, "step=count&limit=0"), 422);
+    expect(state(&token, "step=count&limit=1000001"), 422);
+    expect(state(&token, &format!("step=count&key={}", "k".repeat(5000))), 422);
+    expect(state(&token, "step=count&what=1"), 400);
+    expect(state(&token, "key=the"), 400);
+    expect(state(&token, "step=count&limit=-1"), 400);
+    let (_, other) = tenant(&server, "other");
+    expect(state(&other, "step=count"), 404);
+    expect(state("eddy_wrong", "step=count"), 401);
+
     assert!(job(&server, &token, id)["plan"].as_str().unwrap().contains("count"), "the job shows its plan");
     let shown = expect(
         client()
@@ -452,6 +499,16 @@ fn the_cli_logs_in_submits_the_word_count_with_its_files_and_reads_the_output() 
         .collect();
     got.sort();
     assert_eq!(got, expected);
+    // `eddy state JOB` reads the state behind it through the server: each word's count.
+    let state: BTreeMap<String, u64> =
+        stdout(&eddy(&config, &["state", &id, "--step", "count", "--format", "jsonl", "--limit", "1000"]))
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|v| (v["key"].as_str().unwrap().to_string(), v["value"].as_u64().unwrap()))
+            .collect();
+    assert_eq!(state, seen);
+    let the = stdout(&eddy(&config, &["state", &id, "--step", "count", "--key", "the"]));
+    assert!(the.ends_with(&format!("\"the\"  count  = {}", seen["the"])), "{the}");
     let jobs = stdout(&eddy(&config, &["jobs"]));
     assert!(jobs.contains(&id) && jobs.contains("finished"), "{jobs}");
     // A step naming a file that is not there is reported before anything is sent.

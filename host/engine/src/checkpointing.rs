@@ -441,7 +441,10 @@ mod tests {
     fn snapshot(participant: usize, value: &[u8]) -> TakenSnapshot {
         let entries: Vec<(Vec<u8>, Vec<u8>)> = vec![(vec![0, 0, b'a' + participant as u8], value.to_vec())];
         let state = BackendSnapshot::Frozen(Box::new(entries));
-        let operators = vec![("count".into(), OperatorSnapshot { timers: Vec::new(), state, usage: None, states: Vec::new(), schemas: Vec::new() })];
+        let operators = vec![(
+            "count".into(),
+            OperatorSnapshot { timers: Vec::new(), state, usage: None, states: Vec::new(), schemas: Vec::new() },
+        )];
         TakenSnapshot::of_keyed_subtask(participant as u32, 2, operators)
     }
 

@@ -57,6 +57,7 @@ pub mod enrollment;
 pub mod files;
 pub mod http;
 pub mod janitor;
+pub mod job_state;
 pub mod jobs;
 pub mod metrics;
 pub mod model;
@@ -280,6 +281,7 @@ pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(jobs::stop))
         .routes(routes!(jobs::rescale))
         .routes(routes!(jobs::upgrade))
+        .routes(routes!(job_state::read))
         .routes(routes!(metrics::metrics))
         .routes(routes!(files::list))
         .routes(routes!(files::put, files::delete))
