@@ -7,6 +7,7 @@
 //   {"op":"click","sel":...}                {"op":"count","sel":...}
 //   {"op":"text","sel":...}   -> text or null when absent or hidden
 //   {"op":"attr","sel":...,"name":...}      -> attribute or null
+//   {"op":"value","sel":...}                -> an input's current value
 //   {"op":"screenshot","path":...}          {"op":"errors"} -> the page's uncaught errors
 //   {"op":"close"}
 //
@@ -60,6 +61,7 @@ const ops = {
   count: async (c) => page.locator(c.sel).count(),
   text: async (c) => visibleOrNull(at(c), (l) => l.textContent()),
   attr: async (c) => visibleOrNull(at(c), (l) => l.getAttribute(c.name)),
+  value: async (c) => at(c).inputValue(),
   screenshot: async (c) => {
     await page.screenshot({ path: c.path, fullPage: true });
     return c.path;

@@ -182,6 +182,11 @@ impl Browser {
         value.as_str().and_then(|v| v.parse().ok())
     }
 
+    /// An input's current value.
+    fn value(&mut self, sel: &str) -> String {
+        self.call(json!({"op": "value", "sel": sel})).as_str().unwrap().to_string()
+    }
+
     fn screenshot(&mut self, name: &str) -> PathBuf {
         let path = self.artifacts.join(name);
         self.call(json!({"op": "screenshot", "path": path}));
@@ -295,6 +300,44 @@ fn records_flow(browser: &mut Browser, task: usize) {
     assert!(browser.text(&tid("task-watermark"), task).is_some(), "the watermark is shown");
 }
 
+/// The count of `key` in the job's newest checkpoint, read through the API.
+fn checkpointed_count(server: &Server, token: &str, id: &str, key: &str) -> u64 {
+    let url = server.url(&format!("/v1/jobs/{id}/state?step=count&key={key}"));
+    let read = expect(client().get(url).bearer_auth(token).send().unwrap(), 200);
+    read["entries"][0]["value"].as_u64().unwrap_or_else(|| panic!("no count for {key}: {read}"))
+}
+
+/// The state lookup shows a key's count from the newest checkpoint: the job keeps running, so
+/// the count shown lies between the API's answers just before and just after. A step without
+/// state is named in the error.
+fn state_lookup_shows_a_keys_count(browser: &mut Browser, server: &Server, token: &str, id: &str) {
+    let step = browser.wait_for("the step offered for a state lookup", |b| match b.value(&tid("state-step")) {
+        v if v.is_empty() => Err("empty".into()),
+        v => Ok(v),
+    });
+    assert_eq!(step, "count", "the keyed step is offered");
+    let before = checkpointed_count(server, token, id, "u-3");
+    browser.fill(&tid("state-key"), "u-3");
+    browser.click(&tid("state-lookup"));
+    browser.wait_for("one state row", |b| match b.count(&tid("state-row")) {
+        1 => Ok(()),
+        n => Err(format!("{n} rows")),
+    });
+    let shown: u64 = browser.text(&tid("state-row-value"), 0).unwrap().parse().unwrap();
+    let after = checkpointed_count(server, token, id, "u-3");
+    assert!(before <= shown && shown <= after, "shown {shown}, the API said {before} before and {after} after");
+    assert_eq!(browser.text(&tid("state-row-key"), 0).as_deref(), Some("\"u-3\""));
+    assert_eq!(browser.text(&tid("state-row-state"), 0).as_deref(), Some("count"));
+    let summary = browser.text(&tid("state-summary"), 0).unwrap();
+    assert!(summary.starts_with("Checkpoint ") && summary.contains("1 entry."), "{summary}");
+    browser.screenshot("state.png");
+    browser.fill(&tid("state-step"), "nope");
+    browser.click(&tid("state-lookup"));
+    browser.wait_text("the error for a step without state", &tid("state-error"), |t| {
+        t.contains("no state of step `nope`")
+    });
+}
+
 #[test]
 fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -327,6 +370,7 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
         _ => Ok(()),
     });
     assert!(browser.text(&tid("checkpoint-chart"), 0).is_some(), "the checkpoint chart is shown");
+    state_lookup_shows_a_keys_count(&mut browser, &server, &token, &id);
     let shot = browser.screenshot("job.png");
     announce(&format!("ui test: screenshot of the job page at {} (more in that directory)", shot.display()));
 

@@ -8,6 +8,8 @@
   const ARTIFACTS_POLL_MS = 2000; // compiles in the background show their progress
   const CANCEL_CONFIRM_MS = 4000;
   const CHECKPOINT_ROWS = 25;
+  // State entries one lookup shows.
+  const STATE_ROWS = 50;
   const CHART_BARS = 60;
   // Watermarks at or after this are wall-clock times worth showing as dates; smaller ones are
   // event times of a generator that started near 0.
@@ -449,6 +451,64 @@
     byTestId('failures-empty').hidden = failures.length > 0;
   }
 
+  // ---- State lookup -----------------------------------------------------------------------
+
+  /** The steps of the live chains (`source:g -> count -> sink:files`), for the step field. */
+  function offerSteps(tasks) {
+    const steps = tasks
+      .flatMap((t) => t.label.split(' -> '))
+      .filter((s) => !s.startsWith('source:') && !s.startsWith('sink:'));
+    const list = byTestId('state-steps');
+    if (list.dataset.steps === steps.join('\n')) return;
+    list.dataset.steps = steps.join('\n');
+    list.replaceChildren(...steps.map((s) => el('option', { value: s })));
+    const input = byTestId('state-step');
+    if (!input.value && steps.length) input.value = steps[steps.length - 1];
+  }
+
+  function stateRow(e) {
+    const window = e.window ? `[${e.window.start}, ${e.window.end})${e.fired ? ' fired' : ''}` : '';
+    const name = e.map_key === undefined ? e.state : `${e.state} [${JSON.stringify(e.map_key)}]`;
+    return el(
+      'tr',
+      { testid: 'state-row' },
+      el('td', { class: 'mono', testid: 'state-row-key', text: JSON.stringify(e.key) }),
+      el('td', { testid: 'state-row-state', text: name }),
+      el('td', { class: 'mono', testid: 'state-row-window', text: window }),
+      el('td', { class: 'mono', testid: 'state-row-value', text: JSON.stringify(e.value) }),
+    );
+  }
+
+  /** Looks a step's state up (one key, or the first entries) in the newest checkpoint. */
+  function armStateLookup(id) {
+    const form = byTestId('state-form');
+    const table = byTestId('state-table');
+    const error = byTestId('state-error');
+    const summary = byTestId('state-summary');
+    form.onsubmit = async (event) => {
+      event.preventDefault();
+      const query = new URLSearchParams({ step: byTestId('state-step').value.trim(), limit: String(STATE_ROWS) });
+      const key = byTestId('state-key').value.trim();
+      if (key) query.set('key', key);
+      error.hidden = true;
+      try {
+        const read = await api(`/v1/jobs/${encodeURIComponent(id)}/state?${query}`);
+        table.tBodies[0].replaceChildren(...read.entries.map(stateRow));
+        table.hidden = read.entries.length === 0;
+        const more = read.truncated ? ` (the first ${read.entries.length}: give a key to narrow it)` : '';
+        const n = read.entries.length;
+        const found = n ? `${n} ${n === 1 ? 'entry' : 'entries'}${more}` : 'nothing for that key';
+        summary.textContent = `Checkpoint ${read.checkpoint}, step ${read.step}: ${found}.`;
+        summary.dataset.checkpoint = String(read.checkpoint);
+      } catch (e) {
+        if (e.status === 401) return reportError(e);
+        table.hidden = true;
+        error.textContent = e.message;
+        error.hidden = false;
+      }
+    };
+  }
+
   /** Cancelling cannot be undone, so the first click only arms the button for a moment. */
   function armCancel(id) {
     const button = byTestId('cancel-job');
@@ -491,6 +551,7 @@
     }
     renderFacts(job);
     renderGraph(job.live ? job.live.tasks : []);
+    offerSteps(job.live ? job.live.tasks : []);
     renderCheckpoints(job.live ? job.live.checkpoints : []);
     renderFailures(job.failures);
   }
@@ -505,12 +566,18 @@
     renderCheckpoints([]);
     renderFailures([]);
     byTestId('cancel-job').disabled = false;
+    byTestId('state-step').value = '';
+    byTestId('state-key').value = '';
+    byTestId('state-table').hidden = true;
+    byTestId('state-error').hidden = true;
+    byTestId('state-summary').textContent = 'Keys and values from the newest completed checkpoint.';
   }
 
   function jobView(id) {
     clearJob();
     showOnly('job');
     const disarm = armCancel(id);
+    armStateLookup(id);
     const polling = poll(() => api(`/v1/jobs/${encodeURIComponent(id)}`), renderJob, POLL_MS);
     return {
       stop() {
