@@ -293,6 +293,22 @@ fn a_file_source_on_workers_reads_the_tenants_file_from_the_bucket() {
     let (got, expected) = (common::output_counts(&coordinator, &token, &id), common::running_word_counts(&text));
     assert_eq!(got.len(), expected.len(), "row count");
     assert!(got == expected, "the counts differ from the oracle's");
+    // The coordinator reads the state the workers checkpointed into the bucket: each word's
+    // `count` is how often it occurs in the text.
+    let mut occurrences: std::collections::BTreeMap<String, u64> = Default::default();
+    for word in text.split_whitespace() {
+        *occurrences.entry(word.to_owned()).or_default() += 1;
+    }
+    let url = coordinator.url(&format!("/v1/jobs/{id}/state?step=count&limit=1000"));
+    let read = expect(common::client().get(url).bearer_auth(&token).send().unwrap(), 200);
+    let state: std::collections::BTreeMap<String, u64> = read["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["key"].as_str().unwrap().to_owned(), e["value"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(read["truncated"], false);
+    assert!(state == occurrences, "the state read from the bucket differs from the oracle's counts");
 }
 
 /// A file the store refuses is refused to the tenant too, with a 503 naming the file and the
