@@ -23,6 +23,9 @@ pub struct RestorePoint {
     local: tempfile::TempDir,
 }
 
+/// What receives a checkpoint's state entries, as stored (key, value).
+pub type EntryVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StateError> + 'a;
+
 /// Which part of the old state a new subtask takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Share {
@@ -310,7 +313,7 @@ impl RestorePoint {
         &self,
         step: &str,
         share: Share,
-        entry: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StateError>,
+        entry: &mut EntryVisitor<'_>,
         timer: &mut dyn FnMut(&TimerState),
     ) -> Result<(), CheckpointError> {
         self.restore(step, share, Some(entry), timer)
@@ -350,7 +353,7 @@ impl RestorePoint {
         &self,
         step: &str,
         share: Share,
-        mut target: Option<&mut dyn FnMut(&[u8], &[u8]) -> Result<(), StateError>>,
+        mut target: Option<&mut EntryVisitor<'_>>,
         timer: &mut dyn FnMut(&TimerState),
     ) -> Result<(), CheckpointError> {
         for state in &self.meta.subtasks {

@@ -134,7 +134,7 @@ fn print(dump: &StateDump, format: Format, source: &str) -> Result<()> {
 fn print_jsonl(dump: &StateDump) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     for entry in &dump.entries {
-        writeln!(out, "{}", serde_json::json!(entry))?;
+        writeln!(out, "{}", serde_json::to_string(entry).map_err(std::io::Error::other)?)?;
     }
     for timer in &dump.timers {
         writeln!(out, "{}", serde_json::json!({"timer": timer}))?;
@@ -162,8 +162,14 @@ fn print_table(dump: &StateDump, source: &str) -> std::io::Result<()> {
     for timer in &dump.timers {
         writeln!(out, "timer  key {}  {} at {}", timer.key, timer.domain, timer.timestamp)?;
     }
+    out.flush()?;
     let more = if dump.truncated { " (more match: raise --limit or give --key)" } else { "" };
-    eprintln!("{} entries, {} timers{more}", dump.entries.len(), dump.timers.len());
+    let count = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    eprintln!(
+        "{}, {}{more}",
+        count(dump.entries.len(), "entry", "entries"),
+        count(dump.timers.len(), "timer", "timers")
+    );
     Ok(())
 }
 
