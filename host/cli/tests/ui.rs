@@ -27,7 +27,7 @@ const COUNTS: &str = "name: counts
 sources:
   - {type: generator, name: g, seed: 7, keys: 30, key_field: user, key_prefix: u-, value_field: v, min_value: 1, max_value: 9, start_ms: 0, interval_ms: 5, rate_per_sec: 2000}
 steps:
-  - {name: count, wasm: count@1, key_by: /user}
+  - {name: count, wasm: count@1, key_by: /user, parallelism: 2}
 checkpoints: {interval_ms: 500}
 sink: {type: files, dir: out}
 ";
@@ -277,6 +277,31 @@ fn graph_matches_the_plan(browser: &mut Browser, labels: &[String]) {
     }
 }
 
+/// One row per subtask of every task, each with its worker; the rows of a task add up to its
+/// box's records in (read from one render: a refresh between two readings is retried). The
+/// arrow into the keyed task names its exchange.
+fn subtasks_add_up_to_their_task(browser: &mut Browser, parallelisms: &[u64]) {
+    let rows = browser.wait_for("a row per subtask", |b| {
+        let rows = b.count(&tid("subtask-row"));
+        let want = parallelisms.iter().sum::<u64>() as usize;
+        if rows == want { Ok(rows) } else { Err(format!("{rows} rows for {want} subtasks")) }
+    });
+    let last = parallelisms.len() - 1;
+    let first_row = rows - parallelisms[last] as usize;
+    browser.wait_for("the last task's subtasks adding up to its records in", |b| {
+        let total = b.number(&tid("task-records-in"), last);
+        let parts: Vec<Option<f64>> = (first_row..rows).map(|r| b.number(&tid("subtask-records-in"), r)).collect();
+        let again = b.number(&tid("task-records-in"), last);
+        let sum: Option<f64> = parts.iter().copied().sum();
+        match (total, sum, again) {
+            (Some(t), Some(s), Some(a)) if t == a && t == s && t > 0.0 => Ok(()),
+            other => Err(format!("task and subtasks' sum (task, sum, task again): {other:?}")),
+        }
+    });
+    assert_eq!(browser.text(&tid("subtask-worker"), 0).as_deref(), Some("this server"));
+    assert_eq!(browser.text(&tid("exchange-type"), 0).as_deref(), Some("hash(/user)"));
+}
+
 /// The last task receives the counted records over an exchange: its counter rises between two
 /// readings and its rate reads above zero.
 fn records_flow(browser: &mut Browser, task: usize) {
@@ -336,6 +361,8 @@ fn state_lookup_shows_a_keys_count(browser: &mut Browser, server: &Server, token
     browser.wait_text("the error for a step without state", &tid("state-error"), |t| {
         t.contains("no state of step `nope`")
     });
+    let stale = browser.text(&tid("state-summary"), 0).filter(|t| !t.is_empty());
+    assert_eq!(stale, None, "a failed lookup leaves no stale summary");
 }
 
 #[test]
@@ -364,12 +391,25 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     browser.wait_text("the job's status", &tid("job-status"), |t| t == "running");
 
     graph_matches_the_plan(&mut browser, &labels);
+    let parallelisms: Vec<u64> = job(&server, &token, &id)["live"]["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["parallelism"].as_u64().unwrap())
+        .collect();
+    assert_eq!(parallelisms.last(), Some(&2), "the keyed task runs two subtasks");
+    subtasks_add_up_to_their_task(&mut browser, &parallelisms);
     records_flow(&mut browser, labels.len() - 1);
     browser.wait_for("a completed checkpoint", |b| match b.count(&tid("checkpoint-row")) {
         0 => Err("no rows".to_string()),
         _ => Ok(()),
     });
     assert!(browser.text(&tid("checkpoint-chart"), 0).is_some(), "the checkpoint chart is shown");
+    let stats = browser.text(&tid("checkpoint-stats"), 0).unwrap();
+    assert!(
+        stats.contains("duration min / avg / max") && stats.contains("longest alignment"),
+        "the checkpoint summary: {stats}"
+    );
     state_lookup_shows_a_keys_count(&mut browser, &server, &token, &id);
     let shot = browser.screenshot("job.png");
     announce(&format!("ui test: screenshot of the job page at {} (more in that directory)", shot.display()));

@@ -73,7 +73,34 @@ pub struct TaskSnapshot {
     /// CPU time of the subtasks' threads, ns, summed (absent from older workers: 0).
     #[serde(default)]
     pub cpu_ns: u64,
+    /// Each subtask's own counters, by index (a part of a spread job holds those it runs).
+    #[serde(default)]
+    pub subtasks: Vec<SubtaskSnapshot>,
 }
+
+/// One subtask's counters at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SubtaskSnapshot {
+    /// Subtask index.
+    pub index: u32,
+    /// Records read (sources) or received.
+    pub records_in: u64,
+    /// Records leaving the chain.
+    pub records_out: u64,
+    /// Its watermark.
+    pub watermark: i64,
+    /// Time spent waiting for credit, ns.
+    pub blocked_ns: u64,
+    /// Records too late for their windows.
+    pub late_records: u64,
+    /// Linear memory of its Wasm instances.
+    pub wasm_memory_bytes: u64,
+    /// CPU time of its thread, ns.
+    pub cpu_ns: u64,
+}
+
+/// Most subtasks a task's snapshot lists: the most a task can have (its key groups).
+pub const MAX_SUBTASKS_LISTED: usize = 32_768;
 
 /// The whole job (or one part of a spread job) at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -102,6 +129,13 @@ impl MetricsSnapshot {
             t.late_records = t.late_records.saturating_add(p.late_records);
             t.wasm_memory_bytes = t.wasm_memory_bytes.saturating_add(p.wasm_memory_bytes);
             t.cpu_ns = t.cpu_ns.saturating_add(p.cpu_ns);
+            // Each subtask runs in one part: a second report of an index, or more subtasks
+            // than a task can have, is a broken or lying part's and is ignored.
+            let room = MAX_SUBTASKS_LISTED.saturating_sub(t.subtasks.len());
+            t.subtasks.extend(p.subtasks.iter().take(room).cloned());
+            // Stable: of two reports of one index the first absorbed stays.
+            t.subtasks.sort_by_key(|s| s.index);
+            t.subtasks.dedup_by_key(|s| s.index);
         }
         self.source_records = self.source_records.saturating_add(part.source_records);
         self.sink_records = self.sink_records.saturating_add(part.sink_records);
@@ -183,6 +217,19 @@ impl JobMetrics {
             t.late_records += s.late_records.load(Ordering::Relaxed);
             t.wasm_memory_bytes += s.wasm_memory_bytes.load(Ordering::Relaxed);
             t.cpu_ns += s.cpu_ns.load(Ordering::Relaxed);
+            t.subtasks.push(SubtaskSnapshot {
+                index: s.index,
+                records_in: s.records_in.load(Ordering::Relaxed),
+                records_out: s.records_out.load(Ordering::Relaxed),
+                watermark: s.watermark.load(Ordering::Relaxed),
+                blocked_ns: s.blocked_ns.load(Ordering::Relaxed),
+                late_records: s.late_records.load(Ordering::Relaxed),
+                wasm_memory_bytes: s.wasm_memory_bytes.load(Ordering::Relaxed),
+                cpu_ns: s.cpu_ns.load(Ordering::Relaxed),
+            });
+        }
+        for t in &mut tasks {
+            t.subtasks.sort_by_key(|s| s.index);
         }
         let source_records = self.source_tasks.iter().filter_map(|&i| tasks.get(i)).map(|t| t.records_in).sum();
         let sink_records = tasks.get(self.sink_task).map_or(0, |t| t.records_out);
@@ -239,11 +286,36 @@ mod tests {
             MetricsSnapshot { tasks: vec![lying.clone(), lying], source_records: u64::MAX, ..Default::default() };
         master.absorb(&part);
         assert_eq!(master.tasks.len(), 1, "an extra task is ignored");
+
         let t = &master.tasks[0];
         assert_eq!(
             (t.records_in, t.cpu_ns, t.blocked_ns, t.wasm_memory_bytes),
             (u64::MAX, u64::MAX, u64::MAX, u64::MAX)
         );
         assert_eq!(master.source_records, u64::MAX, "sums saturate");
+    }
+
+    #[test]
+    fn a_subtask_reported_twice_counts_once_and_the_list_stays_bounded() {
+        // Subtasks: a second report of an index is ignored, and the list stays bounded.
+        let sub = |index: u32, records_in: u64| SubtaskSnapshot { index, records_in, ..SubtaskSnapshot::default() };
+        let mut counted = MetricsSnapshot { tasks: vec![task(0, i64::MAX)], ..Default::default() };
+        let a = MetricsSnapshot {
+            tasks: vec![TaskSnapshot { subtasks: vec![sub(1, 10)], ..task(10, 5) }],
+            ..Default::default()
+        };
+        let b = MetricsSnapshot {
+            tasks: vec![TaskSnapshot { subtasks: vec![sub(0, 7), sub(1, 999)], ..task(7, 5) }],
+            ..Default::default()
+        };
+        counted.absorb(&a);
+        counted.absorb(&b);
+        assert_eq!(counted.tasks[0].subtasks, [sub(0, 7), sub(1, 10)]);
+        let flood: Vec<SubtaskSnapshot> = (0..MAX_SUBTASKS_LISTED as u32 + 10).map(|i| sub(i, 1)).collect();
+        counted.absorb(&MetricsSnapshot {
+            tasks: vec![TaskSnapshot { subtasks: flood, ..task(0, 5) }],
+            ..Default::default()
+        });
+        assert!(counted.tasks[0].subtasks.len() <= MAX_SUBTASKS_LISTED, "bounded");
     }
 }

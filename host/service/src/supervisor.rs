@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use eddy_core::WATERMARK_MIN;
-use eddy_engine::{Job, JobOptions, MetricsSnapshot};
+use eddy_engine::{Job, JobOptions, MetricsSnapshot, SubtaskSnapshot};
 use eddy_plan::{PhysicalPlan, PipelineSpec};
 use eddy_runtime::CpuShare;
 use serde::Serialize;
@@ -70,6 +70,61 @@ pub struct TaskView {
     /// The worker each subtask runs on, by subtask index (empty when the job runs in the
     /// server's own process).
     pub workers: Vec<String>,
+    /// How records reach it from the tasks before it (`hash(/user) from task 1`), empty for
+    /// a source's task.
+    pub inputs: Vec<String>,
+    /// Each subtask, by index.
+    pub subtasks: Vec<SubtaskView>,
+}
+
+/// One subtask of a running job, now.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct SubtaskView {
+    /// Its index.
+    pub index: u32,
+    /// The worker it runs on (absent in the server's own process).
+    pub worker: Option<String>,
+    /// Records in.
+    pub records_in: u64,
+    /// Records out.
+    pub records_out: u64,
+    /// Records in per second over the last refresh.
+    pub records_in_per_sec: f64,
+    /// Its watermark (ms), if event time started.
+    pub watermark: Option<i64>,
+    /// Share of the last refresh it spent waiting for credit downstream (0–1).
+    pub backpressure: f64,
+    /// Records too late for their windows.
+    pub late_records: u64,
+    /// Linear memory its Wasm instances hold.
+    pub wasm_memory_bytes: u64,
+    /// CPU seconds its thread has used.
+    pub cpu_seconds: f64,
+}
+
+/// A watermark worth showing: set, and not the end of input.
+fn shown_watermark(watermark: i64) -> Option<i64> {
+    (watermark > WATERMARK_MIN && watermark < i64::MAX).then_some(watermark)
+}
+
+impl SubtaskView {
+    /// Subtask `now` against its reading `before`, `secs` earlier; `workers` by subtask index.
+    fn of(now: &SubtaskSnapshot, before: Option<&SubtaskSnapshot>, secs: f64, workers: &[String]) -> Self {
+        let before = before.cloned().unwrap_or_default();
+        let blocked = now.blocked_ns.saturating_sub(before.blocked_ns) as f64 / 1e9;
+        SubtaskView {
+            index: now.index,
+            worker: workers.get(now.index as usize).cloned(),
+            records_in: now.records_in,
+            records_out: now.records_out,
+            records_in_per_sec: now.records_in.saturating_sub(before.records_in) as f64 / secs,
+            watermark: shown_watermark(now.watermark),
+            backpressure: (blocked / secs).min(1.0),
+            late_records: now.late_records,
+            wasm_memory_bytes: now.wasm_memory_bytes,
+            cpu_seconds: now.cpu_ns as f64 / 1e9,
+        }
+    }
 }
 
 /// A completed checkpoint.
@@ -108,6 +163,7 @@ impl LiveView {
     fn of(job: &Job, now: &MetricsSnapshot, before: &MetricsSnapshot, assignment: &[Vec<String>]) -> Self {
         let secs = now.elapsed.saturating_sub(before.elapsed).as_secs_f64().max(1e-3);
         let parallelisms = job.parallelisms();
+        let plan = job.plan();
         let backpressure = now.task_backpressure_since(before, &parallelisms);
         let tasks = now
             .tasks
@@ -116,6 +172,22 @@ impl LiveView {
             .map(|(i, t)| {
                 let prev = before.tasks.get(i).cloned().unwrap_or_default();
                 let parallelism = parallelisms.get(i).copied().unwrap_or(1);
+                let workers = assignment.get(i).cloned().unwrap_or_default();
+                let subtasks = t
+                    .subtasks
+                    .iter()
+                    .filter(|s| s.index < parallelism)
+                    .map(|s| {
+                        let earlier = prev.subtasks.iter().find(|p| p.index == s.index);
+                        SubtaskView::of(s, earlier, secs, &workers)
+                    })
+                    .collect();
+                let inputs = plan
+                    .edges
+                    .iter()
+                    .filter(|e| e.to == i)
+                    .map(|e| format!("{} from task {}", e.partitioning, e.from + 1))
+                    .collect();
                 TaskView {
                     label: t.label.clone(),
                     parallelism,
@@ -123,12 +195,14 @@ impl LiveView {
                     records_out: t.records_out,
                     records_in_per_sec: t.records_in.saturating_sub(prev.records_in) as f64 / secs,
                     records_out_per_sec: t.records_out.saturating_sub(prev.records_out) as f64 / secs,
-                    watermark: (t.watermark > WATERMARK_MIN && t.watermark < i64::MAX).then_some(t.watermark),
+                    watermark: shown_watermark(t.watermark),
                     backpressure: backpressure.get(i).copied().unwrap_or(0.0),
                     late_records: t.late_records,
                     wasm_memory_bytes: t.wasm_memory_bytes,
                     cpu_seconds: t.cpu_ns as f64 / 1e9,
-                    workers: assignment.get(i).cloned().unwrap_or_default(),
+                    workers,
+                    inputs,
+                    subtasks,
                 }
             })
             .collect();

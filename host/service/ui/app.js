@@ -376,6 +376,42 @@
     fill.classList.toggle('high', task.backpressure > 0.6);
   }
 
+  /** The arrow into `task`, named by how records reach it (`hash(/user)`, `forward`). */
+  function exchangeArrow(task) {
+    const inputs = task.inputs || [];
+    const kinds = [...new Set(inputs.map((i) => i.split(' from ')[0]))];
+    return el(
+      'div',
+      { class: 'exchange', testid: 'exchange', title: inputs.join('\n') || 'exchange' },
+      el('span', { class: 'exchange-type', testid: 'exchange-type', text: kinds.join(', ') }),
+    );
+  }
+
+  function subtaskRow(task, taskIndex, s) {
+    const cell = (testid, value, text, cls = 'num') => el('td', { class: cls, testid, 'data-value': String(value ?? ''), text });
+    return el(
+      'tr',
+      { testid: 'subtask-row', 'data-task-index': String(taskIndex), 'data-subtask-index': String(s.index) },
+      el('td', { testid: 'subtask-task', title: task.label, text: `Task ${taskIndex + 1}` }),
+      cell('subtask-index', s.index, String(s.index)),
+      el('td', { testid: 'subtask-worker', text: s.worker || 'this server' }),
+      cell('subtask-records-in', s.records_in, plain.format(s.records_in)),
+      cell('subtask-in-rate', s.records_in_per_sec, fmtRate(s.records_in_per_sec)),
+      cell('subtask-backpressure', s.backpressure, `${Math.round(s.backpressure * 100)}%`),
+      cell('subtask-watermark', s.watermark, fmtWatermark(s.watermark), ''),
+      cell('subtask-late', s.late_records, plain.format(s.late_records)),
+      cell('subtask-cpu', s.cpu_seconds, `${s.cpu_seconds.toFixed(2)} s`),
+    );
+  }
+
+  /** Every subtask of every task, one row each: where a skewed key or a slow worker shows. */
+  function renderSubtasks(tasks) {
+    const table = byTestId('subtasks');
+    const rows = tasks.flatMap((t, i) => (t.subtasks || []).map((s) => subtaskRow(t, i, s)));
+    table.tBodies[0].replaceChildren(...rows);
+    table.hidden = rows.length === 0;
+  }
+
   /** Rebuilds the boxes only when the plan changed, so a refresh does not flicker. */
   function renderGraph(tasks) {
     const graph = byTestId('job-graph');
@@ -384,7 +420,7 @@
     if (graph.dataset.shape !== shape) {
       const nodes = [];
       tasks.forEach((task, i) => {
-        if (i > 0) nodes.push(el('div', { class: 'exchange', testid: 'exchange', title: 'exchange' }));
+        if (i > 0) nodes.push(exchangeArrow(task));
         nodes.push(taskBox(task, i));
       });
       graph.replaceChildren(...nodes);
@@ -429,6 +465,26 @@
     svg.toggleAttribute('hidden', recent.length === 0);
   }
 
+  /** Minimum, average and maximum of `values` through `fmt`. */
+  function spread(values, fmt) {
+    const sum = values.reduce((a, b) => a + b, 0);
+    return `${fmt(Math.min(...values))} / ${fmt(sum / values.length)} / ${fmt(Math.max(...values))}`;
+  }
+
+  /** Duration, size and alignment over the checkpoints shown, as Flink's summary has them. */
+  function renderCheckpointStats(checkpoints) {
+    const stats = byTestId('checkpoint-stats');
+    stats.hidden = checkpoints.length === 0;
+    if (!checkpoints.length) return;
+    const n = checkpoints.length;
+    stats.dataset.count = String(n);
+    stats.textContent =
+      `${n} checkpoint${n === 1 ? '' : 's'} · duration min / avg / max ${spread(checkpoints.map((c) => c.duration_ms), fmtMs)}` +
+      ` · size ${spread(checkpoints.map((c) => c.full_bytes), fmtBytes)}` +
+      ` · written ${spread(checkpoints.map((c) => c.incremental_bytes), fmtBytes)}` +
+      ` · longest alignment ${fmtMs(Math.max(...checkpoints.map((c) => c.alignment_ms)))}`;
+  }
+
   function renderCheckpoints(checkpoints) {
     const table = byTestId('checkpoints');
     const newest = checkpoints.slice(-CHECKPOINT_ROWS).reverse();
@@ -436,6 +492,7 @@
     table.hidden = checkpoints.length === 0;
     byTestId('checkpoints-empty').hidden = checkpoints.length > 0;
     renderChart(checkpoints);
+    renderCheckpointStats(checkpoints);
   }
 
   function renderFailures(failures) {
@@ -503,6 +560,8 @@
       } catch (e) {
         if (e.status === 401) return reportError(e);
         table.hidden = true;
+        summary.textContent = '';
+        delete summary.dataset.checkpoint;
         error.textContent = e.message;
         error.hidden = false;
       }
@@ -551,6 +610,7 @@
     }
     renderFacts(job);
     renderGraph(job.live ? job.live.tasks : []);
+    renderSubtasks(job.live ? job.live.tasks : []);
     offerSteps(job.live ? job.live.tasks : []);
     renderCheckpoints(job.live ? job.live.checkpoints : []);
     renderFailures(job.failures);
