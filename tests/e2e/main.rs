@@ -7,6 +7,7 @@ mod engine;
 mod examples;
 mod hostile;
 mod kafka;
+mod live_swap;
 mod load;
 mod nexmark;
 mod operators;

@@ -30,6 +30,7 @@ const RUST_GUESTS: &[(&str, &str, &str)] = &[
     ("NEXMARK_Q8", "nexmark-q8", "nexmark_q8"),
     ("HOSTILE", "hostile", "hostile"),
     ("RUNNING_COUNT", "running-count", "running_count"),
+    ("RUNNING_COUNT_V2", "running-count-v2", "running_count_v2"),
     ("TAGS", "tags", "tags"),
     ("MISSING_EXPORT", "missing-export", "missing_export"),
     ("COMMAND", "command", "command"),

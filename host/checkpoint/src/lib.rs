@@ -96,6 +96,9 @@ pub struct OperatorSnapshot {
     pub states: Vec<eddy_state::DeclaredState>,
     /// The row schemas the operator declared, so its row values read by field name.
     pub schemas: Vec<eddy_wire::schema::Schema>,
+    /// The digest of the code that goes on from this state: after a live swap at this
+    /// checkpoint's barrier, the new artifact's (`None` for host operators).
+    pub artifact: Option<String>,
 }
 
 /// Why a checkpoint could not be written or read.

@@ -82,6 +82,11 @@ pub struct OperatorState {
     /// The row schemas the step declared, so its row values read by field name anywhere.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub schemas: Vec<StoredSchema>,
+    /// The digest of the Wasm artifact that goes on from this state (after a live swap at
+    /// this checkpoint's barrier, the new one's), so a restore knows which code to run it
+    /// with; absent for host operators and in older checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<String>,
 }
 
 /// A row schema as a checkpoint stores it ([`eddy_wire::schema::Schema`]).

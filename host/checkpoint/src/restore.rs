@@ -479,6 +479,7 @@ mod tests {
                         usage: None,
                         states: Vec::new(),
                         schemas: Vec::new(),
+                        artifact: None,
                     },
                 )
             })

@@ -189,6 +189,7 @@ impl Uploader {
                 usage,
                 states: snapshot.states,
                 schemas,
+                artifact: snapshot.artifact,
             });
         }
         drop(taken.staging);
@@ -328,6 +329,7 @@ mod tests {
             usage: None,
             states: Vec::new(),
             schemas: Vec::new(),
+            artifact: None,
         };
         TakenSnapshot { staging: Some(dir), ..TakenSnapshot::of_keyed_subtask(0, 1, vec![("count".into(), snapshot)]) }
     }

@@ -468,8 +468,8 @@ pub fn control_cmd(login: Login, id: &str, action: &str, body: Value) -> Result<
     Ok(())
 }
 
-/// `eddy upgrade`: a local `.wasm` is uploaded first.
-pub fn upgrade_cmd(login: Login, id: &str, step: &str, wasm: &str) -> Result<()> {
+/// `eddy upgrade`: a local `.wasm` is uploaded first; `--live` swaps it in at a checkpoint.
+pub fn upgrade_cmd(login: Login, id: &str, step: &str, wasm: &str, live: bool) -> Result<()> {
     let api = Api::new(login.clone())?;
     let reference = match local_wasm(wasm, Path::new(".")) {
         Some(file) => {
@@ -478,7 +478,22 @@ pub fn upgrade_cmd(login: Login, id: &str, step: &str, wasm: &str) -> Result<()>
         }
         None => wasm.to_string(),
     };
-    control_cmd(login, id, "upgrade", serde_json::json!({ "step": step, "wasm": reference }))
+    if !live {
+        return control_cmd(login, id, "upgrade", serde_json::json!({ "step": step, "wasm": reference }));
+    }
+    eprintln!("upgrade: swapping step `{step}` of {id} to {reference} at the next checkpoint…");
+    let body = serde_json::json!({ "step": step, "wasm": reference, "mode": "live" });
+    let swapped = api.post_json(&format!("/v1/jobs/{id}/upgrade"), &body)?;
+    println!("{}", swapped["checkpoint"]);
+    eprintln!(
+        "upgrade: step `{step}` runs {} from checkpoint {} on ({} subtasks swapped, the longest in {:.2} ms; {:.0} ms in all)",
+        text(&swapped["artifact"]),
+        swapped["checkpoint"],
+        swapped["subtasks"],
+        swapped["longest_swap_ms"].as_f64().unwrap_or(0.0),
+        swapped["total_ms"].as_f64().unwrap_or(0.0),
+    );
+    Ok(())
 }
 
 /// `eddy output`.

@@ -92,8 +92,8 @@ enum Command {
         /// The new parallelism.
         parallelism: u32,
     },
-    /// Restart a job on the server from a savepoint with one step running another artifact
-    /// (its state kept).
+    /// Give one step of a job on the server another artifact, its state kept: restarted from
+    /// a savepoint, or with `--live` swapped at the next checkpoint while the job runs.
     Upgrade {
         /// The job's id.
         id: String,
@@ -101,6 +101,10 @@ enum Command {
         step: String,
         /// The artifact (`sha256:<hex>` or `name@version`, or a local `.wasm` to upload first).
         wasm: String,
+        /// Swap the code at the next checkpoint's barrier while the job runs (its state and
+        /// timers kept, nothing restarted), instead of a savepoint and a restart.
+        #[arg(long)]
+        live: bool,
     },
     /// List a pipeline's completed checkpoints with their durations and sizes.
     Checkpoints {
@@ -757,7 +761,9 @@ fn main() {
         Command::Stop { id } => login().and_then(|l| client::control_cmd(l, &id, "stop", serde_json::json!({}))),
         Command::Rescale { id, parallelism } => login()
             .and_then(|l| client::control_cmd(l, &id, "rescale", serde_json::json!({ "parallelism": parallelism }))),
-        Command::Upgrade { id, step, wasm } => login().and_then(|l| client::upgrade_cmd(l, &id, &step, &wasm)),
+        Command::Upgrade { id, step, wasm, live } => {
+            login().and_then(|l| client::upgrade_cmd(l, &id, &step, &wasm, live))
+        }
         Command::Checkpoints { pipeline } => checkpoints(pipeline),
         Command::Plan { pipeline } => plan(pipeline),
         Command::Bench { suite } => bench(suite),

@@ -727,6 +727,12 @@ fn the_cli_takes_savepoints_rescales_upgrades_and_stops_a_job() {
     // A local `.wasm` is uploaded first.
     eddy(&config, &["upgrade", &id, "count", eddy_guest_artifacts::RUNNING_COUNT]);
     wait_job(&server, &token, &id, "upgraded", |j| j["generation"] == 2 && checkpointed(j));
+    // `--live`: swapped at a checkpoint (printed), no savepoint, no new generation.
+    let live = eddy(&config, &["upgrade", &id, "count", eddy_guest_artifacts::RUNNING_COUNT_V2, "--live"]);
+    assert!(stdout(&live).parse::<u64>().is_ok_and(|c| c > 0), "{}", stdout(&live));
+    assert!(String::from_utf8_lossy(&live.stderr).contains("subtasks swapped"));
+    let swapped = job(&server, &token, &id);
+    assert_eq!((&swapped["generation"], &swapped["status"]), (&json!(2), &json!("running")));
     eddy(&config, &["stop", &id]);
     let stopped = job(&server, &token, &id);
     assert_eq!(stopped["status"], "stopped");
@@ -762,4 +768,105 @@ fn an_upsert_sinks_table_is_the_output_and_an_artifact_in_use_is_not_deleted() {
     expect(client().get(server.url(&format!("/v1/artifacts/{digest}"))).bearer_auth(&token).send().unwrap(), 404);
     let file = server.dir.join("artifacts").join(digest.replace(':', "-") + ".wasm");
     assert!(!file.exists(), "no tenant holds it any more, so its file is gone");
+}
+
+/// The users of `yaml`'s generator events, in event order.
+fn generated_users(yaml: &str) -> Vec<String> {
+    // The server names the checkpoint directory; a local parse needs one.
+    let spec = eddy_plan::PipelineSpec::from_yaml(&yaml.replace("checkpoints: {", "checkpoints: {dir: c, ")).unwrap();
+    let eddy_plan::SourceSpec::Generator(g) = &spec.sources[0] else { panic!("a generator source") };
+    (0..g.events.unwrap())
+        .map(|i| {
+            let value: Value = eddy_tests::value_json(&eddy_connectors::generator_event(g, i).value);
+            value["user"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// The running counts of `users` when events before index `swap_at` add one and the rest
+/// add two (the old code, then the new), as sorted (user, count) pairs.
+fn swapped_counts(users: &[String], swap_at: usize) -> Vec<(String, u64)> {
+    let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut rows: Vec<(String, u64)> = users
+        .iter()
+        .enumerate()
+        .map(|(i, user)| {
+            let total = totals.entry(user).or_default();
+            *total += if i < swap_at { 1 } else { 2 };
+            (user.clone(), *total)
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[test]
+fn a_live_upgrade_swaps_code_at_a_checkpoint_barrier_and_a_sigkill_after_it_keeps_the_new_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    let (tenant_id, token) = tenant(&server, "acme");
+    expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+    let v2 = expect(upload(&server, &token, eddy_guest_artifacts::RUNNING_COUNT_V2, Some(("count", "2"))), 201);
+    // Checkpoints kept long enough to read the swap's back.
+    let yaml =
+        counts_job(9_000).replace("checkpoints: {interval_ms: 200}", "checkpoints: {interval_ms: 200, retained: 500}");
+    let id = expect(submit(&server, &token, &yaml), 201)["id"].as_str().unwrap().to_string();
+    wait_job(&server, &token, &id, "checkpointed", |j| {
+        j["live"]["checkpoints"].as_array().is_some_and(|c| !c.is_empty())
+    });
+    let upgrade = |body: Value| post(&server, &token, &format!("/v1/jobs/{id}/upgrade"), body);
+
+    let wrong_step = expect(upgrade(json!({"step": "nope", "wasm": "count@2", "mode": "live"})), 422);
+    assert_eq!(wrong_step["field"], "step");
+    let same = expect(upgrade(json!({"step": "count", "wasm": "count@1", "mode": "live"})), 422);
+    assert!(same["detail"].as_str().unwrap().contains("already runs"), "{same}");
+    let swapped = expect(upgrade(json!({"step": "count", "wasm": "count@2", "mode": "live"})), 200);
+    assert_eq!(
+        (&swapped["mode"], &swapped["step"], &swapped["artifact"]),
+        (&json!("live"), &json!("count"), &v2["digest"])
+    );
+    assert_eq!(swapped["subtasks"], 1);
+    let checkpoint = swapped["checkpoint"].as_u64().unwrap();
+    let running = job(&server, &token, &id);
+    assert_eq!((&running["status"], &running["generation"]), (&json!("running"), &json!(0)), "nothing restarted");
+    assert_eq!(running["artifacts"][0], v2["digest"], "the record names the new code");
+    let store = data.join(format!("tenants/{tenant_id}/jobs/{id}/checkpoints/0"));
+    let store = eddy_checkpoint::CheckpointStore::local(&store).unwrap();
+    let meta = eddy_checkpoint::metadata::CheckpointMetadata::read(&store, checkpoint).unwrap();
+    let recorded = meta.subtasks.iter().flat_map(|s| &s.operators).find_map(|o| o.artifact.clone()).unwrap();
+    assert_eq!(format!("sha256:{recorded}"), v2["digest"].as_str().unwrap(), "the metadata names the new code");
+    let swap_at = meta
+        .subtasks
+        .iter()
+        .find_map(|s| match &s.source {
+            Some((_, eddy_checkpoint::SourcePosition::Generator { next_index })) => Some(*next_index as usize),
+            _ => None,
+        })
+        .unwrap();
+
+    // Killed after the swap's checkpoint: the restart restores a checkpoint taken with the new
+    // code, and runs the new code.
+    server.kill_9();
+    let server = Server::start(&data, &[]);
+    let done = wait_job(&server, &token, &id, "finished", |j| j["status"] == "finished" || j["status"] == "failed");
+    assert_eq!(done["status"], "finished", "{done}");
+    let mut rows: Vec<(String, u64)> = output_lines(&server, &token, &id)
+        .iter()
+        .map(|v| (v["key"].as_str().unwrap().to_owned(), v["value"].as_u64().unwrap()))
+        .collect();
+    rows.sort();
+    let users = generated_users(&yaml);
+    assert!(0 < swap_at && swap_at < users.len(), "the swap fell inside the input: {swap_at}");
+    let expected = swapped_counts(&users, swap_at);
+    let first_difference = rows.iter().zip(&expected).position(|(a, b)| a != b);
+    assert!(
+        rows == expected,
+        "the output differs from the oracle for a swap at event {swap_at}: {} rows, {} expected, first difference at \
+         {first_difference:?}: {:?} vs {:?}",
+        rows.len(),
+        expected.len(),
+        first_difference.map(|i| &rows[i]),
+        first_difference.map(|i| &expected[i]),
+    );
 }

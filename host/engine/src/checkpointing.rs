@@ -223,7 +223,7 @@ impl CheckpointThread {
                 return self.finish(last_id + 1, parts);
             }
             decisions.extend(coordinator.poll(now_ms()));
-            if decisions.is_empty() && self.savepoint_waiting() {
+            if decisions.is_empty() && (self.savepoint_waiting() || self.swap_waiting()) {
                 decisions.extend(coordinator.trigger_now(now_ms()));
             }
             for decision in decisions {
@@ -234,6 +234,12 @@ impl CheckpointThread {
                             && let Some(r) = request.as_mut().filter(|r| r.checkpoint.is_none())
                         {
                             r.checkpoint = Some(id);
+                        }
+                        if let Ok(mut request) = self.signals.swap.lock()
+                            && let Some(r) = request.as_mut().filter(|r| r.checkpoint.is_none())
+                        {
+                            r.checkpoint = Some(id);
+                            tracing::info!(job = %self.job, checkpoint = id, step = %r.step, "checkpoint carries a live swap");
                         }
                         let mut flight = InFlight {
                             id,
@@ -291,6 +297,22 @@ impl CheckpointThread {
     /// Whether a savepoint request has no checkpoint yet.
     fn savepoint_waiting(&self) -> bool {
         self.signals.savepoint.lock().is_ok_and(|r| r.as_ref().is_some_and(|r| r.checkpoint.is_none()))
+    }
+
+    /// Whether a live swap has no checkpoint to carry it yet.
+    fn swap_waiting(&self) -> bool {
+        self.signals.swap.lock().is_ok_and(|r| r.as_ref().is_some_and(|r| r.checkpoint.is_none()))
+    }
+
+    /// A completed checkpoint at or after a swap's barrier: every subtask runs the new code
+    /// from it on (each swapped at its first snapshot of the swap's checkpoint or later).
+    fn swap_completed(&self, id: CheckpointId) {
+        if let Ok(mut request) = self.signals.swap.lock()
+            && let Some(r) = request.as_mut().filter(|r| r.checkpoint.is_some_and(|c| c <= id) && r.outcome.is_none())
+        {
+            r.outcome = Some(id);
+            tracing::info!(job = %self.job, checkpoint = id, step = %r.step, "live swap completed");
+        }
     }
 
     fn savepoint_failed(&self, id: CheckpointId, reason: &str) {
@@ -357,6 +379,7 @@ impl CheckpointThread {
         }
         self.fault(FaultPoint::AfterMetadata);
         self.take_savepoint(&meta);
+        self.swap_completed(id);
         self.signals.completed.store(id, Ordering::SeqCst);
         self.tell_parts(MasterCommand::Completed { id });
         tracing::info!(
@@ -443,7 +466,14 @@ mod tests {
         let state = BackendSnapshot::Frozen(Box::new(entries));
         let operators = vec![(
             "count".into(),
-            OperatorSnapshot { timers: Vec::new(), state, usage: None, states: Vec::new(), schemas: Vec::new() },
+            OperatorSnapshot {
+                timers: Vec::new(),
+                state,
+                usage: None,
+                states: Vec::new(),
+                schemas: Vec::new(),
+                artifact: None,
+            },
         )];
         TakenSnapshot::of_keyed_subtask(participant as u32, 2, operators)
     }

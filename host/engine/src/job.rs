@@ -40,16 +40,18 @@ use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
 use crate::operator::StreamOperator;
 use crate::router::OutputRouter;
 use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError};
-use crate::wasm_operator::WasmOperator;
+use crate::wasm_operator::{Reopen, WasmOperator};
 use crate::window_operator::{LateData, WindowConfig, WindowOperator};
 use eddy_plan::{CheckpointMode, PipelineSpec, SinkSpec, StateBackendKind, StepSpec, StoreLocation};
 use eddy_plan::{Node, Partitioning, PhysicalPlan};
 use eddy_transport::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
 
+mod live_swap;
 mod local_state;
 mod placement;
 mod recover;
 
+pub use live_swap::{SwapDone, SwapError};
 pub use placement::Placement;
 
 use local_state::{LocalStateDir, local_state_dir};
@@ -307,6 +309,11 @@ pub struct Job {
     signals: Arc<Signals>,
     history: Arc<Mutex<Vec<CompletedCheckpoint>>>,
     restored_from: Option<CheckpointId>,
+    /// Its Wasm operator steps, with the code each runs (a live swap replaces it).
+    swappable: Mutex<Vec<live_swap::SwappableStep>>,
+    /// Whether parts of it run on other workers (a live swap reaches this process only).
+    spread: bool,
+    max_parallelism: u32,
     /// This run's local state (RocksDB, snapshot staging), removed when the job is dropped.
     _local_state: Option<LocalStateDir>,
     /// Where the other parts are, held while the job lives: their links are registered with
@@ -575,7 +582,9 @@ impl StepContext<'_> {
         instance
             .open(&s.config.to_string())
             .map_err(|source| RunError::Open { step: s.name.clone(), error: Box::new(source) })?;
-        Ok(Box::new(WasmOperator::new(s.name.clone(), instance, s.state_ttl_ms.is_some())))
+        let reopen =
+            Reopen { subtask: slot.subtask, config: s.config.to_string(), artifact: component.digest().to_owned() };
+        Ok(Box::new(WasmOperator::new(s.name.clone(), instance, s.state_ttl_ms.is_some(), reopen)))
     }
 }
 
@@ -991,6 +1000,17 @@ impl Job {
             restored_from = ?restored_from,
             "job started"
         );
+        let swappable = spec
+            .steps
+            .iter()
+            .zip(components)
+            .filter(|(s, c)| s.window.is_none() && c.world() == World::KeyedOperator)
+            .map(|(s, c)| live_swap::SwappableStep {
+                name: s.name.clone(),
+                config: s.config.to_string(),
+                component: Arc::new(c),
+            })
+            .collect();
         Ok(Job {
             plan,
             metrics,
@@ -1000,6 +1020,9 @@ impl Job {
             signals,
             history,
             restored_from,
+            swappable: Mutex::new(swappable),
+            spread: options.placement.is_some(),
+            max_parallelism: spec.max_parallelism,
             _local_state: local_state,
             _placement: options.placement.clone(),
         })

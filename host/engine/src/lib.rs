@@ -32,7 +32,8 @@ pub mod window_operator;
 
 pub use checkpointing::{CompletedCheckpoint, PARTS_LINK_CLOSED};
 pub use job::{
-    Job, JobOptions, Placement, RunError, RunSummary, SinkFactory, SourceEntry, SourceObserver, files_output,
+    Job, JobOptions, Placement, RunError, RunSummary, SinkFactory, SourceEntry, SourceObserver, SwapDone, SwapError,
+    files_output,
 };
 pub use messages::{
     CheckpointRole, FaultHook, FaultPoint, MasterCommand, MasterLink, PartLink, PartReport, local_links,

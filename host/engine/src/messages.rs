@@ -24,6 +24,25 @@ pub(crate) struct Signals {
     pub completed: AtomicU64,
     /// A savepoint asked for: the next checkpoint starts at once and is copied here.
     pub savepoint: Mutex<Option<SavepointRequest>>,
+    /// A live swap of one step's code asked for: the next checkpoint carries it.
+    pub swap: Mutex<Option<SwapRequest>>,
+}
+
+/// New code for one Wasm step, taken over at a checkpoint's barrier: each subtask of the step
+/// snapshots, then goes on with `component` over the same state and timers, at its first
+/// snapshot of checkpoint `checkpoint` or later (a later one subsumes an aborted one).
+#[derive(Debug)]
+pub(crate) struct SwapRequest {
+    pub step: String,
+    pub component: Arc<eddy_runtime::Component>,
+    /// The checkpoint that carries the swap, once triggered.
+    pub checkpoint: Option<CheckpointId>,
+    /// Subtasks that went over so far, and the longest time one spent instantiating and
+    /// opening the new code after its snapshot (what the swap adds to a barrier's pause).
+    pub swapped: u32,
+    pub longest_ms: f64,
+    /// The completed checkpoint from which on the new code runs everywhere.
+    pub outcome: Option<CheckpointId>,
 }
 
 /// A pending savepoint and, once taken, its outcome.

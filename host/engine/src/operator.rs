@@ -9,7 +9,7 @@ use std::path::Path;
 
 use eddy_checkpoint::OperatorSnapshot;
 use eddy_core::RecordBatch;
-use eddy_runtime::{CallError, Output};
+use eddy_runtime::{CallError, Component, Output};
 use eddy_state::StateError;
 
 /// Why an operator failed.
@@ -25,6 +25,16 @@ pub enum OperatorError {
         /// The operator.
         operator: String,
         /// What is wrong with the record and what would fix it.
+        problem: String,
+    },
+    /// New code could not take over at a live swap (it trapped in `open`, or this operator
+    /// has no code to swap); the subtask fails, so the job restores its previous checkpoint
+    /// with the old code.
+    #[error("operator `{operator}`: the live swap failed: {problem}")]
+    Swap {
+        /// The operator.
+        operator: String,
+        /// What went wrong.
         problem: String,
     },
     /// State storage failed or holds damaged entries.
@@ -62,4 +72,17 @@ pub trait StreamOperator: Send {
     /// The synchronous phase of a checkpoint: the operator's state and timers as of now.
     /// `staging` is a fresh directory for disk backends.
     fn snapshot(&mut self, staging: &Path) -> Result<OperatorSnapshot, OperatorError>;
+    /// The digest of the Wasm artifact it runs (`None` for host operators).
+    fn artifact(&self) -> Option<&str> {
+        None
+    }
+    /// Goes on with `component`'s code over this operator's state and timers (a live swap at
+    /// a checkpoint barrier, right after [`StreamOperator::snapshot`]).
+    fn swap_code(self: Box<Self>, component: &Component) -> Result<Box<dyn StreamOperator>, OperatorError> {
+        let _ = component;
+        Err(OperatorError::Swap {
+            operator: self.name().to_owned(),
+            problem: "only Wasm operator steps can swap code live; use a restart-mode upgrade".into(),
+        })
+    }
 }

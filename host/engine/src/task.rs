@@ -16,9 +16,9 @@ use eddy_core::{BoundedOutOfOrderness, RecordBatch, WatermarkTracker};
 use eddy_runtime::Output;
 use eddy_state::TtlClock;
 
-use eddy_checkpoint::CheckpointId;
 use eddy_checkpoint::format::InFlightBatch;
 use eddy_checkpoint::upload::TakenSnapshot;
+use eddy_checkpoint::{CheckpointId, OperatorSnapshot};
 
 use crate::checkpoint::{BarrierHandler, BarrierMode, Outcome};
 use crate::messages::{FaultHook, FaultPoint, Report, Signals, now_ms};
@@ -477,6 +477,32 @@ impl SubtaskRunner {
         Ok(())
     }
 
+    /// A live swap whose checkpoint is `id` or older, of a step of this chain not yet on the
+    /// new code: right after the snapshot, so records before the barrier went through the old
+    /// code and records after it go through the new one; the snapshot records the new code's
+    /// digest, as that is the code a restore from it must run.
+    fn swap_code_at(
+        &mut self,
+        id: CheckpointId,
+        operators: &mut [(String, OperatorSnapshot)],
+    ) -> Result<(), TaskError> {
+        let Some(ck) = &self.checkpointing else { return Ok(()) };
+        let Ok(mut request) = ck.signals.swap.lock() else { return Ok(()) };
+        let Some(swap) = request.as_mut().filter(|r| r.checkpoint.is_some_and(|c| c <= id)) else { return Ok(()) };
+        for (i, (step, snapshot)) in operators.iter_mut().enumerate() {
+            if *step != swap.step || self.operators[i].artifact() == Some(swap.component.digest()) {
+                continue;
+            }
+            let started = Instant::now();
+            let old = self.operators.remove(i);
+            self.operators.insert(i, old.swap_code(&swap.component)?);
+            snapshot.artifact = Some(swap.component.digest().to_owned());
+            swap.swapped += 1;
+            swap.longest_ms = swap.longest_ms.max(started.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(())
+    }
+
     /// Takes the synchronous snapshot without reporting it.
     fn take_snapshot(
         &mut self,
@@ -496,6 +522,9 @@ impl SubtaskRunner {
             std::fs::create_dir(&dir).map_err(|e| TaskError::Snapshot(format!("{}: {e}", dir.display())))?;
             let name = steps.get(i).cloned().unwrap_or_else(|| op.name().to_owned());
             operators.push((name, op.snapshot(&dir)?));
+        }
+        if let Some(id) = id {
+            self.swap_code_at(id, &mut operators)?;
         }
         let sink = match &mut self.tail {
             Tail::Sink(sink) => sink.pre_commit(id.unwrap_or(u64::MAX)).map_err(TaskError::Sink)?,

@@ -3,7 +3,7 @@
 //! the step's TTL is purged on the processing-time tick.
 
 use eddy_core::RecordBatch;
-use eddy_runtime::{OperatorInstance, Output};
+use eddy_runtime::{Component, OperatorInstance, Output, Subtask};
 
 use eddy_checkpoint::OperatorSnapshot;
 
@@ -20,12 +20,25 @@ pub struct WasmOperator {
     name: String,
     instance: OperatorInstance,
     purge_due_ms: Option<i64>,
+    /// What a live swap needs to open new code as this subtask.
+    reopen: Reopen,
+}
+
+/// The subtask an instance serves and the step's config its `open` gets.
+#[derive(Debug, Clone)]
+pub struct Reopen {
+    /// The subtask (its key groups).
+    pub subtask: Subtask,
+    /// The step's config, JSON text.
+    pub config: String,
+    /// The artifact's digest.
+    pub artifact: String,
 }
 
 impl WasmOperator {
     /// Wraps an opened instance; `purges_state` when its backend expires entries (TTL).
-    pub fn new(name: String, instance: OperatorInstance, purges_state: bool) -> Self {
-        Self { name, instance, purge_due_ms: purges_state.then_some(i64::MIN) }
+    pub fn new(name: String, instance: OperatorInstance, purges_state: bool, reopen: Reopen) -> Self {
+        Self { name, instance, purge_due_ms: purges_state.then_some(i64::MIN), reopen }
     }
 
     fn fire(&mut self, fired: Vec<eddy_core::FiredTimer>) -> Result<Output, OperatorError> {
@@ -83,6 +96,23 @@ impl StreamOperator for WasmOperator {
         let state =
             backend.snapshot(staging).map_err(|source| OperatorError::State { operator: self.name.clone(), source })?;
         let (states, schemas) = (self.instance.declared_states(), self.instance.declared_schemas());
-        Ok(OperatorSnapshot { timers, state, usage, states, schemas })
+        let artifact = Some(self.reopen.artifact.clone());
+        Ok(OperatorSnapshot { timers, state, usage, states, schemas, artifact })
+    }
+
+    fn artifact(&self) -> Option<&str> {
+        Some(&self.reopen.artifact)
+    }
+
+    fn swap_code(self: Box<Self>, component: &Component) -> Result<Box<dyn StreamOperator>, OperatorError> {
+        let Self { name, instance, purge_due_ms, mut reopen } = *self;
+        let failed = |problem: String| OperatorError::Swap { operator: name.clone(), problem };
+        let (backend, timers) = instance.into_keyed_state();
+        let mut instance =
+            component.instantiate_operator(reopen.subtask, backend, timers).map_err(|e| failed(e.to_string()))?;
+        instance.open(&reopen.config).map_err(|e| failed(format!("the new code's `open`: {e}")))?;
+        reopen.artifact = component.digest().to_owned();
+        tracing::info!(operator = %name, artifact = %reopen.artifact, "swapped to new code");
+        Ok(Box::new(Self { name, instance, purge_due_ms, reopen }))
     }
 }

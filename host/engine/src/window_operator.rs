@@ -778,6 +778,6 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
             states.push(DeclaredState { name: SESSIONS_STATE.into(), kind: StateKind::WindowSessions });
         }
         let schemas = self.aggregate.declared_schemas();
-        Ok(OperatorSnapshot { timers: Vec::new(), state, usage, states, schemas })
+        Ok(OperatorSnapshot { timers: Vec::new(), state, usage, states, schemas, artifact: None })
     }
 }

@@ -236,6 +236,13 @@ impl OperatorInstance {
         self.store.data().sandbox.declared_schemas()
     }
 
+    /// Ends this instance and hands back its state and timers, so new code can be
+    /// instantiated over them (a live swap) without copying an entry.
+    pub fn into_keyed_state(self) -> (Box<dyn StateBackend>, Box<dyn TimerService>) {
+        let keyed = self.store.into_data().keyed;
+        (keyed.backend, keyed.timers)
+    }
+
     /// The subtask's timers, for the engine to advance.
     pub fn timer_service(&mut self) -> &mut dyn TimerService {
         self.store.data_mut().keyed.timers.as_mut()

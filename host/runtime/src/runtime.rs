@@ -310,6 +310,15 @@ impl Component {
         self
     }
 
+    /// This component in `other`'s sandbox (limits, grants, CPU share): new code swapped into
+    /// a running step gets exactly the sandbox the step's old code had.
+    pub fn in_sandbox_of(mut self, other: &Component) -> Self {
+        self.limits = other.limits.clone();
+        self.grants = other.grants.clone();
+        self.cpu = other.cpu.clone();
+        self
+    }
+
     fn policy(&self) -> CallPolicy {
         CallPolicy::new(self.limits.clone(), self.epoch_tick_ms, self.cpu.clone())
     }

@@ -19,7 +19,7 @@ use utoipa::ToSchema;
 
 use crate::artifacts::resolve;
 use crate::auth::TenantCaller;
-use crate::model::{Failure, JobRecord, JobStatus, Overrides, Savepoint, job_key, now_ms};
+use crate::model::{Failure, JobRecord, JobStatus, LiveSwap, Overrides, Savepoint, job_key, now_ms};
 use crate::placement::{self, check_world, output_dir, place};
 use crate::problem::{ApiError, ApiResult, Checked, Problem};
 use crate::quotas::{self, Demand};
@@ -145,6 +145,7 @@ fn new_record(tenant: &str, id: String) -> JobRecord {
         created_ms: now_ms(),
         updated_ms: now_ms(),
         overrides: Overrides::default(),
+        live_upgrade: None,
         plan: String::new(),
         generation: 0,
         restore_from: None,
@@ -517,13 +518,41 @@ pub struct Upgrade {
     pub step: String,
     /// The artifact: `sha256:<hex>` or `name@version`.
     pub wasm: String,
+    /// `restart` (default): savepoint, stop, start again with the new code. `live`: the next
+    /// checkpoint's barrier carries the swap; nothing restarts.
+    #[serde(default)]
+    pub mode: UpgradeMode,
 }
 
-/// Restarts the job from a savepoint with one step running another artifact; the step keeps
-/// its state (state belongs to step names).
+/// How an upgrade reaches the running job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UpgradeMode {
+    /// Savepoint, stop, restart with the new artifact.
+    #[default]
+    Restart,
+    /// Swap the code at a checkpoint barrier while the job runs.
+    Live,
+}
+
+/// What an upgrade did: the savepoint a restart-mode upgrade started from, or the checkpoint
+/// a live one swapped at.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum Upgraded {
+    /// `mode: restart`.
+    Restart(Savepoint),
+    /// `mode: live`.
+    Live(LiveSwap),
+}
+
+/// Gives one step another artifact; the step keeps its state (state belongs to step names).
+/// `restart` mode restarts the job from a savepoint; `live` mode swaps the code at the next
+/// checkpoint's barrier, after the new code was opened beside the old and its declared states
+/// checked against the old one's (a 422 names the problem; nothing changed).
 #[utoipa::path(post, path = "/v1/jobs/{id}/upgrade", tag = "jobs", request_body = Upgrade,
     params(("id" = String, Path, description = "The job's id")),
-    responses((status = 200, body = Savepoint), (status = 401, body = Problem), (status = 403, body = Problem),
+    responses((status = 200, body = Upgraded), (status = 401, body = Problem), (status = 403, body = Problem),
         (status = 404, body = Problem), (status = 409, body = Problem), (status = 422, body = Problem)),
     security(("bearer" = [])))]
 pub async fn upgrade(
@@ -531,7 +560,8 @@ pub async fn upgrade(
     caller: TenantCaller,
     Path(id): Path<String>,
     Checked(Json(body)): Checked<Json<Upgrade>>,
-) -> ApiResult<Json<Savepoint>> {
+) -> ApiResult<Json<Upgraded>> {
+    let mode = body.mode;
     let (st, tenant, job_id) = (state.clone(), caller.tenant.clone(), id.clone());
     let change = heavy(&state, move || {
         let job = owned(&st, &tenant, &job_id)?;
@@ -550,9 +580,31 @@ pub async fn upgrade(
             ApiError::unprocessable(format!("`{}` is not one of your artifacts", body.wasm)).at("wasm")
         })?;
         check_world(&spec.steps[index], index, &body.wasm, artifact.world).map_err(|e| e.at("wasm"))?;
-        quotas::admit_savepoint(&st, &tenant)?;
+        if mode == UpgradeMode::Restart {
+            quotas::admit_savepoint(&st, &tenant)?;
+        }
         Ok(Control::Upgrade { step: body.step, digest: artifact.digest })
     })
     .await?;
-    Ok(Json(control(&state, &caller.tenant, &id, change).await?))
+    match (mode, change) {
+        (UpgradeMode::Live, Control::Upgrade { step, digest }) => {
+            Ok(Json(Upgraded::Live(swap_live(&state, &caller.tenant, &id, step, digest).await?)))
+        }
+        (_, change) => Ok(Json(Upgraded::Restart(control(&state, &caller.tenant, &id, change).await?))),
+    }
+}
+
+/// Hands a live swap to the job's thread and waits for the checkpoint that carries it.
+async fn swap_live(state: &AppState, tenant: &str, id: &str, step: String, digest: String) -> ApiResult<LiveSwap> {
+    let job = owned(state, tenant, id)?;
+    let live = state
+        .supervisor
+        .live(&job.key())
+        .filter(|_| !job.status.is_terminal())
+        .ok_or_else(|| ApiError::conflict(format!("job {id} is {}, not running", job.status.name())))?;
+    let answer = live.swap(step, digest);
+    drop(live);
+    let swapped = answer.await.map_err(|_| ApiError::conflict(format!("job {id} ended before the live upgrade")))??;
+    tracing::info!(tenant, job = %id, step = %swapped.step, checkpoint = swapped.checkpoint, "live upgrade done");
+    Ok(swapped)
 }

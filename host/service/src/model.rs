@@ -158,6 +158,26 @@ pub struct Savepoint {
     pub reason: String,
 }
 
+/// A live upgrade that completed: the step runs the new code from a checkpoint's barrier on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LiveSwap {
+    /// Always `live`.
+    pub mode: String,
+    /// The step that runs the new code.
+    pub step: String,
+    /// The new artifact, `sha256:<hex>`.
+    pub artifact: String,
+    /// The checkpoint that carried the swap: records before its barrier went through the old
+    /// code, records after it through the new one; a restore from it runs the new code.
+    pub checkpoint: u64,
+    /// Subtasks of the step that went over.
+    pub subtasks: u32,
+    /// The longest time one subtask spent opening the new code after its snapshot.
+    pub longest_swap_ms: f64,
+    /// From the request to the completed checkpoint.
+    pub total_ms: f64,
+}
+
 /// What rescales and upgrades changed in the submitted spec.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Overrides {
@@ -209,6 +229,11 @@ pub struct JobRecord {
     /// Changes to the spec since it was submitted.
     #[serde(default)]
     pub overrides: Overrides,
+    /// A live upgrade asked for and not completed yet: (step, artifact digest). Kept here so
+    /// an attempt that dies before the swap's checkpoint completes (its restore runs the old
+    /// code) swaps again at the next attempt's first checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_upgrade: Option<(String, String)>,
     /// The physical plan as `eddy plan` prints it, for the spec with its overrides.
     #[serde(default)]
     pub plan: String,

@@ -19,14 +19,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use eddy_core::WATERMARK_MIN;
-use eddy_engine::{Job, JobOptions, MetricsSnapshot, SubtaskSnapshot};
+use eddy_engine::{Job, JobOptions, MetricsSnapshot, SubtaskSnapshot, SwapError};
 use eddy_plan::{PhysicalPlan, PipelineSpec};
 use eddy_runtime::CpuShare;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::AppState;
-use crate::model::{JobRecord, JobStatus, MAX_CRASH_RESUMES, Savepoint, now_ms};
+use crate::model::{JobRecord, JobStatus, LiveSwap, MAX_CRASH_RESUMES, Savepoint, now_ms};
 use crate::placement::{StoreLocation, job_store, place, redact};
 use crate::problem::ApiError;
 use crate::quotas::Demand;
@@ -239,13 +239,25 @@ pub struct Live {
     refused: Mutex<Option<String>>,
     view: Mutex<Option<LiveView>>,
     requests: Mutex<std::collections::VecDeque<Request>>,
+    /// Live upgrades asked for: (step, artifact digest, where the answer goes).
+    swaps: Mutex<std::collections::VecDeque<(String, String, SwapReply)>>,
 }
+
+/// Where a live upgrade's answer goes.
+type SwapReply = tokio::sync::oneshot::Sender<Result<LiveSwap, ApiError>>;
 
 impl Live {
     /// Queues a control request for the job's thread, which answers on `reply`.
     pub fn request(&self, control: Control) -> tokio::sync::oneshot::Receiver<Result<Savepoint, ApiError>> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         lock(&self.requests).push_back(Request { control, reply });
+        answer
+    }
+
+    /// Queues a live upgrade of `step` to artifact `digest` for the job's thread.
+    pub fn swap(&self, step: String, digest: String) -> tokio::sync::oneshot::Receiver<Result<LiveSwap, ApiError>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        lock(&self.swaps).push_back((step, digest, reply));
         answer
     }
 
@@ -514,6 +526,7 @@ impl Supervisor {
             refused: Mutex::new(None),
             view: Mutex::new(None),
             requests: Mutex::default(),
+            swaps: Mutex::default(),
         });
         let key = record.key();
         live.insert(key.clone(), handle.clone());
@@ -679,6 +692,72 @@ fn take_savepoint(state: &AppState, record: &JobRecord, job: &Job, reason: &str)
     Ok(savepoint)
 }
 
+/// Swaps `step` of the running `job` to artifact `digest` at its next checkpoint and, once
+/// that completed, records the new artifact as the step's (a restart runs it from then on).
+fn swap_live(state: &AppState, record: &JobRecord, job: &Job, step: &str, digest: &str) -> Result<LiveSwap, ApiError> {
+    let component = state
+        .runtime
+        .load_file(step, &crate::artifacts::wasm_path(state, digest))
+        .map_err(|e| ApiError::unprocessable(format!("artifact {digest}: {e}")).at("wasm"))?;
+    let key = record.key();
+    update(state, &key, |r| r.live_upgrade = Some((step.to_owned(), digest.to_owned())));
+    let done = job.swap_live(step, component, SAVEPOINT_TIMEOUT).map_err(|e| {
+        let detail = redact(state, &record.tenant, &e.to_string());
+        match e {
+            SwapError::Refused(_) | SwapError::Open(_) => {
+                update(state, &key, |r| r.live_upgrade = None);
+                ApiError::unprocessable(detail).at("wasm")
+            }
+            // Still asked for: the next attempt swaps at its first checkpoint.
+            SwapError::NotCompleted(_) => ApiError::conflict(detail),
+        }
+    })?;
+    apply(state, &key, &Control::Upgrade { step: step.to_owned(), digest: digest.to_owned() });
+    update(state, &key, |r| r.live_upgrade = None);
+    tracing::info!(step, artifact = digest, checkpoint = done.checkpoint, "live upgrade completed");
+    Ok(LiveSwap {
+        mode: "live".into(),
+        step: step.to_owned(),
+        artifact: digest.to_owned(),
+        checkpoint: done.checkpoint,
+        subtasks: done.subtasks,
+        longest_swap_ms: done.longest_swap_ms,
+        total_ms: done.total_ms,
+    })
+}
+
+/// A live upgrade whose checkpoint completed, but whose new artifact the record does not
+/// name yet (the server died in between): the generation's newest checkpoint names the code
+/// its state goes on with, so the next attempt must run that code, not the record's.
+fn adopt_swapped_code(state: &AppState, record: &JobRecord, spec: &PipelineSpec, digests: &[String]) -> bool {
+    let Some(store) = spec.checkpoints.as_ref().and_then(|c| eddy_checkpoint::CheckpointStore::open(c).ok()) else {
+        return false;
+    };
+    let Some(newest) = eddy_checkpoint::metadata::completed_ids(&store).ok().and_then(|ids| ids.first().copied())
+    else {
+        return false;
+    };
+    let Ok(meta) = eddy_checkpoint::metadata::CheckpointMetadata::read(&store, newest) else { return false };
+    let mut adopted = false;
+    for (step, digest) in spec.steps.iter().zip(digests) {
+        let recorded = meta
+            .subtasks
+            .iter()
+            .flat_map(|s| &s.operators)
+            .find(|o| o.step == step.name)
+            .and_then(|o| o.artifact.as_ref())
+            .map(|hex| format!("sha256:{hex}"));
+        if let Some(recorded) = recorded.filter(|r| r != digest)
+            && crate::artifacts::resolve(state, &record.tenant, &recorded).ok().flatten().is_some()
+        {
+            tracing::warn!(step = %step.name, artifact = %recorded, checkpoint = newest, "adopting the code of a completed live upgrade");
+            apply(state, &record.key(), &Control::Upgrade { step: step.name.clone(), digest: recorded });
+            adopted = true;
+        }
+    }
+    adopted
+}
+
 /// Ends `job` after a savepoint; the savepoint becomes where the next generation starts.
 fn stop_with_savepoint(state: &AppState, record: &JobRecord, job: Job, reason: &str) -> Result<Savepoint, ApiError> {
     let taken = take_savepoint(state, record, &job, reason);
@@ -737,6 +816,10 @@ pub(crate) fn watch(
         }
         all
     };
+    if let Some((step, digest)) = record.live_upgrade.clone() {
+        tracing::info!(step, artifact = digest, "a live upgrade the last attempt did not complete is asked again");
+        drop(live.swap(step, digest));
+    }
     let started = Instant::now();
     let mut before = metrics();
     let mut last = Instant::now();
@@ -760,6 +843,11 @@ pub(crate) fn watch(
                 tracing::warn!(error = %e.detail, "no savepoint at shutdown; the job resumes from its newest checkpoint");
             }
             return Outcome::Savepointed(None);
+        }
+        let swap = lock(&live.swaps).pop_front();
+        if let Some((step, digest, reply)) = swap {
+            let _ = reply.send(swap_live(state, record, &job, &step, &digest));
+            continue;
         }
         let request = lock(&live.requests).pop_front();
         if let Some(Request { control, reply }) = request {
@@ -870,6 +958,9 @@ fn supervise(state: &AppState, key: &str, live: &Live) {
                 return end(state, key, JobStatus::Failed);
             }
         };
+        if adopt_swapped_code(state, &record, &spec, &digests) {
+            continue;
+        }
         let policy = RestartPolicy::new(spec.restart);
         update(state, key, |r| {
             r.status = JobStatus::Running;

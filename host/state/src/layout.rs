@@ -42,6 +42,21 @@ pub struct DeclaredState {
     pub kind: StateKind,
 }
 
+/// Whether code declaring `new` can go on from state written by code declaring `old`: every
+/// state both declare keeps its kind (a value read as a list would misread every entry).
+/// States only one side declares are fine: new ones start empty, dropped ones are never read.
+/// Names each state whose kind changed.
+pub fn check_state_evolution(old: &[DeclaredState], new: &[DeclaredState]) -> Result<(), String> {
+    let changed: Vec<String> = new
+        .iter()
+        .filter_map(|n| {
+            let o = old.iter().find(|o| o.name == n.name)?;
+            (o.kind != n.kind).then(|| format!("state `{}` was {:?} and is now {:?}", n.name, o.kind, n.kind))
+        })
+        .collect();
+    if changed.is_empty() { Ok(()) } else { Err(changed.join("; ")) }
+}
+
 /// A state's id in state keys: [`state_id`] of its name.
 pub type StateId = u32;
 
@@ -200,6 +215,16 @@ pub fn decode_list(mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, StateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_may_be_added_or_dropped_but_not_change_its_kind() {
+        let s = |name: &str, kind| DeclaredState { name: name.into(), kind };
+        let old = [s("count", StateKind::Value), s("seen", StateKind::List)];
+        assert_eq!(check_state_evolution(&old, &[s("count", StateKind::Value), s("new", StateKind::Map)]), Ok(()));
+        assert_eq!(check_state_evolution(&old, &[]), Ok(()));
+        let changed = check_state_evolution(&old, &[s("seen", StateKind::Map), s("count", StateKind::Value)]);
+        assert_eq!(changed, Err("state `seen` was List and is now Map".into()));
+    }
     use proptest::prelude::*;
 
     proptest! {

@@ -42,8 +42,8 @@ pub use entry_cache::{EntryCache, LENGTHS_CACHE_BYTES, WINDOW_CACHE_BYTES, Weigh
 pub use heap::HeapStateBackend;
 pub use heap_memory::{HEAP_SNAPSHOT_COPIES, allocation_bytes, heap_memory_bound_bytes};
 pub use layout::{
-    DeclaredState, DecodedStateKey, HashedKey, StateId, StateKey, StateKind, decode_list, decode_state_key,
-    encode_list, state_id,
+    DeclaredState, DecodedStateKey, HashedKey, StateId, StateKey, StateKind, check_state_evolution, decode_list,
+    decode_state_key, encode_list, state_id,
 };
 pub use list::{ListKeys, list_for_each};
 pub use rocks::{RocksDbBackend, RocksDbConfig};

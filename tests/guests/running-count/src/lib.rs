@@ -11,9 +11,10 @@ pub struct RunningCount {
 }
 
 impl Operator for RunningCount {
-    type Config = ();
+    // Any config: the next version (`running-count-v2`) reads options this one ignores.
+    type Config = serde_json::Value;
 
-    fn open(_config: (), ctx: &mut OpenContext) -> Result<Self> {
+    fn open(_config: serde_json::Value, ctx: &mut OpenContext) -> Result<Self> {
         Ok(RunningCount { count: ctx.value_state("count") })
     }
 
