@@ -486,7 +486,7 @@ pub fn upgrade_cmd(login: Login, id: &str, step: &str, wasm: &str, live: bool) -
     let swapped = api.post_json(&format!("/v1/jobs/{id}/upgrade"), &body)?;
     println!("{}", swapped["checkpoint"]);
     eprintln!(
-        "upgrade: step `{step}` runs {} from checkpoint {} on ({} subtasks swapped, the longest in {:.2} ms; {:.0} ms in all)",
+        "upgrade: step `{step}` runs {} from checkpoint {} on (subtasks swapped: {}, the longest in {:.2} ms; {:.0} ms in all)",
         text(&swapped["artifact"]),
         swapped["checkpoint"],
         swapped["subtasks"],

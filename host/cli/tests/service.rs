@@ -730,7 +730,7 @@ fn the_cli_takes_savepoints_rescales_upgrades_and_stops_a_job() {
     // `--live`: swapped at a checkpoint (printed), no savepoint, no new generation.
     let live = eddy(&config, &["upgrade", &id, "count", eddy_guest_artifacts::RUNNING_COUNT_V2, "--live"]);
     assert!(stdout(&live).parse::<u64>().is_ok_and(|c| c > 0), "{}", stdout(&live));
-    assert!(String::from_utf8_lossy(&live.stderr).contains("subtasks swapped"));
+    assert!(String::from_utf8_lossy(&live.stderr).contains("subtasks swapped: 2"));
     let swapped = job(&server, &token, &id);
     assert_eq!((&swapped["generation"], &swapped["status"]), (&json!(2), &json!("running")));
     eddy(&config, &["stop", &id]);
