@@ -25,7 +25,7 @@ use crate::problem::{ApiError, ApiResult, Checked, Problem};
 use crate::quotas::{self, Demand};
 use crate::secret::new_id;
 use crate::store::Table;
-use crate::supervisor::{Control, LiveView};
+use crate::supervisor::{Control, Live, LiveView};
 use crate::{AppState, blocking, heavy};
 
 /// `POST /v1/jobs` answer.
@@ -394,14 +394,19 @@ fn stream_upsert_table(
     }
 }
 
-/// Sends `control` to the caller's running job `id` and waits for its savepoint.
-async fn control(state: &AppState, tenant: &str, id: &str, control: Control) -> ApiResult<Savepoint> {
+/// The caller's job `id` as the supervisor runs it; a conflict when it is not running.
+fn running(state: &AppState, tenant: &str, id: &str) -> ApiResult<Arc<Live>> {
     let job = owned(state, tenant, id)?;
-    let live = state
+    state
         .supervisor
         .live(&job.key())
         .filter(|_| !job.status.is_terminal())
-        .ok_or_else(|| ApiError::conflict(format!("job {id} is {}, not running", job.status.name())))?;
+        .ok_or_else(|| ApiError::conflict(format!("job {id} is {}, not running", job.status.name())))
+}
+
+/// Sends `control` to the caller's running job `id` and waits for its savepoint.
+async fn control(state: &AppState, tenant: &str, id: &str, control: Control) -> ApiResult<Savepoint> {
+    let live = running(state, tenant, id)?;
     let what = format!("{control:?}");
     let answer = live.request(control);
     drop(live);
@@ -596,12 +601,7 @@ pub async fn upgrade(
 
 /// Hands a live swap to the job's thread and waits for the checkpoint that carries it.
 async fn swap_live(state: &AppState, tenant: &str, id: &str, step: String, digest: String) -> ApiResult<LiveSwap> {
-    let job = owned(state, tenant, id)?;
-    let live = state
-        .supervisor
-        .live(&job.key())
-        .filter(|_| !job.status.is_terminal())
-        .ok_or_else(|| ApiError::conflict(format!("job {id} is {}, not running", job.status.name())))?;
+    let live = running(state, tenant, id)?;
     let answer = live.swap(step, digest);
     drop(live);
     let swapped = answer.await.map_err(|_| ApiError::conflict(format!("job {id} ended before the live upgrade")))??;
