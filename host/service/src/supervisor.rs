@@ -728,8 +728,11 @@ fn swap_live(state: &AppState, record: &JobRecord, job: &Job, step: &str, digest
 
 /// A live upgrade whose checkpoint completed, but whose new artifact the record does not
 /// name yet (the server died in between): the generation's newest checkpoint names the code
-/// its state goes on with, so the next attempt must run that code, not the record's.
+/// its state goes on with, so the next attempt must run that code, not the record's. Only the
+/// upgrade the record asked for is adopted: workers write parts of the metadata, and none may
+/// choose a step's code.
 fn adopt_swapped_code(state: &AppState, record: &JobRecord, spec: &PipelineSpec, digests: &[String]) -> bool {
+    let Some((asked_step, asked_digest)) = &record.live_upgrade else { return false };
     let Some(store) = spec.checkpoints.as_ref().and_then(|c| eddy_checkpoint::CheckpointStore::open(c).ok()) else {
         return false;
     };
@@ -747,7 +750,7 @@ fn adopt_swapped_code(state: &AppState, record: &JobRecord, spec: &PipelineSpec,
             .find(|o| o.step == step.name)
             .and_then(|o| o.artifact.as_ref())
             .map(|hex| format!("sha256:{hex}"));
-        if let Some(recorded) = recorded.filter(|r| r != digest)
+        if let Some(recorded) = recorded.filter(|r| r != digest && r == asked_digest && step.name == *asked_step)
             && crate::artifacts::resolve(state, &record.tenant, &recorded).ok().flatten().is_some()
         {
             tracing::warn!(step = %step.name, artifact = %recorded, checkpoint = newest, "adopting the code of a completed live upgrade");
