@@ -365,6 +365,28 @@ fn state_lookup_shows_a_keys_count(browser: &mut Browser, server: &Server, token
     assert_eq!(stale, None, "a failed lookup leaves no stale summary");
 }
 
+/// A live upgrade from the job page: the answer names the checkpoint, the job (same
+/// generation) runs the new artifact; an unknown artifact shows the server's problem.
+fn live_upgrade_from_the_job_page(browser: &mut Browser, server: &Server, token: &str, id: &str) {
+    let wasm = std::fs::read(eddy_guest_artifacts::RUNNING_COUNT_V2).unwrap();
+    let upload = client().post(server.url("/v1/artifacts?name=count&version=2")).bearer_auth(token).body(wasm);
+    let v2 = expect(upload.send().unwrap(), 201)["digest"].as_str().unwrap().to_string();
+    assert_eq!(browser.value(&tid("upgrade-step")), "count", "the keyed step is offered");
+    browser.fill(&tid("upgrade-wasm"), "count@9");
+    browser.click(&tid("upgrade-live"));
+    browser.wait_text("the problem with an unknown artifact", &tid("upgrade-error"), |t| {
+        t.contains("not one of your artifacts")
+    });
+    browser.fill(&tid("upgrade-wasm"), "count@2");
+    browser.click(&tid("upgrade-live"));
+    let summary =
+        browser.wait_text("the swap's checkpoint", &tid("upgrade-summary"), |t| t.contains("from checkpoint"));
+    assert!(summary.contains(&v2) && summary.contains("subtasks swapped: 2"), "{summary}");
+    let after = job(server, token, id);
+    assert_eq!((&after["artifacts"][0], &after["generation"]), (&json!(v2), &json!(0)), "swapped, not restarted");
+    browser.screenshot("upgrade.png");
+}
+
 #[test]
 fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -411,6 +433,7 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
         "the checkpoint summary: {stats}"
     );
     state_lookup_shows_a_keys_count(&mut browser, &server, &token, &id);
+    live_upgrade_from_the_job_page(&mut browser, &server, &token, &id);
     let shot = browser.screenshot("job.png");
     announce(&format!("ui test: screenshot of the job page at {} (more in that directory)", shot.display()));
 
@@ -425,8 +448,12 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     browser.click(&format!("{} [data-nav=\"artifacts\"]", tid("nav")));
     browser.wait_text("the failed compile", &tid("compile-status"), |t| t == "failed");
     assert!(!browser.text(&tid("compile-error"), 0).unwrap_or_default().is_empty(), "the reason is shown");
-    let names = browser.wait_text("the uploaded artifact", &tid("artifact-names"), |t| t.contains("count@1"));
-    assert_eq!(browser.count(&tid("artifact-row")), 1, "one artifact: {names}");
+    browser.wait_for("both uploaded artifacts", |b| match b.count(&tid("artifact-row")) {
+        2 => Ok(()),
+        n => Err(format!("{n} rows")),
+    });
+    let names: Vec<String> = (0..2).filter_map(|i| browser.text(&tid("artifact-names"), i)).collect();
+    assert!(names.iter().any(|n| n.contains("count@1")) && names.iter().any(|n| n.contains("count@2")), "{names:?}");
     let digest = browser.text(&tid("artifact-digest"), 0).unwrap();
     assert!(digest.starts_with("sha256:") && digest.ends_with('…'), "the digest is shortened: {digest}");
     assert_eq!(browser.text(&tid("artifact-world"), 0).as_deref(), Some("keyed-operator"));

@@ -108,12 +108,17 @@
     return new ApiError(response.status, detail, field);
   }
 
-  async function api(path, { method = 'GET', token = sessionStorage.getItem(TOKEN_KEY) } = {}) {
+  async function api(path, { method = 'GET', token = sessionStorage.getItem(TOKEN_KEY), json } = {}) {
     const headers = { Accept: 'application/json' };
     if (token) headers.Authorization = `Bearer ${token}`;
+    const init = { method, headers, cache: 'no-store' };
+    if (json !== undefined) {
+      headers['Content-Type'] = 'application/json';
+      init.body = JSON.stringify(json);
+    }
     let response;
     try {
-      response = await fetch(path, { method, headers, cache: 'no-store' });
+      response = await fetch(path, init);
     } catch (e) {
       throw new ApiError(0, `cannot reach the server (${e.message})`);
     }
@@ -519,8 +524,9 @@
     if (list.dataset.steps === steps.join('\n')) return;
     list.dataset.steps = steps.join('\n');
     list.replaceChildren(...steps.map((s) => el('option', { value: s })));
-    const input = byTestId('state-step');
-    if (!input.value && steps.length) input.value = steps[steps.length - 1];
+    for (const input of [byTestId('state-step'), byTestId('upgrade-step')]) {
+      if (!input.value && steps.length) input.value = steps[steps.length - 1];
+    }
   }
 
   function stateRow(e) {
@@ -560,6 +566,36 @@
       } catch (e) {
         if (e.status === 401) return reportError(e);
         table.hidden = true;
+        summary.textContent = '';
+        delete summary.dataset.checkpoint;
+        error.textContent = e.message;
+        error.hidden = false;
+      }
+    };
+  }
+
+  /** Swaps a step's code at the next checkpoint (`mode: live`); the answer names that checkpoint. */
+  function armUpgrade(id) {
+    const form = byTestId('upgrade-form');
+    const error = byTestId('upgrade-error');
+    const summary = byTestId('upgrade-summary');
+    form.onsubmit = async (event) => {
+      event.preventDefault();
+      const step = byTestId('upgrade-step').value.trim();
+      const wasm = byTestId('upgrade-wasm').value.trim();
+      error.hidden = true;
+      summary.textContent = `Swapping step ${step} to ${wasm} at the next checkpoint…`;
+      try {
+        const done = await api(`/v1/jobs/${encodeURIComponent(id)}/upgrade`, {
+          method: 'POST',
+          json: { step, wasm, mode: 'live' },
+        });
+        summary.textContent =
+          `Step ${done.step} runs ${done.artifact} from checkpoint ${done.checkpoint} on ` +
+          `(subtasks swapped: ${done.subtasks}, the longest in ${done.longest_swap_ms.toFixed(2)} ms).`;
+        summary.dataset.checkpoint = String(done.checkpoint);
+      } catch (e) {
+        if (e.status === 401) return reportError(e);
         summary.textContent = '';
         delete summary.dataset.checkpoint;
         error.textContent = e.message;
@@ -631,6 +667,11 @@
     byTestId('state-table').hidden = true;
     byTestId('state-error').hidden = true;
     byTestId('state-summary').textContent = 'Keys and values from the newest completed checkpoint.';
+    byTestId('upgrade-step').value = '';
+    byTestId('upgrade-wasm').value = '';
+    byTestId('upgrade-error').hidden = true;
+    byTestId('upgrade-summary').textContent =
+      "Swaps the step's code at the next checkpoint: its state and timers stay, nothing restarts.";
   }
 
   function jobView(id) {
@@ -638,6 +679,7 @@
     showOnly('job');
     const disarm = armCancel(id);
     armStateLookup(id);
+    armUpgrade(id);
     const polling = poll(() => api(`/v1/jobs/${encodeURIComponent(id)}`), renderJob, POLL_MS);
     return {
       stop() {
