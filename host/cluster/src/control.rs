@@ -190,10 +190,10 @@ impl ControlPlane {
     }
 
     /// The newest metrics of each worker's part of `job`'s `attempt`.
-    pub fn part_metrics(&self, job: &str, attempt: u64) -> Vec<eddy_engine::MetricsSnapshot> {
+    pub fn part_metrics(&self, job: &str, attempt: u64) -> Vec<(String, eddy_engine::MetricsSnapshot)> {
         lock(&self.inner.metrics)
             .get(&(job.to_owned(), attempt))
-            .map(|m| m.values().cloned().collect())
+            .map(|m| m.iter().map(|(worker, metrics)| (worker.clone(), metrics.clone())).collect())
             .unwrap_or_default()
     }
 

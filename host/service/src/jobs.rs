@@ -602,7 +602,7 @@ pub async fn upgrade(
 /// Hands a live swap to the job's thread and waits for the checkpoint that carries it.
 async fn swap_live(state: &AppState, tenant: &str, id: &str, step: String, digest: String) -> ApiResult<LiveSwap> {
     let live = running(state, tenant, id)?;
-    let answer = live.swap(step, digest);
+    let answer = live.swap(step, digest)?;
     drop(live);
     let swapped = answer.await.map_err(|_| ApiError::conflict(format!("job {id} ended before the live upgrade")))??;
     tracing::info!(tenant, job = %id, step = %swapped.step, checkpoint = swapped.checkpoint, "live upgrade done");

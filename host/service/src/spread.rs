@@ -252,7 +252,17 @@ fn run(
             };
         }
     }
-    let parts = || control.part_metrics(&record.id, attempt);
+    // A worker's per-subtask rows count only for the subtasks it was given.
+    let parts = || {
+        let mut parts = control.part_metrics(&record.id, attempt);
+        for (worker, metrics) in &mut parts {
+            for (task, t) in metrics.tasks.iter_mut().enumerate() {
+                let given = |index: u32| assignment.get(task).and_then(|a| a.get(index as usize)) == Some(&*worker);
+                t.subtasks.retain(|s| given(s.index));
+            }
+        }
+        parts.into_iter().map(|(_, metrics)| metrics).collect()
+    };
     let mut judge = Judge::new(control.heartbeat_timeout());
     let outcome = watch(state, record, live, job, assignment, parts, || {
         judge.lost(control, &record.id, attempt, &layout.workers)

@@ -254,11 +254,21 @@ impl Live {
         answer
     }
 
-    /// Queues a live upgrade of `step` to artifact `digest` for the job's thread.
-    pub fn swap(&self, step: String, digest: String) -> tokio::sync::oneshot::Receiver<Result<LiveSwap, ApiError>> {
+    /// Queues a live upgrade of `step` to artifact `digest` for the job's thread; one waits
+    /// at most (a swap holds the job's thread until its checkpoint completes), so a tenant
+    /// cannot pile requests up.
+    pub fn swap(
+        &self,
+        step: String,
+        digest: String,
+    ) -> Result<tokio::sync::oneshot::Receiver<Result<LiveSwap, ApiError>>, ApiError> {
+        let mut swaps = lock(&self.swaps);
+        if !swaps.is_empty() {
+            return Err(ApiError::conflict("a live upgrade of this job is already waiting; try again when it is done"));
+        }
         let (reply, answer) = tokio::sync::oneshot::channel();
-        lock(&self.swaps).push_back((step, digest, reply));
-        answer
+        swaps.push_back((step, digest, reply));
+        Ok(answer)
     }
 
     /// Whether a client asked to cancel the job.
