@@ -3,8 +3,10 @@
 //! over every subtask of the plan, numbered the same way in every part (tasks in plan order,
 //! subtasks ascending). Every other part runs a [`PartThread`]: it uploads its own subtasks'
 //! snapshots to the store all parts share, reports their states to the master, and follows
-//! the master's commands. The master writes the metadata (the commit point) and each part
-//! commits its own sinks on the master's word, since a sink's files live where it ran.
+//! the master's commands. The master writes the metadata (the commit point); each part's sinks
+//! commit completed checkpoints on the master's word, and the master itself commits every
+//! sink's final files before the job counts as finished (a part told `Final` may be slow or
+//! gone by the time a reader looks).
 //!
 //! The messages are typed and serializable, so the same protocol runs over in-process
 //! channels (tests) or a network.
@@ -18,7 +20,7 @@ use eddy_checkpoint::upload::Uploader;
 use eddy_checkpoint::upload::upload_snapshot;
 use eddy_checkpoint::{CheckpointError, CheckpointStore};
 
-use crate::messages::{MasterCommand, PartLink, PartReport, Report, Signals, SinkCommitter};
+use crate::messages::{MasterCommand, PartLink, PartReport, Report, Signals};
 
 /// A part's checkpoint thread (see the module docs).
 pub(crate) struct PartThread {
@@ -29,13 +31,11 @@ pub(crate) struct PartThread {
     pub reports: Receiver<Report>,
     pub link: PartLink,
     pub cancel: Arc<AtomicBool>,
-    pub commit_sink: SinkCommitter,
 }
 
 impl PartThread {
     /// Runs until the master's final command or the job's cancellation.
     pub fn run(mut self) -> Result<(), CheckpointError> {
-        let mut finished_sinks: Vec<serde_json::Value> = Vec::new();
         let mut local_open = true;
         loop {
             if self.cancel.load(Ordering::Relaxed) {
@@ -54,7 +54,6 @@ impl PartThread {
                     Ok(Report::Finished(snapshot)) => {
                         let participant = snapshot.participant;
                         let (state, _) = upload_snapshot(&self.store, &mut self.uploader, None, snapshot)?;
-                        finished_sinks.extend(state.sink.clone());
                         (self.link.report)(PartReport::Finished { participant, state });
                     }
                     Err(RecvTimeoutError::Timeout) => {}
@@ -75,14 +74,8 @@ impl PartThread {
                         self.signals.completed.fetch_max(id, Ordering::SeqCst);
                     }
                     Ok(MasterCommand::Final { id }) => {
-                        for state in &finished_sinks {
-                            (self.commit_sink)(state).map_err(|e| CheckpointError::Storage {
-                                what: "committing the sink's final files".into(),
-                                problem: e.to_string(),
-                            })?;
-                        }
                         self.signals.completed.fetch_max(id, Ordering::SeqCst);
-                        tracing::info!(job = %self.job, checkpoint = id, "final checkpoint written by the job master; sinks committed");
+                        tracing::info!(job = %self.job, checkpoint = id, "final checkpoint written by the job master");
                         return Ok(());
                     }
                     Err(TryRecvError::Empty) => break,

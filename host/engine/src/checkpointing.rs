@@ -432,9 +432,9 @@ impl CheckpointThread {
         };
         meta.stats.full_bytes = meta.files().map(|f| f.bytes).sum();
         meta.write(&self.store)?;
-        // The participants' order is the metadata's: a part commits its own sinks.
-        let local_sinks = meta.subtasks.iter().zip(&self.participants).filter(|(_, p)| p.part.is_none());
-        for state in local_sinks.filter_map(|(s, _)| s.sink.as_ref()) {
+        // Every sink's final commit, the other parts' too (their sinks write where the master
+        // reaches, as recovery's re-commit does): the job is finished only once its output is.
+        for state in meta.subtasks.iter().filter_map(|s| s.sink.as_ref()) {
             (self.commit_sink)(state).map_err(|e| CheckpointError::Storage {
                 what: "committing the sink's final files".into(),
                 problem: e.to_string(),
@@ -553,6 +553,8 @@ mod tests {
         reports: mpsc::SyncSender<Report>,
         signals: Arc<Signals>,
         part: crate::messages::PartLink,
+        /// The sink states the master committed.
+        committed: Arc<Mutex<Vec<serde_json::Value>>>,
         running: std::thread::JoinHandle<Result<(), CheckpointError>>,
     }
 
@@ -561,19 +563,27 @@ mod tests {
         let signals = Arc::new(Signals::default());
         let (master, mut parts) = crate::messages::local_links(1);
         let part = parts.remove(0);
-        let thread = two_participants(dir, &signals, received, Some(master));
+        let mut thread = two_participants(dir, &signals, received, Some(master));
+        let committed = Arc::new(Mutex::new(Vec::new()));
+        let log = committed.clone();
+        thread.commit_sink = Box::new(move |state| {
+            log.lock().expect("log").push(state.clone());
+            Ok(())
+        });
         let running = std::thread::spawn(move || thread.run());
-        SpreadMaster { store: CheckpointStore::local(dir).expect("store"), reports, signals, part, running }
+        SpreadMaster { store: CheckpointStore::local(dir).expect("store"), reports, signals, part, committed, running }
     }
 
     /// A spread job: participant 0 runs here, participant 1 in another part. The master tells
     /// the part of each trigger and completion, counts the part's acknowledgements like local
-    /// ones, and after every participant finished writes the final checkpoint and says so.
+    /// ones, and after every participant finished writes the final checkpoint, commits both
+    /// sinks' final files itself (the job is not finished while a part's output is pending:
+    /// a reader looks as soon as it is) and says so.
     #[test]
     fn the_master_of_a_spread_job_counts_the_other_parts_and_tells_them_each_step() {
         use crate::messages::{MasterCommand, PartReport};
         let dir = tempfile::tempdir().expect("tempdir");
-        let SpreadMaster { store, reports, signals, part, running } = spread_master(dir.path());
+        let SpreadMaster { store, reports, signals, part, committed, running } = spread_master(dir.path());
         let next = || part.commands.recv_timeout(Duration::from_secs(30)).expect("a command");
         let MasterCommand::Trigger { id, .. } = next() else { panic!("the first command triggers") };
         assert_eq!(signals.trigger.load(Ordering::SeqCst), id, "the master's own sources are told too");
@@ -586,8 +596,13 @@ mod tests {
         let meta = CheckpointMetadata::read(&store, id).expect("metadata");
         assert_eq!(meta.subtasks.len(), 2, "the metadata holds both parts' subtasks");
         // Both end; the master writes the final checkpoint and tells the part.
-        reports.send(Report::Finished(snapshot(0, b"zero at the end"))).expect("send");
-        let (state, _) = upload_snapshot(&store, &mut uploader, None, snapshot(1, b"one at the end")).expect("upload");
+        let sink = |participant: usize| serde_json::json!({ "pending": [[1, format!("{participant}.jsonl")]] });
+        let mut own = snapshot(0, b"zero at the end");
+        own.sink = Some(sink(0));
+        reports.send(Report::Finished(own)).expect("send");
+        let (mut state, _) =
+            upload_snapshot(&store, &mut uploader, None, snapshot(1, b"one at the end")).expect("upload");
+        state.sink = Some(sink(1));
         (part.report)(PartReport::Finished { participant: 1, state });
         drop(reports);
         let last = loop {
@@ -599,6 +614,7 @@ mod tests {
         running.join().expect("no panic").expect("final checkpoint written");
         let meta = CheckpointMetadata::read(&store, last).expect("final metadata");
         assert!(meta.finished && meta.subtasks.len() == 2);
+        assert_eq!(*committed.lock().expect("log"), [sink(0), sink(1)], "the master committed every sink");
     }
 
     /// The other part acknowledges and finishes the master's own subtask with forged state:
@@ -608,7 +624,7 @@ mod tests {
     fn a_part_cannot_acknowledge_or_finish_a_subtask_that_is_not_its_own() {
         use crate::messages::{MasterCommand, PartReport};
         let dir = tempfile::tempdir().expect("tempdir");
-        let SpreadMaster { store, reports, signals, part, running } = spread_master(dir.path());
+        let SpreadMaster { store, reports, signals, part, running, .. } = spread_master(dir.path());
         let next = || part.commands.recv_timeout(Duration::from_secs(30)).expect("a command");
         let MasterCommand::Trigger { id, .. } = next() else { panic!("the first command triggers") };
         let mut uploader = Uploader::default();

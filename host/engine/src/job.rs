@@ -900,7 +900,6 @@ impl Job {
             (Some(recovery), Some(checkpoints)) => {
                 let first_id = recovery.next_id;
                 let retained = recovery.retained;
-                let commit_sink = sink_committer(&spec.sink, &spec.name, files_out.as_ref());
                 let thread: Box<dyn FnOnce() -> Result<(), CheckpointError> + Send> = match checkpoint_role {
                     Some(CheckpointRole::Part(link)) => {
                         let part = PartThread {
@@ -911,7 +910,6 @@ impl Job {
                             reports: reports_rx,
                             link,
                             cancel: control.cancel.clone(),
-                            commit_sink,
                         };
                         Box::new(move || part.run())
                     }
@@ -938,7 +936,7 @@ impl Job {
                             reports: reports_rx,
                             cancel: control.cancel.clone(),
                             history: history.clone(),
-                            commit_sink,
+                            commit_sink: sink_committer(&spec.sink, &spec.name, files_out.as_ref()),
                             faults: options.fault_hook.clone(),
                             remote: match role {
                                 Some(CheckpointRole::Master(link)) => Some(link),

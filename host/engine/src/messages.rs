@@ -130,8 +130,8 @@ pub enum MasterCommand {
         /// The checkpoint.
         id: CheckpointId,
     },
-    /// Every subtask finished and the final checkpoint `id` is written: commit the final
-    /// sink files and stop.
+    /// Every subtask finished, the final checkpoint `id` is written and the master committed
+    /// every sink's final files: stop.
     Final {
         /// The final checkpoint.
         id: CheckpointId,

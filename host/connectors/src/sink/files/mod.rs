@@ -61,6 +61,20 @@ fn committed_name(checkpoint: u64, name: &str) -> String {
     format!("part-{checkpoint:020}-{name}")
 }
 
+/// Whether `name` has the shape of [`FilesSink`]'s staged files (`<run>-s<subtask>-<seq>.jsonl`,
+/// letters, digits and `-`): one plain file name, nothing a path could climb out with.
+fn is_staged_name(name: &str) -> bool {
+    name.len() <= 128
+        && name.strip_suffix(".jsonl").is_some_and(|stem| {
+            !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// At most 64 characters of an untrusted name, for an error message.
+fn truncated(name: &str) -> String {
+    name.chars().take(64).collect()
+}
+
 /// The checkpoint that committed a file of this name, if it is one of ours.
 fn committed_by(name: &str) -> Option<u64> {
     let digits = name.strip_prefix("part-")?.get(..20)?;
@@ -128,7 +142,15 @@ impl FilesSink {
 
     /// Publishes the listed pre-committed files. Idempotent: a file already published is
     /// skipped; a file neither staged nor committed is an error (the checkpoint promised it).
+    /// The list comes from checkpoint metadata that workers wrote parts of, so a name that is
+    /// not one this sink gives its files is refused before anything is published.
     pub fn commit(out: &dyn OutputDir, files: &[(u64, String)]) -> std::io::Result<()> {
+        if let Some((_, name)) = files.iter().find(|(_, name)| !is_staged_name(name)) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("pre-committed file name {:?} is not one the files sink writes", truncated(name)),
+            ));
+        }
         for (checkpoint, name) in files {
             if out.publish(name, &committed_name(*checkpoint, name))? == Published::Missing {
                 return Err(std::io::Error::new(
@@ -307,6 +329,25 @@ mod tests {
             sink.write(Some("late"), &batch(&["y"])).expect("write");
             sink.finish().expect("finish");
             assert_eq!(committed(out.as_ref()), ["x", "y"]);
+        }
+    }
+
+    /// Sink states are partly written by workers: a listed name that is not a staged file's
+    /// (a path, a dotfile) is refused and nothing is published, not even the good names.
+    #[test]
+    fn a_pending_name_that_is_no_staged_file_name_is_refused() {
+        for (_dir, out) in places() {
+            let mut staged = out.stage("r1-s0-000001.jsonl").expect("stage");
+            staged.write_all(b"{}\n").expect("write");
+            staged.seal().expect("seal");
+            for bad in ["../../escape.jsonl", "a/b.jsonl", ".jsonl", "x.json", "..", "", &"a".repeat(200)] {
+                let files = [(1, "r1-s0-000001.jsonl".to_owned()), (1, bad.to_owned())];
+                let err = FilesSink::commit(out.as_ref(), &files).expect_err(bad);
+                assert!(err.to_string().contains("not one the files sink writes"), "{bad}: {err}");
+                assert!(committed(out.as_ref()).is_empty(), "{bad}: nothing published");
+            }
+            FilesSink::commit(out.as_ref(), &[(1, "r1-s0-000001.jsonl".to_owned())]).expect("a staged name");
+            assert_eq!(FilesSink::committed(out.as_ref()).expect("list").len(), 1);
         }
     }
 
