@@ -313,8 +313,8 @@ pub(crate) fn seeded_draws(seed: u64) -> Arc<dyn Fn(u64) -> u64 + Send + Sync> {
 /// Options that make the checkpoint store fail 5% of writes and delay 20% by up to 20 ms, and
 /// make the process die (abort: no destructor, no flush, like SIGKILL) at one in twelve of the
 /// checkpoint protocol's fault points, so deaths land inside checkpoints on purpose. With
-/// `only_at`, it dies at that point only, the 3rd to 7th time it is reached (by the seed):
-/// late enough for records to have reached the sinks.
+/// `only_at`, it dies at that point only, the first to third time it is reached (by the
+/// seed), so a death always comes before the job ends.
 fn faulty(seed: u64, only_at: Option<String>) -> JobOptions {
     let draw = seeded_draws(seed);
     let store_draw = draw.clone();
@@ -441,23 +441,35 @@ pub(crate) fn crash_repeatedly(
     (finished_early, died_of_faults, in_flight_restores)
 }
 
-/// Runs the pipeline at `path` `runs` times, each throttled and dying (abort) at a
+/// Runs the pipeline at `path` at least `runs` times, each throttled and dying (abort) at a
 /// `BeforeCommit` fault point: a checkpoint completed, its sink commit not made. `after_death`
-/// looks at what each death left. Then once more to the end; returns how many runs died.
-pub(crate) fn die_before_commits(path: &Path, seed: u64, runs: u64, after_death: &mut dyn FnMut()) -> u32 {
+/// looks at what each death left and says whether it left what the test is after (a death at
+/// a checkpoint that brought the sink no rows leaves nothing to commit); runs go on, at most
+/// [`EXTRA_DEATH_RUNS`] more, until one did. Then once more to the end; returns how many runs
+/// died.
+pub(crate) fn die_before_commits(path: &Path, seed: u64, runs: u64, after_death: &mut dyn FnMut() -> bool) -> u32 {
     let mut deaths = 0;
-    for attempt in 0..runs {
+    let mut telling = false;
+    for attempt in 0..runs + EXTRA_DEATH_RUNS {
+        if attempt >= runs && telling {
+            break;
+        }
         let fault_seed = (seed ^ (attempt + 1)).to_string();
         let env =
             [(CHILD_FAULT_SEED, fault_seed.as_str()), (CHILD_FAULT_POINT, "BeforeCommit"), (CHILD_CPU_SHARE, "0.01")];
         if !start_child_with(path, &env).wait().expect("reap").success() {
             deaths += 1;
-            after_death();
+            telling |= after_death();
         }
     }
     assert!(start_child(path).wait().expect("final run").success(), "seed {seed}: the final run failed");
     deaths
 }
+
+/// How many runs [`die_before_commits`] adds, at most, while no death left what the test is
+/// after: the deaths come at the first to third commit point, and those may find the sink
+/// with nothing to commit yet.
+const EXTRA_DEATH_RUNS: u64 = 6;
 
 /// Whether the newest completed checkpoint in `dir` stored records in flight.
 fn newest_holds_records_in_flight(dir: &Path) -> bool {

@@ -367,7 +367,7 @@ fn deaths_between_completion_and_commit_lose_and_repeat_no_record_exactly_once()
     let path = dir.path().join("pipeline.yaml");
     std::fs::write(&path, counting_yaml(&broker, 1, "at_start", &to_counts_exactly_once(&broker.address)))
         .expect("write spec");
-    let deaths = die_before_commits(&path, 0, 3, &mut || {});
+    let deaths = die_before_commits(&path, 0, 3, &mut || true);
     assert!(deaths > 0, "no run died before a commit");
     let written = broker.consume("counts", produced.len());
     eprintln!("kafka exactly once: {deaths} deaths before a commit, {} records for {}", written.len(), produced.len());
