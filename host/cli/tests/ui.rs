@@ -178,8 +178,12 @@ impl Browser {
 
     /// A metric's raw number (the UI keeps it in `data-value` next to the formatted text).
     fn number(&mut self, sel: &str, nth: usize) -> Option<f64> {
-        let value = self.call(json!({"op": "attr", "sel": sel, "nth": nth, "name": "data-value"}));
-        value.as_str().and_then(|v| v.parse().ok())
+        self.attr(sel, nth, "data-value").and_then(|v| v.parse().ok())
+    }
+
+    /// The attribute `name` of the `nth` match, if both are there.
+    fn attr(&mut self, sel: &str, nth: usize, name: &str) -> Option<String> {
+        self.call(json!({"op": "attr", "sel": sel, "nth": nth, "name": name})).as_str().map(str::to_string)
     }
 
     /// An input's current value.
@@ -325,6 +329,38 @@ fn records_flow(browser: &mut Browser, task: usize) {
     assert!(browser.text(&tid("task-watermark"), task).is_some(), "the watermark is shown");
 }
 
+/// The job's last minutes: a throughput line of as many points as the API's timeline holds
+/// (at most a few seconds behind: the page polls), whose newest value is one the API
+/// reported and above zero; backpressure reads as a percentage. The generator's event time
+/// starts near 0, so its lag is not drawn.
+fn timelines_follow_the_api(browser: &mut Browser, server: &Server, token: &str, id: &str) {
+    browser.wait_for("two points on the throughput timeline", |b| {
+        match b.attr(&tid("timeline-throughput"), 0, "data-points").and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) if n >= 2 => Ok(()),
+            other => Err(format!("{other:?} points")),
+        }
+    });
+    let points = |j: Value| j["live"]["timeline"].as_array().cloned().unwrap_or_default();
+    let before = points(job(server, token, id));
+    let drawn: usize = browser.attr(&tid("timeline-throughput"), 0, "data-points").unwrap().parse().unwrap();
+    let newest = browser.number(&tid("timeline-throughput-now"), 0).unwrap();
+    let after = points(job(server, token, id));
+    assert!(
+        before.len().saturating_sub(3) <= drawn && drawn <= after.len(),
+        "{drawn} points drawn, the API held {} then {}",
+        before.len(),
+        after.len()
+    );
+    let rates: Vec<f64> = before.iter().chain(&after).filter_map(|p| p["source_records_per_sec"].as_f64()).collect();
+    assert!(rates.contains(&newest), "the newest throughput {newest} is one the API reported: {rates:?}");
+    assert!(rates.iter().any(|r| *r > 0.0), "records were read: {rates:?}");
+    let shown = browser.text(&tid("timeline-throughput-now"), 0).unwrap();
+    assert!(shown.ends_with("/s"), "throughput reads as records per second: {shown}");
+    let backpressure = browser.text(&tid("timeline-backpressure-now"), 0).unwrap();
+    assert!(backpressure.ends_with('%'), "backpressure reads as a percentage: {backpressure}");
+    assert_eq!(browser.text(&tid("timeline-lag-now"), 0).as_deref(), Some("—"), "no lag behind a generator's clock");
+}
+
 /// The count of `key` in the job's newest checkpoint, read through the API.
 fn checkpointed_count(server: &Server, token: &str, id: &str, key: &str) -> u64 {
     let url = server.url(&format!("/v1/jobs/{id}/state?step=count&key={key}"));
@@ -422,6 +458,7 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     assert_eq!(parallelisms.last(), Some(&2), "the keyed task runs two subtasks");
     subtasks_add_up_to_their_task(&mut browser, &parallelisms);
     records_flow(&mut browser, labels.len() - 1);
+    timelines_follow_the_api(&mut browser, &server, &token, &id);
     browser.wait_for("a completed checkpoint", |b| match b.count(&tid("checkpoint-row")) {
         0 => Err("no rows".to_string()),
         _ => Ok(()),
@@ -484,6 +521,60 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     let cancel = client().post(server.url(&format!("/v1/jobs/{other_id}/cancel"))).bearer_auth(&other_token);
     expect(cancel.send().unwrap(), 202);
 
+    let errors = browser.call(json!({"op": "errors"}));
+    assert_eq!(errors, json!([]), "the page raised errors");
+}
+
+/// The admin's workers page on a coordinator with two worker processes: it is the admin's
+/// home, its rows match `GET /v1/workers`, and a worker killed with SIGKILL leaves the page
+/// once the coordinator declares it lost. A tenant is offered no workers page.
+#[test]
+fn the_admin_watches_the_workers_and_a_killed_one_leaves() {
+    use common::fleet::{Worker, names, workers};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_as("coordinator", &dir.path().join("data"), &["--heartbeat-timeout-ms", "2000"]);
+    let alpha = Worker::start(&server, "alpha", dir.path(), &[]);
+    let _beta = Worker::start(&server, "beta", dir.path(), &[]);
+    common::fleet::eventually("two workers registered", || names(&server) == ["alpha", "beta"]);
+    let mut browser = Browser::launch(&artifacts_dir());
+
+    browser.goto(&server.url("/"));
+    browser.fill(&tid("token-input"), &server.admin());
+    browser.click(&tid("signin-button"));
+    browser.wait_text("the admin signed in", &tid("whoami"), |t| t.contains("admin"));
+    let shown = |b: &mut Browser| -> Vec<String> {
+        (0..b.count(&tid("worker-row"))).filter_map(|i| b.text(&tid("worker-name"), i)).collect()
+    };
+    browser.wait_for("both workers listed", |b| match shown(b) {
+        names if names == ["alpha", "beta"] => Ok(()),
+        names => Err(format!("{names:?}")),
+    });
+    for (i, listed) in workers(&server).iter().enumerate() {
+        let row = format!("{}[data-worker=\"{}\"]", tid("worker-row"), listed["name"].as_str().unwrap());
+        let cell = |b: &mut Browser, id: &str| b.text(&format!("{row} {}", tid(id)), 0).unwrap();
+        assert_eq!(cell(&mut browser, "worker-slots"), listed["slots"].to_string(), "worker {i}");
+        assert_eq!(cell(&mut browser, "worker-data-addr"), listed["data_addr"].as_str().unwrap(), "worker {i}");
+        let free = cell(&mut browser, "worker-free-slots");
+        assert_eq!(free, listed["free_slots"].to_string(), "no job runs: every slot is free");
+        let beat = browser.number(&format!("{row} {}", tid("worker-heartbeat")), 0).unwrap();
+        assert!(beat < 2000.0, "a live worker's heartbeat is younger than the timeout: {beat} ms");
+    }
+    browser.screenshot("workers.png");
+
+    alpha.kill_9();
+    browser.wait_for("the killed worker gone from the page", |b| match shown(b) {
+        names if names == ["beta"] => Ok(()),
+        names => Err(format!("{names:?}")),
+    });
+    assert_eq!(names(&server), ["beta"], "the page follows the API");
+
+    let created = client().post(server.url("/v1/tenants")).bearer_auth(server.admin()).json(&json!({"name": "acme"}));
+    let token = expect(created.send().unwrap(), 201)["token"].as_str().unwrap().to_string();
+    browser.click(&tid("sign-out"));
+    browser.fill(&tid("token-input"), &token);
+    browser.click(&tid("signin-button"));
+    browser.wait_text("the tenant signed in", &tid("whoami"), |t| t.contains("acme"));
+    assert_eq!(browser.text(&tid("nav-workers"), 0), None, "a tenant is offered no workers page");
     let errors = browser.call(json!({"op": "errors"}));
     assert_eq!(errors, json!([]), "the page raised errors");
 }

@@ -38,6 +38,6 @@ pub use job::{
 pub use messages::{
     CheckpointRole, FaultHook, FaultPoint, MasterCommand, MasterLink, PartLink, PartReport, local_links,
 };
-pub use metrics::{MetricsSnapshot, SubtaskSnapshot};
+pub use metrics::{MetricsSnapshot, SubtaskSnapshot, TaskSnapshot};
 pub use operator::{OperatorError, StreamOperator};
 pub use task::TaskError;

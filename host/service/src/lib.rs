@@ -70,6 +70,7 @@ mod spread;
 pub mod store;
 pub mod supervisor;
 pub mod tenants;
+pub mod timeline;
 pub mod ui;
 pub mod upload;
 pub mod workers;

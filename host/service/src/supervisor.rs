@@ -32,6 +32,7 @@ use crate::problem::ApiError;
 use crate::quotas::Demand;
 use crate::restarts::{Cause, Counters, Failed, RestartPolicy, Verdict};
 use crate::store::Table;
+use crate::timeline::{TIMELINE_STEP, Timeline, TimelinePoint};
 
 /// CPU time a tenant may save up and spend at once beyond its share.
 const CPU_BURST: Duration = Duration::from_millis(500);
@@ -157,6 +158,9 @@ pub struct LiveView {
     pub checkpoints: Vec<CheckpointView>,
     /// The checkpoint this attempt resumed from.
     pub restored_from: Option<u64>,
+    /// The job's last minutes, a point a second, oldest first (across its attempts on this
+    /// server).
+    pub timeline: Vec<TimelinePoint>,
 }
 
 impl LiveView {
@@ -225,6 +229,8 @@ impl LiveView {
             tasks,
             checkpoints,
             restored_from: job.restored_from(),
+            // Kept by the job's [`Live`] across attempts; `Live::view` adds it.
+            timeline: Vec::new(),
         }
     }
 }
@@ -238,6 +244,7 @@ pub struct Live {
     /// Set when the service ends the job itself (a quota passed while it ran): why.
     refused: Mutex<Option<String>>,
     view: Mutex<Option<LiveView>>,
+    timeline: Mutex<Timeline>,
     requests: Mutex<std::collections::VecDeque<Request>>,
     /// Live upgrades asked for: (step, artifact digest, where the answer goes).
     swaps: Mutex<std::collections::VecDeque<(String, String, SwapReply)>>,
@@ -276,9 +283,11 @@ impl Live {
         self.cancel.load(Ordering::SeqCst)
     }
 
-    /// The newest live view, if an attempt runs.
+    /// The newest live view with the job's timeline, if an attempt runs.
     pub fn view(&self) -> Option<LiveView> {
-        lock(&self.view).clone()
+        let mut view = lock(&self.view).clone()?;
+        view.timeline = lock(&self.timeline).points();
+        Some(view)
     }
 
     /// Ends the job as failed, for `reason`, without a restart.
@@ -535,6 +544,7 @@ impl Supervisor {
             cancel: AtomicBool::new(false),
             refused: Mutex::new(None),
             view: Mutex::new(None),
+            timeline: Mutex::default(),
             requests: Mutex::default(),
             swaps: Mutex::default(),
         });
@@ -836,6 +846,7 @@ pub(crate) fn watch(
     let started = Instant::now();
     let mut before = metrics();
     let mut last = Instant::now();
+    let (mut timeline_before, mut timeline_last) = (before.clone(), Instant::now());
     let (mut checkpointed, mut stable) = (false, record.crash_resumes == 0);
     let key = record.key();
     while !job.is_done() {
@@ -892,6 +903,12 @@ pub(crate) fn watch(
                 progressed(state, record);
             }
             *lock(&live.view) = Some(view);
+            if timeline_last.elapsed() >= TIMELINE_STEP {
+                timeline_last = Instant::now();
+                let point = TimelinePoint::between(now_ms(), &now, &timeline_before, &job.parallelisms());
+                lock(&live.timeline).push(point);
+                timeline_before = now.clone();
+            }
             before = now;
         }
         if !stable && started.elapsed() >= STABLE_RUN {

@@ -141,11 +141,16 @@
     banner.textContent = '';
   }
 
+  let admin = false;
+
   function showSession(who) {
     const name = who.kind === 'admin' ? 'admin' : who.name || who.tenant;
     byTestId('whoami').textContent = `${name} · ${who.kind}`;
     byTestId('session').hidden = false;
     byTestId('nav').hidden = false;
+    // The machines are the operator's business: only the admin sees them.
+    admin = who.kind === 'admin';
+    byTestId('nav-workers').hidden = !admin;
   }
 
   /** Forgets the token and shows the sign-in form, with why when the API said why. */
@@ -153,6 +158,7 @@
     sessionStorage.removeItem(TOKEN_KEY);
     byTestId('session').hidden = true;
     byTestId('nav').hidden = true;
+    admin = false;
     stopView();
     clearBanner();
     showSignIn(reason);
@@ -218,10 +224,12 @@
       showSignIn();
       return;
     }
-    const hash = location.hash || '#/jobs';
+    // The admin runs no jobs of its own: its home is the workers page.
+    const hash = location.hash || (admin ? '#/workers' : '#/jobs');
     const job = hash.match(/^#\/jobs\/([^/]+)$/);
     if (job) current = jobView(decodeURIComponent(job[1]));
     else if (hash === '#/artifacts') current = artifactsView();
+    else if (hash === '#/workers' && admin) current = workersView();
     else current = jobsView();
   }
 
@@ -500,6 +508,45 @@
     renderCheckpointStats(checkpoints);
   }
 
+  /** One series of the job's last minutes as a line scaled to its largest value, with the
+   *  newest value beside its caption. `value` maps a point to a number or null (no value). */
+  function renderTimeline(testid, points, value, fmt) {
+    const svg = byTestId(testid);
+    const values = points.map(value);
+    const shown = values.filter((v) => v !== null && v !== undefined);
+    const top = Math.max(...shown, 1e-9);
+    const step = 300 / Math.max(points.length - 1, 1);
+    const coords = values
+      .map((v, i) => (v === null || v === undefined ? null : `${(i * step).toFixed(1)},${(58 - (v / top) * 56).toFixed(1)}`))
+      .filter((c) => c !== null);
+    const line = document.createElementNS('http://www.w3.org/2000/svg', 'polyline');
+    line.setAttribute('points', coords.join(' '));
+    svg.replaceChildren(line);
+    svg.dataset.points = String(coords.length);
+    const newest = values[values.length - 1];
+    const now = byTestId(`${testid}-now`);
+    if (newest === null || newest === undefined) {
+      now.textContent = '—';
+      delete now.dataset.value;
+    } else {
+      now.textContent = fmt(newest);
+      now.dataset.value = String(newest);
+    }
+  }
+
+  /** Throughput, backpressure and watermark lag over the last minutes, a point a second. */
+  function renderTimelines(points) {
+    byTestId('timelines').hidden = points.length === 0;
+    byTestId('timelines-empty').hidden = points.length > 0;
+    if (!points.length) return;
+    renderTimeline('timeline-throughput', points, (p) => p.source_records_per_sec, fmtRate);
+    renderTimeline('timeline-backpressure', points, (p) => p.backpressure, (v) => `${Math.round(v * 100)}%`);
+    // A lag behind a generator's event time (which starts near 0) says nothing: not drawn.
+    const lag = (p) =>
+      p.watermark_lag_ms === null || p.at_ms - p.watermark_lag_ms < YEAR_2000_MS ? null : p.watermark_lag_ms;
+    renderTimeline('timeline-lag', points, lag, fmtMs);
+  }
+
   function renderFailures(failures) {
     const items = [...failures].reverse().map((f) =>
       el(
@@ -648,6 +695,7 @@
     renderGraph(job.live ? job.live.tasks : []);
     renderSubtasks(job.live ? job.live.tasks : []);
     offerSteps(job.live ? job.live.tasks : []);
+    renderTimelines(job.live ? job.live.timeline : []);
     renderCheckpoints(job.live ? job.live.checkpoints : []);
     renderFailures(job.failures);
   }
@@ -659,6 +707,7 @@
     const graph = byTestId('job-graph');
     graph.replaceChildren();
     delete graph.dataset.shape;
+    renderTimelines([]);
     renderCheckpoints([]);
     renderFailures([]);
     byTestId('cancel-job').disabled = false;
@@ -731,6 +780,37 @@
         compiles.hidden = recent.length === 0;
       },
       ARTIFACTS_POLL_MS,
+    );
+  }
+
+  // ---- Workers (the admin's) ---------------------------------------------------------------
+
+  function workerRow(w) {
+    const beat = w.last_heartbeat_ms_ago;
+    return el(
+      'tr',
+      { testid: 'worker-row', 'data-worker': w.name },
+      el('td', { class: 'mono', testid: 'worker-name', text: w.name }),
+      el('td', { class: 'num', testid: 'worker-slots', text: String(w.slots) }),
+      el('td', { class: 'num', testid: 'worker-free-slots', text: String(w.free_slots) }),
+      el('td', { class: 'mono', testid: 'worker-data-addr', text: w.data_addr }),
+      el('td', { class: 'num', text: String(w.incarnation) }),
+      el('td', { class: 'num', testid: 'worker-heartbeat', 'data-value': String(beat), text: `${fmtMs(beat)} ago` }),
+    );
+  }
+
+  function workersView() {
+    showOnly('workers');
+    const table = byTestId('workers-table');
+    return poll(
+      () => api('/v1/workers'),
+      (workers) => {
+        const sorted = [...workers].sort((a, b) => a.name.localeCompare(b.name));
+        table.tBodies[0].replaceChildren(...sorted.map(workerRow));
+        table.hidden = workers.length === 0;
+        byTestId('workers-empty').hidden = workers.length > 0;
+      },
+      POLL_MS,
     );
   }
 
