@@ -564,7 +564,7 @@ fn summary(plan: &PhysicalPlan, run: &RunSummary) {
     if let Some(last) = run.checkpoints.last() {
         eprintln!(
             "{} checkpoint(s) completed; last: {} ({})",
-            run.checkpoints.len(),
+            run.checkpoints_completed,
             last.id,
             checkpoint_text(&last.stats)
         );

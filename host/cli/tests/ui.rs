@@ -361,6 +361,39 @@ fn timelines_follow_the_api(browser: &mut Browser, server: &Server, token: &str,
     assert_eq!(browser.text(&tid("timeline-lag-now"), 0).as_deref(), Some("—"), "no lag behind a generator's clock");
 }
 
+/// Each subtask's state size: through the API, the subtasks' sizes and the records in flight
+/// add up to the newest checkpoint's size (both from one live view; a checkpoint completing
+/// between the two readings is retried); on the page, the keyed subtasks show theirs and an
+/// aligned checkpoint stores nothing in flight.
+fn state_sizes_add_up_to_the_checkpoint(browser: &mut Browser, server: &Server, token: &str, id: &str) {
+    let deadline = Instant::now() + UI_DEADLINE;
+    loop {
+        let live = job(server, token, id)["live"].clone();
+        let sizes: Vec<u64> = live["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|t| t["subtasks"].as_array().unwrap().iter().filter_map(|s| s["state_bytes"].as_u64()))
+            .collect();
+        let newest = live["checkpoints"].as_array().and_then(|c| c.last()).cloned().unwrap_or_default();
+        let full = newest["full_bytes"].as_u64();
+        let sum = sizes.iter().sum::<u64>() + newest["in_flight_bytes"].as_u64().unwrap_or(0);
+        if full == Some(sum) && sum > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "subtask sizes {sizes:?} never added up to the checkpoint {newest}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let last_row = browser.count(&tid("subtask-row")) - 1;
+    browser.wait_for("the keyed subtask's state size", |b| match b.number(&tid("subtask-state"), last_row) {
+        Some(n) if n > 0.0 => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    assert_eq!(browser.text(&tid("checkpoint-in-flight"), 0).as_deref(), Some("—"), "aligned: nothing in flight");
+    let stats = browser.text(&tid("checkpoint-stats"), 0).unwrap();
+    assert!(stats.contains("in flight 0 B (0 unaligned)"), "the checkpoint summary: {stats}");
+}
+
 /// The count of `key` in the job's newest checkpoint, read through the API.
 fn checkpointed_count(server: &Server, token: &str, id: &str, key: &str) -> u64 {
     let url = server.url(&format!("/v1/jobs/{id}/state?step=count&key={key}"));
@@ -469,6 +502,7 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
         stats.contains("duration min / avg / max") && stats.contains("longest alignment"),
         "the checkpoint summary: {stats}"
     );
+    state_sizes_add_up_to_the_checkpoint(&mut browser, &server, &token, &id);
     state_lookup_shows_a_keys_count(&mut browser, &server, &token, &id);
     live_upgrade_from_the_job_page(&mut browser, &server, &token, &id);
     let shot = browser.screenshot("job.png");

@@ -19,6 +19,7 @@ use eddy_checkpoint::{
 use eddy_plan::CheckpointSpec;
 
 use crate::checkpoint::{CheckpointCoordinator, CoordinatorConfig, Decision, From, Participant, Speaker};
+use crate::checkpoint_history::CheckpointHistory;
 use crate::messages::{
     FaultHook, FaultPoint, MasterCommand, MasterLink, PartReport, Report, Signals, SinkCommitter, now_ms,
 };
@@ -26,15 +27,6 @@ use crate::messages::{
 /// How the master's failure reads when a part's checkpoint link closed before it finished (its
 /// process went away): the cluster's doing, not the job's.
 pub const PARTS_LINK_CLOSED: &str = "their checkpoint link closed before they finished";
-
-/// A completed checkpoint, for progress displays.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CompletedCheckpoint {
-    /// The checkpoint.
-    pub id: CheckpointId,
-    /// Durations and sizes.
-    pub stats: CheckpointStats,
-}
 
 /// Everything the thread needs.
 pub(crate) struct CheckpointThread {
@@ -50,7 +42,7 @@ pub(crate) struct CheckpointThread {
     pub signals: Arc<Signals>,
     pub reports: Receiver<Report>,
     pub cancel: Arc<AtomicBool>,
-    pub history: Arc<Mutex<Vec<CompletedCheckpoint>>>,
+    pub history: Arc<Mutex<CheckpointHistory>>,
     /// Commits the sink's pre-committed files listed in a sink state (the final commit).
     pub commit_sink: SinkCommitter,
     pub faults: Option<FaultHook>,
@@ -393,7 +385,7 @@ impl CheckpointThread {
             "checkpoint completed"
         );
         if let Ok(mut history) = self.history.lock() {
-            history.push(CompletedCheckpoint { id, stats: meta.stats.clone() });
+            history.push(&meta);
         }
         self.retained.push(meta);
         let excess = self.retained.len().saturating_sub(self.spec.retained);

@@ -33,8 +33,9 @@ use eddy_connectors::{
 };
 
 use crate::checkpoint::{BarrierHandler, BarrierMode, Participant};
+use crate::checkpoint_history::{CheckpointHistory, CompletedCheckpoint, SubtaskStateBytes};
 use crate::checkpoint_parts::PartThread;
-use crate::checkpointing::{CheckpointThread, CompletedCheckpoint};
+use crate::checkpointing::CheckpointThread;
 use crate::messages::{CheckpointRole, FaultHook, SavepointRequest, Signals, SinkCommitter, now_ms};
 use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
 use crate::operator::StreamOperator;
@@ -268,8 +269,10 @@ pub struct RunSummary {
     pub finished: bool,
     /// The checkpoint the (last) run restored from.
     pub restored_from: Option<CheckpointId>,
-    /// Checkpoints the (last) run completed.
+    /// The newest checkpoints the (last) run completed (at most [`crate::HISTORY_KEPT`]).
     pub checkpoints: Vec<CompletedCheckpoint>,
+    /// How many checkpoints the (last) run completed.
+    pub checkpoints_completed: u64,
     /// Restarts after failures.
     pub restarts: u32,
     /// The savepoint the run stopped with.
@@ -307,7 +310,7 @@ pub struct Job {
     threads: Vec<SubtaskThread>,
     checkpoints: Option<JoinHandle<Result<(), CheckpointError>>>,
     signals: Arc<Signals>,
-    history: Arc<Mutex<Vec<CompletedCheckpoint>>>,
+    history: Arc<Mutex<CheckpointHistory>>,
     restored_from: Option<CheckpointId>,
     /// Its Wasm operator steps, with the code each runs (a live swap replaces it).
     swappable: Mutex<Vec<live_swap::SwappableStep>>,
@@ -894,7 +897,7 @@ impl Job {
             }
         }
         drop(reports);
-        let history = Arc::new(Mutex::new(Vec::new()));
+        let history = Arc::new(Mutex::new(CheckpointHistory::default()));
         let restored_from = restore.map(|p| p.id());
         let checkpoint_thread = match (recovery, &spec.checkpoints) {
             (Some(recovery), Some(checkpoints)) => {
@@ -1031,9 +1034,19 @@ impl Job {
         self.restored_from
     }
 
-    /// Checkpoints completed so far in this run, oldest first.
+    /// The newest checkpoints completed in this run (at most [`crate::HISTORY_KEPT`]), oldest first.
     pub fn completed_checkpoints(&self) -> Vec<CompletedCheckpoint> {
-        self.history.lock().map(|h| h.clone()).unwrap_or_default()
+        self.history.lock().map(|h| h.newest()).unwrap_or_default()
+    }
+
+    /// How many checkpoints this run completed.
+    pub fn checkpoints_completed(&self) -> u64 {
+        self.history.lock().map(|h| h.completed()).unwrap_or_default()
+    }
+
+    /// Each subtask's share of the newest completed checkpoint (empty before the first).
+    pub fn state_sizes(&self) -> Vec<SubtaskStateBytes> {
+        self.history.lock().map(|h| h.sizes()).unwrap_or_default()
     }
 
     /// The physical plan being run.
@@ -1149,7 +1162,8 @@ impl Job {
                 metrics: self.metrics.snapshot(),
                 finished,
                 restored_from: self.restored_from,
-                checkpoints: self.history.lock().map(|h| h.clone()).unwrap_or_default(),
+                checkpoints: self.history.lock().map(|h| h.newest()).unwrap_or_default(),
+                checkpoints_completed: self.history.lock().map(|h| h.completed()).unwrap_or_default(),
                 restarts: 0,
                 savepoint: None,
             }),

@@ -19,6 +19,7 @@
 
 pub mod buffer;
 pub mod checkpoint;
+mod checkpoint_history;
 mod checkpoint_parts;
 mod checkpointing;
 mod job;
@@ -30,7 +31,8 @@ mod task;
 mod wasm_operator;
 pub mod window_operator;
 
-pub use checkpointing::{CompletedCheckpoint, PARTS_LINK_CLOSED};
+pub use checkpoint_history::{CompletedCheckpoint, HISTORY_KEPT, SubtaskStateBytes};
+pub use checkpointing::PARTS_LINK_CLOSED;
 pub use job::{
     Job, JobOptions, Placement, RunError, RunSummary, SinkFactory, SourceEntry, SourceObserver, SwapDone, SwapError,
     files_output,

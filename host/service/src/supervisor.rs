@@ -101,6 +101,9 @@ pub struct SubtaskView {
     pub wasm_memory_bytes: u64,
     /// CPU seconds its thread has used.
     pub cpu_seconds: f64,
+    /// Bytes of its keyed state and timers in the attempt's newest completed checkpoint
+    /// (absent before the first).
+    pub state_bytes: Option<u64>,
 }
 
 /// A watermark worth showing: set, and not the end of input.
@@ -110,7 +113,14 @@ fn shown_watermark(watermark: i64) -> Option<i64> {
 
 impl SubtaskView {
     /// Subtask `now` against its reading `before`, `secs` earlier; `workers` by subtask index.
-    fn of(now: &SubtaskSnapshot, before: Option<&SubtaskSnapshot>, secs: f64, workers: &[String]) -> Self {
+    /// `state_bytes`: its share of the newest completed checkpoint.
+    fn of(
+        now: &SubtaskSnapshot,
+        before: Option<&SubtaskSnapshot>,
+        secs: f64,
+        workers: &[String],
+        state_bytes: Option<u64>,
+    ) -> Self {
         let before = before.cloned().unwrap_or_default();
         let blocked = now.blocked_ns.saturating_sub(before.blocked_ns) as f64 / 1e9;
         SubtaskView {
@@ -124,6 +134,7 @@ impl SubtaskView {
             late_records: now.late_records,
             wasm_memory_bytes: now.wasm_memory_bytes,
             cpu_seconds: now.cpu_ns as f64 / 1e9,
+            state_bytes,
         }
     }
 }
@@ -141,6 +152,10 @@ pub struct CheckpointView {
     pub incremental_bytes: u64,
     /// Longest alignment, ms.
     pub alignment_ms: f64,
+    /// Bytes of records in flight it stored (unaligned checkpoints).
+    pub in_flight_bytes: u64,
+    /// Whether some subtask took its part unaligned.
+    pub unaligned: bool,
 }
 
 /// What a running job looks like now.
@@ -169,6 +184,8 @@ impl LiveView {
         let parallelisms = job.parallelisms();
         let plan = job.plan();
         let backpressure = now.task_backpressure_since(before, &parallelisms);
+        let sizes: HashMap<(usize, u32), u64> =
+            job.state_sizes().into_iter().map(|z| ((z.task, z.subtask), z.state_bytes)).collect();
         let tasks = now
             .tasks
             .iter()
@@ -183,7 +200,8 @@ impl LiveView {
                     .filter(|s| s.index < parallelism)
                     .map(|s| {
                         let earlier = prev.subtasks.iter().find(|p| p.index == s.index);
-                        SubtaskView::of(s, earlier, secs, &workers)
+                        let size = sizes.get(&(i, s.index)).copied();
+                        SubtaskView::of(s, earlier, secs, &workers, size)
                     })
                     .collect();
                 let inputs = plan
@@ -220,6 +238,8 @@ impl LiveView {
                 full_bytes: c.stats.full_bytes,
                 incremental_bytes: c.stats.incremental_bytes,
                 alignment_ms: c.stats.alignment_ms,
+                in_flight_bytes: c.stats.in_flight_bytes,
+                unaligned: c.stats.unaligned,
             })
             .collect();
         LiveView {

@@ -414,6 +414,7 @@
       cell('subtask-watermark', s.watermark, fmtWatermark(s.watermark), ''),
       cell('subtask-late', s.late_records, plain.format(s.late_records)),
       cell('subtask-cpu', s.cpu_seconds, `${s.cpu_seconds.toFixed(2)} s`),
+      cell('subtask-state', s.state_bytes, s.state_bytes === null ? '—' : fmtBytes(s.state_bytes)),
     );
   }
 
@@ -452,6 +453,7 @@
       el('td', { class: 'num', text: fmtMs(c.alignment_ms) }),
       el('td', { class: 'num', text: fmtBytes(c.full_bytes) }),
       el('td', { class: 'num', text: fmtBytes(c.incremental_bytes) }),
+      el('td', { class: 'num', testid: 'checkpoint-in-flight', 'data-value': String(c.in_flight_bytes), text: c.unaligned ? fmtBytes(c.in_flight_bytes) : '—' }),
     );
   }
 
@@ -495,7 +497,9 @@
       `${n} checkpoint${n === 1 ? '' : 's'} · duration min / avg / max ${spread(checkpoints.map((c) => c.duration_ms), fmtMs)}` +
       ` · size ${spread(checkpoints.map((c) => c.full_bytes), fmtBytes)}` +
       ` · written ${spread(checkpoints.map((c) => c.incremental_bytes), fmtBytes)}` +
-      ` · longest alignment ${fmtMs(Math.max(...checkpoints.map((c) => c.alignment_ms)))}`;
+      ` · longest alignment ${fmtMs(Math.max(...checkpoints.map((c) => c.alignment_ms)))}` +
+      ` · in flight ${fmtBytes(checkpoints.reduce((sum, c) => sum + c.in_flight_bytes, 0))}` +
+      ` (${checkpoints.filter((c) => c.unaligned).length} unaligned)`;
   }
 
   function renderCheckpoints(checkpoints) {
