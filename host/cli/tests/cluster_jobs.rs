@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::fleet::{Rng, Worker, eventually, names, nexmark_query, used_workers, workers};
-use common::{Server, expect, job, output_lines, submit, tenant, upload, wait_job};
+use common::{PANIC_JOB, Server, assert_panic_failure, expect, job, output_lines, submit, tenant, upload, wait_job};
 use eddy_plan::{SinkSpec, SourceSpec};
 use serde_json::Value;
 
@@ -415,4 +415,21 @@ fn the_polyglot_pipeline_on_workers_killed_under_it_alerts_exactly_once() {
     });
     assert_eq!(done["status"], "finished", "{done}");
     common::assert_alerts_once(&coordinator, &token, &id, &oracle);
+}
+
+/// A guest that panics on a worker: the worker sends its failure taken apart, and the
+/// coordinator shows the guest's message apart from the cause chain, led by the worker's part.
+#[test]
+fn a_guests_panic_on_a_worker_is_shown_apart_from_the_cause_chain_led_by_the_workers_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator =
+        Server::start_as("coordinator", &dir.path().join("coordinator"), &["--heartbeat-timeout-ms", "2000"]);
+    let _worker = Worker::start(&coordinator, "worker-1", dir.path(), &[]);
+    eventually("the worker registered", || names(&coordinator) == ["worker-1"]);
+    let (_, token) = tenant(&coordinator, "acme");
+    expect(upload(&coordinator, &token, eddy_guest_artifacts::HOSTILE, Some(("hostile", "1"))), 201);
+    let id = expect(submit(&coordinator, &token, PANIC_JOB), 201)["id"].as_str().unwrap().to_string();
+    let failed =
+        wait_job(&coordinator, &token, &id, "failed", |j| j["status"] == "failed" || j["status"] == "finished");
+    assert_panic_failure(&failed, &["the part on worker `worker-1`".to_owned()]);
 }

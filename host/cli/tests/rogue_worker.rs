@@ -79,7 +79,10 @@ fn a_rogue_worker_is_trusted_with_what_it_was_given_and_nothing_more() {
             panic!("a modest registration is taken: {registered:?}")
         };
         // Reports on alice's part, which runs on worker-1: that it failed, that it finished.
-        for state in [PartState::Failed { reason: "forged by the rogue".into() }, PartState::Finished] {
+        for state in [
+            PartState::Failed { reason: "forged by the rogue".into(), detail: Default::default() },
+            PartState::Finished,
+        ] {
             protocol::write(&mut send, &WorkerMessage::Part { job: id.clone(), attempt, state }).await.unwrap();
         }
         protocol::write(&mut send, &WorkerMessage::Heartbeat { incarnation }).await.unwrap();

@@ -13,7 +13,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    Server, assert_counted_once, client, counts_job, expect, job, output_lines, post, submit, tenant, upload, wait_job,
+    PANIC_JOB, Server, assert_counted_once, assert_panic_failure, client, counts_job, expect, job, output_lines, post,
+    submit, tenant, upload, wait_job,
 };
 use reqwest::blocking::Response;
 use serde_json::{Value, json};
@@ -658,6 +659,19 @@ fn every_log_line_of_a_job_names_its_tenant_job_task_and_operator_guest_logs_inc
     for line in guest {
         assert!(line.contains("task=") && line.contains("operator=\"talk\""), "{line}");
     }
+}
+
+/// A guest that panics: the job's failure keeps the guest's own message apart from the host's
+/// cause chain (subtask, call, trap), and the whole message still holds each.
+#[test]
+fn a_guests_panic_is_shown_apart_from_the_hosts_cause_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let (_, token) = tenant(&server, "acme");
+    expect(upload(&server, &token, eddy_guest_artifacts::HOSTILE, Some(("hostile", "1"))), 201);
+    let id = expect(submit(&server, &token, PANIC_JOB), 201)["id"].as_str().unwrap().to_string();
+    let failed = wait_job(&server, &token, &id, "failed", |j| j["status"] == "failed" || j["status"] == "finished");
+    assert_panic_failure(&failed, &[]);
 }
 
 #[test]

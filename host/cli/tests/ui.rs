@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, client, expect};
+use common::{PANIC_JOB, Server, client, expect, upload};
 use serde_json::{Value, json};
 
 /// How long the UI may take to show something. Only turns a hang into a failure: every wait
@@ -394,6 +394,34 @@ fn state_sizes_add_up_to_the_checkpoint(browser: &mut Browser, server: &Server, 
     assert!(stats.contains("in flight 0 B (0 unaligned)"), "the checkpoint summary: {stats}");
 }
 
+/// A job whose guest panics: its page shows the guest's words apart and the host's causes in
+/// the order the API gives them.
+fn a_failure_shows_the_guests_words_and_the_cause_chain(browser: &mut Browser, server: &Server, token: &str) {
+    expect(upload(server, token, eddy_guest_artifacts::HOSTILE, Some(("hostile", "1"))), 201);
+    let submit = client()
+        .post(server.url("/v1/jobs"))
+        .bearer_auth(token)
+        .header("content-type", "application/yaml")
+        .body(PANIC_JOB);
+    let id = expect(submit.send().unwrap(), 201)["id"].as_str().unwrap().to_string();
+    browser.goto(&server.url(&format!("/#/jobs/{id}")));
+    browser.wait_text("the job failed", &tid("job-status"), |t| t == "failed");
+    let failure = job(server, token, &id)["failures"][0].clone();
+    let causes: Vec<String> =
+        failure["causes"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_owned()).collect();
+    assert!(causes.len() >= 3, "{failure}");
+    let shown = browser.wait_for("the causes listed", |b| {
+        let shown: Vec<String> =
+            (0..b.count(&tid("failure-cause"))).filter_map(|i| b.text(&tid("failure-cause"), i)).collect();
+        if shown.len() == causes.len() { Ok(shown) } else { Err(format!("{shown:?}")) }
+    });
+    assert_eq!(shown, causes, "the page lists the API's causes in order");
+    let guest = browser.text(&tid("failure-guest"), 0).unwrap();
+    assert_eq!(guest, format!("The operator said: {}", failure["guest_message"].as_str().unwrap()));
+    assert!(guest.contains("hostile operator gave up on purpose"), "{guest}");
+    browser.screenshot("failure.png");
+}
+
 /// The count of `key` in the job's newest checkpoint, read through the API.
 fn checkpointed_count(server: &Server, token: &str, id: &str, key: &str) -> u64 {
     let url = server.url(&format!("/v1/jobs/{id}/state?step=count&key={key}"));
@@ -537,6 +565,8 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     browser.click(&tid("cancel-job"));
     browser.wait_text("the job canceled", &tid("job-status"), |t| t == "canceled");
     assert_eq!(job(&server, &token, &id)["status"], "canceled");
+
+    a_failure_shows_the_guests_words_and_the_cause_chain(&mut browser, &server, &token);
 
     browser.click(&tid("sign-out"));
     browser.wait_text("the sign-in form after signing out", &tid("signin"), |_| true);

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use eddy_engine::{CheckpointRole, Job, JobOptions};
+use eddy_engine::{CheckpointRole, FailureDetail, Job, JobOptions};
 use eddy_runtime::{CpuShare, Runtime};
 use eddy_transport::quic::QuicNode;
 use tokio::sync::mpsc::UnboundedSender;
@@ -126,7 +126,7 @@ impl Executor {
             }
             let state = match inner.run(deployment, link, &flag) {
                 Ok(state) => state,
-                Err(reason) => PartState::Failed { reason },
+                Err((reason, detail)) => PartState::Failed { reason, detail },
             };
             tracing::info!(state = ?state, "part ended");
             let _ = inner.report.send(WorkerMessage::Part { job: job.clone(), attempt, state });
@@ -140,7 +140,7 @@ impl Executor {
                 let _ = self.inner.report.send(WorkerMessage::Part {
                     job: key,
                     attempt,
-                    state: PartState::Failed { reason },
+                    state: PartState::Failed { reason, detail: FailureDetail::default() },
                 });
             }
         }
@@ -172,9 +172,11 @@ impl Inner {
         mut d: Deployment,
         link: Option<eddy_engine::PartLink>,
         cancel: &AtomicBool,
-    ) -> Result<PartState, String> {
+    ) -> Result<PartState, (String, FailureDetail)> {
+        let plain = |reason: String| (reason, FailureDetail::default());
+        let failed = |e: eddy_engine::RunError| (e.to_string(), FailureDetail::of(&e));
         for (step, digest) in d.spec.steps.iter_mut().zip(&d.artifacts) {
-            step.wasm = self.artifact(digest)?;
+            step.wasm = self.artifact(digest).map_err(plain)?;
         }
         // RocksDB and checkpoint staging live on this worker, whatever the coordinator's paths.
         d.spec.state.dir = Some(self.dir.join("jobs").join(&d.job).join("state"));
@@ -186,7 +188,8 @@ impl Inner {
                     addr.parse().map_err(|e| format!("worker `{name}`'s address `{addr}` does not parse: {e}"))?;
                 Ok((name.clone(), parsed))
             })
-            .collect::<Result<HashMap<_, _>, String>>()?;
+            .collect::<Result<HashMap<_, _>, String>>()
+            .map_err(plain)?;
         let placement = QuicPlacement::new(self.node.clone(), d.job.clone(), d.attempt, d.assignment.clone(), addrs);
         let options = JobOptions {
             placement: Some(Arc::new(placement)),
@@ -198,7 +201,7 @@ impl Inner {
             restore_from: d.restore_from.clone(),
             ..JobOptions::default()
         };
-        let job = Job::start(&d.spec, &self.runtime, options).map_err(|e| e.to_string())?;
+        let job = Job::start(&d.spec, &self.runtime, options).map_err(failed)?;
         let _ =
             self.report.send(WorkerMessage::Part { job: d.job.clone(), attempt: d.attempt, state: PartState::Running });
         let mut reported = std::time::Instant::now();
@@ -219,8 +222,8 @@ impl Inner {
             Ok(summary) if summary.finished => Ok(PartState::Finished),
             Ok(_) if cancel.load(Ordering::SeqCst) => Ok(PartState::Canceled),
             // Only a broken input stops a part early without its cancel.
-            Ok(_) => Err(format!("{INPUT_BROKE}: the part stopped before its inputs ended")),
-            Err(e) => Err(e.to_string()),
+            Ok(_) => Err(plain(format!("{INPUT_BROKE}: the part stopped before its inputs ended"))),
+            Err(e) => Err(failed(e)),
         }
     }
 

@@ -448,7 +448,7 @@ mod rights {
         let (a, rogue) = (holder(&m, "a"), holder(&m, "rogue"));
         m.deploy("j1", 7, &a, &[digest('a')]);
         // The rogue reports the job failed, and finished: neither is taken.
-        let failed = PartState::Failed { reason: "forged".into() };
+        let failed = PartState::Failed { reason: "forged".into(), detail: Default::default() };
         assert!(m.part_report(&rogue, "j1", 7, failed).is_err());
         assert!(m.part_report(&rogue, "j1", 7, PartState::Finished).is_err());
         assert!(!m.runs_part(&rogue, "j1", 7), "nor its metrics");

@@ -69,6 +69,9 @@ pub enum PartState {
     Failed {
         /// Why.
         reason: String,
+        /// The failure taken apart (absent from older workers); bounded by the coordinator.
+        #[serde(default)]
+        detail: eddy_engine::FailureDetail,
     },
 }
 

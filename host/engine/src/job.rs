@@ -67,6 +67,7 @@ pub enum RunError {
         /// The step.
         step: String,
         /// Why.
+        #[source]
         error: LoadError,
     },
     /// A step's component is the wrong kind for how the step uses it.
@@ -86,6 +87,7 @@ pub enum RunError {
         /// The step.
         step: String,
         /// Why.
+        #[source]
         error: Box<CallError>,
     },
     /// A source could not be opened.
@@ -97,6 +99,7 @@ pub enum RunError {
         /// The sink's file.
         path: String,
         /// Why.
+        #[source]
         error: std::io::Error,
     },
     /// A subtask failed while running.
@@ -107,6 +110,7 @@ pub enum RunError {
         /// The subtask.
         subtask: u32,
         /// What failed.
+        #[source]
         error: Box<TaskError>,
     },
     /// The job could not be wired or started (a bug in Eddy or an exhausted machine).

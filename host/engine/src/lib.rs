@@ -22,6 +22,7 @@ pub mod checkpoint;
 mod checkpoint_history;
 mod checkpoint_parts;
 mod checkpointing;
+mod failure;
 mod job;
 mod messages;
 pub mod metrics;
@@ -33,6 +34,7 @@ pub mod window_operator;
 
 pub use checkpoint_history::{CompletedCheckpoint, HISTORY_KEPT, SubtaskStateBytes};
 pub use checkpointing::PARTS_LINK_CLOSED;
+pub use failure::{FailureDetail, MAX_CAUSE_BYTES, MAX_CAUSES};
 pub use job::{
     Job, JobOptions, Placement, RunError, RunSummary, SinkFactory, SourceEntry, SourceObserver, SwapDone, SwapError,
     files_output,

@@ -43,7 +43,7 @@ pub enum TaskError {
     Route(#[from] RouteError),
     /// Writing to the sink failed.
     #[error("writing to the sink: {0}")]
-    Sink(std::io::Error),
+    Sink(#[source] std::io::Error),
     /// The synchronous phase of a checkpoint failed (the local staging directory).
     #[error("taking a snapshot: {0}")]
     Snapshot(String),

@@ -251,22 +251,27 @@ impl CallError {
     }
 }
 
+impl fmt::Display for CallErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallErrorKind::Operator { kind, message } => write!(f, "{kind:?}: {message}"),
+            CallErrorKind::Timeout { timeout_ms } => {
+                write!(f, "call ran longer than {timeout_ms} ms and was interrupted")
+            }
+            CallErrorKind::OutOfFuel => write!(f, "ran out of fuel"),
+            CallErrorKind::StackOverflow => write!(f, "wasm stack overflow (unbounded recursion?)"),
+            CallErrorKind::Violation(v) => write!(f, "stopped by the sandbox: {v}"),
+            CallErrorKind::Trap { trap } => write!(f, "trapped: {trap}"),
+            CallErrorKind::State(e) => write!(f, "state backend failed: {e}"),
+            CallErrorKind::Poisoned => write!(f, "instance unusable after an earlier trap; recreate it"),
+            CallErrorKind::Internal(e) => write!(f, "internal error: {e}"),
+        }
+    }
+}
+
 impl fmt::Display for CallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "operator `{}` failed in {}: ", self.operator, self.call)?;
-        match &self.kind {
-            CallErrorKind::Operator { kind, message } => write!(f, "{kind:?}: {message}")?,
-            CallErrorKind::Timeout { timeout_ms } => {
-                write!(f, "call ran longer than {timeout_ms} ms and was interrupted")?
-            }
-            CallErrorKind::OutOfFuel => write!(f, "ran out of fuel")?,
-            CallErrorKind::StackOverflow => write!(f, "wasm stack overflow (unbounded recursion?)")?,
-            CallErrorKind::Violation(v) => write!(f, "stopped by the sandbox: {v}")?,
-            CallErrorKind::Trap { trap } => write!(f, "trapped: {trap}")?,
-            CallErrorKind::State(e) => write!(f, "state backend failed: {e}")?,
-            CallErrorKind::Poisoned => write!(f, "instance unusable after an earlier trap; recreate it")?,
-            CallErrorKind::Internal(e) => write!(f, "internal error: {e}")?,
-        }
+        write!(f, "operator `{}` failed in {}: {}", self.operator, self.call, self.kind)?;
         if let Some(msg) = &self.guest_message {
             write!(f, "; guest said: {msg}")?;
         }

@@ -1,5 +1,6 @@
 //! The records the service keeps and the JSON its API answers with.
 
+use eddy_engine::FailureDetail;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -143,6 +144,13 @@ pub struct Failure {
     pub at_ms: i64,
     /// What failed, as the engine put it (naming the task and operator).
     pub message: String,
+    /// The host's cause chain, outermost first (task and subtask, operator and call, what
+    /// happened); empty for failures that are not the engine's (quotas, lost workers).
+    #[serde(default)]
+    pub causes: Vec<String>,
+    /// What the guest said before it failed (its panic message or stderr tail), if anything.
+    #[serde(default)]
+    pub guest_message: Option<String>,
 }
 
 /// A savepoint a job took.
@@ -302,8 +310,9 @@ pub const MAX_FAILURES: usize = 10;
 
 impl JobRecord {
     /// Records a failure, keeping the newest [`MAX_FAILURES`].
-    pub fn push_failure(&mut self, message: String) {
-        self.failures.push(Failure { at_ms: now_ms(), message });
+    pub fn push_failure(&mut self, message: String, detail: FailureDetail) {
+        let FailureDetail { causes, guest_message } = detail;
+        self.failures.push(Failure { at_ms: now_ms(), message, causes, guest_message });
         let excess = self.failures.len().saturating_sub(MAX_FAILURES);
         self.failures.drain(..excess);
     }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use eddy_cluster::protocol::{CoordinatorMessage, Deployment, PartState};
 use eddy_cluster::{ControlPlane, QuicPlacement, SlotHolder};
-use eddy_engine::{CheckpointRole, Job, JobOptions};
+use eddy_engine::{CheckpointRole, FailureDetail, Job, JobOptions};
 use eddy_plan::{PhysicalPlan, PipelineSpec};
 
 use crate::AppState;
@@ -22,7 +22,7 @@ use crate::model::{JobRecord, now_ms};
 use crate::problem::{ApiError, ApiResult};
 use crate::quotas::Quotas;
 use crate::restarts::Cause;
-use crate::supervisor::{Live, Outcome, watch};
+use crate::supervisor::{Live, Loss, Outcome, watch};
 
 /// How long an attempt waits for enough free slots (workers registering after a restart of
 /// the coordinator, or replacing a dead one) before it fails.
@@ -164,11 +164,7 @@ fn schedule(
             Ok(holders) => return Ok(holders),
             // The cluster had no room: not the tenant's doing.
             Err(e) if since.elapsed() >= SCHEDULE_WAIT => {
-                return Err(Outcome::Failed {
-                    message: e.to_string(),
-                    cause: Cause::Infrastructure,
-                    checkpointed: false,
-                });
+                return Err(Outcome::infrastructure(e.to_string()));
             }
             Err(e) => {
                 if !logged {
@@ -204,7 +200,7 @@ fn run(
             Ok(a) => parsed.insert(name.clone(), a),
             Err(e) => {
                 let message = format!("worker `{name}` advertises `{addr}`, no address: {e}");
-                return Outcome::Failed { message, cause: Cause::Infrastructure, checkpointed: false };
+                return Outcome::infrastructure(message);
             }
         };
     }
@@ -213,7 +209,7 @@ fn run(
         Ok(link) => link,
         Err(e) => {
             let message = format!("cannot reach a worker's checkpoint stream: {e}");
-            return Outcome::Failed { message, cause: Cause::Infrastructure, checkpointed: false };
+            return Outcome::infrastructure(message);
         }
     };
     let placement = QuicPlacement::new(node.clone(), record.id.clone(), attempt, assignment.clone(), parsed);
@@ -245,11 +241,7 @@ fn run(
         if let Err(e) = control.send(w, &message) {
             job.cancel();
             let _ = job.wait();
-            return Outcome::Failed {
-                message: format!("cannot deploy: {e}"),
-                cause: Cause::Infrastructure,
-                checkpointed: false,
-            };
+            return Outcome::infrastructure(format!("cannot deploy: {e}"));
         }
     }
     // A worker's per-subtask rows count only for the subtasks it was given.
@@ -267,7 +259,7 @@ fn run(
     let outcome = watch(state, record, live, job, assignment, parts, || {
         judge.lost(control, &record.id, attempt, &layout.workers)
     });
-    judge.settle(outcome, control, &layout.workers)
+    judge.settle(outcome, control, (&record.id, attempt), &layout.workers)
 }
 
 /// Whose doing the end of an attempt was. A dead worker takes its parts' inputs and outputs,
@@ -276,8 +268,8 @@ fn run(
 /// only if no worker of the attempt goes away within that time.
 struct Judge {
     grace: Duration,
-    /// The first part failure seen, and when.
-    failed: Option<(Instant, String)>,
+    /// The first part failure seen, when, and its detail.
+    failed: Option<(Instant, String, FailureDetail)>,
 }
 
 impl Judge {
@@ -286,66 +278,96 @@ impl Judge {
     }
 
     /// Why the attempt is lost, if it is, and whose doing that was.
-    fn lost(
-        &mut self,
-        control: &ControlPlane,
-        job: &str,
-        attempt: u64,
-        workers: &[SlotHolder],
-    ) -> Option<(String, Cause)> {
+    fn lost(&mut self, control: &ControlPlane, job: &str, attempt: u64, workers: &[SlotHolder]) -> Option<Loss> {
         if let Some(gone) = control.first_gone(workers) {
             let why = format!("worker `{}` was lost (declared dead, or restarted)", gone.name);
-            return Some((why, Cause::Infrastructure));
+            return Some((why, Cause::Infrastructure, FailureDetail::default()));
         }
-        if let Some((at, reason)) = &self.failed {
-            return (at.elapsed() >= self.grace).then(|| (reason.clone(), Cause::Job));
+        if let Some((at, reason, detail)) = &self.failed {
+            return (at.elapsed() >= self.grace).then(|| (reason.clone(), Cause::Job, detail.clone()));
         }
-        let (reason, cause) = part_failure(control, job, attempt)?;
+        let (reason, cause, detail) = part_failure(control, job, attempt)?;
         if cause == Cause::Infrastructure {
-            return Some((reason, cause));
+            return Some((reason, cause, detail));
         }
         tracing::info!(
             reason,
             grace_ms = self.grace.as_millis() as u64,
             "a part failed: waiting to see whether a worker was lost"
         );
-        self.failed = Some((Instant::now(), reason));
+        self.failed = Some((Instant::now(), reason, detail));
         None
     }
 
-    /// The master itself failed (`outcome`): the cluster's doing if a worker of the attempt
-    /// goes away within the grace.
-    fn settle(&self, outcome: Outcome, control: &ControlPlane, workers: &[SlotHolder]) -> Outcome {
-        let Outcome::Failed { message, cause: Cause::Job, checkpointed } = outcome else { return outcome };
-        // A part's end of the checkpoint link closed: its process went away.
-        if message.contains(eddy_engine::PARTS_LINK_CLOSED) {
-            return Outcome::Failed { message, cause: Cause::Infrastructure, checkpointed };
-        }
+    /// The master itself failed (`outcome`). Within the grace, a worker of the attempt that
+    /// goes away makes it the cluster's doing. Otherwise a part that reported a failure of its
+    /// own names the cause (the master's failure is its echo: a failed part closes its
+    /// checkpoint link); a part's link that closed while no part said why within
+    /// [`PART_REPORT_WAIT`] means its process went away.
+    fn settle(
+        &self,
+        outcome: Outcome,
+        control: &ControlPlane,
+        attempt: (&str, u64),
+        workers: &[SlotHolder],
+    ) -> Outcome {
+        let Outcome::Failed { message, detail, cause: Cause::Job, checkpointed } = outcome else { return outcome };
+        let link_closed = message.contains(eddy_engine::PARTS_LINK_CLOSED);
         let since = Instant::now();
+        let mut reported = None;
         while since.elapsed() < self.grace {
             if let Some(gone) = control.first_gone(workers) {
                 let message = format!("{message} (worker `{}` was lost)", gone.name);
-                return Outcome::Failed { message, cause: Cause::Infrastructure, checkpointed };
+                return Outcome::Failed { message, detail, cause: Cause::Infrastructure, checkpointed };
+            }
+            match part_failure(control, attempt.0, attempt.1) {
+                Some((reason, Cause::Infrastructure, detail)) => {
+                    return Outcome::Failed { message: reason, detail, cause: Cause::Infrastructure, checkpointed };
+                }
+                Some(job_failure) => reported = Some(job_failure),
+                None if link_closed && since.elapsed() >= PART_REPORT_WAIT => {
+                    return Outcome::Failed { message, detail, cause: Cause::Infrastructure, checkpointed };
+                }
+                None => {}
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Outcome::Failed { message, cause: Cause::Job, checkpointed }
+        match reported {
+            Some((reason, cause, detail)) => Outcome::Failed { message: reason, detail, cause, checkpointed },
+            None if link_closed => Outcome::Failed { message, detail, cause: Cause::Infrastructure, checkpointed },
+            None => Outcome::Failed { message, detail, cause: Cause::Job, checkpointed },
+        }
     }
 }
 
+/// How long a master whose part's checkpoint link closed waits for that part to say why: its
+/// report travels the control connection, a moment behind the link's end. Silence means its
+/// process went away.
+const PART_REPORT_WAIT: Duration = Duration::from_millis(1_000);
+
 /// A part's failure, if one reported one, and whose doing it was by its reason: an input from
 /// another worker that broke, or a cancellation it did not ask for, is the cluster's.
-fn part_failure(control: &ControlPlane, job: &str, attempt: u64) -> Option<(String, Cause)> {
+///
+/// The part's detail comes from another process: bounded here, and led by which worker's part
+/// failed.
+fn part_failure(control: &ControlPlane, job: &str, attempt: u64) -> Option<Loss> {
     control.part_states(job, attempt).into_iter().find_map(|(worker, state)| match state {
-        PartState::Failed { reason } => {
+        PartState::Failed { reason, mut detail } => {
             let cause = if reason.starts_with(eddy_cluster::executor::INPUT_BROKE) {
                 Cause::Infrastructure
             } else {
                 Cause::Job
             };
-            Some((format!("the part on worker `{worker}` failed: {reason}"), cause))
+            if !detail.causes.is_empty() {
+                detail.causes.insert(0, format!("the part on worker `{worker}`"));
+            }
+            Some((format!("the part on worker `{worker}` failed: {reason}"), cause, detail.bounded()))
         }
-        PartState::Canceled => Some((format!("the part on worker `{worker}` was cancelled"), Cause::Infrastructure)),
+        PartState::Canceled => Some((
+            format!("the part on worker `{worker}` was cancelled"),
+            Cause::Infrastructure,
+            FailureDetail::default(),
+        )),
         PartState::Running | PartState::Finished => None,
     })
 }

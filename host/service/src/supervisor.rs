@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use eddy_core::WATERMARK_MIN;
-use eddy_engine::{Job, JobOptions, MetricsSnapshot, SubtaskSnapshot, SwapError};
+use eddy_engine::{FailureDetail, Job, JobOptions, MetricsSnapshot, SubtaskSnapshot, SwapError};
 use eddy_plan::{PhysicalPlan, PipelineSpec};
 use eddy_runtime::CpuShare;
 use serde::Serialize;
@@ -537,12 +537,13 @@ impl Supervisor {
                     update(state, &key, |r| {
                         r.crash_resumes = record.crash_resumes;
                         r.status = JobStatus::Held;
-                        r.push_failure(format!(
+                        let message = format!(
                             "held: the server stopped without shutting down {MAX_CRASH_RESUMES} times in a row while \
                              this job ran; check its state and memory, then resume it (POST /v1/jobs/{}/resume) or \
                              cancel it",
                             r.id
-                        ));
+                        );
+                        r.push_failure(message, FailureDetail::default());
                     });
                     held_back += 1;
                     continue;
@@ -686,6 +687,8 @@ pub(crate) enum Outcome {
     /// It failed; whether it completed a checkpoint first.
     Failed {
         message: String,
+        /// The engine's failure taken apart (default when the failure is not the engine's).
+        detail: FailureDetail,
         cause: Cause,
         checkpointed: bool,
     },
@@ -699,7 +702,17 @@ pub(crate) enum Outcome {
 impl Outcome {
     /// A failure of the job's own (its operators, spec or data).
     pub(crate) fn job_failed(message: String, checkpointed: bool) -> Self {
-        Outcome::Failed { message, cause: Cause::Job, checkpointed }
+        Outcome::Failed { message, detail: FailureDetail::default(), cause: Cause::Job, checkpointed }
+    }
+
+    /// The engine failed the job (its operators, spec or data): the message and its causes.
+    pub(crate) fn run_failed(e: &eddy_engine::RunError, checkpointed: bool) -> Self {
+        Outcome::Failed { message: e.to_string(), detail: FailureDetail::of(e), cause: Cause::Job, checkpointed }
+    }
+
+    /// The cluster failed the attempt, not the job, before it checkpointed.
+    pub(crate) fn infrastructure(message: String) -> Self {
+        Outcome::Failed { message, detail: FailureDetail::default(), cause: Cause::Infrastructure, checkpointed: false }
     }
 
     /// How a start that failed ends the attempt: a job that had already finished (killed
@@ -707,10 +720,13 @@ impl Outcome {
     pub(crate) fn of_start(e: &eddy_engine::RunError) -> Self {
         match e {
             eddy_engine::RunError::AlreadyFinished { .. } => Outcome::Finished,
-            e => Outcome::job_failed(e.to_string(), false),
+            e => Outcome::run_failed(e, false),
         }
     }
 }
+
+/// Why an attempt is lost: the message, whose doing it was, and the failure taken apart.
+pub(crate) type Loss = (String, Cause, FailureDetail);
 
 /// Where a control request's answer goes.
 type Reply = tokio::sync::oneshot::Sender<Result<Savepoint, ApiError>>;
@@ -850,7 +866,7 @@ pub(crate) fn watch(
     job: Job,
     assignment: &[Vec<String>],
     parts: impl Fn() -> Vec<MetricsSnapshot>,
-    mut lost: impl FnMut() -> Option<(String, Cause)>,
+    mut lost: impl FnMut() -> Option<Loss>,
 ) -> Outcome {
     let metrics = || {
         let mut all = job.metrics();
@@ -909,10 +925,10 @@ pub(crate) fn watch(
                 }
             };
         }
-        if let Some((reason, cause)) = lost() {
+        if let Some((reason, cause, detail)) = lost() {
             job.cancel();
             let _ = job.wait();
-            return Outcome::Failed { message: reason, cause, checkpointed };
+            return Outcome::Failed { message: reason, detail, cause, checkpointed };
         }
         if last.elapsed() >= REFRESH {
             last = Instant::now();
@@ -939,7 +955,7 @@ pub(crate) fn watch(
     match job.wait() {
         Ok(summary) if summary.finished => Outcome::Finished,
         Ok(_) => Outcome::Canceled,
-        Err(e) => Outcome::job_failed(e.to_string(), checkpointed),
+        Err(e) => Outcome::run_failed(&e, checkpointed),
     }
 }
 
@@ -1004,7 +1020,7 @@ fn supervise(state: &AppState, key: &str, live: &Live) {
             Ok(placed) => placed,
             Err(e) => {
                 tracing::warn!(error = %e.detail, "the job's spec no longer places");
-                update(state, key, |r| r.push_failure(e.detail.clone()));
+                update(state, key, |r| r.push_failure(e.detail.clone(), FailureDetail::default()));
                 return end(state, key, JobStatus::Failed);
             }
         };
@@ -1031,7 +1047,7 @@ fn supervise(state: &AppState, key: &str, live: &Live) {
             }
             Outcome::Refused(reason) => {
                 tracing::warn!(reason, "the service ended the job");
-                update(state, key, |r| r.push_failure(reason.clone()));
+                update(state, key, |r| r.push_failure(reason.clone(), FailureDetail::default()));
                 return end(state, key, JobStatus::Failed);
             }
             Outcome::Savepointed(None) => return,
@@ -1046,8 +1062,12 @@ fn supervise(state: &AppState, key: &str, live: &Live) {
                 apply(state, key, &change);
                 let _ = reply.send(Ok(savepoint));
             }
-            Outcome::Failed { message, cause, checkpointed } => {
+            Outcome::Failed { message, detail, cause, checkpointed } => {
                 let message = redact(state, &record.tenant, &message);
+                let detail = FailureDetail {
+                    causes: detail.causes.iter().map(|c| redact(state, &record.tenant, c)).collect(),
+                    guest_message: detail.guest_message.map(|m| redact(state, &record.tenant, &m)),
+                };
                 tracing::warn!(error = %message, ?cause, "job failed");
                 if checkpointed {
                     policy.on_progress(counters);
@@ -1057,13 +1077,13 @@ fn supervise(state: &AppState, key: &str, live: &Live) {
                 let c = *counters;
                 // One change, so nobody sees the failure without the status it led to.
                 update(state, key, |r| {
-                    r.push_failure(message.clone());
+                    r.push_failure(message.clone(), detail.clone());
                     r.restarts = c.restarts;
                     r.fast_failures = c.fast_failures;
                     match &verdict {
                         Verdict::Restart { .. } => r.status = JobStatus::Restarting,
                         Verdict::Exhausted => {}
-                        Verdict::Stop { reason } => r.push_failure(reason.clone()),
+                        Verdict::Stop { reason } => r.push_failure(reason.clone(), FailureDetail::default()),
                     }
                     if !matches!(verdict, Verdict::Restart { .. }) {
                         r.status = JobStatus::Failed;

@@ -551,16 +551,24 @@
     renderTimeline('timeline-lag', points, lag, fmtMs);
   }
 
-  function renderFailures(failures) {
-    const items = [...failures].reverse().map((f) =>
-      el(
-        'li',
-        { testid: 'failure' },
-        el('time', { dateTime: new Date(f.at_ms).toISOString(), text: new Date(f.at_ms).toLocaleString() }),
-        el('div', { class: 'message', testid: 'failure-message', text: f.message }),
-      ),
+  /** A failure: what the guest said, then the host's cause chain outermost first, with the
+   *  whole message folded away; a failure that is not the engine's has its message only. */
+  function failureItem(f) {
+    const causes = f.causes || [];
+    const when = el('time', { dateTime: new Date(f.at_ms).toISOString(), text: new Date(f.at_ms).toLocaleString() });
+    if (!causes.length) return el('li', { testid: 'failure' }, when, el('div', { class: 'message', testid: 'failure-message', text: f.message }));
+    return el(
+      'li',
+      { testid: 'failure' },
+      when,
+      f.guest_message ? el('div', { class: 'guest', testid: 'failure-guest', text: `The operator said: ${f.guest_message}` }) : null,
+      el('ol', { class: 'causes', testid: 'failure-causes' }, ...causes.map((c) => el('li', { class: 'message', testid: 'failure-cause', text: c }))),
+      el('details', {}, el('summary', { text: 'Whole message' }), el('div', { class: 'message', testid: 'failure-message', text: f.message })),
     );
-    byTestId('failures').replaceChildren(...items);
+  }
+
+  function renderFailures(failures) {
+    byTestId('failures').replaceChildren(...[...failures].reverse().map(failureItem));
     byTestId('failures-empty').hidden = failures.length > 0;
   }
 

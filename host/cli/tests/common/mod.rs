@@ -334,3 +334,31 @@ pub fn assert_alerts_once(
     assert_eq!(got.len(), distinct.len(), "an alert committed twice");
     assert_eq!(&distinct, oracle);
 }
+
+/// A job whose step `boom` (the hostile guest, uploaded as `hostile@1`) panics at its first
+/// record, without restarts.
+pub const PANIC_JOB: &str = "name: panics\nsources:\n  - {type: generator, name: g, seed: 1, events: 10}\n\
+                             steps:\n  - {name: boom, wasm: hostile@1, config: {mode: panic}}\n\
+                             restart: {strategy: none}\nsink: {type: blackhole}\n";
+
+/// The failure of [`PANIC_JOB`] as the API shows it, checked against what the failure is by
+/// definition: the guest's panic message apart, and the host's causes outermost first —
+/// `leading` (where it ran), the subtask, the failed call, the trap — each also in the whole
+/// message.
+pub fn assert_panic_failure(j: &Value, leading: &[String]) {
+    assert_eq!(j["status"], "failed", "{j}");
+    let failure = &j["failures"][0];
+    let guest = failure["guest_message"].as_str().unwrap_or_else(|| panic!("no guest message: {failure}"));
+    assert!(guest.contains("hostile operator gave up on purpose"), "the guest's own words: {guest}");
+    let causes: Vec<&str> = failure["causes"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(causes.len(), leading.len() + 3, "{causes:?}");
+    assert_eq!(causes[..leading.len()], leading.iter().map(String::as_str).collect::<Vec<_>>()[..], "{causes:?}");
+    let [subtask, call, trap] = causes[leading.len()..] else { unreachable!("three causes checked above") };
+    assert!(subtask.starts_with("task `") && subtask.contains("boom") && subtask.ends_with(" subtask 0"), "{subtask}");
+    assert_eq!(call, "operator `boom` failed in process");
+    assert!(trap.starts_with("trapped: "), "{trap}");
+    let message = failure["message"].as_str().unwrap();
+    for cause in &causes {
+        assert!(message.contains(cause), "the whole message holds `{cause}`: {message}");
+    }
+}
