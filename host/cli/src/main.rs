@@ -9,6 +9,7 @@ mod bench;
 mod bench_checkpoint;
 mod bench_languages;
 mod bench_latency;
+mod bench_swap;
 mod client;
 mod cluster;
 mod project;
@@ -400,6 +401,31 @@ enum BenchSuite {
         #[arg(long, default_value = "checkpoint-report.json")]
         report: PathBuf,
     },
+    /// What changing a running step's code costs: a live swap against a restart-mode upgrade
+    /// of the same job (a running count at `--parallelism`).
+    Swap {
+        /// Parallelism of the source and the count.
+        #[arg(long, default_value_t = 4)]
+        parallelism: u32,
+        /// Users counted: the keyed state a restart restores and a swap keeps in place.
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// Runs of each way; the table shows medians.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Where the guest components are (`cargo build --release -p eddy-guest-artifacts`).
+        #[arg(long, default_value = "target/wasm-guests")]
+        guests_dir: PathBuf,
+        /// Where compiled operators are cached.
+        #[arg(long, default_value = ".eddy/artifacts")]
+        cache_dir: PathBuf,
+        /// Working directory (checkpoints, state, savepoints).
+        #[arg(long, default_value = ".eddy/bench")]
+        work_dir: PathBuf,
+        /// The JSON report.
+        #[arg(long, default_value = "swap-report.json")]
+        report: PathBuf,
+    },
     /// One Nexmark query (`examples/nexmark/<query>.yaml`) on Eddy and natively.
     Nexmark {
         /// q0, q1, q2, q3, q5, q7, q8 or q11; several separated by commas, or `all`.
@@ -449,6 +475,9 @@ fn bench(suite: BenchSuite) -> Result<()> {
         }
         BenchSuite::Checkpoint { keys, backends, work_dir, report } => {
             bench_checkpoint::run(&backends, &keys, &work_dir, &report)
+        }
+        BenchSuite::Swap { parallelism, keys, runs, guests_dir, cache_dir, work_dir, report } => {
+            bench_swap::run(&bench_swap::SwapArgs { parallelism, keys, runs, guests_dir, cache_dir, work_dir, report })
         }
         BenchSuite::Nexmark {
             query,
