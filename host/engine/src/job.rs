@@ -26,7 +26,7 @@ use eddy_state::{
 use eddy_checkpoint::restore::Share;
 use eddy_checkpoint::store::StoreFaults;
 use eddy_checkpoint::upload::Uploader;
-use eddy_checkpoint::{CheckpointError, CheckpointId, CheckpointStore, RestorePoint};
+use eddy_checkpoint::{CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint};
 use eddy_connectors::{
     Blackhole, FilesSink, FilesSinkState, JsonLinesSink, KafkaSink, KafkaSinkState, LocalDir, OutputDir, PostgresSink,
     PostgresSinkState, PrintSink, Sink, SourceError, StoreDir, UpsertSink, open_source,
@@ -456,6 +456,20 @@ fn sink_committer(spec: &SinkSpec, job: &str, files_out: Option<&Arc<dyn OutputD
     }
 }
 
+/// The steps whose state `meta` says goes on with other code than `running` (step name and
+/// the digest it loaded), as (step, recorded digest, running digest), once per step.
+fn other_code<'a>(meta: &'a CheckpointMetadata, running: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str, &'a str)> {
+    let mut found: Vec<(&str, &str, &str)> = Vec::new();
+    for op in meta.subtasks.iter().flat_map(|s| &s.operators) {
+        let Some(recorded) = op.artifact.as_deref() else { continue };
+        let Some(&(step, digest)) = running.iter().find(|(name, _)| *name == op.step) else { continue };
+        if recorded != digest && !found.iter().any(|(s, _, _)| *s == step) {
+            found.push((step, recorded, digest));
+        }
+    }
+    found
+}
+
 fn load_step(runtime: &Runtime, step: &StepSpec) -> Result<Component, RunError> {
     let component = runtime
         .load_file(&step.name, Path::new(&step.wasm))
@@ -754,6 +768,20 @@ impl Job {
         let run_name = FilesSink::run_name();
         let signals = Arc::new(Signals::default());
         if let Some(point) = restore {
+            let digests: Vec<(&str, &str)> =
+                spec.steps.iter().zip(&components).map(|(s, c)| (s.name.as_str(), c.digest())).collect();
+            for (step, recorded, running) in other_code(point.metadata(), &digests) {
+                tracing::warn!(
+                    job = %spec.name,
+                    step,
+                    checkpoint = point.id(),
+                    recorded,
+                    running,
+                    "the checkpoint's state of this step went on with other code than the spec gives: a \
+                     restart-mode upgrade does this on purpose; after a live swap, point the step at the swapped \
+                     artifact"
+                );
+            }
             // Sources continue from the restored positions, so barriers continue after its id.
             signals.trigger.store(point.id(), Ordering::SeqCst);
             signals.completed.store(point.id(), Ordering::SeqCst);
@@ -1248,4 +1276,29 @@ fn poisoned() -> RunError {
 
 fn internal(task: usize, subtask: u32, message: &str) -> RunError {
     RunError::Internal { task, subtask, message: message.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two subtasks of `count` recorded `v2` (a live swap), `sum` recorded what runs, `old`
+    /// recorded nothing (a checkpoint from before artifacts were recorded).
+    #[test]
+    fn a_restore_names_each_step_whose_recorded_code_differs_once() {
+        let op = |step: &str, artifact: Option<&str>| serde_json::json!({"step": step, "state": {"entries": []}, "artifact": artifact});
+        let subtask = |i: u32| {
+            serde_json::json!({"task": 1, "subtask": i, "parallelism": 2, "keyed": true, "source": null, "sink": null,
+                "operators": [op("count", Some("v2")), op("sum", Some("s1")), op("old", None)]})
+        };
+        let meta: CheckpointMetadata = serde_json::from_value(serde_json::json!({
+            "version": eddy_checkpoint::metadata::FORMAT_VERSION, "job": "j", "id": 4, "completed_ms": 0,
+            "finished": false, "subtasks": [subtask(0), subtask(1)],
+            "stats": {"alignment_ms": 0.0, "sync_ms": 0.0, "async_ms": 0.0, "total_ms": 0.0, "full_bytes": 0,
+                "incremental_bytes": 0}
+        }))
+        .expect("metadata");
+        let running = [("count", "v1"), ("sum", "s1"), ("old", "o1")];
+        assert_eq!(other_code(&meta, &running), vec![("count", "v2", "v1")]);
+    }
 }
