@@ -30,8 +30,7 @@ pub struct SwapArgs {
     pub parallelism: u32,
     pub keys: u64,
     pub runs: usize,
-    pub guests_dir: PathBuf,
-    pub cache_dir: PathBuf,
+    pub guests: crate::GuestDirs,
     pub work_dir: PathBuf,
     pub report: PathBuf,
 }
@@ -180,7 +179,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 /// Runs both ways `runs` times, prints each row and the medians, writes the JSON report.
 pub fn run(args: &SwapArgs) -> Result<()> {
-    let guests = args.guests_dir.join("wasm32-wasip2/release");
+    let guests = args.guests.guests_dir.join("wasm32-wasip2/release");
     let (v1, v2) = (guests.join("running_count.wasm"), guests.join("running_count_v2.wasm"));
     for wasm in [&v1, &v2] {
         if !wasm.is_file() {
@@ -190,10 +189,7 @@ pub fn run(args: &SwapArgs) -> Result<()> {
             );
         }
     }
-    let runtime = Runtime::new(eddy_runtime::RuntimeConfig {
-        cache_dir: Some(args.cache_dir.clone()),
-        ..eddy_runtime::RuntimeConfig::default()
-    })?;
+    let runtime = crate::runtime(args.guests.cache_dir.clone())?;
     std::fs::create_dir_all(&args.work_dir).with_context(|| format!("creating {}", args.work_dir.display()))?;
     let mut rows = Vec::new();
     for run in 0..args.runs {

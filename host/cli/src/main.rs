@@ -362,6 +362,17 @@ enum TenantAction {
     },
 }
 
+/// Where a bench finds the built guest components and caches their compiled code.
+#[derive(Debug, clap::Args)]
+struct GuestDirs {
+    /// Where the guest components are (`cargo build --release -p eddy-guest-artifacts`).
+    #[arg(long, default_value = "target/wasm-guests")]
+    guests_dir: PathBuf,
+    /// Where compiled operators are cached.
+    #[arg(long, default_value = ".eddy/artifacts")]
+    cache_dir: PathBuf,
+}
+
 #[derive(Subcommand)]
 enum BenchSuite {
     /// What an operator costs in each language: word count and Nexmark q1 per language next
@@ -376,12 +387,8 @@ enum BenchSuite {
         /// Runs per measurement; the table shows medians.
         #[arg(long, default_value_t = 3)]
         runs: usize,
-        /// Where the guest components are (`cargo build --release -p eddy-guest-artifacts`).
-        #[arg(long, default_value = "target/wasm-guests")]
-        guests_dir: PathBuf,
-        /// Where compiled operators are cached.
-        #[arg(long, default_value = ".eddy/artifacts")]
-        cache_dir: PathBuf,
+        #[command(flatten)]
+        guests: GuestDirs,
         /// The JSON report.
         #[arg(long, default_value = "languages-report.json")]
         report: PathBuf,
@@ -413,12 +420,8 @@ enum BenchSuite {
         /// Runs of each way; the table shows medians.
         #[arg(long, default_value_t = 3)]
         runs: usize,
-        /// Where the guest components are (`cargo build --release -p eddy-guest-artifacts`).
-        #[arg(long, default_value = "target/wasm-guests")]
-        guests_dir: PathBuf,
-        /// Where compiled operators are cached.
-        #[arg(long, default_value = ".eddy/artifacts")]
-        cache_dir: PathBuf,
+        #[command(flatten)]
+        guests: GuestDirs,
         /// Working directory (checkpoints, state, savepoints).
         #[arg(long, default_value = ".eddy/bench")]
         work_dir: PathBuf,
@@ -470,14 +473,14 @@ enum BenchSuite {
 
 fn bench(suite: BenchSuite) -> Result<()> {
     match suite {
-        BenchSuite::Languages { words, events, runs, guests_dir, cache_dir, report } => {
+        BenchSuite::Languages { words, events, runs, guests: GuestDirs { guests_dir, cache_dir }, report } => {
             bench_languages::run(&bench_languages::LanguageArgs { words, events, runs, guests_dir, cache_dir, report })
         }
         BenchSuite::Checkpoint { keys, backends, work_dir, report } => {
             bench_checkpoint::run(&backends, &keys, &work_dir, &report)
         }
-        BenchSuite::Swap { parallelism, keys, runs, guests_dir, cache_dir, work_dir, report } => {
-            bench_swap::run(&bench_swap::SwapArgs { parallelism, keys, runs, guests_dir, cache_dir, work_dir, report })
+        BenchSuite::Swap { parallelism, keys, runs, guests, work_dir, report } => {
+            bench_swap::run(&bench_swap::SwapArgs { parallelism, keys, runs, guests, work_dir, report })
         }
         BenchSuite::Nexmark {
             query,

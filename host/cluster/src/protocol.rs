@@ -301,6 +301,23 @@ mod tests {
         assert!(wire.is_empty(), "nothing of it went out");
     }
 
+    /// A worker's failure report naming a million causes (within the message limit) is taken
+    /// as the bounded detail it may carry.
+    #[test]
+    fn a_part_failure_with_endless_causes_decodes_bounded() {
+        let detail = format!("{{\"causes\": [{}\"last\"]}}", "\"\",".repeat(1_000_000));
+        let json = format!(
+            "{{\"type\": \"part\", \"job\": \"j\", \"attempt\": 1, \"state\": {{\"state\": \"failed\", \"reason\": \"r\", \"detail\": {detail}}}}}"
+        );
+        let mut wire = (json.len() as u32).to_le_bytes().to_vec();
+        wire.extend_from_slice(json.as_bytes());
+        let Ok(Some((WorkerMessage::Part { state: PartState::Failed { detail, .. }, .. }, _))) = decode(&wire) else {
+            panic!("a part report decodes")
+        };
+        assert_eq!(detail.causes.len(), eddy_engine::MAX_CAUSES);
+        assert_eq!(detail.causes.last().map(String::as_str), Some("last"));
+    }
+
     proptest! {
         #[test]
         fn hostile_bytes_are_errors_not_panics(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {

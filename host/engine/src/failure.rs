@@ -1,13 +1,17 @@
 //! A failure taken apart for people: the host's cause chain, outermost first (which task and
 //! subtask, which operator and call, what the sandbox saw), and the guest's own last words
 //! (its panic message or stderr tail) apart from them. The service keeps it beside the whole
-//! message; a worker sends it to the coordinator, which bounds it again (see
-//! [`FailureDetail::bounded`]), since it comes from another process.
+//! message; a worker sends it to the coordinator, and decoding it keeps it within
+//! [`FailureDetail::bounded`]'s bounds as it reads (a message of a million empty causes costs
+//! sixteen strings, not a million), since it comes from another process.
 
+use std::collections::VecDeque;
 use std::error::Error;
+use std::fmt;
 
 use eddy_runtime::CallError;
-use serde::{Deserialize, Serialize};
+use serde::de::{SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::{OperatorError, TaskError};
 
@@ -17,12 +21,17 @@ pub const MAX_CAUSES: usize = 16;
 /// Bytes kept per cause and of the guest's message.
 pub const MAX_CAUSE_BYTES: usize = 4096;
 
+/// Bytes kept of a whole failure message another process sent: as much as its causes.
+pub const MAX_MESSAGE_BYTES: usize = MAX_CAUSES * MAX_CAUSE_BYTES;
+
 /// See the module docs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailureDetail {
     /// What failed where, outermost first; each names only what the one after it does not.
+    #[serde(default, deserialize_with = "bounded_causes")]
     pub causes: Vec<String>,
     /// What the guest said before it failed, if it said anything.
+    #[serde(default, deserialize_with = "clipped_message")]
     pub guest_message: Option<String>,
 }
 
@@ -55,20 +64,77 @@ impl FailureDetail {
 
     /// At most [`MAX_CAUSES`] causes (the outermost and the innermost ones kept) of at most
     /// [`MAX_CAUSE_BYTES`] each, and a guest message of at most that.
-    pub fn bounded(mut self) -> Self {
-        if self.causes.len() > MAX_CAUSES {
-            let dropped = self.causes.len() - MAX_CAUSES + 1;
-            let keep_outer = MAX_CAUSES / 2;
-            self.causes.splice(keep_outer..keep_outer + dropped, [format!("({dropped} more causes)")]);
+    pub fn bounded(self) -> Self {
+        let mut causes = CauseBound::default();
+        for cause in self.causes {
+            causes.push(cause);
         }
-        for cause in &mut self.causes {
-            clip(cause);
-        }
-        if let Some(message) = &mut self.guest_message {
-            clip(message);
-        }
-        self
+        FailureDetail { causes: causes.finish(), guest_message: self.guest_message.map(clipped) }
     }
+
+    /// A whole failure message from another process, cut to [`MAX_MESSAGE_BYTES`].
+    pub fn bounded_message(message: String) -> String {
+        clipped_to(message, MAX_MESSAGE_BYTES)
+    }
+}
+
+/// Causes kept as they come: the first half of [`MAX_CAUSES`], the newest of the rest, and how
+/// many fell out between them.
+#[derive(Default)]
+struct CauseBound {
+    outer: Vec<String>,
+    inner: VecDeque<String>,
+    dropped: usize,
+}
+
+impl CauseBound {
+    const OUTER: usize = MAX_CAUSES / 2;
+
+    fn push(&mut self, cause: String) {
+        let cause = clipped(cause);
+        if self.outer.len() < Self::OUTER {
+            return self.outer.push(cause);
+        }
+        self.inner.push_back(cause);
+        if self.inner.len() > MAX_CAUSES - Self::OUTER {
+            self.inner.pop_front();
+            self.dropped += 1;
+        }
+    }
+
+    /// At most [`MAX_CAUSES`]: past it, a marker for those left out stands between the halves.
+    fn finish(mut self) -> Vec<String> {
+        if self.dropped > 0 {
+            self.inner.pop_front();
+            self.outer.push(format!("({} more causes)", self.dropped + 1));
+        }
+        self.outer.extend(self.inner);
+        self.outer
+    }
+}
+
+fn bounded_causes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    struct Causes;
+    impl<'de> Visitor<'de> for Causes {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of causes")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+            let mut causes = CauseBound::default();
+            while let Some(cause) = seq.next_element::<String>()? {
+                causes.push(cause);
+            }
+            Ok(causes.finish())
+        }
+    }
+    deserializer.deserialize_seq(Causes)
+}
+
+fn clipped_message<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(deserializer)?.map(clipped))
 }
 
 /// The operator call that failed, if `error` is (or wraps only) one.
@@ -89,16 +155,21 @@ fn failed_call<'e>(error: &'e (dyn Error + 'static)) -> Option<&'e CallError> {
         .or_else(|| error.downcast_ref::<Box<TaskError>>().and_then(|b| from_task(b)))
 }
 
-/// Cuts `text` to [`MAX_CAUSE_BYTES`] at a character boundary, marking the cut.
-fn clip(text: &mut String) {
-    if text.len() > MAX_CAUSE_BYTES {
-        let mut end = MAX_CAUSE_BYTES - '…'.len_utf8();
+/// `text` cut to [`MAX_CAUSE_BYTES`] at a character boundary, the cut marked.
+fn clipped(text: String) -> String {
+    clipped_to(text, MAX_CAUSE_BYTES)
+}
+
+fn clipped_to(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max - '…'.len_utf8();
         while !text.is_char_boundary(end) {
             end -= 1;
         }
         text.truncate(end);
         text.push('…');
     }
+    text
 }
 
 #[cfg(test)]
@@ -170,5 +241,29 @@ mod tests {
         assert_eq!(detail.causes.last().map(String::as_str), Some("cause 39"));
         let message = detail.guest_message.expect("kept");
         assert!(message.len() <= MAX_CAUSE_BYTES && message.ends_with('…'), "{} bytes", message.len());
+        let exactly = FailureDetail { causes: (0..MAX_CAUSES).map(|i| i.to_string()).collect(), guest_message: None };
+        assert_eq!(exactly.clone().bounded(), exactly, "a chain within the bounds is kept whole");
+    }
+
+    /// Another process's detail is bounded while it is decoded: the same as bounding it
+    /// afterwards, and a million causes in a message end up as sixteen.
+    #[test]
+    fn a_detail_is_bounded_while_it_is_decoded() {
+        let long = FailureDetail {
+            causes: (0..40).map(|i| format!("cause {i}")).collect(),
+            guest_message: Some("x".repeat(3 * MAX_CAUSE_BYTES)),
+        };
+        let wire = serde_json::to_string(&long).expect("encode");
+        let decoded: FailureDetail = serde_json::from_str(&wire).expect("decode");
+        assert_eq!(decoded, long.bounded());
+        let million = format!("{{\"causes\": [{}\"last\"], \"guest_message\": null}}", "\"\",".repeat(1_000_000));
+        let decoded: FailureDetail = serde_json::from_str(&million).expect("decode");
+        assert_eq!(decoded.causes.len(), MAX_CAUSES);
+        assert_eq!(decoded.causes[MAX_CAUSES / 2], format!("({} more causes)", 1_000_001 - MAX_CAUSES + 1));
+        assert_eq!(decoded.causes.last().map(String::as_str), Some("last"));
+        let absent: FailureDetail = serde_json::from_str("{}").expect("an older worker's empty detail");
+        assert_eq!(absent, FailureDetail::default());
+        let message = FailureDetail::bounded_message("é".repeat(MAX_MESSAGE_BYTES));
+        assert!(message.len() <= MAX_MESSAGE_BYTES && message.ends_with('…'), "{} bytes", message.len());
     }
 }

@@ -1190,15 +1190,19 @@ impl Job {
         match (first_error, checkpoint_result) {
             (Some(e), _) => Err(e),
             (None, Err(e)) => Err(RunError::Checkpoint(e)),
-            (None, Ok(())) => Ok(RunSummary {
-                metrics: self.metrics.snapshot(),
-                finished,
-                restored_from: self.restored_from,
-                checkpoints: self.history.lock().map(|h| h.newest()).unwrap_or_default(),
-                checkpoints_completed: self.history.lock().map(|h| h.completed()).unwrap_or_default(),
-                restarts: 0,
-                savepoint: None,
-            }),
+            (None, Ok(())) => {
+                let (checkpoints, checkpoints_completed) =
+                    self.history.lock().map(|h| (h.newest(), h.completed())).unwrap_or_default();
+                Ok(RunSummary {
+                    metrics: self.metrics.snapshot(),
+                    finished,
+                    restored_from: self.restored_from,
+                    checkpoints,
+                    checkpoints_completed,
+                    restarts: 0,
+                    savepoint: None,
+                })
+            }
         }
     }
 

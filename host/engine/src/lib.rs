@@ -34,7 +34,7 @@ pub mod window_operator;
 
 pub use checkpoint_history::{CompletedCheckpoint, HISTORY_KEPT, SubtaskStateBytes};
 pub use checkpointing::PARTS_LINK_CLOSED;
-pub use failure::{FailureDetail, MAX_CAUSE_BYTES, MAX_CAUSES};
+pub use failure::{FailureDetail, MAX_CAUSE_BYTES, MAX_CAUSES, MAX_MESSAGE_BYTES};
 pub use job::{
     Job, JobOptions, Placement, RunError, RunSummary, SinkFactory, SourceEntry, SourceObserver, SwapDone, SwapError,
     files_output,

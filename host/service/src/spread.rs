@@ -348,8 +348,8 @@ const PART_REPORT_WAIT: Duration = Duration::from_millis(1_000);
 /// A part's failure, if one reported one, and whose doing it was by its reason: an input from
 /// another worker that broke, or a cancellation it did not ask for, is the cluster's.
 ///
-/// The part's detail comes from another process: bounded here, and led by which worker's part
-/// failed.
+/// The part's reason and detail come from another process: bounded here (the detail already
+/// while it was decoded; again once led by which worker's part failed).
 fn part_failure(control: &ControlPlane, job: &str, attempt: u64) -> Option<Loss> {
     control.part_states(job, attempt).into_iter().find_map(|(worker, state)| match state {
         PartState::Failed { reason, mut detail } => {
@@ -361,6 +361,7 @@ fn part_failure(control: &ControlPlane, job: &str, attempt: u64) -> Option<Loss>
             if !detail.causes.is_empty() {
                 detail.causes.insert(0, format!("the part on worker `{worker}`"));
             }
+            let reason = FailureDetail::bounded_message(reason);
             Some((format!("the part on worker `{worker}` failed: {reason}"), cause, detail.bounded()))
         }
         PartState::Canceled => Some((
