@@ -40,9 +40,21 @@ page.on('console', (message) => {
 
 const at = (command) => page.locator(command.sel).nth(command.nth ?? 0);
 
-async function visibleOrNull(locator, read) {
-  if ((await locator.count()) === 0 || !(await locator.isVisible())) return null;
-  return read(locator);
+// Reads the `nth` match in one step in the page: the UI re-renders on its own timer, and an
+// element counted a moment before may be gone when a waiting read runs (which would then wait
+// out ACTION_TIMEOUT_MS instead of answering null).
+async function visibleOrNull(command, read) {
+  return page.locator(command.sel).evaluateAll(
+    (elements, { nth, read, name }) => {
+      const element = elements[nth];
+      if (!element) return null;
+      const style = getComputedStyle(element);
+      const shown = element.getClientRects().length > 0 && style.visibility !== 'hidden';
+      if (!shown) return null;
+      return read === 'text' ? element.textContent : element.getAttribute(name);
+    },
+    { nth: command.nth ?? 0, read, name: command.name ?? null },
+  );
 }
 
 const ops = {
@@ -59,8 +71,8 @@ const ops = {
     return null;
   },
   count: async (c) => page.locator(c.sel).count(),
-  text: async (c) => visibleOrNull(at(c), (l) => l.textContent()),
-  attr: async (c) => visibleOrNull(at(c), (l) => l.getAttribute(c.name)),
+  text: async (c) => visibleOrNull(c, 'text'),
+  attr: async (c) => visibleOrNull(c, 'attr'),
   value: async (c) => at(c).inputValue(),
   screenshot: async (c) => {
     await page.screenshot({ path: c.path, fullPage: true });
