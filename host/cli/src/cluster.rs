@@ -99,7 +99,7 @@ fn coordinator_identity(tls: Option<&Path>, data_dir: &Path) -> Result<(NodeIden
 
 /// `eddy coordinator`: the service with its control plane on the same host and port.
 pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
-    let runtime = crate::serve::runtime()?;
+    let runtime = crate::serve::runtime(crate::serve::SERVER_IO_THREADS)?;
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
     let (identity, enrollment) = coordinator_identity(args.tls.as_deref(), &args.data_dir)?;
     let listener = runtime
@@ -291,19 +291,12 @@ fn operator_runtime(data_dir: &Path) -> Result<eddy_runtime::Runtime> {
 /// The largest artifact a worker fetches (the coordinator's default upload limit).
 const MAX_ARTIFACT_BYTES: u64 = 64 << 20;
 
-/// A worker's async runtime: its QUIC endpoints, the links' pumps, its control session. One
-/// thread, not the server's two: the work on it is short (a datagram, a frame, a credit), and
-/// two threads passed the wake-ups of every exchanged buffer between themselves. q5 across two
-/// worker processes (`cargo bench -p eddy-cli --bench cluster_shuffle`) used 6-11% less CPU
+/// A worker's async runtime (its QUIC endpoints, the links' pumps, its control session) has
+/// one thread, not the server's two: the work on it is short (a datagram, a frame, a credit),
+/// and two threads passed the wake-ups of every exchanged buffer between themselves. q5 across
+/// two worker processes (`cargo bench -p eddy-cli --bench cluster_shuffle`) used 6-11% less CPU
 /// per event with one. Parts run on threads of their own, never here.
-fn worker_runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .thread_name("eddy-io")
-        .build()
-        .context("starting the async runtime")
-}
+const WORKER_IO_THREADS: usize = 1;
 
 /// `eddy worker`: registers, beats, runs the parts deployed to it, and registers again
 /// whenever the coordinator restarts.
@@ -312,7 +305,7 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
         .with_context(|| format!("--name {}: a worker's name is one lowercase DNS label", args.name))?;
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
     let identity = worker_identity(&args)?;
-    let runtime = worker_runtime()?;
+    let runtime = crate::serve::runtime(WORKER_IO_THREADS)?;
     let data_listen = resolve(&args.data_listen)?;
     let node = QuicNode::bind(&identity, data_listen, Tuning::default(), runtime.handle().clone())?;
     let data_addr = node.local_addr()?;

@@ -55,7 +55,7 @@ impl ServiceFlags {
 
 /// Runs the server until SIGINT or SIGTERM; running jobs stop and resume at the next start.
 pub fn serve(listen: &str, data_dir: PathBuf, slots: u32, flags: &ServiceFlags) -> Result<()> {
-    let runtime = runtime()?;
+    let runtime = runtime(SERVER_IO_THREADS)?;
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind(listen))
         .with_context(|| format!("cannot listen on {listen}: is another server using it?"))?;
@@ -65,10 +65,14 @@ pub fn serve(listen: &str, data_dir: PathBuf, slots: u32, flags: &ServiceFlags) 
     run(&runtime, listener, config)
 }
 
-/// The runtime of the service's and the cluster's network I/O.
-pub fn runtime() -> Result<tokio::runtime::Runtime> {
+/// Threads of a server's or coordinator's I/O runtime: two, so that its HTTP side keeps a
+/// thread while the other is busy.
+pub const SERVER_IO_THREADS: usize = 2;
+
+/// The runtime of the service's and the cluster's network I/O, with `threads` threads.
+pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(threads)
         .enable_all()
         .thread_name("eddy-io")
         .build()
