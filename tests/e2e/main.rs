@@ -14,6 +14,7 @@ mod operators;
 mod polyglot;
 mod postgres;
 mod recovery;
+mod replay;
 mod spread;
 mod state;
 mod unaligned;

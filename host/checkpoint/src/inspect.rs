@@ -300,16 +300,9 @@ impl Reader<'_> {
         let declared = self.states.get(&k.state).copied();
         let kind = declared.map(|d| d.kind);
         if kind == Some(StateKind::List) {
-            // Header at the list's key, then an item per 8-byte index after it.
+            // Items follow their header, so they gather into one entry.
             let prefix = &raw_key[..raw_key.len() - k.map_key.len()];
-            let items = if !k.map_key.is_empty() {
-                vec![self.decode(value)]
-            } else if value.starts_with(&[0xFF; 4]) {
-                Vec::new() // the header
-            } else {
-                // A list in the older single-value layout.
-                decode_list(value)?.iter().map(|i| self.decode(i)).collect()
-            };
+            let items = list_items(&k, value, &self.schemas)?;
             if let Some(open) = &mut self.open_list
                 && open.prefix == prefix
             {
@@ -319,57 +312,14 @@ impl Reader<'_> {
                 return Ok(());
             }
             self.close_list();
-            let entry = self.base(&k, declared, Value::Array(items));
+            let entry = base(&k, declared, Value::Array(items));
             self.open_list = Some(OpenList { prefix: prefix.to_vec(), entry });
             return Ok(());
         }
         self.close_list();
-        let mut entry = self.base(&k, declared, Value::Null);
-        match kind {
-            Some(StateKind::Map) => {
-                entry.map_key = Some(json_or_text(k.map_key));
-                entry.value = self.decode(value);
-            }
-            Some(StateKind::WindowAccumulator) => {
-                let window = decode_window(k.namespace).map_err(StateError::Corrupt)?;
-                let (fired, acc) = split_accumulator(value).map_err(StateError::Corrupt)?;
-                entry.window = Some(WindowRange { start: window.start, end: window.end });
-                entry.fired = Some(fired);
-                entry.value = self.decode(acc);
-            }
-            Some(StateKind::WindowSessions) => {
-                let windows = decode_list(value)?
-                    .iter()
-                    .map(|w| {
-                        decode_window(w)
-                            .map(|w| serde_json::json!({"start": w.start, "end": w.end}))
-                            .map_err(StateError::Corrupt)
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                entry.value = Value::Array(windows);
-            }
-            Some(StateKind::Value) | Some(StateKind::List) | None => {
-                if !k.map_key.is_empty() {
-                    entry.map_key = Some(hex(k.map_key));
-                }
-                entry.value = self.decode(value);
-            }
-        }
+        let entry = decode_one(&k, declared, value, &self.schemas)?;
         self.push(entry);
         Ok(())
-    }
-
-    fn base(&self, k: &eddy_state::DecodedStateKey<'_>, declared: Option<&DeclaredState>, value: Value) -> StateEntry {
-        StateEntry {
-            key: json_or_text(k.key),
-            key_group: k.key_group,
-            state: declared.map_or_else(|| format!("#{:08x}", k.state), |d| d.name.clone()),
-            kind: declared.map(|d| d.kind),
-            window: None,
-            fired: None,
-            map_key: None,
-            value,
-        }
     }
 
     fn close_list(&mut self) {
@@ -386,25 +336,126 @@ impl Reader<'_> {
         self.value_bytes += entry.value.to_string().len();
         self.entries.push(entry);
     }
+}
 
-    /// A stored value as JSON: a row by its recorded schema, JSON text as is, else hex.
-    fn decode(&self, bytes: &[u8]) -> Value {
-        if eddy_wire::row::is_row(bytes) {
-            let mut out = Vec::new();
-            if eddy_wire::json::row_to_json(bytes, &self.schemas, &mut out).is_ok()
-                && let Ok(v) = serde_json::from_slice(&out)
-            {
-                return v;
-            }
-            return hex(bytes);
+/// Decodes one stored entry on its own, as a state trace shows it: a value, one map entry,
+/// one list item (or a list's header, as an empty array), a window's accumulator with its
+/// window, or a session list; `value: None` (an entry read but absent) names the entry only.
+/// `states` names the entry's state; rows read by `schemas`.
+pub fn decode_entry(
+    raw_key: &[u8],
+    value: Option<&[u8]>,
+    states: &[DeclaredState],
+    schemas: &dyn Schemas,
+) -> Result<StateEntry, StateError> {
+    let k = decode_state_key(raw_key)?;
+    let declared = states.iter().find(|d| state_id(&d.name) == k.state);
+    let Some(value) = value else {
+        let mut entry = base(&k, declared, Value::Null);
+        if !k.map_key.is_empty() {
+            entry.map_key = Some(json_or_text(k.map_key));
         }
-        serde_json::from_slice(bytes).unwrap_or_else(|_| hex(bytes))
+        if declared.is_some_and(|d| d.kind == StateKind::WindowAccumulator)
+            && let Ok(w) = decode_window(k.namespace)
+        {
+            entry.window = Some(WindowRange { start: w.start, end: w.end });
+        }
+        return Ok(entry);
+    };
+    if declared.is_some_and(|d| d.kind == StateKind::List) {
+        return Ok(base(&k, declared, Value::Array(list_items(&k, value, schemas)?)));
     }
+    decode_one(&k, declared, value, schemas)
+}
+
+/// The items one entry of a list holds: its header (at the list's key) none, an item (at the
+/// key and an 8-byte index) one, a list in the older single-value layout all of them.
+fn list_items(
+    k: &eddy_state::DecodedStateKey<'_>,
+    value: &[u8],
+    schemas: &dyn Schemas,
+) -> Result<Vec<Value>, StateError> {
+    Ok(if !k.map_key.is_empty() {
+        vec![decode_value(value, schemas)]
+    } else if value.starts_with(&[0xFF; 4]) {
+        Vec::new()
+    } else {
+        decode_list(value)?.iter().map(|i| decode_value(i, schemas)).collect()
+    })
+}
+
+/// An entry of any kind but a list.
+fn decode_one(
+    k: &eddy_state::DecodedStateKey<'_>,
+    declared: Option<&DeclaredState>,
+    value: &[u8],
+    schemas: &dyn Schemas,
+) -> Result<StateEntry, StateError> {
+    let mut entry = base(k, declared, Value::Null);
+    match declared.map(|d| d.kind) {
+        Some(StateKind::Map) => {
+            entry.map_key = Some(json_or_text(k.map_key));
+            entry.value = decode_value(value, schemas);
+        }
+        Some(StateKind::WindowAccumulator) => {
+            let window = decode_window(k.namespace).map_err(StateError::Corrupt)?;
+            let (fired, acc) = split_accumulator(value).map_err(StateError::Corrupt)?;
+            entry.window = Some(WindowRange { start: window.start, end: window.end });
+            entry.fired = Some(fired);
+            entry.value = decode_value(acc, schemas);
+        }
+        Some(StateKind::WindowSessions) => {
+            let windows = decode_list(value)?
+                .iter()
+                .map(|w| {
+                    decode_window(w)
+                        .map(|w| serde_json::json!({"start": w.start, "end": w.end}))
+                        .map_err(StateError::Corrupt)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            entry.value = Value::Array(windows);
+        }
+        Some(StateKind::Value) | Some(StateKind::List) | None => {
+            if !k.map_key.is_empty() {
+                entry.map_key = Some(hex(k.map_key));
+            }
+            entry.value = decode_value(value, schemas);
+        }
+    }
+    Ok(entry)
+}
+
+/// The fields every entry has, from its key.
+fn base(k: &eddy_state::DecodedStateKey<'_>, declared: Option<&DeclaredState>, value: Value) -> StateEntry {
+    StateEntry {
+        key: json_or_text(k.key),
+        key_group: k.key_group,
+        state: declared.map_or_else(|| format!("#{:08x}", k.state), |d| d.name.clone()),
+        kind: declared.map(|d| d.kind),
+        window: None,
+        fired: None,
+        map_key: None,
+        value,
+    }
+}
+
+/// A stored value as JSON: a row by its schema, JSON text as is, else hex.
+pub fn decode_value(bytes: &[u8], schemas: &dyn Schemas) -> Value {
+    if eddy_wire::row::is_row(bytes) {
+        let mut out = Vec::new();
+        if eddy_wire::json::row_to_json(bytes, schemas, &mut out).is_ok()
+            && let Ok(v) = serde_json::from_slice(&out)
+        {
+            return v;
+        }
+        return hex(bytes);
+    }
+    serde_json::from_slice(bytes).unwrap_or_else(|_| hex(bytes))
 }
 
 /// Bytes that are JSON as that JSON, else as their text (keys are JSON in every SDK, but a
 /// host source may key by raw text).
-fn json_or_text(bytes: &[u8]) -> Value {
+pub fn json_or_text(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }
 

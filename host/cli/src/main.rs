@@ -13,6 +13,7 @@ mod bench_swap;
 mod client;
 mod cluster;
 mod project;
+mod replay;
 mod serve;
 mod state;
 
@@ -288,6 +289,11 @@ enum Command {
     /// Read a step's keyed state from a checkpoint or savepoint: keys and values of value,
     /// list and map states, window accumulators and timers, decoded.
     State(state::StateArgs),
+    /// Run one subtask of a journaled step (`debug: {journal: true}`) again from a
+    /// checkpoint over the input it saw: every record, state read and write, timer, log line
+    /// and output, in order. With `--wasm`, the same input through other code, and where the
+    /// outputs differ.
+    Replay(replay::ReplayArgs),
     /// Validate a component and print what it is.
     Inspect {
         /// The `.wasm` file.
@@ -801,6 +807,7 @@ fn main() {
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
         Command::State(args) => state::state(args, login),
+        Command::Replay(args) => runtime(args.cache_dir.clone()).and_then(|r| replay::run(args, &r)),
         Command::New { lang, dir } => project::new(&lang, &dir),
         Command::Build { dir, flags, out } => project::build(&dir, flags.as_flags(), out).map(|_| ()),
         Command::Test { dir, flags } => project::test(&dir, flags.as_flags()),

@@ -390,9 +390,24 @@ impl CheckpointThread {
         self.retained.push(meta);
         let excess = self.retained.len().saturating_sub(self.spec.retained);
         self.retained.drain(..excess);
+        if excess > 0 {
+            self.prune_journal();
+        }
         let live: HashSet<String> = finished.iter().flatten().flat_map(|s| s.files().map(|f| f.path.clone())).collect();
         let sweep = if self.remote.is_some() { Sweep::RunningWithParts } else { Sweep::Running };
         self.collect_garbage(uploader, &live, sweep);
+    }
+
+    /// Input journals reach back as far as the retained checkpoints do: a segment before the
+    /// oldest one has no state left to replay from. (Until a checkpoint is dropped, the journal
+    /// also keeps the job's start, replayable from empty state; the final checkpoint prunes
+    /// nothing, so a finished job's journal stays replayable.)
+    fn prune_journal(&self) {
+        let (Some(dir), Some(oldest)) = (&self.spec.dir, self.retained.first()) else { return };
+        let deleted = crate::journal::prune(&crate::journal::root(dir), oldest.id);
+        if deleted > 0 {
+            tracing::debug!(job = %self.job, deleted, before = oldest.id, "pruned input journal segments");
+        }
     }
 
     /// Deletes what neither the retained checkpoints nor `live` need.

@@ -36,9 +36,11 @@ use crate::checkpoint::{BarrierHandler, BarrierMode, Participant};
 use crate::checkpoint_history::{CheckpointHistory, CompletedCheckpoint, SubtaskStateBytes};
 use crate::checkpoint_parts::PartThread;
 use crate::checkpointing::CheckpointThread;
+use crate::journal::{self, JOURNAL_VERSION, JournalHeader, JournalSlot, JournalWriter, Journaled};
 use crate::messages::{CheckpointRole, FaultHook, SavepointRequest, Signals, SinkCommitter, now_ms};
 use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
 use crate::operator::StreamOperator;
+use crate::replay::trace::{Trace, TracingBackend, TracingTimers};
 use crate::router::OutputRouter;
 use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError};
 use crate::wasm_operator::{Reopen, WasmOperator};
@@ -470,7 +472,7 @@ fn other_code<'a>(meta: &'a CheckpointMetadata, running: &[(&'a str, &'a str)]) 
     found
 }
 
-fn load_step(runtime: &Runtime, step: &StepSpec) -> Result<Component, RunError> {
+pub(crate) fn load_step(runtime: &Runtime, step: &StepSpec) -> Result<Component, RunError> {
     let component = runtime
         .load_file(&step.name, Path::new(&step.wasm))
         .map_err(|source| RunError::Load { step: step.name.clone(), error: source })?;
@@ -487,25 +489,65 @@ fn load_step(runtime: &Runtime, step: &StepSpec) -> Result<Component, RunError> 
 }
 
 /// Everything needed to build one subtask's operators.
-struct StepContext<'a> {
-    spec: &'a PipelineSpec,
-    components: &'a [Component],
-    ttl_clock: &'a TtlClock,
-    restore: Option<&'a RestorePoint>,
+pub(crate) struct StepContext<'a> {
+    pub spec: &'a PipelineSpec,
+    pub components: &'a [Component],
+    pub ttl_clock: &'a TtlClock,
+    pub restore: Option<&'a RestorePoint>,
     /// Where this run's local state lives (RocksDB databases, snapshot staging).
-    state_dir: &'a Path,
+    pub state_dir: &'a Path,
+    /// Processing time the operators' timer clocks start at.
+    pub started_ms: i64,
+    /// Where journaled steps write their input (`<checkpoints dir>/journal`), if anywhere.
+    pub journal_root: Option<&'a Path>,
+    /// A replay's trace: state and timers note what the operator does.
+    pub trace: Option<&'a Trace>,
 }
 
 /// Where one operator of one subtask sits.
 #[derive(Debug, Clone, Copy)]
-struct Slot {
+pub(crate) struct Slot {
     task: usize,
     /// Which subtask of its task this is. Not `subtask.index`: a step that is not right behind
     /// a hash exchange runs as a single subtask over every key group, whatever its index.
     index: u32,
     position: usize,
+    task_parallelism: u32,
     subtask: Subtask,
     share: Share,
+}
+
+impl Slot {
+    /// Operator `position` of subtask `index` of a task at `task_parallelism`; `keyed` when the
+    /// task reads a hash exchange.
+    pub(crate) fn new(task: usize, index: u32, position: usize, task_parallelism: u32, keyed: bool, max: u32) -> Self {
+        let task_subtask = Subtask { index, parallelism: task_parallelism, max_parallelism: max };
+        let share = if keyed {
+            Share::KeyGroups(task_subtask.key_groups())
+        } else {
+            Share::Subtask { index, parallelism: task_parallelism }
+        };
+        // Only the step right behind a hash exchange sees just its key groups; steps chained
+        // after it may re-key freely, so they accept any key.
+        let subtask = if position == 0 && keyed { task_subtask } else { Subtask::single(max) };
+        Self { task, index, position, task_parallelism, subtask, share }
+    }
+
+    /// The slot as a journal records it.
+    fn journaled(&self) -> JournalSlot {
+        JournalSlot {
+            task: self.task,
+            index: self.index,
+            position: self.position,
+            task_parallelism: self.task_parallelism,
+            keyed: matches!(self.share, Share::KeyGroups(_)),
+        }
+    }
+
+    /// The slot a journal recorded.
+    pub(crate) fn from_journal(j: &JournalSlot, max_parallelism: u32) -> Self {
+        Self::new(j.task, j.index, j.position, j.task_parallelism, j.keyed, max_parallelism)
+    }
 }
 
 impl StepContext<'_> {
@@ -572,11 +614,40 @@ impl StepContext<'_> {
         Ok(backend)
     }
 
+    /// Step `step`'s operator for `slot`, journaled if the step asks for it.
     fn operator(&self, step: usize, slot: Slot) -> Result<Box<dyn StreamOperator>, RunError> {
-        let s = &self.spec.steps[step];
         let component = &self.components[step];
-        let mut timers = HeapTimerService::starting_at(now_ms());
-        let backend = self.backend(s, slot, &mut timers)?;
+        let operator = self.operator_with(step, component, slot)?;
+        let Some(root) = self.journal_root.filter(|_| self.spec.journals(step)) else { return Ok(operator) };
+        let s = &self.spec.steps[step];
+        let header = JournalHeader {
+            version: JOURNAL_VERSION,
+            step: s.name.clone(),
+            slot: slot.journaled(),
+            after_checkpoint: self.restore.map_or(0, |p| p.id()),
+            artifact: component.digest().to_owned(),
+            processing_time_ms: self.started_ms,
+            spec: self.spec.clone(),
+        };
+        let dir = journal::subtask_dir(root, &s.name, slot.index);
+        let writer = JournalWriter::open(dir.clone(), header)
+            .map_err(|e| Self::state_error(s, format!("starting its input journal in {}: {e}", dir.display())))?;
+        Ok(Box::new(Journaled::new(operator, writer)))
+    }
+
+    /// Step `step`'s operator for `slot`, running `component`.
+    pub(crate) fn operator_with(
+        &self,
+        step: usize,
+        component: &Component,
+        slot: Slot,
+    ) -> Result<Box<dyn StreamOperator>, RunError> {
+        let s = &self.spec.steps[step];
+        let mut timers = HeapTimerService::starting_at(self.started_ms);
+        let mut backend = self.backend(s, slot, &mut timers)?;
+        if let Some(trace) = self.trace {
+            backend = Box::new(TracingBackend::new(backend, trace.clone()));
+        }
         if let Some(window) = &s.window {
             let kind = window.kind().map_err(|(_, problem)| RunError::WrongKind { step: s.name.clone(), problem })?;
             let mut aggregate = component.instantiate_aggregate()?;
@@ -599,7 +670,11 @@ impl StepContext<'_> {
             Some(ttl) => Box::new(TtlBackend::new(backend, ttl, self.ttl_clock.clone())),
             None => backend,
         };
-        let mut instance = component.instantiate_operator(slot.subtask, backend, Box::new(timers))?;
+        let timers: Box<dyn TimerService> = match self.trace {
+            Some(trace) => Box::new(TracingTimers::new(Box::new(timers), trace.clone())),
+            None => Box::new(timers),
+        };
+        let mut instance = component.instantiate_operator(slot.subtask, backend, timers)?;
         instance
             .open(&s.config.to_string())
             .map_err(|source| RunError::Open { step: s.name.clone(), error: Box::new(source) })?;
@@ -751,8 +826,17 @@ impl Job {
         )?;
         let restore = recovery.as_ref().and_then(|r| r.point.as_ref());
         let ttl_clock = TtlClock::new(now_ms());
-        let steps =
-            StepContext { spec, components: &components, ttl_clock: &ttl_clock, restore, state_dir: &state_dir };
+        let journal_root = spec.checkpoints.as_ref().and_then(|c| c.dir.as_deref()).map(journal::root);
+        let steps = StepContext {
+            spec,
+            components: &components,
+            ttl_clock: &ttl_clock,
+            restore,
+            state_dir: &state_dir,
+            started_ms: now_ms(),
+            journal_root: journal_root.as_deref(),
+            trace: None,
+        };
         let checkpointing = spec.checkpoints.is_some();
         let barrier_mode = match &spec.checkpoints {
             Some(c) if c.mode == CheckpointMode::Unaligned => BarrierMode::Unaligned,
@@ -808,25 +892,19 @@ impl Job {
         for task in &plan.tasks {
             let first_step_keyed = task.keyed;
             for index in (0..task.parallelism).filter(|&i| is_local(task.id, i)) {
-                let task_subtask =
-                    Subtask { index, parallelism: task.parallelism, max_parallelism: spec.max_parallelism };
-                let share = if task.keyed {
-                    Share::KeyGroups(task_subtask.key_groups())
-                } else {
-                    Share::Subtask { index, parallelism: task.parallelism }
-                };
                 let operators = task
                     .steps()
                     .enumerate()
                     .map(|(position, step)| {
-                        // Only the step right behind a hash exchange sees just its key groups;
-                        // steps chained after it may re-key freely, so they accept any key.
-                        let subtask = if position == 0 && first_step_keyed {
-                            task_subtask
-                        } else {
-                            Subtask::single(spec.max_parallelism)
-                        };
-                        steps.operator(step, Slot { task: task.id, index, position, subtask, share })
+                        let slot = Slot::new(
+                            task.id,
+                            index,
+                            position,
+                            task.parallelism,
+                            first_step_keyed,
+                            spec.max_parallelism,
+                        );
+                        steps.operator(step, slot)
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 let source_name = task.source().map(|i| spec.sources[i].name().to_owned());
@@ -859,7 +937,12 @@ impl Job {
                     }
                 };
                 let replay = match (restore, &head) {
-                    (Some(point), Head::Input { .. }) => point.in_flight(entry_step(task), share)?,
+                    (Some(point), Head::Input { .. }) => {
+                        let share =
+                            Slot::new(task.id, index, 0, task.parallelism, first_step_keyed, spec.max_parallelism)
+                                .share;
+                        point.in_flight(entry_step(task), share)?
+                    }
                     _ => Vec::new(),
                 };
                 let input_channels = match &head {

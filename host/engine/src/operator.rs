@@ -72,6 +72,16 @@ pub trait StreamOperator: Send {
     /// The synchronous phase of a checkpoint: the operator's state and timers as of now.
     /// `staging` is a fresh directory for disk backends.
     fn snapshot(&mut self, staging: &Path) -> Result<OperatorSnapshot, OperatorError>;
+    /// Called after the chain's snapshot for checkpoint `checkpoint` (and a live swap at it):
+    /// what the operator sees from here on comes after that checkpoint.
+    fn after_snapshot(&mut self, checkpoint: u64) -> Result<(), OperatorError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+    /// The keyed states it declared so far (names and kinds), as a snapshot records them.
+    fn declared_states(&self) -> Vec<eddy_state::DeclaredState> {
+        Vec::new()
+    }
     /// The digest of the Wasm artifact it runs (`None` for host operators).
     fn artifact(&self) -> Option<&str> {
         None

@@ -525,6 +525,9 @@ impl SubtaskRunner {
         }
         if let Some(id) = id {
             self.swap_code_at(id, &mut operators)?;
+            for op in &mut self.operators {
+                op.after_snapshot(id)?;
+            }
         }
         let sink = match &mut self.tail {
             Tail::Sink(sink) => sink.pre_commit(id.unwrap_or(u64::MAX)).map_err(TaskError::Sink)?,

@@ -95,13 +95,17 @@ impl StreamOperator for WasmOperator {
         let usage = backend.usage();
         let state =
             backend.snapshot(staging).map_err(|source| OperatorError::State { operator: self.name.clone(), source })?;
-        let (states, schemas) = (self.instance.declared_states(), self.instance.declared_schemas());
+        let (states, schemas) = (self.declared_states(), self.instance.declared_schemas());
         let artifact = Some(self.reopen.artifact.clone());
         Ok(OperatorSnapshot { timers, state, usage, states, schemas, artifact })
     }
 
     fn artifact(&self) -> Option<&str> {
         Some(&self.reopen.artifact)
+    }
+
+    fn declared_states(&self) -> Vec<eddy_state::DeclaredState> {
+        self.instance.declared_states()
     }
 
     fn swap_code(self: Box<Self>, component: &Component) -> Result<Box<dyn StreamOperator>, OperatorError> {

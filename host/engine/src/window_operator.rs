@@ -773,11 +773,15 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
         self.store.write_back()?;
         let usage = self.store.backend.usage();
         let state = self.store.backend.snapshot(staging).map_err(|e| self.store.error(e))?;
+        let (states, schemas) = (self.declared_states(), self.aggregate.declared_schemas());
+        Ok(OperatorSnapshot { timers: Vec::new(), state, usage, states, schemas, artifact: None })
+    }
+
+    fn declared_states(&self) -> Vec<DeclaredState> {
         let mut states = vec![DeclaredState { name: ACC_STATE.into(), kind: StateKind::WindowAccumulator }];
         if matches!(self.kind, WindowKind::Session { .. }) {
             states.push(DeclaredState { name: SESSIONS_STATE.into(), kind: StateKind::WindowSessions });
         }
-        let schemas = self.aggregate.declared_schemas();
-        Ok(OperatorSnapshot { timers: Vec::new(), state, usage, states, schemas, artifact: None })
+        states
     }
 }

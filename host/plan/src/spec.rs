@@ -57,6 +57,19 @@ pub struct PipelineSpec {
     /// What happens when a task fails (only meaningful with checkpoints).
     #[serde(default)]
     pub restart: RestartSpec,
+    /// Debugging aids for every step (a step's own `debug` adds to these).
+    #[serde(default)]
+    pub debug: DebugSpec,
+}
+
+/// `debug:` — aids for finding out what a step did, per job or per step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DebugSpec {
+    /// Record every subtask's input (batches, watermarks, processing-time ticks) in a journal
+    /// beside the checkpoints, so `eddy replay` can run one subtask again from a checkpoint.
+    #[serde(default)]
+    pub journal: bool,
 }
 
 /// Which state backend the steps use.
@@ -701,6 +714,9 @@ pub struct StepSpec {
     /// Makes the step a window over the aggregate in `wasm`.
     #[serde(default)]
     pub window: Option<WindowSpec>,
+    /// Debugging aids for this step (the pipeline's `debug` applies too).
+    #[serde(default)]
+    pub debug: DebugSpec,
 }
 
 /// A window step's assigner, lateness and late-data handling.
@@ -966,6 +982,11 @@ impl PipelineSpec {
         used
     }
 
+    /// Whether step `i`'s subtasks keep an input journal (its own `debug` or the pipeline's).
+    pub fn journals(&self, i: usize) -> bool {
+        self.debug.journal || self.steps.get(i).is_some_and(|s| s.debug.journal)
+    }
+
     /// The parallelism of step `i`.
     pub fn step_parallelism(&self, i: usize) -> u32 {
         self.steps.get(i).and_then(|s| s.parallelism).unwrap_or(self.parallelism)
@@ -1019,6 +1040,17 @@ impl PipelineSpec {
         }
         if self.state.block_cache_mb == 0 || self.state.write_buffer_mb == 0 {
             return Err(invalid("state", "block_cache_mb and write_buffer_mb must be at least 1"));
+        }
+        if let Some(i) = (0..self.steps.len()).find(|&i| self.journals(i))
+            && self.checkpoints.as_ref().is_none_or(|c| c.dir.is_none())
+        {
+            let field =
+                if self.debug.journal { "debug.journal".to_string() } else { format!("steps[{i}].debug.journal") };
+            return Err(invalid(
+                field,
+                "the journal is written beside the checkpoints in a local directory: add `checkpoints: {dir: ...}` \
+                 (a bucket, `checkpoints.s3`, cannot hold one yet)",
+            ));
         }
         if let Some(c) = &self.checkpoints {
             if c.dir.is_some() == c.s3.is_some() {
@@ -1327,6 +1359,9 @@ mod tests {
             ),
             (step("{name: a, wasm: a.wasm, window: {type: session, gap_ms: 5}}"), "steps[0].key_by"),
             (step("{name: a, wasm: a.wasm, state_ttl_ms: 0}"), "steps[0].state_ttl_ms"),
+            (step("{name: a, wasm: a.wasm, debug: {journal: true}}"), "steps[0].debug.journal"),
+            (OK.replace("steps:", "debug: {journal: true}\nsteps:"), "`debug.journal`: the journal is written beside"),
+            (step("{name: a, wasm: a.wasm, debug: {jurnal: true}}"), "jurnal"),
             (OK.replace("type: print", "type: pulsar"), "pulsar"),
             (OK.replace("sink: {type: print}\n", ""), "sink"),
             (OK.replace("type: print", "type: files"), "exactly one of `dir` and `s3`"),

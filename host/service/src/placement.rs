@@ -181,6 +181,16 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
             step.parallelism = Some(p);
         }
     }
+    // A journal holds the input of every retained checkpoint on the server's disk, which no
+    // tenant quota counts yet: refused rather than unbounded.
+    if let Some(i) = (0..spec.steps.len()).find(|&i| spec.journals(i)) {
+        let field = if spec.debug.journal { "debug.journal".to_string() } else { format!("steps[{i}].debug.journal") };
+        return Err(ApiError::unprocessable(
+            "the service keeps no input journals yet (no quota counts their disk): drop `debug.journal`, and journal \
+             and replay the pipeline with `eddy run` and `eddy replay`",
+        )
+        .at(field));
+    }
     crate::restarts::check_strategy(&spec.restart)
         .map_err(|(field, problem)| ApiError::unprocessable(format!("`{field}`: {problem}")).at(field))?;
     let mut digests = Vec::with_capacity(spec.steps.len());

@@ -1,0 +1,294 @@
+//! Replay of one journaled subtask (`debug: {journal: true}`, `eddy_engine::replay`): a
+//! running count over generated purchases at parallelism 2. What a replay emits is compared
+//! with what the subtask emitted in the run (the sink's records of its keys, in order) and with
+//! an oracle counted here from the generator's events; a replay from a middle checkpoint must
+//! emit exactly what the full replay emitted after that checkpoint's barrier; after a failed
+//! attempt and a restore, the journal follows the attempt that counts; a torn journal tail
+//! replays up to its last whole frame, and a damaged byte is an error naming the frame.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use eddy_connectors::generator_event;
+use eddy_engine::replay::{ReplayEnd, ReplayError, ReplayRequest, ReplaySummary, TraceEvent, replay};
+use eddy_engine::{Job, JobOptions};
+use eddy_guest_artifacts as guests;
+use eddy_plan::{PipelineSpec, SourceSpec};
+use eddy_tests::{MemorySink, Received, runtime};
+use serde_json::Value;
+
+/// `events` generated purchases by 30 users into the running count at parallelism 2, the
+/// count step journaled; `rate` paces the source (0: as fast as it goes).
+fn pipeline(dir: &Path, events: u64, rate: u64) -> PathBuf {
+    let rate = if rate == 0 { String::new() } else { format!(", rate_per_sec: {rate}") };
+    let yaml = format!(
+        "name: replay\nparallelism: 2\nbatch_size: 64\nsources:\n  - {{type: generator, name: purchases, seed: 11, \
+         events: {events}, keys: 30, key_field: user_id, key_prefix: user-, value_field: amount_cents, min_value: 1, \
+         max_value: 100, start_ms: 0, interval_ms: 5, parallelism: 1{rate}}}\nsteps:\n  - {{name: count, wasm: \
+         {count}, key_by: /user_id, debug: {{journal: true}}}}\ncheckpoints: {{dir: {dir}/checkpoints, interval_ms: \
+         100, retained: 1000}}\nrestart: {{strategy: none}}\nsink: {{type: print}}\n",
+        count = guests::RUNNING_COUNT,
+        dir = dir.display(),
+    );
+    let path = dir.join("pipeline.yaml");
+    std::fs::write(&path, yaml).expect("write pipeline");
+    path
+}
+
+fn start(path: &Path) -> (PipelineSpec, Job, Received) {
+    let spec = PipelineSpec::from_file(path).expect("spec");
+    let sink = MemorySink::default();
+    let received = sink.received.clone();
+    let job = Job::start(&spec, runtime(), JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() })
+        .expect("start");
+    (spec, job, received)
+}
+
+/// Each user's purchases in the generator's order, counted here from the generator.
+fn purchases(spec: &PipelineSpec) -> BTreeMap<String, u64> {
+    let SourceSpec::Generator(g) = &spec.sources[0] else { panic!("generator source") };
+    let mut per_user = BTreeMap::new();
+    for i in 0..g.events.expect("bounded") {
+        let value: Value = eddy_tests::value_json(&generator_event(g, i).value);
+        *per_user.entry(format!("\"{}\"", value["user_id"].as_str().expect("user"))).or_default() += 1;
+    }
+    per_user
+}
+
+fn request(dir: &Path, subtask: u32) -> ReplayRequest {
+    ReplayRequest {
+        checkpoints_dir: dir.join("checkpoints"),
+        step: "count".into(),
+        subtask,
+        from_checkpoint: None,
+        key: None,
+        wasm: None,
+        until: None,
+    }
+}
+
+fn run(request: &ReplayRequest) -> (Vec<TraceEvent>, ReplaySummary) {
+    let mut events = Vec::new();
+    let summary = replay(request, runtime(), &mut |e| events.push(e)).expect("replays");
+    (events, summary)
+}
+
+/// The (key, value) of every output event, in order.
+fn outputs(events: &[TraceEvent]) -> Vec<(String, Value)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::Output { key: Some(k), value, .. } => Some((k.to_string(), value.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The sink's records as (key, value).
+fn received(received: &Received) -> Vec<(String, Value)> {
+    received
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(_, r)| {
+            let key = String::from_utf8(r.key.clone().expect("keyed")).expect("utf-8");
+            (key, eddy_tests::value_json(&r.value))
+        })
+        .collect()
+}
+
+/// Each key's outputs must run 1, 2, 3, ... in order (the running count's definition), up to
+/// `totals` when given.
+fn assert_counts_run_up(outputs: &[(String, Value)], totals: Option<&BTreeMap<String, u64>>, by: u64) {
+    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+    for (key, value) in outputs {
+        let n = last.entry(key).or_default();
+        *n += by;
+        assert_eq!(value.as_u64(), Some(*n), "{key}'s running count");
+    }
+    if let Some(totals) = totals {
+        for (key, n) in &last {
+            assert_eq!(totals.get(*key).map(|t| t * by), Some(*n), "{key}'s last count");
+        }
+    }
+}
+
+#[test]
+fn a_replayed_subtask_emits_exactly_what_it_emitted_in_the_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (spec, job, sink) = start(&pipeline(dir.path(), 4000, 0));
+    job.wait().expect("the job finishes");
+    let totals = purchases(&spec);
+    let sink = received(&sink);
+    let mut replayed = 0;
+    for subtask in 0..2 {
+        let (events, summary) = run(&request(dir.path(), subtask));
+        assert_eq!((summary.from_checkpoint, &summary.end), (0, &ReplayEnd::Finished), "{summary:?}");
+        let keys: BTreeSet<String> = events
+            .iter()
+            .filter_map(|e| match e {
+                TraceEvent::Input { key: Some(k), .. } => Some(k.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert!(!keys.is_empty(), "subtask {subtask} saw input");
+        let emitted: Vec<_> = sink.iter().filter(|(k, _)| keys.contains(k)).cloned().collect();
+        let out = outputs(&events);
+        assert_eq!(out, emitted, "subtask {subtask}: the replay emits what the run emitted, in order");
+        let own: BTreeMap<String, u64> =
+            totals.iter().filter(|(k, _)| keys.contains(*k)).map(|(k, n)| (k.clone(), *n)).collect();
+        assert_counts_run_up(&out, Some(&own), 1);
+        // The host reads and writes a key's state once per batch that holds the key, so the
+        // last write of each key is its total.
+        let mut written = BTreeMap::new();
+        for e in &events {
+            if let TraceEvent::StateWrite { entry } = e {
+                assert_eq!(entry.state, "count");
+                written.insert(entry.key.to_string(), entry.value.as_u64().expect("a count"));
+            }
+        }
+        assert_eq!(written, own, "subtask {subtask}: each key's last write of `count` is its total");
+        replayed += out.len();
+    }
+    assert_eq!(replayed, sink.len(), "the two subtasks together emitted everything the sink received");
+
+    // One key: only its records, reads and writes, and its count up to its total.
+    let user = "\"user-3\"";
+    let owner = (0..2)
+        .find(|&s| {
+            run(&request(dir.path(), s))
+                .0
+                .iter()
+                .any(|e| matches!(e, TraceEvent::Input { key: Some(k), .. } if k.to_string() == user))
+        })
+        .expect("some subtask counts user-3");
+    let one = ReplayRequest { key: Some(user.as_bytes().to_vec()), ..request(dir.path(), owner) };
+    let (events, _) = run(&one);
+    let inputs = events.iter().filter(|e| matches!(e, TraceEvent::Input { .. })).count() as u64;
+    assert_eq!(inputs, totals[user]);
+    for e in &events {
+        match e {
+            TraceEvent::Input { key, .. } | TraceEvent::Output { key, .. } => {
+                assert_eq!(key.as_ref().map(Value::to_string).as_deref(), Some(user))
+            }
+            TraceEvent::StateRead { entry, .. } | TraceEvent::StateWrite { entry } => {
+                assert_eq!((entry.key.to_string().as_str(), entry.state.as_str()), (user, "count"))
+            }
+            _ => {}
+        }
+    }
+    assert_counts_run_up(&outputs(&events), Some(&BTreeMap::from([(user.to_string(), totals[user])])), 1);
+
+    // Up to a record: exactly that many, and the outputs the full replay began with.
+    let (full, _) = run(&request(dir.path(), 0));
+    let (cut, summary) = run(&ReplayRequest { until: Some(10), ..request(dir.path(), 0) });
+    assert_eq!((summary.records, &summary.end), (10, &ReplayEnd::Until { record: 10 }));
+    assert_eq!(outputs(&cut), outputs(&full)[..10]);
+
+    // Other code over the same input: the next version adds two per record.
+    let v2 = ReplayRequest { wasm: Some(guests::RUNNING_COUNT_V2.into()), ..request(dir.path(), 0) };
+    let (other, _) = run(&v2);
+    assert_eq!(outputs(&other).len(), outputs(&full).len());
+    assert_counts_run_up(&outputs(&other), None, 2);
+    let wrong = ReplayRequest { step: "count".into(), from_checkpoint: Some(99), ..request(dir.path(), 0) };
+    match replay(&wrong, runtime(), &mut |_| {}) {
+        Err(ReplayError::NoJournal(e)) => assert!(e.contains("no segment after checkpoint 99"), "{e}"),
+        other => panic!("a checkpoint the journal does not reach is refused, got {other:?}"),
+    }
+}
+
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn replay_goes_on_from_a_checkpoint_and_follows_the_attempt_that_counts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = pipeline(dir.path(), 6000, 6000);
+    let (spec, job, _) = start(&path);
+    wait_until("three checkpoints", || job.checkpoints_completed() >= 3);
+    job.cancel();
+    let _ = job.wait();
+
+    // The first attempt, cancelled: a replay from the start ends where its journal does, and
+    // one from a middle checkpoint emits exactly what the full one emitted after its barrier.
+    let (full, summary) = run(&request(dir.path(), 0));
+    assert_eq!(summary.end, ReplayEnd::JournalEnds { after_checkpoint: last_barrier(&full) });
+    let middle = barriers(&full)[1];
+    let (rest, summary) = run(&ReplayRequest { from_checkpoint: Some(middle), ..request(dir.path(), 0) });
+    assert_eq!(summary.from_checkpoint, middle);
+    let at = full.iter().position(|e| *e == TraceEvent::Barrier { checkpoint: middle }).expect("barrier");
+    assert_eq!(outputs(&rest), outputs(&full[at..]), "from checkpoint {middle}");
+    assert!(!outputs(&rest).is_empty());
+
+    // A torn tail reads up to its last whole frame; a damaged byte is an error naming the frame.
+    let journal = dir.path().join("checkpoints/journal/count/0");
+    let (_, last) = eddy_engine::journal::segments(&journal).expect("segments").pop().expect("a segment");
+    let copy = dir.path().join("copy");
+    copy_dir(&dir.path().join("checkpoints/journal"), &copy.join("journal"));
+    let torn = eddy_engine::journal::segment_path(&copy.join("journal/count/0"), last_barrier(&full));
+    let bytes = std::fs::read(&last).expect("read");
+    std::fs::write(&torn, &bytes[..bytes.len() - 3]).expect("tear");
+    let (cut, _) = run(&ReplayRequest { checkpoints_dir: copy.clone(), ..request(dir.path(), 0) });
+    let all = outputs(&full);
+    assert!(outputs(&cut).len() <= all.len() && outputs(&cut) == all[..outputs(&cut).len()], "a prefix");
+    let first = eddy_engine::journal::segment_path(&copy.join("journal/count/0"), 0);
+    let mut bytes = std::fs::read(&first).expect("read");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&first, &bytes).expect("damage");
+    match replay(&ReplayRequest { checkpoints_dir: copy, ..request(dir.path(), 0) }, runtime(), &mut |_| {}) {
+        Err(ReplayError::Journal(e)) => assert!(e.contains("the frame at byte") && e.contains("after-0.jnl"), "{e}"),
+        other => panic!("damage is an error, got {other:?}"),
+    }
+
+    // The second attempt restores the newest checkpoint and runs to the end. Its journal
+    // replaces what the first attempt saw after that checkpoint, so a replay from the start
+    // counts every purchase exactly once.
+    let (_, job, _) = start(&path);
+    let restored = job.restored_from().expect("restores");
+    job.wait().expect("the second attempt finishes");
+    let totals = purchases(&spec);
+    for subtask in 0..2 {
+        let (events, summary) = run(&request(dir.path(), subtask));
+        assert_eq!(summary.end, ReplayEnd::Finished, "subtask {subtask}");
+        assert!(barriers(&events).contains(&restored));
+        let out = outputs(&events);
+        let keys: BTreeSet<&String> = out.iter().map(|(k, _)| k).collect();
+        let own: BTreeMap<String, u64> =
+            totals.iter().filter(|(k, _)| keys.contains(k)).map(|(k, n)| (k.clone(), *n)).collect();
+        assert_counts_run_up(&out, Some(&own), 1);
+    }
+}
+
+fn barriers(events: &[TraceEvent]) -> Vec<u64> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::Barrier { checkpoint } => Some(*checkpoint),
+            _ => None,
+        })
+        .collect()
+}
+
+fn last_barrier(events: &[TraceEvent]) -> u64 {
+    barriers(events).last().copied().unwrap_or(0)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).expect("copy");
+        }
+    }
+}
