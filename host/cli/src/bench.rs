@@ -67,6 +67,8 @@ pub struct BenchArgs {
     pub checkpoint_ms: Option<u64>,
     /// The Eddy side's state backend.
     pub state_backend: StateBackendKind,
+    /// Journal every step's input (`debug: {journal: true}`; needs `checkpoint_ms`).
+    pub journal: bool,
     /// Spread the Eddy side's subtasks over this many QUIC nodes in the process (subtask `i`
     /// of every task on node `i mod spread`), so exchanges cross loopback QUIC with mutual TLS.
     pub spread: u32,
@@ -183,6 +185,12 @@ fn bench_spec(args: &BenchArgs) -> Result<PipelineSpec> {
             interval_ms,
         )
     });
+    if args.journal {
+        if spec.checkpoints.is_none() {
+            bail!("--journal writes beside the checkpoints: give --checkpoint-ms too");
+        }
+        spec.debug.journal = true;
+    }
     spec.state.dir = Some(std::env::temp_dir().join(format!("eddy-bench-state-{}", std::process::id())));
     spec.state.backend = args.state_backend;
     spec.sink = SinkSpec::Blackhole;
@@ -324,6 +332,9 @@ fn child(args: &BenchArgs, only: &str) -> Result<SideReport> {
     if let Some(ms) = args.checkpoint_ms {
         cmd.args(["--checkpoint-ms", &ms.to_string()]);
     }
+    if args.journal {
+        cmd.arg("--journal");
+    }
     cmd.args(["--state-backend", backend_name(args.state_backend)]);
     cmd.args(["--spread", &args.spread.to_string()]);
     let out = cmd.output().with_context(|| format!("starting the {only} side"))?;
@@ -406,7 +417,8 @@ pub fn run_pairs(args: &BenchArgs, queries: &[String], runs: usize, report: &std
         if args.spread > 1 { format!(" spread over {} QUIC nodes", args.spread) } else { String::new() },
         backend_name(args.state_backend),
         args.rate.map_or(String::new(), |r| format!(", paced at {r} events/s")),
-        args.checkpoint_ms.map_or(String::new(), |ms| format!(", eddy checkpointing every {ms} ms")),
+        args.checkpoint_ms.map_or(String::new(), |ms| format!(", eddy checkpointing every {ms} ms"))
+            + if args.journal { ", input journaled" } else { "" },
         runs
     );
     let mut summaries = Vec::new();

@@ -446,6 +446,9 @@ enum BenchSuite {
         /// The Eddy side's state backend: `heap` or `rocksdb`.
         #[arg(long, default_value = "heap")]
         state_backend: String,
+        /// Journal every step's input for `eddy replay` (needs --checkpoint-ms).
+        #[arg(long)]
+        journal: bool,
         /// Spread the Eddy side over this many QUIC nodes in one process (subtask `i` on node
         /// `i mod N`): exchanges cross loopback QUIC with mutual TLS. No checkpoints.
         #[arg(long, default_value_t = 1)]
@@ -492,6 +495,7 @@ fn bench(suite: BenchSuite) -> Result<()> {
             query,
             checkpoint_ms,
             state_backend,
+            journal,
             spread,
             runs,
             events,
@@ -512,6 +516,7 @@ fn bench(suite: BenchSuite) -> Result<()> {
                 cache_dir,
                 checkpoint_ms,
                 state_backend,
+                journal,
                 spread,
             };
             nexmark(args, runs, &report, only.as_deref())

@@ -226,6 +226,13 @@ fn bad_uploads_and_specs_are_refused_naming_the_problem() {
     let to_kafka = format!("{{type: kafka, brokers: \"127.0.0.1:{}\", topic: t}}", server.port());
     spec_error(&WORDCOUNT.replace("{type: print}", &to_kafka), 422, "sink.brokers");
     spec_error(&WORDCOUNT.replace("parallelism: 2}", "parallelism: 5}"), 409, "parallelism");
+    // An input journal would fill the server's disk outside every quota.
+    spec_error(
+        &WORDCOUNT.replace("parallelism: 2}", "parallelism: 2, debug: {journal: true}}"),
+        422,
+        "steps[1].debug.journal",
+    );
+    spec_error(&WORDCOUNT.replace("sink:", "debug: {journal: true}\nsink:"), 422, "debug.journal");
     let json_type = client()
         .post(server.url("/v1/jobs"))
         .bearer_auth(&token)

@@ -1,13 +1,21 @@
 //! Writing a journal: [`Journaled`] passes every call on to the operator it wraps after
-//! appending it to the subtask's current segment ([`JournalWriter`]).
+//! handing it to the subtask's journal thread ([`JournalWriter`]), which encodes, compresses
+//! and appends it to the current segment ([`SegmentWriter`]). The task thread only copies a
+//! batch into a recycled buffer: compressing and writing the page cache cost as much as a
+//! window step's own work, and on the task thread they would slow the whole pipeline.
 //!
 //! The journal is a debugging aid, so it never fails the job: a write that fails (a full disk)
 //! stops this subtask's journal with a warning, and the segment ends at its last whole frame,
-//! which a replay reads as the end of what was recorded.
+//! which a replay reads as the end of what was recorded. A journal thread that falls behind
+//! holds the task back at [`QUEUED_BATCHES`], so its memory is bounded.
 
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
 
 use eddy_checkpoint::OperatorSnapshot;
 use eddy_core::RecordBatch;
@@ -17,31 +25,37 @@ use super::format::{Frame, encode, encode_batch};
 use super::{JournalHeader, segment_path, segments};
 use crate::operator::{OperatorError, StreamOperator};
 
+/// Entries queued for the journal thread at most.
+const QUEUED_BATCHES: usize = 16;
+
 /// Frames gather in memory up to this many bytes before they go to the file.
 const WRITE_BYTES: usize = 1 << 20;
 /// And at the latest after this long, so a killed process loses at most this much of its tail.
 const WRITE_EVERY_MS: i64 = 200;
 
-/// One subtask's journal: the open segment and what the next segment's header says.
-pub(crate) struct JournalWriter {
+/// The journal thread's side: the open segment and what the next segment's header says.
+struct SegmentWriter {
     dir: PathBuf,
     header: JournalHeader,
     /// `None` once a write failed: the journal stopped.
     file: Option<File>,
     pending: Vec<u8>,
+    /// A batch's body before compression.
+    scratch: Vec<u8>,
     written_ms: i64,
 }
 
-impl JournalWriter {
+impl SegmentWriter {
     /// Starts the segment `header` describes in `dir`, deleting segments after it that an
     /// earlier attempt left (they are not what the subtask will see now).
-    pub(crate) fn open(dir: PathBuf, header: JournalHeader) -> std::io::Result<Self> {
+    fn open(dir: PathBuf, header: JournalHeader) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
         for (_, stale) in segments(&dir)?.into_iter().filter(|(id, _)| *id > header.after_checkpoint) {
             std::fs::remove_file(stale)?;
         }
         let written_ms = header.processing_time_ms;
-        let mut writer = Self { dir, header, file: None, pending: Vec::with_capacity(WRITE_BYTES), written_ms };
+        let pending = Vec::with_capacity(WRITE_BYTES);
+        let mut writer = Self { dir, header, file: None, pending, scratch: Vec::new(), written_ms };
         writer.start_segment()?;
         Ok(writer)
     }
@@ -87,7 +101,7 @@ impl JournalWriter {
 
     fn batch(&mut self, batch: &RecordBatch) {
         if self.file.is_some() {
-            encode_batch(batch, &mut self.pending);
+            encode_batch(batch, &mut self.pending, &mut self.scratch);
             self.appended();
         }
     }
@@ -127,6 +141,90 @@ impl JournalWriter {
         self.guarded(Self::write_out);
     }
 
+    /// Writes what the task hands over until it hangs up, then the rest.
+    fn run(mut self, entries: Receiver<Entry>, spare: SyncSender<RecordBatch>, stopped: Arc<AtomicBool>) {
+        for entry in entries {
+            match entry {
+                Entry::Batch(batch) => {
+                    self.batch(&batch);
+                    // A full pool drops the buffer; the task allocates another.
+                    let _ = spare.try_send(batch);
+                }
+                Entry::Frame(Frame::ProcessingTime(now_ms)) => self.tick(now_ms),
+                Entry::Frame(Frame::Finish) => self.finish(),
+                Entry::Frame(frame) => self.frame(&frame),
+                Entry::Barrier(id, artifact) => self.barrier(id, artifact.as_deref()),
+            }
+            if self.file.is_none() {
+                stopped.store(true, Ordering::Relaxed);
+            }
+        }
+        self.guarded(Self::write_out);
+    }
+}
+
+/// What the task hands the journal thread.
+enum Entry {
+    Batch(RecordBatch),
+    Frame(Frame),
+    /// A checkpoint's barrier, and the code the operator goes on with.
+    Barrier(u64, Option<String>),
+}
+
+/// The task's side of one subtask's journal.
+pub(crate) struct JournalWriter {
+    dir: PathBuf,
+    entries: Option<SyncSender<Entry>>,
+    spare: Receiver<RecordBatch>,
+    stopped: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl JournalWriter {
+    /// Starts the segment `header` describes in `dir` (deleting later segments an earlier
+    /// attempt left) and the thread that writes it.
+    pub(crate) fn open(dir: PathBuf, header: JournalHeader) -> std::io::Result<Self> {
+        let name = format!("eddy-journal-{}-{}", header.step, header.slot.index);
+        let writer = SegmentWriter::open(dir.clone(), header)?;
+        let (entries, queued) = sync_channel(QUEUED_BATCHES);
+        let (recycle, spare) = sync_channel(QUEUED_BATCHES);
+        let stopped = Arc::new(AtomicBool::new(false));
+        let flag = stopped.clone();
+        let thread = std::thread::Builder::new().name(name).spawn(move || writer.run(queued, recycle, flag))?;
+        Ok(Self { dir, entries: Some(entries), spare, stopped, thread: Some(thread) })
+    }
+
+    fn send(&mut self, entry: Entry) {
+        if self.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(entries) = &self.entries
+            && entries.send(entry).is_err()
+        {
+            self.stopped.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn batch(&mut self, batch: &RecordBatch) {
+        if self.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut copy = self.spare.try_recv().unwrap_or_default();
+        copy.clear();
+        // A batch the task holds fits a batch; a refusal would be a bug upstream, not here.
+        if copy.try_extend(batch).is_ok() {
+            self.send(Entry::Batch(copy));
+        }
+    }
+
+    fn frame(&mut self, frame: Frame) {
+        self.send(Entry::Frame(frame));
+    }
+
+    fn barrier(&mut self, id: u64, artifact: Option<&str>) {
+        self.send(Entry::Barrier(id, artifact.map(str::to_owned)));
+    }
+
     /// Where the segments go.
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
@@ -134,8 +232,13 @@ impl JournalWriter {
 }
 
 impl Drop for JournalWriter {
+    /// Hangs up and waits for the thread to write the rest, so a replay right after the job
+    /// ends sees everything.
     fn drop(&mut self) {
-        self.guarded(Self::write_out);
+        self.entries = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -163,17 +266,17 @@ impl StreamOperator for Journaled {
     }
 
     fn on_watermark(&mut self, watermark: i64) -> Result<Output, OperatorError> {
-        self.journal.frame(&Frame::Watermark(watermark));
+        self.journal.frame(Frame::Watermark(watermark));
         self.inner.on_watermark(watermark)
     }
 
     fn on_processing_time(&mut self, now_ms: i64) -> Result<Output, OperatorError> {
-        self.journal.tick(now_ms);
+        self.journal.frame(Frame::ProcessingTime(now_ms));
         self.inner.on_processing_time(now_ms)
     }
 
     fn finish(&mut self) -> Result<Output, OperatorError> {
-        self.journal.finish();
+        self.journal.frame(Frame::Finish);
         self.inner.finish()
     }
 

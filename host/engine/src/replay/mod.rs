@@ -229,7 +229,7 @@ pub enum ReplayError {
         /// The input records replayed when it failed.
         record: u64,
         /// The failure.
-        source: OperatorError,
+        source: Box<OperatorError>,
     },
 }
 
@@ -445,7 +445,8 @@ impl<'a> Replayer<'a> {
     /// followed), then the effects in order, then the records emitted.
     fn effects(&mut self, cause: Option<TraceEvent>, out: Result<Output, OperatorError>) -> Result<(), ReplayError> {
         let effects = self.trace.take();
-        let out = out.map_err(|source| ReplayError::Operator { record: self.summary.records, source })?;
+        let out =
+            out.map_err(|source| ReplayError::Operator { record: self.summary.records, source: Box::new(source) })?;
         let states = self.operator.declared_states();
         let mut shown = Vec::new();
         let mut logs = Vec::new();

@@ -1,0 +1,112 @@
+//! `eddy replay` through the binary: a word count runs with its count step journaled, then
+//! each subtask is replayed in another process. Its outputs equal the lines the run wrote for
+//! that subtask's words, in order, and every word's last count is how often it occurs in the
+//! input (counted here); `--key` shows one word's records, reads and writes; `--wasm` with code
+//! that counts alike finds no difference, and with code that counts by two finds them all.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const TEXT: &str = "the quick brown fox\njumps over the lazy dog\nthe end\nquick quick fox\n";
+
+fn eddy(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_eddy")).args(args).output().unwrap()
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn cache_dir() -> String {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("replay-artifacts").display().to_string()
+}
+
+fn replay(pipeline: &Path, extra: &[&str]) -> String {
+    let (pipeline, cache) = (pipeline.to_str().unwrap(), cache_dir());
+    let mut args = vec!["replay", pipeline, "--step", "count", "--cache-dir", &cache];
+    args.extend_from_slice(extra);
+    ok(eddy(&args), &format!("eddy {}", args.join(" ")))
+}
+
+fn lines(text: &str) -> Vec<Value> {
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn a_replayed_subtask_prints_what_the_run_wrote_and_compares_other_code() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("input.txt"), TEXT.repeat(20)).unwrap();
+    let pipeline = dir.path().join("pipeline.yaml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            "name: wc-replay\nbatch_size: 8\nsources: [{{type: file, name: lines, path: input.txt}}]\nsteps:\n  - \
+             {{name: split, wasm: {split}}}\n  - {{name: count, wasm: {count}, key_by: key, parallelism: 2, debug: \
+             {{journal: true}}}}\ncheckpoints: {{dir: checkpoints, interval_ms: 60000}}\nsink: {{type: file, path: \
+             out.jsonl}}\n",
+            split = eddy_guest_artifacts::WORDCOUNT_SPLIT,
+            count = eddy_guest_artifacts::WORDCOUNT_COUNT,
+        ),
+    )
+    .unwrap();
+    ok(eddy(&["run", pipeline.to_str().unwrap(), "--cache-dir", &cache_dir()]), "eddy run");
+    let written: Vec<(String, Value)> = lines(&std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap())
+        .into_iter()
+        .map(|l| (l["key"].to_string(), l["value"].clone()))
+        .collect();
+    let mut oracle: BTreeMap<String, u64> = BTreeMap::new();
+    for word in TEXT.repeat(20).split_whitespace() {
+        *oracle.entry(format!("\"{word}\"")).or_default() += 1;
+    }
+
+    let mut owner_of_the = None;
+    let mut replayed = 0;
+    for subtask in ["0", "1"] {
+        let events = lines(&replay(&pipeline, &["--subtask", subtask, "--format", "jsonl"]));
+        let summary = events.last().unwrap();
+        assert_eq!((summary["event"].as_str(), summary["end"]["end"].as_str()), (Some("summary"), Some("finished")));
+        let of = |kind: &'static str| events.iter().filter(move |e| e["event"] == kind);
+        let keys: BTreeSet<String> = of("input").map(|e| e["key"].to_string()).collect();
+        let outputs: Vec<(String, Value)> = of("output").map(|e| (e["key"].to_string(), e["value"].clone())).collect();
+        let mine: Vec<_> = written.iter().filter(|(k, _)| keys.contains(k)).cloned().collect();
+        assert_eq!(outputs, mine, "subtask {subtask} replays what the run wrote for its words, in order");
+        let last: BTreeMap<String, u64> = outputs.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect();
+        let expected: BTreeMap<String, u64> =
+            oracle.iter().filter(|(k, _)| keys.contains(*k)).map(|(k, n)| (k.clone(), *n)).collect();
+        assert_eq!(last, expected, "subtask {subtask}: each word's last count");
+        if keys.contains("\"the\"") {
+            owner_of_the = Some(subtask);
+        }
+        replayed += outputs.len();
+    }
+    assert_eq!(replayed, written.len());
+
+    let owner = owner_of_the.unwrap();
+    let text = replay(&pipeline, &["--subtask", owner, "--key", "the"]);
+    let inputs = text.lines().filter(|l| l.starts_with('#') && l.contains(" in key \"the\"")).count() as u64;
+    assert_eq!(inputs, oracle["\"the\""], "{text}");
+    assert!(text.lines().any(|l| l.trim_start().starts_with("write  count[\"the\"] = ")), "{text}");
+    assert!(!text.contains("\"fox\""), "only the word asked for:\n{text}");
+    assert!(text.contains("replayed step `count` subtask"), "{text}");
+
+    let same = replay(&pipeline, &["--subtask", owner, "--wasm", eddy_guest_artifacts::RUNNING_COUNT]);
+    assert!(same.trim_end().ends_with("0 outputs differ"), "{same}");
+    let doubled = replay(&pipeline, &["--subtask", owner, "--wasm", eddy_guest_artifacts::RUNNING_COUNT_V2]);
+    let emitted = replay(&pipeline, &["--subtask", owner, "--format", "jsonl"]).matches("\"event\":\"output\"").count();
+    assert!(doubled.trim_end().ends_with(&format!("{emitted} outputs differ")), "{doubled}");
+    assert!(doubled.contains("output #1\n  recorded: "), "{doubled}");
+
+    let missing = eddy(&["replay", pipeline.to_str().unwrap(), "--step", "split", "--subtask", "0"]);
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && err.contains("debug: {journal: true}"), "{err}");
+}
