@@ -164,7 +164,8 @@ fn a_replayed_subtask_emits_exactly_what_it_emitted_in_the_run() {
         })
         .expect("some subtask counts user-3");
     let one = ReplayRequest { key: Some(user.as_bytes().to_vec()), ..request(dir.path(), owner) };
-    let (events, _) = run(&one);
+    let (events, summary) = run(&one);
+    assert_eq!(summary.key_subtask, Some(owner), "the key's subtask, from its key group");
     let inputs = events.iter().filter(|e| matches!(e, TraceEvent::Input { .. })).count() as u64;
     assert_eq!(inputs, totals[user]);
     for e in &events {

@@ -124,7 +124,8 @@ fn compare(request: &ReplayRequest, wasm: &Path, runtime: &Runtime, format: Form
                 println!("{line}");
             }
             Format::Text => {
-                let show = |e: Option<&TraceEvent>| e.map_or_else(|| "(none)".to_string(), text);
+                let show =
+                    |e: Option<&TraceEvent>| e.map_or_else(|| "(none)".to_string(), |e| text(e).trim().to_owned());
                 println!("output #{}\n  recorded: {}\n  {}: {}", n + 1, show(a), wasm.display(), show(b));
             }
         }
@@ -177,6 +178,9 @@ fn print_summary(summary: &ReplaySummary, format: Format) -> Result<()> {
              --from-checkpoint {checkpoint}"
         ),
     };
+    if let Some(owner) = summary.key_subtask.filter(|&o| o != summary.subtask) {
+        println!("the key asked for is in subtask {owner}'s key groups: this subtask never sees it");
+    }
     println!(
         "replayed step `{}` subtask {} from {} over {} segment(s): {} input records, {} outputs; {end}",
         summary.step,

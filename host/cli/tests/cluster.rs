@@ -7,11 +7,10 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::fleet::{Worker, eventually, join_token, names, workers};
-use common::{Server, client};
+use common::{Server, client, eddy};
 
 #[test]
 fn workers_register_beat_die_when_killed_and_find_a_restarted_coordinator() {
@@ -145,10 +144,6 @@ fn enrolling_takes_a_join_token_once_and_refuses_the_coordinators_names_in_any_s
         "{statuses:?}"
     );
     assert!(coordinator.log().contains("requests with wrong tokens"), "{}", coordinator.log());
-}
-
-fn eddy(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_eddy")).args(args).output().unwrap()
 }
 
 #[test]

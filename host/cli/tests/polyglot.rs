@@ -6,21 +6,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn eddy(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_eddy")).args(args).output().unwrap()
-}
-
-fn ok(out: Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::{eddy, ok};
 
 /// Compiled components are kept between runs of this test binary: the Python ones take
 /// seconds to compile.

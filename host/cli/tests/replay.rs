@@ -5,27 +5,15 @@
 //! that counts alike finds no difference, and with code that counts by two finds them all.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Command, Output};
 
+use common::{eddy, ok};
 use serde_json::Value;
 
 const TEXT: &str = "the quick brown fox\njumps over the lazy dog\nthe end\nquick quick fox\n";
-
-fn eddy(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_eddy")).args(args).output().unwrap()
-}
-
-fn ok(out: Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn cache_dir() -> String {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("replay-artifacts").display().to_string()

@@ -15,7 +15,9 @@
 //! (`eddy_connectors::FilesSink`) or upsert idempotently (`eddy_connectors::UpsertSink`).
 //! [`Job::start`] resumes from the newest valid checkpoint; [`Job::run_with_restarts`] restarts
 //! failed jobs under the spec's `restart:` strategy; [`Job::stop_with_savepoint`] and
-//! [`JobOptions::restore_from`] move a job to a new version or parallelism.
+//! [`JobOptions::restore_from`] move a job to a new version or parallelism. A step with
+//! `debug: {journal: true}` records its input ([`journal`]), and [`replay::replay`] runs one of
+//! its subtasks again from a checkpoint over it, tracing what the operator did.
 
 pub mod buffer;
 pub mod checkpoint;

@@ -19,6 +19,23 @@ use serde_json::{Value, json};
 /// process that uses no bucket ignores them.
 pub const S3_CREDENTIALS: [(&str, &str); 2] = [("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test")];
 
+/// Runs the `eddy` binary with `args` and waits for it.
+pub fn eddy(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_eddy")).args(args).output().unwrap()
+}
+
+/// The standard output of a run that must succeed; `what` names it in the failure, with both
+/// outputs.
+pub fn ok(out: std::process::Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// A server process on a free port over `dir`, killed when dropped.
 pub struct Server {
     pub child: Child,

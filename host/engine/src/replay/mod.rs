@@ -16,10 +16,10 @@ use std::path::PathBuf;
 
 use eddy_checkpoint::inspect::{StateEntry, decode_entry, decode_value, json_or_text};
 use eddy_checkpoint::{CheckpointError, CheckpointMetadata, CheckpointStore, RestorePoint};
-use eddy_core::{RecordBatch, TimeDomain};
+use eddy_core::{KeyGroupRange, RecordBatch, TimeDomain};
 use eddy_plan::StateBackendKind;
 use eddy_runtime::{Output, Runtime};
-use eddy_state::{DeclaredState, TtlClock, decode_state_key};
+use eddy_state::{DeclaredState, HashedKey, TtlClock, decode_state_key};
 use serde::Serialize;
 use serde_json::Value;
 use tracing_subscriber::layer::SubscriberExt;
@@ -194,6 +194,10 @@ pub struct ReplaySummary {
     pub records: u64,
     /// Records the operator emitted (every output, whatever `key` showed).
     pub outputs: u64,
+    /// The subtask whose key groups hold the key asked for, when the step reads a hash
+    /// exchange (another subtask than this one never sees the key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_subtask: Option<u32>,
     /// How it ended.
     pub end: ReplayEnd,
 }
@@ -330,6 +334,11 @@ impl<'a> Replayer<'a> {
         let operator = context.operator_with(step, &component, slot)?;
         // What `open` and the restore did happened before the checkpoint in the run.
         trace.take();
+        let max = spec.max_parallelism;
+        let key_subtask =
+            request.key.as_deref().filter(|_| header.slot.keyed).map(|key| {
+                KeyGroupRange::subtask_of(HashedKey::new(key, max).group, max, header.slot.task_parallelism)
+            });
         let summary = ReplaySummary {
             step: header.step.clone(),
             subtask: header.slot.index,
@@ -338,6 +347,7 @@ impl<'a> Replayer<'a> {
             segments: 0,
             records: 0,
             outputs: 0,
+            key_subtask,
             end: ReplayEnd::JournalEnds { after_checkpoint: header.after_checkpoint },
         };
         Ok(Self { request, operator, trace, ttl_clock, emit, summary, _local: local })
