@@ -57,15 +57,7 @@ fn purchases(spec: &PipelineSpec) -> BTreeMap<String, u64> {
 }
 
 fn request(dir: &Path, subtask: u32) -> ReplayRequest {
-    ReplayRequest {
-        checkpoints_dir: dir.join("checkpoints"),
-        step: "count".into(),
-        subtask,
-        from_checkpoint: None,
-        key: None,
-        wasm: None,
-        until: None,
-    }
+    ReplayRequest::new(dir.join("checkpoints"), "count", subtask)
 }
 
 fn run(request: &ReplayRequest) -> (Vec<TraceEvent>, ReplaySummary) {

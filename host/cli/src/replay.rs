@@ -58,13 +58,10 @@ pub struct ReplayArgs {
 /// Runs `eddy replay`.
 pub fn run(args: ReplayArgs, runtime: &Runtime) -> Result<()> {
     let request = ReplayRequest {
-        checkpoints_dir: checkpoints_dir(&args.source)?,
-        step: args.step.clone(),
-        subtask: args.subtask,
         from_checkpoint: args.from_checkpoint,
         key: args.key.as_deref().map(key_from_text),
-        wasm: None,
         until: args.until,
+        ..ReplayRequest::new(checkpoints_dir(&args.source)?, &args.step, args.subtask)
     };
     match &args.wasm {
         None => {
@@ -166,6 +163,7 @@ fn print_summary(summary: &ReplaySummary, format: Format) -> Result<()> {
     let end = match &summary.end {
         ReplayEnd::Finished => "the input ended and the operator finished".to_string(),
         ReplayEnd::Until { record } => format!("stopped at record {record} as asked"),
+        ReplayEnd::EventLimit { events } => format!("stopped after {events} events"),
         ReplayEnd::JournalEnds { after_checkpoint } => format!(
             "the journal ends after checkpoint {after_checkpoint} without an end of input (the job was still \
              running, was stopped or killed)"

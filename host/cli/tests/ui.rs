@@ -28,7 +28,8 @@ sources:
   - {type: generator, name: g, seed: 7, keys: 30, key_field: user, key_prefix: u-, value_field: v, min_value: 1, max_value: 9, start_ms: 0, interval_ms: 5, rate_per_sec: 2000}
 steps:
   - {name: count, wasm: count@1, key_by: /user, parallelism: 2}
-checkpoints: {interval_ms: 500}
+checkpoints: {interval_ms: 500, retained: 200}
+debug: {journal: true}
 sink: {type: files, dir: out}
 ";
 
@@ -464,6 +465,50 @@ fn state_lookup_shows_a_keys_count(browser: &mut Browser, server: &Server, token
     assert_eq!(stale, None, "a failed lookup leaves no stale summary");
 }
 
+/// Replay from the job page: one key's records, state and outputs, the same first events the
+/// API answers for the same query (the journal keeps the job's start, so both replay from it);
+/// asked of the other subtask, the summary names the key's.
+fn replay_from_the_job_page(browser: &mut Browser, server: &Server, token: &str, id: &str) {
+    let api = |subtask: u64| {
+        let url = format!("/v1/jobs/{id}/replay?step=count&subtask={subtask}&key=u-3&limit=40");
+        expect(client().get(server.url(&url)).bearer_auth(token).send().unwrap(), 200)
+    };
+    let owner = api(0)["summary"]["key_subtask"].as_u64().unwrap();
+    assert_eq!(browser.value(&tid("replay-step")), "count", "the keyed step is offered");
+    browser.fill(&tid("replay-key"), "u-3");
+    browser.fill(&tid("replay-subtask"), &(1 - owner).to_string());
+    browser.click(&tid("replay-run"));
+    let elsewhere = browser
+        .wait_text("the replay of the other subtask", &tid("replay-summary"), |t| t.starts_with("Step count, subtask"));
+    assert!(elsewhere.contains(&format!("The key is in subtask {owner}'s key groups")), "{elsewhere}");
+    browser.fill(&tid("replay-subtask"), &owner.to_string());
+    browser.click(&tid("replay-run"));
+    let summary = browser.wait_text("the replay", &tid("replay-summary"), |t| {
+        t.starts_with(&format!("Step count, subtask {owner}, from the job's start"))
+    });
+    assert!(!summary.contains("The key is in"), "{summary}");
+    let answer = api(owner);
+    let events = answer["events"].as_array().unwrap();
+    assert_eq!(events.len(), 40, "{answer}");
+    let mut count = 0;
+    for (i, e) in events.iter().enumerate() {
+        let what = browser.text(&tid("replay-row-what"), i).unwrap();
+        assert_eq!(what, e["event"].as_str().unwrap().replacen('_', " ", 1), "row {i}: {e}");
+        let key = browser.text(&tid("replay-row-key"), i).unwrap_or_default();
+        assert_eq!(key, if e["key"].is_null() { String::new() } else { e["key"].to_string() }, "row {i}");
+        if e["event"] == "output" {
+            count += 1;
+            assert_eq!(e["value"], json!(count), "the running count of u-3 goes up by one per record");
+            assert_eq!(browser.text(&tid("replay-row-detail"), i), Some(count.to_string()));
+        }
+        if e["event"] == "input" {
+            assert_eq!(e["key"], json!("u-3"), "only the key asked for");
+        }
+    }
+    assert!(count > 0, "the first 40 events hold outputs: {answer}");
+    browser.screenshot("replay.png");
+}
+
 /// A live upgrade from the job page: the answer names the checkpoint, the job (same
 /// generation) runs the new artifact; an unknown artifact shows the server's problem.
 fn live_upgrade_from_the_job_page(browser: &mut Browser, server: &Server, token: &str, id: &str) {
@@ -534,6 +579,7 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     );
     state_sizes_add_up_to_the_checkpoint(&mut browser, &server, &token, &id);
     state_lookup_shows_a_keys_count(&mut browser, &server, &token, &id);
+    replay_from_the_job_page(&mut browser, &server, &token, &id);
     live_upgrade_from_the_job_page(&mut browser, &server, &token, &id);
     let shot = browser.screenshot("job.png");
     announce(&format!("ui test: screenshot of the job page at {} (more in that directory)", shot.display()));

@@ -627,10 +627,12 @@ impl StepContext<'_> {
             after_checkpoint: self.restore.map_or(0, |p| p.id()),
             artifact: component.digest().to_owned(),
             processing_time_ms: self.started_ms,
-            spec: self.spec.clone(),
+            // What a replay builds the operator from; no sources or sink, so no connection's
+            // settings or secrets are written to disk with the records.
+            spec: PipelineSpec { sources: Vec::new(), sink: SinkSpec::Blackhole, ..self.spec.clone() },
         };
         let dir = journal::subtask_dir(root, &s.name, slot.index);
-        let writer = JournalWriter::open(dir.clone(), header)
+        let writer = JournalWriter::open(dir.clone(), header, self.spec.journal_max_bytes(step))
             .map_err(|e| Self::state_error(s, format!("starting its input journal in {}: {e}", dir.display())))?;
         Ok(Box::new(Journaled::new(operator, writer)))
     }

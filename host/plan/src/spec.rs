@@ -70,7 +70,14 @@ pub struct DebugSpec {
     /// beside the checkpoints, so `eddy replay` can run one subtask again from a checkpoint.
     #[serde(default)]
     pub journal: bool,
+    /// Disk one subtask's journal may fill (its kept segments, compressed), in MiB; past it
+    /// the journal stops and the job goes on. Default [`DEFAULT_JOURNAL_MAX_MB`].
+    #[serde(default)]
+    pub journal_max_mb: Option<u64>,
 }
+
+/// What one subtask's journal may fill on disk unless `debug.journal_max_mb` says otherwise.
+pub const DEFAULT_JOURNAL_MAX_MB: u64 = 1024;
 
 /// Which state backend the steps use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -987,6 +994,13 @@ impl PipelineSpec {
         self.debug.journal || self.steps.get(i).is_some_and(|s| s.debug.journal)
     }
 
+    /// The disk one subtask of step `i` may fill with its journal, in bytes (its own
+    /// `journal_max_mb`, else the pipeline's, else the default).
+    pub fn journal_max_bytes(&self, i: usize) -> u64 {
+        let own = self.steps.get(i).and_then(|s| s.debug.journal_max_mb);
+        own.or(self.debug.journal_max_mb).unwrap_or(DEFAULT_JOURNAL_MAX_MB).saturating_mul(1 << 20)
+    }
+
     /// The parallelism of step `i`.
     pub fn step_parallelism(&self, i: usize) -> u32 {
         self.steps.get(i).and_then(|s| s.parallelism).unwrap_or(self.parallelism)
@@ -1040,6 +1054,15 @@ impl PipelineSpec {
         }
         if self.state.block_cache_mb == 0 || self.state.write_buffer_mb == 0 {
             return Err(invalid("state", "block_cache_mb and write_buffer_mb must be at least 1"));
+        }
+        if self.debug.journal_max_mb == Some(0) {
+            return Err(invalid("debug.journal_max_mb", "must be at least 1 (omit `journal` to keep none)"));
+        }
+        if let Some(i) = self.steps.iter().position(|s| s.debug.journal_max_mb == Some(0)) {
+            return Err(invalid(
+                format!("steps[{i}].debug.journal_max_mb"),
+                "must be at least 1 (omit `journal` to keep none)",
+            ));
         }
         if let Some(i) = (0..self.steps.len()).find(|&i| self.journals(i))
             && self.checkpoints.as_ref().is_none_or(|c| c.dir.is_none())
@@ -1362,6 +1385,7 @@ mod tests {
             (step("{name: a, wasm: a.wasm, debug: {journal: true}}"), "steps[0].debug.journal"),
             (OK.replace("steps:", "debug: {journal: true}\nsteps:"), "`debug.journal`: the journal is written beside"),
             (step("{name: a, wasm: a.wasm, debug: {jurnal: true}}"), "jurnal"),
+            (step("{name: a, wasm: a.wasm, debug: {journal_max_mb: 0}}"), "steps[0].debug.journal_max_mb"),
             (OK.replace("type: print", "type: pulsar"), "pulsar"),
             (OK.replace("sink: {type: print}\n", ""), "sink"),
             (OK.replace("type: print", "type: files"), "exactly one of `dir` and `s3`"),

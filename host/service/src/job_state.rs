@@ -14,14 +14,12 @@ use crate::auth::TenantCaller;
 use crate::jobs::owned;
 use crate::placement::{job_store, redact};
 use crate::problem::{ApiError, ApiResult, CheckedQuery, Problem};
+use crate::query_bounds::{MAX_NAME_BYTES, count, step_and_key, too_long};
 use crate::{AppState, heavy};
 
 /// Most entries one answer holds, and the default.
 pub const MAX_STATE_ENTRIES: usize = 1_000;
 const DEFAULT_STATE_ENTRIES: usize = 100;
-/// Longest step or state name, and longest key, a query may give.
-const MAX_NAME_BYTES: usize = 256;
-const MAX_KEY_BYTES: usize = 4_096;
 
 /// `GET /v1/jobs/{id}/state` query.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -39,25 +37,11 @@ pub struct StateParams {
 }
 
 fn checked(params: StateParams) -> ApiResult<StateQuery> {
-    let too_long = |field: &str, limit: usize| {
-        ApiError::unprocessable(format!("`{field}` is longer than {limit} bytes")).at(field.to_owned())
-    };
-    if params.step.is_empty() {
-        return Err(ApiError::unprocessable("`step` is empty: name the step whose state to read").at("step"));
-    }
-    if params.step.len() > MAX_NAME_BYTES {
-        return Err(too_long("step", MAX_NAME_BYTES));
-    }
+    step_and_key(&params.step, params.key.as_deref(), "the step whose state to read")?;
     if params.state.as_ref().is_some_and(|s| s.len() > MAX_NAME_BYTES) {
         return Err(too_long("state", MAX_NAME_BYTES));
     }
-    if params.key.as_ref().is_some_and(|k| k.len() > MAX_KEY_BYTES) {
-        return Err(too_long("key", MAX_KEY_BYTES));
-    }
-    let limit = params.limit.unwrap_or(DEFAULT_STATE_ENTRIES);
-    if limit == 0 || limit > MAX_STATE_ENTRIES {
-        return Err(ApiError::unprocessable(format!("`limit` must be 1 to {MAX_STATE_ENTRIES}")).at("limit"));
-    }
+    let limit = count("limit", params.limit, DEFAULT_STATE_ENTRIES, MAX_STATE_ENTRIES)?;
     Ok(StateQuery { step: params.step, state: params.state, key: params.key.as_deref().map(key_from_text), limit })
 }
 
@@ -105,6 +89,7 @@ pub async fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::query_bounds::{MAX_KEY_BYTES, MAX_NAME_BYTES};
 
     fn params(step: &str, key: Option<&str>, limit: Option<usize>) -> StateParams {
         StateParams { step: step.into(), key: key.map(String::from), state: None, limit }

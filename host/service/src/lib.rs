@@ -57,12 +57,14 @@ pub mod enrollment;
 pub mod files;
 pub mod http;
 pub mod janitor;
+pub mod job_replay;
 pub mod job_state;
 pub mod jobs;
 pub mod metrics;
 pub mod model;
 pub mod placement;
 pub mod problem;
+pub mod query_bounds;
 pub mod quotas;
 pub mod restarts;
 pub mod secret;
@@ -283,6 +285,7 @@ pub fn api() -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
         .routes(routes!(jobs::rescale))
         .routes(routes!(jobs::upgrade))
         .routes(routes!(job_state::read))
+        .routes(routes!(job_replay::read))
         .routes(routes!(metrics::metrics))
         .routes(routes!(files::list))
         .routes(routes!(files::put, files::delete))

@@ -143,6 +143,9 @@ fn refused(state: &AppState, tenant: &str, e: eddy_plan::SpecError) -> ApiError 
 /// engine's own defaults (1 GiB on the heap, 64 GiB in RocksDB) would make a two-step RocksDB
 /// job ask 128 GiB, more than a tenant's whole default quota, so no example would run.
 pub const SERVICE_HEAP_STATE_BYTES: u64 = 128 << 20;
+/// Disk one subtask's input journal may fill on the server (`debug.journal_max_mb` is capped
+/// at it): a tenant's journals are bounded by this times its subtasks.
+pub const SERVICE_JOURNAL_MAX_MB: u64 = 64;
 /// See [`SERVICE_HEAP_STATE_BYTES`].
 pub const SERVICE_ROCKSDB_STATE_BYTES: u64 = 4 << 30;
 
@@ -166,6 +169,25 @@ pub fn check_world(step: &eddy_plan::StepSpec, index: usize, reference: &str, wo
     .at(format!("steps[{index}].wasm")))
 }
 
+/// Input journals go beside the job's checkpoints, so only where those are a directory; each
+/// subtask's is capped at [`SERVICE_JOURNAL_MAX_MB`] whatever the spec asks.
+fn bound_journals(spec: &mut PipelineSpec, bucket: bool) -> Result<(), ApiError> {
+    let Some(i) = (0..spec.steps.len()).find(|&i| spec.journals(i)) else { return Ok(()) };
+    if bucket {
+        let field = if spec.debug.journal { "debug.journal".to_string() } else { format!("steps[{i}].debug.journal") };
+        return Err(ApiError::unprocessable(
+            "this server keeps checkpoints in a bucket, which holds no input journal yet: drop `debug.journal`",
+        )
+        .at(field));
+    }
+    let cap = |mb: Option<u64>| Some(mb.unwrap_or(SERVICE_JOURNAL_MAX_MB).min(SERVICE_JOURNAL_MAX_MB));
+    spec.debug.journal_max_mb = cap(spec.debug.journal_max_mb);
+    for step in spec.steps.iter_mut().filter(|s| s.debug.journal_max_mb.is_some()) {
+        step.debug.journal_max_mb = cap(step.debug.journal_max_mb);
+    }
+    Ok(())
+}
+
 /// The spec as the job runs it, and the digests of its steps' artifacts in step order: the
 /// submitted `text` with the record's overrides, its paths in the tenant's area and its
 /// checkpoints in the directory of the record's generation. Blocking (it reads the store):
@@ -180,16 +202,6 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
         for step in &mut spec.steps {
             step.parallelism = Some(p);
         }
-    }
-    // A journal holds the input of every retained checkpoint on the server's disk, which no
-    // tenant quota counts yet: refused rather than unbounded.
-    if let Some(i) = (0..spec.steps.len()).find(|&i| spec.journals(i)) {
-        let field = if spec.debug.journal { "debug.journal".to_string() } else { format!("steps[{i}].debug.journal") };
-        return Err(ApiError::unprocessable(
-            "the service keeps no input journals yet (no quota counts their disk): drop `debug.journal`, and journal \
-             and replay the pipeline with `eddy run` and `eddy replay`",
-        )
-        .at(field));
     }
     crate::restarts::check_strategy(&spec.restart)
         .map_err(|(field, problem)| ApiError::unprocessable(format!("`{field}`: {problem}")).at(field))?;
@@ -269,6 +281,7 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
         None => CheckpointSpec::in_dir(PathBuf::new(), DEFAULT_CHECKPOINT_INTERVAL_MS),
     };
     let (dir, s3) = job_store(state, tenant, job).join(&format!("checkpoints/{}", record.generation)).into_fields();
+    bound_journals(&mut spec, s3.is_some())?;
     spec.checkpoints = Some(CheckpointSpec { dir, s3, ..checkpoints });
     spec.validate().map_err(|e| refused(state, tenant, e))?;
     crate::connections::resolve_connectors(state, tenant, &mut spec)?;

@@ -583,7 +583,7 @@
     if (list.dataset.steps === steps.join('\n')) return;
     list.dataset.steps = steps.join('\n');
     list.replaceChildren(...steps.map((s) => el('option', { value: s })));
-    for (const input of [byTestId('state-step'), byTestId('upgrade-step')]) {
+    for (const input of [byTestId('state-step'), byTestId('replay-step'), byTestId('upgrade-step')]) {
       if (!input.value && steps.length) input.value = steps[steps.length - 1];
     }
   }
@@ -627,6 +627,90 @@
         table.hidden = true;
         summary.textContent = '';
         delete summary.dataset.checkpoint;
+        error.textContent = e.message;
+        error.hidden = false;
+      }
+    };
+  }
+
+  /** What one replay event says, beyond its kind and key. */
+  function replayDetail(e) {
+    const json = (v) => JSON.stringify(v);
+    switch (e.event) {
+      case 'input':
+        return `#${e.n} ${json(e.value)}`;
+      case 'output':
+        return (e.output === 'main' ? '' : `[${e.output}] `) + json(e.value);
+      case 'state_read':
+        return e.found ? `${e.state} = ${json(e.value)}` : `${e.state} (absent)`;
+      case 'state_write':
+        return `${e.state} = ${json(e.value)}`;
+      case 'state_delete':
+        return e.state;
+      case 'timer':
+        return `${e.change} ${e.domain} at ${e.timestamp}`;
+      case 'watermark':
+        return String(e.watermark);
+      case 'processing_time':
+        return String(e.now_ms);
+      case 'log':
+        return `${e.level}: ${e.message}`;
+      case 'barrier':
+        return `checkpoint ${e.checkpoint}`;
+      case 'segment':
+        return e.after_checkpoint ? `after checkpoint ${e.after_checkpoint}` : "from the job's start";
+      default:
+        return '';
+    }
+  }
+
+  function replayRow(e) {
+    return el(
+      'tr',
+      { testid: 'replay-row', 'data-event': e.event },
+      el('td', { testid: 'replay-row-what', text: e.event.replace('_', ' ') }),
+      el('td', { class: 'mono', testid: 'replay-row-key', text: e.key === undefined ? '' : JSON.stringify(e.key) }),
+      el('td', { class: 'mono', testid: 'replay-row-detail', text: replayDetail(e) }),
+    );
+  }
+
+  /** Replays one subtask of a journaled step from its journal, in the server. */
+  function armReplay(id) {
+    const form = byTestId('replay-form');
+    const table = byTestId('replay-table');
+    const error = byTestId('replay-error');
+    const summary = byTestId('replay-summary');
+    form.onsubmit = async (event) => {
+      event.preventDefault();
+      const subtask = byTestId('replay-subtask').value.trim();
+      const query = new URLSearchParams({ step: byTestId('replay-step').value.trim(), subtask, limit: '300' });
+      const key = byTestId('replay-key').value.trim();
+      if (key) query.set('key', key);
+      error.hidden = true;
+      summary.textContent = `Replaying subtask ${subtask}…`;
+      try {
+        const r = await api(`/v1/jobs/${encodeURIComponent(id)}/replay?${query}`);
+        table.tBodies[0].replaceChildren(...r.events.map(replayRow));
+        table.hidden = r.events.length === 0;
+        if (r.failure) {
+          summary.textContent = `The operator failed as it ran: ${r.failure}`;
+          return;
+        }
+        const s = r.summary;
+        const from = s.from_checkpoint ? `checkpoint ${s.from_checkpoint}` : "the job's start";
+        const elsewhere =
+          s.key_subtask !== undefined && s.key_subtask !== s.subtask
+            ? ` The key is in subtask ${s.key_subtask}'s key groups.`
+            : '';
+        summary.textContent =
+          `Step ${s.step}, subtask ${s.subtask}, from ${from}: ${s.records} input records, ` +
+          `${s.outputs} outputs (${s.end.end.replace('_', ' ')}).${elsewhere}`;
+        summary.dataset.from = String(s.from_checkpoint);
+      } catch (e) {
+        if (e.status === 401) return reportError(e);
+        table.hidden = true;
+        summary.textContent = '';
+        delete summary.dataset.from;
         error.textContent = e.message;
         error.hidden = false;
       }
@@ -740,6 +824,7 @@
     showOnly('job');
     const disarm = armCancel(id);
     armStateLookup(id);
+    armReplay(id);
     armUpgrade(id);
     const polling = poll(() => api(`/v1/jobs/${encodeURIComponent(id)}`), renderJob, POLL_MS);
     return {

@@ -60,7 +60,8 @@ pub struct JournalHeader {
     pub artifact: String,
     /// Processing time when the segment began (the operator's timer clock starts there).
     pub processing_time_ms: i64,
-    /// The job's pipeline as it ran (paths resolved), so a replay builds the same operator.
+    /// The job's pipeline as it ran (paths resolved), so a replay builds the same operator;
+    /// without its sources and sink (a replay needs neither, and they may name secrets).
     pub spec: eddy_plan::PipelineSpec,
 }
 

@@ -4,8 +4,8 @@
 //! batch into a recycled buffer: compressing and writing the page cache cost as much as a
 //! window step's own work, and on the task thread they would slow the whole pipeline.
 //!
-//! The journal is a debugging aid, so it never fails the job: a write that fails (a full disk)
-//! stops this subtask's journal with a warning, and the segment ends at its last whole frame,
+//! The journal is a debugging aid, so it never fails the job: a write that fails (a full disk,
+//! or the subtask's `debug.journal_max_mb` reached) stops this subtask's journal with a warning, and the segment ends at its last whole frame,
 //! which a replay reads as the end of what was recorded. A journal thread that falls behind
 //! holds the task back at [`QUEUED_BATCHES`], so its memory is bounded.
 
@@ -43,35 +43,63 @@ struct SegmentWriter {
     /// A batch's body before compression.
     scratch: Vec<u8>,
     written_ms: i64,
+    /// Disk the subtask's kept segments may fill.
+    max_bytes: u64,
+    /// What its other kept segments hold (counted when a segment starts, so segments the
+    /// checkpoint thread pruned meanwhile no longer count).
+    kept_bytes: u64,
+    /// What the open segment holds.
+    segment_bytes: u64,
 }
 
 impl SegmentWriter {
     /// Starts the segment `header` describes in `dir`, deleting segments after it that an
     /// earlier attempt left (they are not what the subtask will see now).
-    fn open(dir: PathBuf, header: JournalHeader) -> std::io::Result<Self> {
+    fn open(dir: PathBuf, header: JournalHeader, max_bytes: u64) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
         for (_, stale) in segments(&dir)?.into_iter().filter(|(id, _)| *id > header.after_checkpoint) {
             std::fs::remove_file(stale)?;
         }
         let written_ms = header.processing_time_ms;
         let pending = Vec::with_capacity(WRITE_BYTES);
-        let mut writer = Self { dir, header, file: None, pending, scratch: Vec::new(), written_ms };
+        let mut writer = Self {
+            dir,
+            header,
+            file: None,
+            pending,
+            scratch: Vec::new(),
+            written_ms,
+            max_bytes,
+            kept_bytes: 0,
+            segment_bytes: 0,
+        };
         writer.start_segment()?;
         Ok(writer)
     }
 
     fn start_segment(&mut self) -> std::io::Result<()> {
         let path = segment_path(&self.dir, self.header.after_checkpoint);
+        let others = segments(&self.dir)?.into_iter().filter(|(_, p)| *p != path);
+        self.kept_bytes = others.filter_map(|(_, p)| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
         self.file = Some(File::create(&path)?);
+        self.segment_bytes = 0;
         self.pending.clear();
         encode(&Frame::Header(Box::new(self.header.clone())), &mut self.pending);
         self.write_out()
     }
 
     fn write_out(&mut self) -> std::io::Result<()> {
+        let after = self.kept_bytes + self.segment_bytes + self.pending.len() as u64;
+        if after > self.max_bytes {
+            return Err(std::io::Error::other(format!(
+                "it would hold {after} bytes, over its limit of {} MiB (`debug.journal_max_mb`)",
+                self.max_bytes >> 20
+            )));
+        }
         if let Some(file) = &mut self.file {
             file.write_all(&self.pending)?;
         }
+        self.segment_bytes += self.pending.len() as u64;
         self.pending.clear();
         Ok(())
     }
@@ -183,9 +211,9 @@ pub(crate) struct JournalWriter {
 impl JournalWriter {
     /// Starts the segment `header` describes in `dir` (deleting later segments an earlier
     /// attempt left) and the thread that writes it.
-    pub(crate) fn open(dir: PathBuf, header: JournalHeader) -> std::io::Result<Self> {
+    pub(crate) fn open(dir: PathBuf, header: JournalHeader, max_bytes: u64) -> std::io::Result<Self> {
         let name = format!("eddy-journal-{}-{}", header.step, header.slot.index);
-        let writer = SegmentWriter::open(dir.clone(), header)?;
+        let writer = SegmentWriter::open(dir.clone(), header, max_bytes)?;
         let (entries, queued) = sync_channel(QUEUED_BATCHES);
         let (recycle, spare) = sync_channel(QUEUED_BATCHES);
         let stopped = Arc::new(AtomicBool::new(false));
@@ -308,5 +336,70 @@ impl StreamOperator for Journaled {
     fn swap_code(self: Box<Self>, component: &Component) -> Result<Box<dyn StreamOperator>, OperatorError> {
         let Self { inner, journal } = *self;
         Ok(Box::new(Self { inner: inner.swap_code(component)?, journal }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{JOURNAL_VERSION, JournalSlot, read_segment};
+
+    fn header() -> JournalHeader {
+        let yaml =
+            "name: p\nsources: [{type: generator, name: g}]\nsteps: [{name: s, wasm: s.wasm}]\nsink: {type: print}\n";
+        JournalHeader {
+            version: JOURNAL_VERSION,
+            step: "s".into(),
+            slot: JournalSlot { task: 0, index: 0, position: 0, task_parallelism: 1, keyed: false },
+            after_checkpoint: 0,
+            artifact: "sha256:0".into(),
+            processing_time_ms: 0,
+            spec: eddy_plan::PipelineSpec::from_yaml(yaml).expect("spec"),
+        }
+    }
+
+    /// 64 records of 1 000 bytes that do not compress (a simple generator's bytes).
+    fn noise(seed: u64) -> RecordBatch {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let mut batch = RecordBatch::default();
+        for _ in 0..64 {
+            let value: Vec<u8> = (0..1000)
+                .map(|_| {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (x >> 56) as u8
+                })
+                .collect();
+            batch.push(None, &value, Some(1));
+        }
+        batch
+    }
+
+    fn write(dir: &Path, max_bytes: u64, batches: u64) {
+        let mut journal = JournalWriter::open(dir.to_path_buf(), header(), max_bytes).expect("open");
+        for i in 0..batches {
+            journal.batch(&noise(i));
+            journal.frame(Frame::ProcessingTime(i as i64 * 1_000));
+        }
+        journal.frame(Frame::Finish);
+    }
+
+    #[test]
+    fn a_journal_keeps_every_frame_under_its_limit_and_stops_at_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write(dir.path(), 4 << 20, 20);
+        let whole = read_segment(&segment_path(dir.path(), 0)).expect("read");
+        assert_eq!(whole.frames.len(), 41, "20 batches, 20 ticks and the end");
+        assert_eq!(whole.frames.first(), Some(&Frame::Batch(noise(0))));
+        assert_eq!(whole.frames.last(), Some(&Frame::Finish));
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let limit = 200 << 10;
+        write(dir.path(), limit, 20);
+        let path = segment_path(dir.path(), 0);
+        let cut = read_segment(&path).expect("read");
+        let size = std::fs::metadata(&path).expect("size").len();
+        assert!(size <= limit, "{size} bytes on disk, over the {limit} allowed");
+        assert!(!cut.frames.is_empty() && cut.frames.len() < 41, "{} frames", cut.frames.len());
+        assert!(!cut.frames.contains(&Frame::Finish), "nothing after the limit is written");
     }
 }

@@ -13,12 +13,13 @@
 pub(crate) mod trace;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use eddy_checkpoint::inspect::{StateEntry, decode_entry, decode_value, json_or_text};
 use eddy_checkpoint::{CheckpointError, CheckpointMetadata, CheckpointStore, RestorePoint};
 use eddy_core::{KeyGroupRange, RecordBatch, TimeDomain};
 use eddy_plan::StateBackendKind;
-use eddy_runtime::{Output, Runtime};
+use eddy_runtime::{CpuShare, Output, Runtime, SandboxLimits};
 use eddy_state::{DeclaredState, HashedKey, TtlClock, decode_state_key};
 use serde::Serialize;
 use serde_json::Value;
@@ -48,6 +49,31 @@ pub struct ReplayRequest {
     pub wasm: Option<PathBuf>,
     /// Stop after this input record (1 is the first replayed).
     pub until: Option<u64>,
+    /// Stop once this many events were shown (a server bounds its answer so).
+    pub max_events: Option<usize>,
+    /// The sandbox the code runs in (a tenant's, on a server); default: the runtime's.
+    pub limits: Option<SandboxLimits>,
+    /// The CPU share its calls are charged to (a tenant's, on a server).
+    pub cpu_share: Option<Arc<CpuShare>>,
+}
+
+impl ReplayRequest {
+    /// Subtask `subtask` of step `step`, whose job checkpoints into `checkpoints_dir`: from the
+    /// oldest state its journal reaches back to, every event, on the runtime's sandbox.
+    pub fn new(checkpoints_dir: PathBuf, step: &str, subtask: u32) -> Self {
+        Self {
+            checkpoints_dir,
+            step: step.to_owned(),
+            subtask,
+            from_checkpoint: None,
+            key: None,
+            wasm: None,
+            until: None,
+            max_events: None,
+            limits: None,
+            cpu_share: None,
+        }
+    }
 }
 
 /// One thing the replay shows, in order.
@@ -156,6 +182,11 @@ pub enum ReplayEnd {
     Until {
         /// That record.
         record: u64,
+    },
+    /// Once `max_events` events were shown.
+    EventLimit {
+        /// That many.
+        events: usize,
     },
     /// Where the journal ends without an end of input: the subtask was still running, was
     /// killed, or its journal stopped.
@@ -281,6 +312,8 @@ struct Replayer<'a> {
     trace: Trace,
     ttl_clock: TtlClock,
     emit: &'a mut dyn FnMut(TraceEvent),
+    /// Events shown so far.
+    shown: usize,
     summary: ReplaySummary,
     /// Keeps the restored files until the replay ends.
     _local: tempfile::TempDir,
@@ -304,7 +337,13 @@ impl<'a> Replayer<'a> {
         if let Some(wasm) = &request.wasm {
             step_spec.wasm = wasm.clone();
         }
-        let component = load_step(runtime, &step_spec)?;
+        let mut component = load_step(runtime, &step_spec)?;
+        if let Some(share) = &request.cpu_share {
+            component = component.with_cpu_share(share.clone());
+        }
+        if let Some(limits) = &request.limits {
+            component = component.with_limits(limits.clone());
+        }
         if request.wasm.is_none() && component.digest() != header.artifact {
             return Err(ReplayError::Code(format!(
                 "{} is not the code the subtask ran (it ran {}, the file is {}): give that code with --wasm, or \
@@ -350,7 +389,7 @@ impl<'a> Replayer<'a> {
             key_subtask,
             end: ReplayEnd::JournalEnds { after_checkpoint: header.after_checkpoint },
         };
-        Ok(Self { request, operator, trace, ttl_clock, emit, summary, _local: local })
+        Ok(Self { request, operator, trace, ttl_clock, emit, shown: 0, summary, _local: local })
     }
 
     fn run(&mut self, first: Segment, dir: &std::path::Path) -> Result<ReplaySummary, ReplayError> {
@@ -360,10 +399,14 @@ impl<'a> Replayer<'a> {
             self.summary.segments += 1;
             let after = segment.header.after_checkpoint;
             self.summary.end = ReplayEnd::JournalEnds { after_checkpoint: after };
-            (self.emit)(TraceEvent::Segment { after_checkpoint: after, artifact: segment.header.artifact.clone() });
+            self.show(TraceEvent::Segment { after_checkpoint: after, artifact: segment.header.artifact.clone() });
             let mut next = None;
             for frame in segment.frames {
-                match self.frame(frame)? {
+                let step = match self.request.max_events {
+                    Some(events) if self.shown >= events => Step::Stop(ReplayEnd::EventLimit { events }),
+                    _ => self.frame(frame)?,
+                };
+                match step {
                     Step::Go => {}
                     Step::Stop(end) => {
                         self.summary.end = end;
@@ -405,11 +448,11 @@ impl<'a> Replayer<'a> {
                 Ok(Step::Go)
             }
             Frame::Barrier(checkpoint) => {
-                (self.emit)(TraceEvent::Barrier { checkpoint });
+                self.show(TraceEvent::Barrier { checkpoint });
                 Ok(Step::Next(checkpoint))
             }
             Frame::Finish => {
-                (self.emit)(TraceEvent::Finish);
+                self.show(TraceEvent::Finish);
                 let out = self.operator.finish();
                 self.effects(None, out)?;
                 Ok(Step::Stop(ReplayEnd::Finished))
@@ -432,7 +475,7 @@ impl<'a> Replayer<'a> {
         }
         for (i, r) in batch.iter().enumerate() {
             if self.shows(r.key) {
-                (self.emit)(TraceEvent::Input {
+                self.show(TraceEvent::Input {
                     n: done + i as u64 + 1,
                     key: r.key.map(json_or_text),
                     timestamp: r.timestamp,
@@ -444,6 +487,16 @@ impl<'a> Replayer<'a> {
         let out = if batch.is_empty() { Ok(Output::default()) } else { self.operator.process(&batch) };
         self.effects(None, out)?;
         Ok(stop.map_or(Step::Go, Step::Stop))
+    }
+
+    /// Hands `event` on, unless `max_events` were shown already (the replay then stops after
+    /// the frame at hand).
+    fn show(&mut self, event: TraceEvent) {
+        if self.request.max_events.is_some_and(|max| self.shown >= max) {
+            return;
+        }
+        self.shown += 1;
+        (self.emit)(event);
     }
 
     /// Whether an event of `key` is shown.
@@ -487,7 +540,7 @@ impl<'a> Replayer<'a> {
             return Ok(());
         }
         for event in cause.into_iter().chain(logs).chain(shown) {
-            (self.emit)(event);
+            self.show(event);
         }
         Ok(())
     }
