@@ -19,7 +19,7 @@ use eddy_checkpoint::CheckpointStore;
 
 use crate::AppState;
 use crate::model::{JobRecord, now_ms};
-use crate::placement::{StoreLocation, job_dir, job_store};
+use crate::placement::{StoreLocation, job_checkpoints, job_dir, job_store};
 use crate::problem::{ApiError, ApiResult, identifier};
 use crate::store::Table;
 
@@ -91,7 +91,7 @@ pub fn delete_savepoint(state: &AppState, job: &JobRecord, name: &str) -> ApiRes
 
 /// Whether the job's current generation has a completed checkpoint.
 fn has_own_checkpoint(state: &AppState, job: &JobRecord) -> bool {
-    let location = job_store(state, &job.tenant, &job.id).join(&format!("checkpoints/{}", job.generation));
+    let location = job_checkpoints(state, job);
     CheckpointStore::at(&location)
         .and_then(|store| eddy_checkpoint::metadata::completed_ids(&store))
         .is_ok_and(|ids| !ids.is_empty())

@@ -15,7 +15,7 @@ use utoipa::IntoParams;
 
 use crate::auth::TenantCaller;
 use crate::jobs::owned;
-use crate::placement::{job_store, redact};
+use crate::placement::{job_checkpoints, redact};
 use crate::problem::{ApiError, ApiResult, CheckedQuery, Problem};
 use crate::query_bounds::{count, step_and_key};
 use crate::{AppState, heavy};
@@ -73,7 +73,7 @@ pub async fn read(
     CheckedQuery(params): CheckedQuery<ReplayParams>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let job = owned(&state, &caller.tenant, &id)?;
-    let location = job_store(&state, &job.tenant, &job.id).join(&format!("checkpoints/{}", job.generation));
+    let location = job_checkpoints(&state, &job);
     let StoreLocation::Dir(dir) = location else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "this server keeps checkpoints in a bucket: no journals"));
     };

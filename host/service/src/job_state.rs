@@ -12,7 +12,7 @@ use utoipa::IntoParams;
 
 use crate::auth::TenantCaller;
 use crate::jobs::owned;
-use crate::placement::{job_store, redact};
+use crate::placement::{job_checkpoints, redact};
 use crate::problem::{ApiError, ApiResult, CheckedQuery, Problem};
 use crate::query_bounds::{MAX_NAME_BYTES, count, step_and_key, too_long};
 use crate::{AppState, heavy};
@@ -63,7 +63,7 @@ pub async fn read(
     let query = checked(params)?;
     let st = state.clone();
     heavy(&state, move || {
-        let location = job_store(&st, &job.tenant, &job.id).join(&format!("checkpoints/{}", job.generation));
+        let location = job_checkpoints(&st, &job);
         let store = CheckpointStore::at(&location).map_err(ApiError::internal)?;
         let scratch = st.data_dir.join("tmp");
         std::fs::create_dir_all(&scratch).map_err(ApiError::internal)?;

@@ -70,6 +70,11 @@ pub fn job_store(state: &AppState, tenant: &str, job: &str) -> StoreLocation {
     }
 }
 
+/// Where the job's current generation checkpoints (and journals, in a directory).
+pub fn job_checkpoints(state: &AppState, job: &JobRecord) -> StoreLocation {
+    job_store(state, &job.tenant, &job.id).join(&format!("checkpoints/{}", job.generation))
+}
+
 /// How often a job whose spec sets no `checkpoints` is checkpointed.
 pub const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 5_000;
 
@@ -280,7 +285,7 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
         Some(c) => c,
         None => CheckpointSpec::in_dir(PathBuf::new(), DEFAULT_CHECKPOINT_INTERVAL_MS),
     };
-    let (dir, s3) = job_store(state, tenant, job).join(&format!("checkpoints/{}", record.generation)).into_fields();
+    let (dir, s3) = job_checkpoints(state, record).into_fields();
     bound_journals(&mut spec, s3.is_some())?;
     spec.checkpoints = Some(CheckpointSpec { dir, s3, ..checkpoints });
     spec.validate().map_err(|e| refused(state, tenant, e))?;
