@@ -812,7 +812,10 @@ fn main() {
         Command::Bench { suite } => bench(suite),
         Command::Inspect { wasm, cache_dir } => inspect(wasm, cache_dir),
         Command::State(args) => state::state(args, login),
-        Command::Replay(args) => runtime(args.cache_dir.clone()).and_then(|r| replay::run(args, &r)),
+        Command::Replay(args) => {
+            let cache_dir = args.cache_dir.clone();
+            replay::run(args, || runtime(cache_dir), login)
+        }
         Command::New { lang, dir } => project::new(&lang, &dir),
         Command::Build { dir, flags, out } => project::build(&dir, flags.as_flags(), out).map(|_| ()),
         Command::Test { dir, flags } => project::test(&dir, flags.as_flags()),

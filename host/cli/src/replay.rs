@@ -10,6 +10,8 @@ use eddy_checkpoint::inspect::{StateEntry, key_from_text};
 use eddy_engine::replay::{ReplayEnd, ReplayRequest, ReplaySummary, TraceEvent, replay};
 use eddy_plan::PipelineSpec;
 use eddy_runtime::Runtime;
+
+use crate::client::{Api, Login};
 use serde_json::Value;
 
 /// How `eddy replay` prints.
@@ -24,8 +26,8 @@ pub enum Format {
 /// What `eddy replay` was asked.
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
-    /// The journaled job: its pipeline spec (whose `checkpoints.dir` holds the journal) or
-    /// that checkpoints directory.
+    /// The journaled job: its pipeline spec (whose `checkpoints.dir` holds the journal), that
+    /// checkpoints directory, or the id of a job on the server (`eddy login`), which replays it.
     pub source: String,
     /// The step to replay.
     #[arg(long)]
@@ -55,8 +57,16 @@ pub struct ReplayArgs {
     pub cache_dir: PathBuf,
 }
 
-/// Runs `eddy replay`.
-pub fn run(args: ReplayArgs, runtime: &Runtime) -> Result<()> {
+/// Runs `eddy replay`; `login` is the server's, asked for only when `source` is a job id.
+pub fn run(
+    args: ReplayArgs,
+    runtime: impl FnOnce() -> Result<Runtime>,
+    login: impl FnOnce() -> Result<Login>,
+) -> Result<()> {
+    if crate::state::is_job_id(&args.source) {
+        return from_server(&args, login()?);
+    }
+    let runtime = &runtime()?;
     let request = ReplayRequest {
         from_checkpoint: args.from_checkpoint,
         key: args.key.as_deref().map(key_from_text),
@@ -70,6 +80,29 @@ pub fn run(args: ReplayArgs, runtime: &Runtime) -> Result<()> {
         }
         Some(wasm) => compare(&request, wasm, runtime, args.format),
     }
+}
+
+/// `eddy replay JOB`: the server replays from the job's journal (at most 5 000 events).
+fn from_server(args: &ReplayArgs, login: Login) -> Result<()> {
+    if args.wasm.is_some() {
+        anyhow::bail!("--wasm replays other code in this process: give the job's checkpoints directory, not its id");
+    }
+    let api = Api::new(login)?;
+    let mut query = vec![("step", args.step.clone()), ("subtask", args.subtask.to_string()), ("limit", "5000".into())];
+    query.extend(args.key.clone().map(|k| ("key", k)));
+    query.extend(args.from_checkpoint.map(|c| ("from_checkpoint", c.to_string())));
+    query.extend(args.until.map(|u| ("until", u.to_string())));
+    let answer = api.get_query(&format!("/v1/jobs/{}/replay", args.source), &query)?;
+    let unexpected = "the server's answer is not a replay; is it an older `eddy serve`?";
+    let events: Vec<TraceEvent> = serde_json::from_value(answer["events"].clone()).context(unexpected)?;
+    for event in &events {
+        print_event(event, args.format);
+    }
+    if let Some(failure) = answer["failure"].as_str() {
+        anyhow::bail!("{failure}");
+    }
+    let summary: ReplaySummary = serde_json::from_value(answer["summary"].clone()).context(unexpected)?;
+    print_summary(&summary, args.format)
 }
 
 /// The checkpoints directory `source` names: a pipeline spec's, or the directory itself.
@@ -163,7 +196,7 @@ fn print_summary(summary: &ReplaySummary, format: Format) -> Result<()> {
     let end = match &summary.end {
         ReplayEnd::Finished => "the input ended and the operator finished".to_string(),
         ReplayEnd::Until { record } => format!("stopped at record {record} as asked"),
-        ReplayEnd::EventLimit { events } => format!("stopped after {events} events"),
+        ReplayEnd::EventLimit { events } => format!("stopped after {events} events (narrow it with --key or --until)"),
         ReplayEnd::JournalEnds { after_checkpoint } => format!(
             "the journal ends after checkpoint {after_checkpoint} without an end of input (the job was still \
              running, was stopped or killed)"

@@ -82,7 +82,7 @@ fn open(source: &str, checkpoint: Option<CheckpointId>) -> Result<(CheckpointSto
 
 /// Whether `source` names a job on the server rather than a place: not a URL, not a path
 /// that exists, and no path separator.
-fn is_job_id(source: &str) -> bool {
+pub(crate) fn is_job_id(source: &str) -> bool {
     !source.contains("://") && !source.contains('/') && !Path::new(source).exists()
 }
 

@@ -513,9 +513,9 @@ fn the_cli_logs_in_submits_the_word_count_with_its_files_and_reads_the_output() 
     let login = eddy(&config, &["login", "--server", &server.base, "--token", &token]);
     assert!(String::from_utf8_lossy(&login.stderr).contains("as tenant acme"));
 
-    // The repository's own word count: its `.wasm` paths and input file are local, so
-    // `submit` uploads them first.
-    let pipeline = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wordcount/pipeline.yaml");
+    // The repository's own word count (the variant that journals its count step): its `.wasm`
+    // paths and input file are local, so `submit` uploads them first.
+    let pipeline = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wordcount/replay.yaml");
     let submitted = eddy(&config, &["submit", pipeline.to_str().unwrap(), "--watch"]);
     let log = String::from_utf8_lossy(&submitted.stderr);
     assert!(log.contains("uploaded") && log.contains("input.txt"), "{log}");
@@ -550,6 +550,23 @@ fn the_cli_logs_in_submits_the_word_count_with_its_files_and_reads_the_output() 
     assert_eq!(state, seen);
     let the = stdout(&eddy(&config, &["state", &id, "--step", "count", "--key", "the"]));
     assert!(the.ends_with(&format!("\"the\"  count  = {}", seen["the"])), "{the}");
+    // `eddy replay JOB` replays each subtask through the server: together they emit the
+    // running counts again.
+    let mut replayed: Vec<(String, u64)> = Vec::new();
+    for subtask in ["0", "1"] {
+        let args = ["replay", &id, "--step", "count", "--subtask", subtask, "--format", "jsonl"];
+        let lines: Vec<Value> =
+            stdout(&eddy(&config, &args)).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.last().unwrap()["end"]["end"], "finished", "{lines:?}");
+        replayed.extend(
+            lines
+                .iter()
+                .filter(|v| v["event"] == "output")
+                .map(|v| (v["key"].as_str().unwrap().to_string(), v["value"].as_u64().unwrap())),
+        );
+    }
+    replayed.sort();
+    assert_eq!(replayed, expected);
     let jobs = stdout(&eddy(&config, &["jobs"]));
     assert!(jobs.contains(&id) && jobs.contains("finished"), "{jobs}");
     // A step naming a file that is not there is reported before anything is sent.

@@ -21,7 +21,7 @@ use eddy_core::{KeyGroupRange, RecordBatch, TimeDomain};
 use eddy_plan::StateBackendKind;
 use eddy_runtime::{CpuShare, Output, Runtime, SandboxLimits};
 use eddy_state::{DeclaredState, HashedKey, TtlClock, decode_state_key};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -77,7 +77,7 @@ impl ReplayRequest {
 }
 
 /// One thing the replay shows, in order.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum TraceEvent {
     /// A journal segment begins: the input after checkpoint `after_checkpoint`.
@@ -135,9 +135,9 @@ pub enum TraceEvent {
     /// A timer was set, deleted or fired.
     Timer {
         /// `set`, `deleted` or `fired`.
-        change: &'static str,
+        change: String,
         /// `event_time` or `processing_time`.
-        domain: &'static str,
+        domain: String,
         /// Its key.
         key: Value,
         /// When it fires.
@@ -173,7 +173,7 @@ pub enum TraceEvent {
 }
 
 /// How a replay ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "end", rename_all = "snake_case")]
 pub enum ReplayEnd {
     /// The input ended and the operator finished.
@@ -209,7 +209,7 @@ pub enum ReplayEnd {
 }
 
 /// What a replay did.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplaySummary {
     /// The step.
     pub step: String,
@@ -576,6 +576,7 @@ impl<'a> Replayer<'a> {
                     TimeDomain::ProcessingTime => "processing_time",
                 };
                 let shown = json_or_text(&key);
+                let (change, domain) = (change.to_owned(), domain.to_owned());
                 (Some(key), TraceEvent::Timer { change, domain, key: shown, timestamp })
             }
             Effect::Log { level, message } => (None, TraceEvent::Log { level, message }),
