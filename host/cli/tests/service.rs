@@ -427,6 +427,7 @@ fn the_openapi_document_lists_every_route_and_every_route_answers() {
         "GET /v1/jobs",
         "GET /v1/jobs/{id}",
         "GET /v1/jobs/{id}/output",
+        "GET /v1/jobs/{id}/replay",
         "GET /v1/jobs/{id}/state",
         "GET /v1/tenants",
         "GET /v1/whoami",

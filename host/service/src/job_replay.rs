@@ -83,6 +83,9 @@ pub async fn read(
     request.limits = Some(state.runtime.config().limits.clone().with_memory_at_most(quotas.instance_memory_bytes));
     let st = state.clone();
     heavy(&state, move || {
+        let scratch = st.data_dir.join("tmp");
+        std::fs::create_dir_all(&scratch).map_err(ApiError::internal)?;
+        request.scratch = Some(scratch);
         let mut events = Vec::new();
         let outcome = replay(&request, &st.runtime, &mut |e| events.push(e));
         let said = |status: StatusCode, problem: &str| ApiError::new(status, redact(&st, &job.tenant, problem));

@@ -55,6 +55,9 @@ pub struct ReplayRequest {
     pub limits: Option<SandboxLimits>,
     /// The CPU share its calls are charged to (a tenant's, on a server).
     pub cpu_share: Option<Arc<CpuShare>>,
+    /// Where the checkpoint's files are fetched to for the replay (default: the system's
+    /// temporary directory); removed after.
+    pub scratch: Option<PathBuf>,
 }
 
 impl ReplayRequest {
@@ -72,6 +75,7 @@ impl ReplayRequest {
             max_events: None,
             limits: None,
             cpu_share: None,
+            scratch: None,
         }
     }
 }
@@ -353,7 +357,9 @@ impl<'a> Replayer<'a> {
                 component.digest()
             )));
         }
-        let local = tempfile::tempdir().map_err(|e| ReplayError::Journal(format!("a temporary directory: {e}")))?;
+        let scratch = request.scratch.clone().unwrap_or_else(std::env::temp_dir);
+        let local = tempfile::tempdir_in(&scratch)
+            .map_err(|e| ReplayError::Journal(format!("a temporary directory in {}: {e}", scratch.display())))?;
         let restore = match header.after_checkpoint {
             0 => None,
             id => Some(restore_point(request, id, &header.step, local.path())?),
