@@ -11,8 +11,24 @@ use eddy_engine::replay::{ReplayEnd, ReplayRequest, ReplaySummary, TraceEvent, r
 use eddy_plan::PipelineSpec;
 use eddy_runtime::Runtime;
 
-use crate::client::{Api, Login};
 use serde_json::Value;
+
+use crate::client::{Api, Login};
+
+/// Prints a line to stdout; a reader that went away (`eddy replay ... | head`) has what it
+/// wanted, so the replay ends there quietly instead of panicking on the broken pipe.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("error: writing the replay: {e}");
+            std::process::exit(1);
+        }
+    }};
+}
 
 /// How `eddy replay` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -151,22 +167,22 @@ fn compare(request: &ReplayRequest, wasm: &Path, runtime: &Runtime, format: Form
         match format {
             Format::Jsonl => {
                 let line = serde_json::json!({"event": "difference", "output": n + 1, "recorded": a, "other": b});
-                println!("{line}");
+                say!("{line}");
             }
             Format::Text => {
                 let show =
                     |e: Option<&TraceEvent>| e.map_or_else(|| "(none)".to_string(), |e| text(e).trim().to_owned());
-                println!("output #{}\n  recorded: {}\n  {}: {}", n + 1, show(a), wasm.display(), show(b));
+                say!("output #{}\n  recorded: {}\n  {}: {}", n + 1, show(a), wasm.display(), show(b));
             }
         }
     }
     let (recorded, others) = (old_summary.artifact.as_str(), new_summary.artifact.as_str());
     match format {
-        Format::Jsonl => println!(
+        Format::Jsonl => say!(
             "{}",
             serde_json::json!({"event": "summary", "recorded": old_summary, "other": new_summary, "outputs_differ": differ})
         ),
-        Format::Text => println!(
+        Format::Text => say!(
             "{} input records from checkpoint {}: the recorded code ({recorded}) emitted {}, {} ({others}) emitted {}; \
              {differ} outputs differ",
             old_summary.records,
@@ -181,8 +197,8 @@ fn compare(request: &ReplayRequest, wasm: &Path, runtime: &Runtime, format: Form
 
 fn print_event(event: &TraceEvent, format: Format) {
     match format {
-        Format::Jsonl => println!("{}", serde_json::to_string(event).unwrap_or_default()),
-        Format::Text => println!("{}", text(event)),
+        Format::Jsonl => say!("{}", serde_json::to_string(event).unwrap_or_default()),
+        Format::Text => say!("{}", text(event)),
     }
 }
 
@@ -190,7 +206,7 @@ fn print_summary(summary: &ReplaySummary, format: Format) -> Result<()> {
     if format == Format::Jsonl {
         let mut line = serde_json::to_value(summary)?;
         line["event"] = "summary".into();
-        println!("{line}");
+        say!("{line}");
         return Ok(());
     }
     let end = match &summary.end {
@@ -210,9 +226,9 @@ fn print_summary(summary: &ReplaySummary, format: Format) -> Result<()> {
         ),
     };
     if let Some(owner) = summary.key_subtask.filter(|&o| o != summary.subtask) {
-        println!("the key asked for is in subtask {owner}'s key groups: this subtask never sees it");
+        say!("the key asked for is in subtask {owner}'s key groups: this subtask never sees it");
     }
-    println!(
+    say!(
         "replayed step `{}` subtask {} from {} over {} segment(s): {} input records, {} outputs; {end}",
         summary.step,
         summary.subtask,
