@@ -126,6 +126,14 @@ fn a_replayed_subtask_emits_exactly_what_it_emitted_in_the_run() {
             })
             .collect();
         assert!(!keys.is_empty(), "subtask {subtask} saw input");
+        let channels: BTreeSet<Option<u32>> = events
+            .iter()
+            .filter_map(|e| match e {
+                TraceEvent::Input { channel, .. } => Some(*channel),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(channels, BTreeSet::from([Some(0)]), "every batch came over the one channel from the source");
         let emitted: Vec<_> = sink.iter().filter(|(k, _)| keys.contains(k)).cloned().collect();
         let out = outputs(&events);
         assert_eq!(out, emitted, "subtask {subtask}: the replay emits what the run emitted, in order");
@@ -303,7 +311,7 @@ fn a_window_step_replays_the_results_it_fired() {
     let yaml = format!(
         "name: replay-window\nparallelism: 2\nbatch_size: 32\nsources:\n  - {{type: generator, name: purchases, seed: \
          5, events: 3000, keys: 40, key_field: user_id, key_prefix: user-, value_field: amount_cents, min_value: 1, \
-         max_value: 1000, start_ms: 0, interval_ms: 5, max_disorder_ms: 300, parallelism: 1}}\nwatermarks: \
+         max_value: 1000, start_ms: 0, interval_ms: 5, max_disorder_ms: 300, parallelism: 2}}\nwatermarks: \
          {{out_of_orderness_ms: 300}}\nsteps:\n  - {{name: totals, wasm: {wasm}, key_by: /user_id, window: {{type: \
          tumbling, size_ms: 10000}}, debug: {{journal: true}}}}\ncheckpoints: {{dir: {dir}/checkpoints}}\nsink: \
          {{type: print}}\n",
@@ -329,6 +337,14 @@ fn a_window_step_replays_the_results_it_fired() {
             events.iter().any(|e| matches!(e, TraceEvent::StateRead { entry, .. } if entry.window.is_some())),
             "accumulators show with their window"
         );
+        let channels: BTreeSet<Option<u32>> = events
+            .iter()
+            .filter_map(|e| match e {
+                TraceEvent::Input { channel, .. } => Some(*channel),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(channels, BTreeSet::from([Some(0), Some(1)]), "batches came from both source subtasks");
         rows.extend(out.into_iter().map(|(user, v)| {
             let user = user.trim_matches('"').to_owned();
             let start = v["start"].as_i64().expect("start");

@@ -252,7 +252,10 @@ fn text(event: &TraceEvent) -> String {
         TraceEvent::Segment { after_checkpoint, artifact } => {
             format!("── after checkpoint {after_checkpoint}, code {artifact}")
         }
-        TraceEvent::Input { n, key: k, timestamp, value } => format!("#{n} in{}{}: {value}", key(k), at(timestamp)),
+        TraceEvent::Input { n, channel, key: k, timestamp, value } => {
+            let from = channel.map_or_else(String::new, |c| format!("  (channel {c})"));
+            format!("#{n} in{}{}: {value}{from}", key(k), at(timestamp))
+        }
         TraceEvent::Watermark { watermark } => format!("watermark {watermark}"),
         TraceEvent::ProcessingTime { now_ms } => format!("processing time {now_ms}"),
         TraceEvent::StateRead { entry, found: true } => format!("    read   {} = {}", entry_name(entry), entry.value),

@@ -72,6 +72,11 @@ pub trait StreamOperator: Send {
     /// The synchronous phase of a checkpoint: the operator's state and timers as of now.
     /// `staging` is a fresh directory for disk backends.
     fn snapshot(&mut self, staging: &Path) -> Result<OperatorSnapshot, OperatorError>;
+    /// The next batch [`StreamOperator::process`] gets came over input channel `channel` (told
+    /// to the first operator of a chain behind an exchange, for its input journal).
+    fn input_channel(&mut self, channel: u32) {
+        let _ = channel;
+    }
     /// Called after the chain's snapshot for checkpoint `checkpoint` (and a live swap at it):
     /// what the operator sees from here on comes after that checkpoint.
     fn after_snapshot(&mut self, checkpoint: u64) -> Result<(), OperatorError> {

@@ -320,6 +320,9 @@ impl SubtaskRunner {
                     None => advanced,
                 };
                 SubtaskMetrics::add(&self.metrics.records_in, batch.len());
+                if let Some(first) = self.operators.first_mut().filter(|_| !batch.is_empty()) {
+                    first.input_channel(channel as u32);
+                }
                 self.process(0, &batch)?;
                 if let Head::Input { gate, .. } = &mut self.head {
                     gate.recycle(channel, batch);

@@ -638,7 +638,7 @@
     const json = (v) => JSON.stringify(v);
     switch (e.event) {
       case 'input':
-        return `#${e.n} ${json(e.value)}`;
+        return `#${e.n} ${json(e.value)}` + (e.channel === undefined ? '' : ` (channel ${e.channel})`);
       case 'output':
         return (e.output === 'main' ? '' : `[${e.output}] `) + json(e.value);
       case 'state_read':

@@ -30,8 +30,14 @@ const HAS_TIMESTAMP: u8 = 2;
 pub enum Frame {
     /// First in every segment: what ran and where the segment starts.
     Header(Box<JournalHeader>),
-    /// A batch of input records.
-    Batch(RecordBatch),
+    /// A batch of input records, and the input channel it came over (for the first operator
+    /// of a chain behind an exchange).
+    Batch {
+        /// The channel, if the batch came over one.
+        channel: Option<u32>,
+        /// The records.
+        batch: RecordBatch,
+    },
     /// The input watermark advanced.
     Watermark(i64),
     /// A processing-time tick.
@@ -48,7 +54,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
     match frame {
         // A header is plain data; serializing it cannot fail.
         Frame::Header(header) => sealed(out, TAG_HEADER, |out| serde_json::to_writer(out, header).unwrap_or_default()),
-        Frame::Batch(batch) => encode_batch(batch, out, &mut Vec::new()),
+        Frame::Batch { channel, batch } => encode_batch(batch, *channel, out, &mut Vec::new()),
         Frame::Watermark(w) => sealed(out, TAG_WATERMARK, |out| out.extend_from_slice(&w.to_le_bytes())),
         Frame::ProcessingTime(t) => sealed(out, TAG_PROCESSING_TIME, |out| out.extend_from_slice(&t.to_le_bytes())),
         Frame::Barrier(id) => sealed(out, TAG_BARRIER, |out| out.extend_from_slice(&id.to_le_bytes())),
@@ -58,8 +64,10 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
 
 /// Appends a batch frame to `out` from a borrowed batch, compressed; `scratch` holds the
 /// uncompressed body meanwhile (kept by the caller, so the hot path allocates nothing).
-pub fn encode_batch(batch: &RecordBatch, out: &mut Vec<u8>, scratch: &mut Vec<u8>) {
+pub fn encode_batch(batch: &RecordBatch, channel: Option<u32>, out: &mut Vec<u8>, scratch: &mut Vec<u8>) {
     scratch.clear();
+    // The channel plus one, 0 for none.
+    scratch.extend_from_slice(&channel.map_or(0, |c| c.saturating_add(1)).to_le_bytes());
     batch_body(batch, scratch);
     let raw = &scratch[..];
     sealed(out, TAG_BATCH_LZ4, |out| {
@@ -155,7 +163,7 @@ fn parse(payload: &[u8]) -> Result<Frame, String> {
             }
             let mut raw = vec![0; raw_len];
             match lz4_flex::block::decompress_into(r.0, &mut raw) {
-                Ok(n) if n == raw_len => return parse_batch(&raw).map(Frame::Batch),
+                Ok(n) if n == raw_len => return parse_batch(&raw),
                 Ok(n) => return Err(format!("its batch decompresses to {n} bytes, not the {raw_len} it claims")),
                 Err(e) => return Err(format!("its batch does not decompress: {e}")),
             }
@@ -169,8 +177,9 @@ fn parse(payload: &[u8]) -> Result<Frame, String> {
     Ok(frame)
 }
 
-fn parse_batch(body: &[u8]) -> Result<RecordBatch, String> {
+fn parse_batch(body: &[u8]) -> Result<Frame, String> {
     let mut r = Cursor(body);
+    let channel = r.u32()?.checked_sub(1);
     let count = r.u32()? as usize;
     let mut batch = RecordBatch::with_capacity(count.min(65_536), body.len());
     for _ in 0..count {
@@ -183,7 +192,7 @@ fn parse_batch(body: &[u8]) -> Result<RecordBatch, String> {
     if !r.0.is_empty() {
         return Err(format!("{} bytes follow its last record", r.0.len()));
     }
-    Ok(batch)
+    Ok(Frame::Batch { channel, batch })
 }
 
 /// Reads fixed-width fields off the front of a slice, failing (not panicking) when short.
@@ -233,7 +242,15 @@ mod tests {
         batch.push(Some(b"\"a\""), b"1", Some(7));
         batch.push(None, b"two", None);
         batch.push(Some(b""), b"", Some(-3));
-        vec![Frame::Batch(batch), Frame::Watermark(5), Frame::ProcessingTime(1_000), Frame::Barrier(3), Frame::Finish]
+        let other = RecordBatch::with_capacity(0, 0);
+        vec![
+            Frame::Batch { channel: Some(1), batch },
+            Frame::Batch { channel: None, batch: other },
+            Frame::Watermark(5),
+            Frame::ProcessingTime(1_000),
+            Frame::Barrier(3),
+            Frame::Finish,
+        ]
     }
 
     fn encoded(frames: &[Frame]) -> Vec<u8> {
@@ -289,7 +306,7 @@ mod tests {
             // Either the damage is caught, or it cut the segment (a length grown past the end).
             match decoded(&damaged) {
                 Err(e) => assert!(e.contains("the frame at byte"), "{e}"),
-                Ok((read, torn)) => assert!(torn && read.len() < 5, "flip at {at} read {read:?}"),
+                Ok((read, torn)) => assert!(torn && read.len() < 6, "flip at {at} read {read:?}"),
             }
         }
     }

@@ -127,9 +127,9 @@ impl SegmentWriter {
         }
     }
 
-    fn batch(&mut self, batch: &RecordBatch) {
+    fn batch(&mut self, batch: &RecordBatch, channel: Option<u32>) {
         if self.file.is_some() {
-            encode_batch(batch, &mut self.pending, &mut self.scratch);
+            encode_batch(batch, channel, &mut self.pending, &mut self.scratch);
             self.appended();
         }
     }
@@ -173,8 +173,8 @@ impl SegmentWriter {
     fn run(mut self, entries: Receiver<Entry>, spare: SyncSender<RecordBatch>, stopped: Arc<AtomicBool>) {
         for entry in entries {
             match entry {
-                Entry::Batch(batch) => {
-                    self.batch(&batch);
+                Entry::Batch(batch, channel) => {
+                    self.batch(&batch, channel);
                     // A full pool drops the buffer; the task allocates another.
                     let _ = spare.try_send(batch);
                 }
@@ -193,7 +193,8 @@ impl SegmentWriter {
 
 /// What the task hands the journal thread.
 enum Entry {
-    Batch(RecordBatch),
+    /// Records, and the input channel they came over.
+    Batch(RecordBatch, Option<u32>),
     Frame(Frame),
     /// A checkpoint's barrier, and the code the operator goes on with.
     Barrier(u64, Option<String>),
@@ -233,7 +234,7 @@ impl JournalWriter {
         }
     }
 
-    fn batch(&mut self, batch: &RecordBatch) {
+    fn batch(&mut self, batch: &RecordBatch, channel: Option<u32>) {
         if self.stopped.load(Ordering::Relaxed) {
             return;
         }
@@ -241,7 +242,7 @@ impl JournalWriter {
         copy.clear();
         // A batch the task holds fits a batch; a refusal would be a bug upstream, not here.
         if copy.try_extend(batch).is_ok() {
-            self.send(Entry::Batch(copy));
+            self.send(Entry::Batch(copy, channel));
         }
     }
 
@@ -274,12 +275,14 @@ impl Drop for JournalWriter {
 pub(crate) struct Journaled {
     inner: Box<dyn StreamOperator>,
     journal: JournalWriter,
+    /// The input channel of the next batch, when the task said.
+    channel: Option<u32>,
 }
 
 impl Journaled {
     pub(crate) fn new(inner: Box<dyn StreamOperator>, journal: JournalWriter) -> Self {
         tracing::info!(step = %inner.name(), journal = %journal.dir().display(), "journaling the step's input");
-        Self { inner, journal }
+        Self { inner, journal, channel: None }
     }
 }
 
@@ -289,8 +292,12 @@ impl StreamOperator for Journaled {
     }
 
     fn process(&mut self, batch: &RecordBatch) -> Result<Output, OperatorError> {
-        self.journal.batch(batch);
+        self.journal.batch(batch, self.channel.take());
         self.inner.process(batch)
+    }
+
+    fn input_channel(&mut self, channel: u32) {
+        self.channel = Some(channel);
     }
 
     fn on_watermark(&mut self, watermark: i64) -> Result<Output, OperatorError> {
@@ -334,8 +341,8 @@ impl StreamOperator for Journaled {
     }
 
     fn swap_code(self: Box<Self>, component: &Component) -> Result<Box<dyn StreamOperator>, OperatorError> {
-        let Self { inner, journal } = *self;
-        Ok(Box::new(Self { inner: inner.swap_code(component)?, journal }))
+        let Self { inner, journal, channel } = *self;
+        Ok(Box::new(Self { inner: inner.swap_code(component)?, journal, channel }))
     }
 }
 
@@ -377,7 +384,7 @@ mod tests {
     fn write(dir: &Path, max_bytes: u64, batches: u64) {
         let mut journal = JournalWriter::open(dir.to_path_buf(), header(), max_bytes).expect("open");
         for i in 0..batches {
-            journal.batch(&noise(i));
+            journal.batch(&noise(i), Some(0));
             journal.frame(Frame::ProcessingTime(i as i64 * 1_000));
         }
         journal.frame(Frame::Finish);
@@ -389,7 +396,7 @@ mod tests {
         write(dir.path(), 4 << 20, 20);
         let whole = read_segment(&segment_path(dir.path(), 0)).expect("read");
         assert_eq!(whole.frames.len(), 41, "20 batches, 20 ticks and the end");
-        assert_eq!(whole.frames.first(), Some(&Frame::Batch(noise(0))));
+        assert_eq!(whole.frames.first(), Some(&Frame::Batch { channel: Some(0), batch: noise(0) }));
         assert_eq!(whole.frames.last(), Some(&Frame::Finish));
 
         let dir = tempfile::tempdir().expect("tempdir");

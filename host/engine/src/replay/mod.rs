@@ -95,6 +95,9 @@ pub enum TraceEvent {
     Input {
         /// Its place.
         n: u64,
+        /// The input channel its batch came over (behind an exchange).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        channel: Option<u32>,
         /// Its key.
         #[serde(skip_serializing_if = "Option::is_none")]
         key: Option<Value>,
@@ -441,7 +444,7 @@ impl<'a> Replayer<'a> {
 
     fn frame(&mut self, frame: Frame) -> Result<Step, ReplayError> {
         match frame {
-            Frame::Batch(batch) => self.batch(batch),
+            Frame::Batch { channel, batch } => self.batch(batch, channel),
             Frame::Watermark(watermark) => {
                 let out = self.operator.on_watermark(watermark);
                 self.effects(Some(TraceEvent::Watermark { watermark }), out)?;
@@ -467,7 +470,7 @@ impl<'a> Replayer<'a> {
         }
     }
 
-    fn batch(&mut self, mut batch: RecordBatch) -> Result<Step, ReplayError> {
+    fn batch(&mut self, mut batch: RecordBatch, channel: Option<u32>) -> Result<Step, ReplayError> {
         let done = self.summary.records;
         let mut stop = None;
         if let Some(until) = self.request.until {
@@ -483,6 +486,7 @@ impl<'a> Replayer<'a> {
             if self.shows(r.key) {
                 self.show(TraceEvent::Input {
                     n: done + i as u64 + 1,
+                    channel,
                     key: r.key.map(json_or_text),
                     timestamp: r.timestamp,
                     value: decode_value(r.value, eddy_runtime::schemas()),
