@@ -237,22 +237,28 @@ fn goes_on_from_a_checkpoint(backend: &str) {
 
     // A torn tail reads up to its last whole frame; a damaged byte is an error naming the frame.
     let journal = dir.path().join("checkpoints/journal/count/0");
-    let (_, last) = eddy_engine::journal::segments(&journal).expect("segments").pop().expect("a segment");
+    // The first segment ends in its barrier's frame, which the cut tears.
     let copy = dir.path().join("copy");
     copy_dir(&dir.path().join("checkpoints/journal"), &copy.join("journal"));
-    let torn = eddy_engine::journal::segment_path(&copy.join("journal/count/0"), last_barrier(&full));
-    let bytes = std::fs::read(&last).expect("read");
+    let torn = eddy_engine::journal::segment_path(&copy.join("journal/count/0"), 0);
+    let bytes = std::fs::read(eddy_engine::journal::segment_path(&journal, 0)).expect("read");
     std::fs::write(&torn, &bytes[..bytes.len() - 3]).expect("tear");
-    let (cut, _) = run(&ReplayRequest { checkpoints_dir: copy.clone(), ..request(dir.path(), 0) });
+    let (cut, summary) = run(&ReplayRequest { checkpoints_dir: copy.clone(), ..request(dir.path(), 0) });
+    assert_eq!(summary.end, ReplayEnd::JournalEnds { after_checkpoint: 0 }, "the torn barrier ends the journal");
     let all = outputs(&full);
     assert!(outputs(&cut).len() <= all.len() && outputs(&cut) == all[..outputs(&cut).len()], "a prefix");
     let first = eddy_engine::journal::segment_path(&copy.join("journal/count/0"), 0);
+    // A byte of the header's JSON: damage inside a segment, not at its end (where a cut last
+    // frame is a torn tail, read up to).
+    let frames = eddy_engine::journal::read_segment(&first).expect("read").frames.len();
+    assert!(frames > 0, "the first segment holds more than its header");
     let mut bytes = std::fs::read(&first).expect("read");
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x55;
+    bytes[20] ^= 0x55;
     std::fs::write(&first, &bytes).expect("damage");
     match replay(&ReplayRequest { checkpoints_dir: copy, ..request(dir.path(), 0) }, runtime(), &mut |_| {}) {
-        Err(ReplayError::Journal(e)) => assert!(e.contains("the frame at byte") && e.contains("after-0.jnl"), "{e}"),
+        Err(ReplayError::Journal(e)) => {
+            assert!(e.contains("the frame at byte 0 fails its checksum") && e.contains("after-0.jnl"), "{e}")
+        }
         other => panic!("damage is an error, got {other:?}"),
     }
 
