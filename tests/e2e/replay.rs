@@ -198,6 +198,11 @@ fn a_replayed_subtask_emits_exactly_what_it_emitted_in_the_run() {
         Err(ReplayError::NoJournal(e)) => assert!(e.contains("no segment after checkpoint 99"), "{e}"),
         other => panic!("a checkpoint the journal does not reach is refused, got {other:?}"),
     }
+    let outside = ReplayRequest { step: "../journal/count".into(), ..request(dir.path(), 0) };
+    match replay(&outside, runtime(), &mut |_| {}) {
+        Err(ReplayError::BadQuery(e)) => assert!(e.contains("is not a name"), "{e}"),
+        other => panic!("a step that is a path is refused, got {other:?}"),
+    }
 }
 
 fn wait_until(what: &str, done: impl Fn() -> bool) {

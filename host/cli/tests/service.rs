@@ -140,6 +140,10 @@ fn a_tenant_uploads_the_word_count_submits_it_and_reads_its_output() {
     expect(replay(&token, "step=count&subtask=0&until=1000001"), 422);
     expect(replay(&token, "step=count"), 400);
     expect(replay(&other, "step=count&subtask=0"), 404);
+    // A step is a name, never a path out of the job's journal; a subtask it never had has none.
+    let escape = expect(replay(&token, "step=..%2F..%2F..%2Fcount&subtask=0"), 422);
+    assert!(escape["detail"].as_str().unwrap().contains("is not a name"), "{escape}");
+    expect(replay(&token, "step=count&subtask=4000000000"), 404);
 
     assert!(job(&server, &token, id)["plan"].as_str().unwrap().contains("count"), "the job shows its plan");
     let shown = expect(

@@ -54,5 +54,5 @@ pub use spec::{
     MAX_ADDRESS_BYTES, MAX_CONNECTION_NAME_BYTES, MAX_PROPERTIES, MAX_PROPERTY_VALUE_BYTES, NexmarkSourceSpec,
     OnDecodeError, PipelineSpec, PostgresMode, PostgresSinkSpec, PropertyValue, RestartSpec, S3Spec, SECRET_PROPERTIES,
     SinkSpec, SourceFormat, SourceSpec, SpecError, SqlType, StateBackendKind, StateSpec, StepSpec, StoreLocation,
-    WatermarkSpec, WindowSpec, WindowType, check_connection_name, check_postgres_url,
+    WatermarkSpec, WindowSpec, WindowType, check_connection_name, check_name, check_postgres_url,
 };

@@ -1247,7 +1247,7 @@ impl PipelineSpec {
 /// file and key names, and the `[name]` prefix of printed side outputs, so one holding a
 /// quote, a newline, a brace or a `/` could forge another series, line or key; one starting
 /// with `.` could be `..`.
-fn check_name(field: impl Into<String>, name: &str) -> Result<(), SpecError> {
+pub fn check_name(field: impl Into<String>, name: &str) -> Result<(), SpecError> {
     let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.');
     let first_ok = name.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric);
     if first_ok && name.len() <= MAX_NAME_BYTES && name.bytes().all(allowed) {

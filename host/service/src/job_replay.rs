@@ -95,6 +95,7 @@ pub async fn read(
                 (None, Some(format!("the operator failed at input record {record}: {source}")))
             }
             Err(e @ ReplayError::NoJournal(_)) => return Err(said(StatusCode::NOT_FOUND, &e.to_string())),
+            Err(ReplayError::BadQuery(problem)) => return Err(ApiError::unprocessable(problem).at("step")),
             Err(e @ (ReplayError::Code(_) | ReplayError::Build(_))) => {
                 return Err(said(StatusCode::CONFLICT, &e.to_string()));
             }

@@ -312,6 +312,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_tenants_journal_is_capped_whatever_its_spec_asks_and_refused_over_a_bucket() {
+        let yaml = |debug: &str| {
+            format!(
+                "name: p\n{debug}sources: [{{type: generator, name: g}}]\nsteps:\n  - {{name: a, wasm: a.wasm, debug: \
+                 {{journal: true, journal_max_mb: 18446744073709551615}}}}\n  - {{name: b, wasm: b.wasm}}\nsink: \
+                 {{type: print}}\n"
+            )
+        };
+        for debug in ["", "debug: {journal_max_mb: 9999999}\n"] {
+            let mut spec = PipelineSpec::parse(&yaml(debug)).expect("parses");
+            bound_journals(&mut spec, false).expect("a directory holds journals");
+            let cap = SERVICE_JOURNAL_MAX_MB << 20;
+            assert_eq!((spec.journal_max_bytes(0), spec.journal_max_bytes(1)), (cap, cap), "{debug}");
+        }
+        let mut spec = PipelineSpec::parse(&yaml("")).expect("parses");
+        let refused = bound_journals(&mut spec, true).expect_err("a bucket holds none");
+        assert_eq!(refused.field.as_deref(), Some("steps[0].debug.journal"));
+        let mut plain = PipelineSpec::parse(&yaml("").replace("journal: true, ", "")).expect("parses");
+        bound_journals(&mut plain, true).expect("no journal, nothing to refuse");
+    }
+
+    #[test]
     fn a_checkpoint_store_is_a_bucket_or_a_directory_and_each_job_gets_its_own_place() {
         let env = |name: &str| match name {
             "AWS_ENDPOINT_URL" => Some("http://127.0.0.1:5000".to_owned()),

@@ -243,6 +243,9 @@ pub struct ReplaySummary {
 /// Why a replay could not run; each names what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
+    /// The request itself is malformed (a step that is not a step's name).
+    #[error("{0}")]
+    BadQuery(String),
     /// No journal, or no segment where one was asked for.
     #[error("{0}")]
     NoJournal(String),
@@ -281,6 +284,8 @@ pub fn replay(
     runtime: &Runtime,
     emit: &mut dyn FnMut(TraceEvent),
 ) -> Result<ReplaySummary, ReplayError> {
+    // The step names a directory: only a name as specs take them, never a path out of it.
+    eddy_plan::check_name("step", &request.step).map_err(|e| ReplayError::BadQuery(e.to_string()))?;
     let dir = journal::subtask_dir(&journal::root(&request.checkpoints_dir), &request.step, request.subtask);
     let no_journal = |why: String| {
         ReplayError::NoJournal(format!(
