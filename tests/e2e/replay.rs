@@ -78,6 +78,17 @@ fn outputs(events: &[TraceEvent]) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// The input channels the replayed batches came over.
+fn input_channels(events: &[TraceEvent]) -> BTreeSet<Option<u32>> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::Input { channel, .. } => Some(*channel),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The sink's records as (key, value).
 fn received(received: &Received) -> Vec<(String, Value)> {
     received
@@ -126,13 +137,7 @@ fn a_replayed_subtask_emits_exactly_what_it_emitted_in_the_run() {
             })
             .collect();
         assert!(!keys.is_empty(), "subtask {subtask} saw input");
-        let channels: BTreeSet<Option<u32>> = events
-            .iter()
-            .filter_map(|e| match e {
-                TraceEvent::Input { channel, .. } => Some(*channel),
-                _ => None,
-            })
-            .collect();
+        let channels = input_channels(&events);
         assert_eq!(channels, BTreeSet::from([Some(0)]), "every batch came over the one channel from the source");
         let emitted: Vec<_> = sink.iter().filter(|(k, _)| keys.contains(k)).cloned().collect();
         let out = outputs(&events);
@@ -348,13 +353,7 @@ fn a_window_step_replays_the_results_it_fired() {
             events.iter().any(|e| matches!(e, TraceEvent::StateRead { entry, .. } if entry.window.is_some())),
             "accumulators show with their window"
         );
-        let channels: BTreeSet<Option<u32>> = events
-            .iter()
-            .filter_map(|e| match e {
-                TraceEvent::Input { channel, .. } => Some(*channel),
-                _ => None,
-            })
-            .collect();
+        let channels = input_channels(&events);
         assert_eq!(channels, BTreeSet::from([Some(0), Some(1)]), "batches came from both source subtasks");
         rows.extend(out.into_iter().map(|(user, v)| {
             let user = user.trim_matches('"').to_owned();

@@ -525,7 +525,8 @@ impl<'a> Replayer<'a> {
         let effects = self.trace.take();
         let out =
             out.map_err(|source| ReplayError::Operator { record: self.summary.records, source: Box::new(source) })?;
-        let states = self.operator.declared_states();
+        // Most calls (ticks, watermarks that fire nothing) have no effect to name.
+        let states = if effects.is_empty() { Vec::new() } else { self.operator.declared_states() };
         let mut shown = Vec::new();
         let mut logs = Vec::new();
         for effect in effects {
