@@ -216,3 +216,62 @@ fn a_death_just_before_the_swaps_checkpoint_completes_restores_the_old_code_and_
     let got = committed_counts(&dir.path().join("out"));
     assert!(got == oracle(&spec, swap_at), "the committed running counts differ from the oracle");
 }
+
+/// The running count spread over two parts with their own QUIC nodes, the first the job
+/// master: the other part prepares the new code when the master asks ([`Job::prepare_swap`]),
+/// and the master's trigger carries the swap to it. Both subtasks of `count`, one per part,
+/// go over at one barrier, and every committed row equals the oracle for that barrier.
+#[test]
+fn a_running_count_spread_over_two_parts_swaps_in_both_at_one_barrier() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = PipelineSpec::from_file(&pipeline(dir.path(), "heap", "null")).expect("spec");
+    let net = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (nodes, addrs) = crate::spread::two_nodes(&net);
+    let parts = crate::spread::start_parts(&spec, &nodes, &addrs, 0);
+    let (master, other) = (&parts[0], &parts[1]);
+    wait_for_records(master, 2_000);
+    let load = || runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load v2");
+    let v2 = load();
+    let digest = v2.digest().to_owned();
+    let refused = other.swap_live("count", load(), Duration::from_secs(30)).expect_err("a part is no master");
+    assert!(refused.to_string().contains("several workers"), "{refused}");
+    let mut asked = Vec::new();
+    let done = master
+        .swap_live_spread("count", v2, Duration::from_secs(60), &mut |step, code| {
+            asked.push((step.to_owned(), code.to_owned()));
+            other.prepare_swap(step, load()).map_err(|e| e.to_string())
+        })
+        .expect("the swap completes");
+    assert_eq!(asked, vec![("count".to_owned(), digest.clone())], "the other part was asked once, for the new code");
+    assert_eq!(done.subtasks, 2, "the subtask in each part went over");
+    assert!(!master.is_done() && !other.is_done(), "the swap restarted nothing");
+    let (swap_at, artifacts) = swap_point(&spec, done.checkpoint);
+    for job in parts {
+        assert!(job.wait().expect("each part finishes").finished);
+    }
+    assert_eq!(artifacts, vec![Some(digest); 2], "the metadata names the new code for both subtasks");
+    assert!(swap_at > 0 && swap_at < 12_000, "the swap fell inside the input ({swap_at})");
+    let got = committed_counts(&dir.path().join("out"));
+    assert!(got == oracle(&spec, swap_at), "the committed running counts differ from the oracle");
+}
+
+/// A part told to swap to code it was never given fails (its subtasks would otherwise go on
+/// with the old code while the master records the new): the attempt fails, and nothing
+/// commits a row counted by code the checkpoint does not name.
+#[test]
+fn a_part_told_to_swap_to_code_it_was_not_given_fails_instead_of_running_the_old_code() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = PipelineSpec::from_file(&pipeline(dir.path(), "heap", "null")).expect("spec");
+    let net = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (nodes, addrs) = crate::spread::two_nodes(&net);
+    let parts = crate::spread::start_parts(&spec, &nodes, &addrs, 0);
+    wait_for_records(&parts[0], 2_000);
+    let v2 = runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load v2");
+    let outcome = parts[0].swap_live_spread("count", v2, Duration::from_secs(60), &mut |_, _| Ok(()));
+    assert!(matches!(outcome, Err(SwapError::NotCompleted(_))), "{outcome:?}");
+    let outcomes: Vec<Result<bool, String>> =
+        parts.into_iter().map(|job| job.wait().map(|s| s.finished).map_err(|e| e.to_string())).collect();
+    assert!(outcomes[0] != Ok(true), "the master cannot finish without the other part: {outcomes:?}");
+    let failed = outcomes[1].as_ref().expect_err("the other part fails");
+    assert!(failed.contains("code this part was not given first"), "{failed}");
+}

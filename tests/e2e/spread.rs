@@ -127,7 +127,7 @@ fn q5_over_a_lossy_reordering_network_with_a_partition_equals_the_native_baselin
 }
 
 /// Two QUIC nodes on `net`, and the addresses to reach them.
-fn two_nodes(net: &tokio::runtime::Runtime) -> (Vec<QuicNode>, HashMap<String, std::net::SocketAddr>) {
+pub(crate) fn two_nodes(net: &tokio::runtime::Runtime) -> (Vec<QuicNode>, HashMap<String, std::net::SocketAddr>) {
     let ca = ClusterCa::generate().expect("ca");
     let nodes: Vec<QuicNode> = ["worker-a", "worker-b"]
         .iter()
@@ -144,7 +144,7 @@ fn two_nodes(net: &tokio::runtime::Runtime) -> (Vec<QuicNode>, HashMap<String, s
 /// Starts attempt `attempt` of `spec` on the two nodes (subtask i on node i mod 2), the first
 /// node's part the checkpoint master, talking to the other over QUIC; every operator held to a small CPU share, so a run lasts
 /// long enough to be stopped in the middle.
-fn start_parts(
+pub(crate) fn start_parts(
     spec: &PipelineSpec,
     nodes: &[QuicNode],
     addrs: &HashMap<String, std::net::SocketAddr>,

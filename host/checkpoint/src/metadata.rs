@@ -182,6 +182,9 @@ pub struct CheckpointStats {
     /// Whether some subtask took its part unaligned (mode `unaligned`, or the aligned timeout).
     #[serde(default)]
     pub unaligned: bool,
+    /// Longest time a subtask spent opening new code after its snapshot (a live swap), ms.
+    #[serde(default)]
+    pub swap_ms: f64,
 }
 
 impl CheckpointStats {
@@ -193,6 +196,7 @@ impl CheckpointStats {
         self.incremental_bytes += part.incremental_bytes;
         self.in_flight_bytes += part.in_flight_bytes;
         self.unaligned |= part.unaligned;
+        self.swap_ms = self.swap_ms.max(part.swap_ms);
     }
 }
 

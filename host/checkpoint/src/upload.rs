@@ -45,6 +45,8 @@ pub struct TakenSnapshot {
     pub alignment_ms: f64,
     /// Duration of the synchronous phase, ms.
     pub sync_ms: f64,
+    /// Of that, the time a live swap spent opening new code after the snapshot, ms.
+    pub swap_ms: f64,
     /// Directory the disk backends' native checkpoints were written to (removed afterwards).
     pub staging: Option<tempfile::TempDir>,
     /// Unaligned: the records in flight on the input channels, in arrival order.
@@ -68,6 +70,7 @@ impl TakenSnapshot {
             operators,
             alignment_ms: 0.0,
             sync_ms: 0.0,
+            swap_ms: 0.0,
             staging: None,
             in_flight: Vec::new(),
             unaligned: false,
@@ -296,6 +299,7 @@ pub fn upload_snapshot(
     let mut stats = CheckpointStats {
         alignment_ms: snapshot.alignment_ms,
         sync_ms: snapshot.sync_ms,
+        swap_ms: snapshot.swap_ms,
         unaligned: snapshot.unaligned,
         ..CheckpointStats::default()
     };

@@ -340,6 +340,10 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
                 executor.deploy(*d);
             }
             CoordinatorMessage::Cancel { job, attempt } => executor.cancel(&job, attempt),
+            CoordinatorMessage::PrepareSwap { job, attempt, step, digest } => {
+                eprintln!("preparing a live swap of step `{step}` of job {job} to {digest}");
+                executor.prepare_swap(&job, attempt, step, digest);
+            }
             _ => {}
         };
         let mut backoff = Duration::from_millis(200);

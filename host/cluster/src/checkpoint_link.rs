@@ -99,7 +99,7 @@ pub fn master_link(
         reports,
         broadcast: Box::new(move |c: MasterCommand| {
             for tx in &commands {
-                let _ = tx.send(c);
+                let _ = tx.send(c.clone());
             }
         }),
     })

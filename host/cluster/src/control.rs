@@ -14,7 +14,7 @@ use eddy_transport::quic::{LogBudget, NodeError, NodeIdentity, Tuning, endpoint,
 use quinn::{Connection, Endpoint, RecvStream, SendStream};
 use tokio::runtime::Handle;
 
-use crate::membership::{Departed, Departure, Member, Membership, NoSlots, SlotHolder};
+use crate::membership::{Departed, Departure, Member, Membership, NoSlots, SlotHolder, SwapAnswer};
 use crate::protocol::{self, CoordinatorMessage, PartState, WorkerMessage};
 
 /// Where an artifact's bytes are, by digest (`sha256:<hex>`, already checked for form).
@@ -182,6 +182,26 @@ impl ControlPlane {
     /// that worker incarnation may now report on it and fetch them.
     pub fn deployed(&self, job: &str, attempt: u64, to: &SlotHolder, digests: &[String]) {
         self.inner.membership().deploy(job, attempt, to, digests);
+    }
+
+    /// Asks `to`'s part of `job`'s `attempt` to prepare a live swap of `step` to `digest`
+    /// (allowing it to fetch that artifact, and forgetting its earlier answer).
+    pub fn ask_swap(&self, to: &SlotHolder, job: &str, attempt: u64, step: &str, digest: &str) -> Result<(), String> {
+        if !self.inner.membership().ask_swap(to, job, attempt, digest) {
+            return Err(format!("worker `{}` runs no part of attempt {attempt}", to.name));
+        }
+        let order = CoordinatorMessage::PrepareSwap {
+            job: job.to_owned(),
+            attempt,
+            step: step.to_owned(),
+            digest: digest.to_owned(),
+        };
+        self.send(to, &order)
+    }
+
+    /// Each worker's answer to the live swap of `job`'s `attempt` it was last asked for.
+    pub fn swap_answers(&self, job: &str, attempt: u64) -> BTreeMap<String, SwapAnswer> {
+        self.inner.membership().swap_answers(job, attempt)
     }
 
     /// What each worker last reported of its part of `job`'s `attempt`.
@@ -362,6 +382,16 @@ async fn session(
                             tracing::warn!(worker = %name, error = %e, left_out, "ignored a part report");
                         }
                     }
+                }
+            }
+            Ok(Some(WorkerMessage::SwapPrepared { job, attempt, step, digest, problem })) => {
+                // Another process's words: bounded before they are kept or shown.
+                let problem = problem.map(eddy_engine::FailureDetail::bounded_message);
+                let answer = SwapAnswer { step, digest, problem };
+                if let Err(e) = inner.membership().swap_answer(&me, &job, attempt, answer)
+                    && let Some(left_out) = inner.budget()
+                {
+                    tracing::warn!(worker = %name, error = %e, left_out, "ignored a live swap's answer");
                 }
             }
             Ok(Some(WorkerMessage::Metrics { job, attempt, metrics })) => {

@@ -12,12 +12,13 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use eddy_engine::{CheckpointRole, FailureDetail, Job, JobOptions};
-use eddy_runtime::{CpuShare, Runtime};
+use eddy_runtime::{Component, CpuShare, Runtime};
 use eddy_transport::quic::QuicNode;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -58,7 +59,16 @@ struct Inner {
 struct Running {
     attempt: u64,
     cancel: Arc<AtomicBool>,
+    /// New code for a live swap, compiled, for the part to prepare.
+    swaps: Sender<NewCode>,
     thread: JoinHandle<()>,
+}
+
+/// A step and the compiled code a live swap takes it to.
+struct NewCode {
+    step: String,
+    digest: String,
+    component: Component,
 }
 
 impl std::fmt::Debug for Executor {
@@ -109,6 +119,7 @@ impl Executor {
             p.cancel.store(true, Ordering::SeqCst);
         }
         let cancel = Arc::new(AtomicBool::new(false));
+        let (swaps, new_code) = std::sync::mpsc::channel();
         let key = job.clone();
         let inner = self.inner.clone();
         let flag = cancel.clone();
@@ -124,7 +135,7 @@ impl Executor {
             if let Some(previous) = previous {
                 let _ = previous.thread.join();
             }
-            let state = match inner.run(deployment, link, &flag) {
+            let state = match inner.run(deployment, link, &flag, &new_code) {
                 Ok(state) => state,
                 Err((reason, detail)) => PartState::Failed { reason, detail },
             };
@@ -133,7 +144,7 @@ impl Executor {
         });
         match thread {
             Ok(thread) => {
-                parts.insert(key, Running { attempt, cancel, thread });
+                parts.insert(key, Running { attempt, cancel, swaps, thread });
             }
             Err(e) => {
                 let reason = format!("cannot start a thread: {e}");
@@ -143,6 +154,35 @@ impl Executor {
                     state: PartState::Failed { reason, detail: FailureDetail::default() },
                 });
             }
+        }
+    }
+
+    /// Makes artifact `digest` ready to take over `step` in `job`'s `attempt` here (a live
+    /// swap): fetched and compiled on a thread of its own (a part goes on meanwhile), then
+    /// handed to the part, which opens it once and answers the coordinator.
+    pub fn prepare_swap(&self, job: &str, attempt: u64, step: String, digest: String) {
+        let swaps = lock(&self.inner.parts).get(job).filter(|r| r.attempt == attempt).map(|r| r.swaps.clone());
+        let inner = self.inner.clone();
+        let job = job.to_owned();
+        let Some(swaps) = swaps else {
+            return inner.swap_prepared(job, attempt, step, digest, Some("no such part runs on this worker".into()));
+        };
+        let prepare = move || {
+            let loaded = inner
+                .artifact(&digest)
+                .and_then(|path| inner.runtime.load_file(&step, &path).map_err(|e| format!("artifact {digest}: {e}")));
+            match loaded {
+                Ok(component) => {
+                    let code = NewCode { step: step.clone(), digest: digest.clone(), component };
+                    if swaps.send(code).is_err() {
+                        inner.swap_prepared(job, attempt, step, digest, Some("the part ended".into()));
+                    }
+                }
+                Err(problem) => inner.swap_prepared(job, attempt, step, digest, Some(problem)),
+            }
+        };
+        if let Err(e) = std::thread::Builder::new().name("prepare-swap".into()).spawn(prepare) {
+            tracing::warn!(error = %e, "cannot start a thread to prepare a live swap");
         }
     }
 
@@ -172,6 +212,7 @@ impl Inner {
         mut d: Deployment,
         link: Option<eddy_engine::PartLink>,
         cancel: &AtomicBool,
+        new_code: &Receiver<NewCode>,
     ) -> Result<PartState, (String, FailureDetail)> {
         let plain = |reason: String| (reason, FailureDetail::default());
         let failed = |e: eddy_engine::RunError| (e.to_string(), FailureDetail::of(&e));
@@ -211,6 +252,10 @@ impl Inner {
                 let _ = job.wait();
                 return Ok(PartState::Canceled);
             }
+            while let Ok(code) = new_code.try_recv() {
+                let problem = job.prepare_swap(&code.step, code.component).err().map(|e| e.to_string());
+                self.swap_prepared(d.job.clone(), d.attempt, code.step, code.digest, problem);
+            }
             if reported.elapsed() >= METRICS_EVERY {
                 reported = std::time::Instant::now();
                 let metrics = job.metrics();
@@ -225,6 +270,14 @@ impl Inner {
             Ok(_) => Err(plain(format!("{INPUT_BROKE}: the part stopped before its inputs ended"))),
             Err(e) => Err(failed(e)),
         }
+    }
+
+    /// Tells the coordinator whether new code for `step` is ready in `job`'s `attempt`.
+    fn swap_prepared(&self, job: String, attempt: u64, step: String, digest: String, problem: Option<String>) {
+        if let Some(problem) = &problem {
+            tracing::warn!(job, step, digest, problem, "live swap not prepared");
+        }
+        let _ = self.report.send(WorkerMessage::SwapPrepared { job, attempt, step, digest, problem });
     }
 
     /// The local file of artifact `digest`, fetched and checked unless already here.

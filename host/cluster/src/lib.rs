@@ -43,7 +43,7 @@ pub mod worker;
 
 pub use control::{ArtifactLookup, ControlConfig, ControlPlane};
 pub use membership::{
-    Departed, Departure, MAX_SLOTS_PER_WORKER, Member, Membership, NoSlots, NotDeployed, SlotHolder, TooManySlots,
-    UnknownIncarnation,
+    Departed, Departure, MAX_SLOTS_PER_WORKER, Member, Membership, NoSlots, NotDeployed, SlotHolder, SwapAnswer,
+    TooManySlots, UnknownIncarnation,
 };
 pub use placement::QuicPlacement;

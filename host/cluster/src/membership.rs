@@ -128,6 +128,19 @@ struct Deployed {
     digests: BTreeSet<String>,
     /// What it last reported.
     state: Option<PartState>,
+    /// Its answer to the newest live swap it was asked to prepare.
+    swap: Option<SwapAnswer>,
+}
+
+/// A worker's answer to a [`PrepareSwap`](crate::protocol::CoordinatorMessage::PrepareSwap).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwapAnswer {
+    /// The step.
+    pub step: String,
+    /// The new code's digest.
+    pub digest: String,
+    /// Why the code is not ready (bounded); `None`: ready.
+    pub problem: Option<String>,
 }
 
 /// One slot of a job: the worker incarnation that holds it.
@@ -194,7 +207,12 @@ impl Membership {
     /// `job`'s `attempt` has a part on `to`, running `digests`: from now on that incarnation
     /// may report on it and fetch those artifacts.
     pub fn deploy(&mut self, job: &str, attempt: u64, to: &SlotHolder, digests: &[String]) {
-        let part = Deployed { incarnation: to.incarnation, digests: digests.iter().cloned().collect(), state: None };
+        let part = Deployed {
+            incarnation: to.incarnation,
+            digests: digests.iter().cloned().collect(),
+            state: None,
+            swap: None,
+        };
         self.deployed.entry((job.to_owned(), attempt)).or_default().insert(to.name.clone(), part);
     }
 
@@ -219,6 +237,44 @@ impl Membership {
                 attempt,
             }),
         }
+    }
+
+    /// `job`'s `attempt` asks `to` to prepare a live swap to `digest`: that incarnation may
+    /// now fetch it, and its earlier answer is forgotten. False if it runs no such part.
+    pub fn ask_swap(&mut self, to: &SlotHolder, job: &str, attempt: u64, digest: &str) -> bool {
+        let Some(part) = self.part_of(to, job, attempt) else { return false };
+        part.digests.insert(digest.to_owned());
+        part.swap = None;
+        true
+    }
+
+    /// `from` answers whether its part of `job`'s `attempt` prepared a live swap; refused
+    /// unless that part was deployed to that very incarnation and asked for that digest.
+    pub fn swap_answer(
+        &mut self,
+        from: &SlotHolder,
+        job: &str,
+        attempt: u64,
+        answer: SwapAnswer,
+    ) -> Result<(), NotDeployed> {
+        match self.part_of(from, job, attempt).filter(|part| part.digests.contains(&answer.digest)) {
+            Some(part) => {
+                part.swap = Some(answer);
+                Ok(())
+            }
+            None => Err(NotDeployed {
+                from: from.name.clone(),
+                incarnation: from.incarnation,
+                job: job.to_owned(),
+                attempt,
+            }),
+        }
+    }
+
+    /// Each worker's answer to the newest live swap of `job`'s `attempt` it was asked for.
+    pub fn swap_answers(&self, job: &str, attempt: u64) -> BTreeMap<String, SwapAnswer> {
+        let Some(parts) = self.deployed.get(&(job.to_owned(), attempt)) else { return BTreeMap::new() };
+        parts.iter().filter_map(|(name, part)| Some((name.clone(), part.swap.clone()?))).collect()
     }
 
     /// Whether `from` runs a part of `job`'s `attempt` (and may send its metrics).

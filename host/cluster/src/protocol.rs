@@ -44,6 +44,20 @@ pub enum WorkerMessage {
         /// Its subtasks' counters, by task of the plan.
         metrics: eddy_engine::MetricsSnapshot,
     },
+    /// The answer to [`CoordinatorMessage::PrepareSwap`]: the new code is ready in this
+    /// worker's part (`problem: None`), or why not.
+    SwapPrepared {
+        /// The job.
+        job: String,
+        /// The attempt.
+        attempt: u64,
+        /// The step.
+        step: String,
+        /// The new code's digest.
+        digest: String,
+        /// Why the code is not ready.
+        problem: Option<String>,
+    },
     /// This worker's part of a job attempt changed state.
     Part {
         /// The job.
@@ -127,6 +141,19 @@ pub enum CoordinatorMessage {
     },
     /// Run this part of a job attempt (and stop any older attempt of the job).
     Deploy(Box<Deployment>),
+    /// Fetch and compile artifact `digest` and make it ready to take over `step` in this part
+    /// of a job attempt (a live swap): a trigger of the job master's arms it. Answered with
+    /// [`WorkerMessage::SwapPrepared`].
+    PrepareSwap {
+        /// The job.
+        job: String,
+        /// The attempt.
+        attempt: u64,
+        /// The step.
+        step: String,
+        /// The new code (`sha256:<hex>`).
+        digest: String,
+    },
     /// Stop this part of a job attempt.
     Cancel {
         /// The job.

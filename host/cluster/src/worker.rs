@@ -108,7 +108,11 @@ pub async fn session(
                 }
             }
             reply = protocol::read::<CoordinatorMessage>(&mut recv, &mut buf) => match reply {
-                Ok(Some(order @ (CoordinatorMessage::Deploy(_) | CoordinatorMessage::Cancel { .. }))) => {
+                Ok(Some(
+                    order @ (CoordinatorMessage::Deploy(_)
+                    | CoordinatorMessage::Cancel { .. }
+                    | CoordinatorMessage::PrepareSwap { .. }),
+                )) => {
                     (mailbox.on_order)(order);
                 }
                 Ok(Some(CoordinatorMessage::Refused { reason })) => return SessionEnd::Refused(reason),

@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use eddy_checkpoint::upload::Uploader;
 use eddy_checkpoint::upload::upload_snapshot;
-use eddy_checkpoint::{CheckpointError, CheckpointStore};
+use eddy_checkpoint::{CheckpointError, CheckpointId, CheckpointStore};
 
-use crate::messages::{MasterCommand, PartLink, PartReport, Report, Signals};
+use crate::messages::{MasterCommand, PartLink, PartReport, Report, Signals, SwapOrder, SwapRequest};
 
 /// A part's checkpoint thread (see the module docs).
 pub(crate) struct PartThread {
@@ -66,7 +66,10 @@ impl PartThread {
             }
             loop {
                 match self.link.commands.try_recv() {
-                    Ok(MasterCommand::Trigger { id, at_ms }) => {
+                    Ok(MasterCommand::Trigger { id, at_ms, swap }) => {
+                        if let Some(order) = swap {
+                            self.arm_swap(id, &order)?;
+                        }
                         self.signals.triggered_ms.store(at_ms, Ordering::SeqCst);
                         self.signals.trigger.store(id, Ordering::SeqCst);
                     }
@@ -88,5 +91,33 @@ impl PartThread {
                 }
             }
         }
+    }
+
+    /// Arms the live swap the master's trigger `id` carries, with the code prepared for it
+    /// here, before any source sees the trigger. Code this part did not prepare fails it: its
+    /// subtasks would go on with the old code while the master records the new.
+    fn arm_swap(&self, id: CheckpointId, order: &SwapOrder) -> Result<(), CheckpointError> {
+        let refused = |problem: String| CheckpointError::Storage { what: "a live swap".into(), problem };
+        let poisoned = || refused("the job's swap lock is poisoned".into());
+        let mut request = self.signals.swap.lock().map_err(|_| poisoned())?;
+        if request.as_ref().is_some_and(|r| r.step == order.step && r.component.digest() == order.digest) {
+            return Ok(());
+        }
+        let prepared = self.signals.prepared_swap.lock().map_err(|_| poisoned())?;
+        let Some(ready) = prepared.as_ref().filter(|p| p.step == order.step && p.component.digest() == order.digest)
+        else {
+            return Err(refused(format!(
+                "the job master swaps step `{}` to {} at checkpoint {id}, code this part was not given first",
+                order.step, order.digest
+            )));
+        };
+        *request = Some(SwapRequest {
+            step: order.step.clone(),
+            component: ready.component.clone(),
+            checkpoint: Some(id),
+            outcome: None,
+        });
+        tracing::info!(job = %self.job, checkpoint = id, step = %order.step, "checkpoint carries a live swap");
+        Ok(())
     }
 }

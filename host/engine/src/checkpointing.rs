@@ -21,7 +21,8 @@ use eddy_plan::CheckpointSpec;
 use crate::checkpoint::{CheckpointCoordinator, CoordinatorConfig, Decision, From, Participant, Speaker};
 use crate::checkpoint_history::CheckpointHistory;
 use crate::messages::{
-    FaultHook, FaultPoint, MasterCommand, MasterLink, PartReport, Report, Signals, SinkCommitter, now_ms,
+    FaultHook, FaultPoint, MasterCommand, MasterLink, PartReport, Report, Signals, SinkCommitter, SwapOrder,
+    SwapOutcome, now_ms,
 };
 
 /// How the master's failure reads when a part's checkpoint link closed before it finished (its
@@ -227,12 +228,7 @@ impl CheckpointThread {
                         {
                             r.checkpoint = Some(id);
                         }
-                        if let Ok(mut request) = self.signals.swap.lock()
-                            && let Some(r) = request.as_mut().filter(|r| r.checkpoint.is_none())
-                        {
-                            r.checkpoint = Some(id);
-                            tracing::info!(job = %self.job, checkpoint = id, step = %r.step, "checkpoint carries a live swap");
-                        }
+                        let swap = self.carry_swap(id);
                         let mut flight = InFlight {
                             id,
                             triggered: Instant::now(),
@@ -244,7 +240,7 @@ impl CheckpointThread {
                         let at_ms = now_ms();
                         self.signals.triggered_ms.store(at_ms, Ordering::SeqCst);
                         self.signals.trigger.store(id, Ordering::SeqCst);
-                        self.tell_parts(MasterCommand::Trigger { id, at_ms });
+                        self.tell_parts(MasterCommand::Trigger { id, at_ms, swap });
                         tracing::debug!(job = %self.job, checkpoint = id, "checkpoint triggered");
                         if let Some(Decision::Complete(id)) = done {
                             flight.stats.total_ms = 0.0;
@@ -296,14 +292,39 @@ impl CheckpointThread {
         self.signals.swap.lock().is_ok_and(|r| r.as_ref().is_some_and(|r| r.checkpoint.is_none()))
     }
 
+    /// The live swap checkpoint `id` carries: stamped with its first checkpoint, and told to
+    /// the other parts with every trigger until a checkpoint carrying it completes (a part
+    /// whose subtasks went over already ignores it).
+    fn carry_swap(&self, id: CheckpointId) -> Option<SwapOrder> {
+        let Ok(mut request) = self.signals.swap.lock() else { return None };
+        let r = request.as_mut().filter(|r| r.outcome.is_none())?;
+        if r.checkpoint.is_none() {
+            r.checkpoint = Some(id);
+            tracing::info!(job = %self.job, checkpoint = id, step = %r.step, "checkpoint carries a live swap");
+        }
+        Some(SwapOrder { step: r.step.clone(), digest: r.component.digest().to_owned() })
+    }
+
     /// A completed checkpoint at or after a swap's barrier: every subtask runs the new code
-    /// from it on (each swapped at its first snapshot of the swap's checkpoint or later).
-    fn swap_completed(&self, id: CheckpointId) {
+    /// from it on (each swapped at its first snapshot of the swap's checkpoint or later). Its
+    /// metadata says how many subtasks went on with the new code, wherever they ran.
+    fn swap_completed(&self, meta: &CheckpointMetadata) {
         if let Ok(mut request) = self.signals.swap.lock()
-            && let Some(r) = request.as_mut().filter(|r| r.checkpoint.is_some_and(|c| c <= id) && r.outcome.is_none())
+            && let Some(r) =
+                request.as_mut().filter(|r| r.checkpoint.is_some_and(|c| c <= meta.id) && r.outcome.is_none())
         {
-            r.outcome = Some(id);
-            tracing::info!(job = %self.job, checkpoint = id, step = %r.step, "live swap completed");
+            let subtasks = meta
+                .subtasks
+                .iter()
+                .flat_map(|s| &s.operators)
+                .filter(|o| o.step == r.step && o.artifact.as_deref() == Some(r.component.digest()))
+                .count();
+            r.outcome = Some(SwapOutcome {
+                checkpoint: meta.id,
+                subtasks: u32::try_from(subtasks).unwrap_or(u32::MAX),
+                longest_ms: meta.stats.swap_ms,
+            });
+            tracing::info!(job = %self.job, checkpoint = meta.id, step = %r.step, subtasks, "live swap completed");
         }
     }
 
@@ -371,7 +392,7 @@ impl CheckpointThread {
         }
         self.fault(FaultPoint::AfterMetadata);
         self.take_savepoint(&meta);
-        self.swap_completed(id);
+        self.swap_completed(&meta);
         self.signals.completed.store(id, Ordering::SeqCst);
         self.tell_parts(MasterCommand::Completed { id });
         tracing::info!(

@@ -54,7 +54,7 @@ mod local_state;
 mod placement;
 mod recover;
 
-pub use live_swap::{SwapDone, SwapError};
+pub use live_swap::{PrepareParts, SwapDone, SwapError};
 pub use placement::Placement;
 
 use local_state::{LocalStateDir, local_state_dir};

@@ -40,11 +40,11 @@ pub use checkpoint_history::{CompletedCheckpoint, HISTORY_KEPT, SubtaskStateByte
 pub use checkpointing::PARTS_LINK_CLOSED;
 pub use failure::{FailureDetail, MAX_CAUSE_BYTES, MAX_CAUSES, MAX_MESSAGE_BYTES};
 pub use job::{
-    Job, JobOptions, Placement, RunError, RunSummary, SinkFactory, SourceEntry, SourceObserver, SwapDone, SwapError,
-    files_output,
+    Job, JobOptions, Placement, PrepareParts, RunError, RunSummary, SinkFactory, SourceEntry, SourceObserver, SwapDone,
+    SwapError, files_output,
 };
 pub use messages::{
-    CheckpointRole, FaultHook, FaultPoint, MasterCommand, MasterLink, PartLink, PartReport, local_links,
+    CheckpointRole, FaultHook, FaultPoint, MasterCommand, MasterLink, PartLink, PartReport, SwapOrder, local_links,
 };
 pub use metrics::{MetricsSnapshot, SubtaskSnapshot, TaskSnapshot};
 pub use operator::{OperatorError, StreamOperator};

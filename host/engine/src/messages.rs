@@ -26,6 +26,17 @@ pub(crate) struct Signals {
     pub savepoint: Mutex<Option<SavepointRequest>>,
     /// A live swap of one step's code asked for: the next checkpoint carries it.
     pub swap: Mutex<Option<SwapRequest>>,
+    /// In a part of a spread job: the code the job master's coming swap of a step goes to,
+    /// compiled and probed here before the master arms it ([`MasterCommand::Trigger`]'s
+    /// `swap` then arms `swap` from it).
+    pub prepared_swap: Mutex<Option<PreparedSwap>>,
+}
+
+/// New code for one step, ready in a part before the checkpoint that carries its swap.
+#[derive(Debug)]
+pub(crate) struct PreparedSwap {
+    pub step: String,
+    pub component: Arc<eddy_runtime::Component>,
 }
 
 /// New code for one Wasm step, taken over at a checkpoint's barrier: each subtask of the step
@@ -37,12 +48,30 @@ pub(crate) struct SwapRequest {
     pub component: Arc<eddy_runtime::Component>,
     /// The checkpoint that carries the swap, once triggered.
     pub checkpoint: Option<CheckpointId>,
-    /// Subtasks that went over so far, and the longest time one spent instantiating and
-    /// opening the new code after its snapshot (what the swap adds to a barrier's pause).
-    pub swapped: u32,
+    /// Once a checkpoint at or after `checkpoint` completed: what it recorded of the swap.
+    pub outcome: Option<SwapOutcome>,
+}
+
+/// A completed checkpoint that carries a live swap, as its metadata tells it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct SwapOutcome {
+    /// From this checkpoint on, the new code runs everywhere.
+    pub checkpoint: CheckpointId,
+    /// Subtasks of the step whose state goes on with the new code.
+    pub subtasks: u32,
+    /// The longest time one subtask spent opening the new code after its snapshot (what
+    /// the swap added to the barrier's pause).
     pub longest_ms: f64,
-    /// The completed checkpoint from which on the new code runs everywhere.
-    pub outcome: Option<CheckpointId>,
+}
+
+/// A live swap that a job master's trigger carries to the other parts: each arms the code it
+/// prepared for it ([`Signals::prepared_swap`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwapOrder {
+    /// The step.
+    pub step: String,
+    /// The new code's digest (hex sha256, as the checkpoint metadata names code).
+    pub digest: String,
 }
 
 /// A pending savepoint and, once taken, its outcome.
@@ -116,7 +145,7 @@ pub enum PartReport {
 }
 
 /// What the job master tells every other part.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MasterCommand {
     /// Checkpoint `id` is triggered (at `at_ms`, ms since the epoch): sources take it.
     Trigger {
@@ -124,6 +153,10 @@ pub enum MasterCommand {
         id: CheckpointId,
         /// When it was triggered.
         at_ms: i64,
+        /// A live swap not completed yet: the subtasks of its step go over to the prepared
+        /// code at this barrier (or later, if this checkpoint does not complete).
+        #[serde(default)]
+        swap: Option<SwapOrder>,
     },
     /// Checkpoint `id` is complete: sinks commit up to it.
     Completed {
@@ -204,7 +237,7 @@ pub fn local_links(parts: usize) -> (MasterLink, Vec<PartLink>) {
     }
     let broadcast = Box::new(move |c: MasterCommand| {
         for tx in &command_txs {
-            let _ = tx.send(c);
+            let _ = tx.send(c.clone());
         }
     });
     (MasterLink { reports, broadcast }, links)

@@ -21,6 +21,10 @@ use eddy_checkpoint::upload::TakenSnapshot;
 use eddy_checkpoint::{CheckpointId, OperatorSnapshot};
 
 use crate::checkpoint::{BarrierHandler, BarrierMode, Outcome};
+
+/// How long a barrier waits for the job master's trigger to reach this process (see
+/// `SubtaskRunner::await_trigger`): it was sent before the barrier, over another connection.
+const TRIGGER_WAIT: Duration = Duration::from_secs(30);
 use crate::messages::{FaultHook, FaultPoint, Report, Signals, now_ms};
 use crate::metrics::SubtaskMetrics;
 use crate::operator::{OperatorError, StreamOperator};
@@ -483,25 +487,46 @@ impl SubtaskRunner {
     /// A live swap whose checkpoint is `id` or older, of a step of this chain not yet on the
     /// new code: right after the snapshot, so records before the barrier went through the old
     /// code and records after it go through the new one; the snapshot records the new code's
-    /// digest, as that is the code a restore from it must run.
+    /// digest, as that is the code a restore from it must run. Returns the time the swap took.
     fn swap_code_at(
         &mut self,
         id: CheckpointId,
         operators: &mut [(String, OperatorSnapshot)],
-    ) -> Result<(), TaskError> {
-        let Some(ck) = &self.checkpointing else { return Ok(()) };
-        let Ok(mut request) = ck.signals.swap.lock() else { return Ok(()) };
-        let Some(swap) = request.as_mut().filter(|r| r.checkpoint.is_some_and(|c| c <= id)) else { return Ok(()) };
+    ) -> Result<f64, TaskError> {
+        let Some(ck) = &self.checkpointing else { return Ok(0.0) };
+        let Ok(request) = ck.signals.swap.lock() else { return Ok(0.0) };
+        let Some(swap) = request.as_ref().filter(|r| r.checkpoint.is_some_and(|c| c <= id)) else { return Ok(0.0) };
+        let started = Instant::now();
+        let mut swapped = false;
         for (i, (step, snapshot)) in operators.iter_mut().enumerate() {
             if *step != swap.step || self.operators[i].artifact() == Some(swap.component.digest()) {
                 continue;
             }
-            let started = Instant::now();
             let old = self.operators.remove(i);
             self.operators.insert(i, old.swap_code(&swap.component)?);
             snapshot.artifact = Some(swap.component.digest().to_owned());
-            swap.swapped += 1;
-            swap.longest_ms = swap.longest_ms.max(started.elapsed().as_secs_f64() * 1e3);
+            swapped = true;
+        }
+        Ok(if swapped { started.elapsed().as_secs_f64() * 1e3 } else { 0.0 })
+    }
+
+    /// Waits until this process has seen checkpoint `id` triggered. In a part of a spread job
+    /// a barrier from another process can overtake the job master's trigger, which carries a
+    /// live swap the snapshot must see; everywhere else the trigger came first.
+    fn await_trigger(&self, id: CheckpointId) -> Result<(), TaskError> {
+        let Some(ck) = &self.checkpointing else { return Ok(()) };
+        let since = Instant::now();
+        while ck.signals.trigger.load(Ordering::SeqCst) < id {
+            // Cancelled, the checkpoint cannot complete: what the snapshot sees no longer matters.
+            if self.cancelled() {
+                return Ok(());
+            }
+            if since.elapsed() >= TRIGGER_WAIT {
+                return Err(TaskError::Snapshot(format!(
+                    "checkpoint {id}'s barrier arrived, but not the job master's trigger within {TRIGGER_WAIT:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
         Ok(())
     }
@@ -512,6 +537,9 @@ impl SubtaskRunner {
         id: Option<CheckpointId>,
         alignment_ms: f64,
     ) -> Result<Option<TakenSnapshot>, TaskError> {
+        if let Some(id) = id {
+            self.await_trigger(id)?;
+        }
         let Some(ck) = &self.checkpointing else { return Ok(None) };
         let started = Instant::now();
         let staging = tempfile::Builder::new()
@@ -526,8 +554,9 @@ impl SubtaskRunner {
             let name = steps.get(i).cloned().unwrap_or_else(|| op.name().to_owned());
             operators.push((name, op.snapshot(&dir)?));
         }
+        let mut swap_ms = 0.0;
         if let Some(id) = id {
-            self.swap_code_at(id, &mut operators)?;
+            swap_ms = self.swap_code_at(id, &mut operators)?;
             for op in &mut self.operators {
                 op.after_snapshot(id)?;
             }
@@ -552,6 +581,7 @@ impl SubtaskRunner {
             operators,
             alignment_ms,
             sync_ms: started.elapsed().as_secs_f64() * 1e3,
+            swap_ms,
             staging: Some(staging),
             in_flight: Vec::new(),
             unaligned: false,

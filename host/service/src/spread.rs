@@ -22,7 +22,7 @@ use crate::model::{JobRecord, now_ms};
 use crate::problem::{ApiError, ApiResult};
 use crate::quotas::Quotas;
 use crate::restarts::Cause;
-use crate::supervisor::{Live, Loss, Outcome, watch};
+use crate::supervisor::{Live, Loss, OtherParts, Outcome, watch};
 
 /// How long an attempt waits for enough free slots (workers registering after a restart of
 /// the coordinator, or replacing a dead one) before it fails.
@@ -244,22 +244,90 @@ fn run(
             return Outcome::infrastructure(format!("cannot deploy: {e}"));
         }
     }
-    // A worker's per-subtask rows count only for the subtasks it was given.
-    let parts = || {
-        let mut parts = control.part_metrics(&record.id, attempt);
+    let mut parts = Parts {
+        control,
+        job: &record.id,
+        attempt,
+        assignment,
+        workers: &layout.workers,
+        judge: Judge::new(control.heartbeat_timeout()),
+    };
+    let outcome = watch(state, record, live, job, &mut parts);
+    parts.judge.settle(outcome, control, (&record.id, attempt), &layout.workers)
+}
+
+/// How long the workers may take to fetch, compile and open a live swap's new code.
+const PREPARE_WAIT: Duration = Duration::from_secs(120);
+
+/// The parts of an attempt on the workers, as the supervisor watches them.
+struct Parts<'a> {
+    control: &'a ControlPlane,
+    job: &'a str,
+    attempt: u64,
+    assignment: &'a [Vec<String>],
+    workers: &'a [SlotHolder],
+    judge: Judge,
+}
+
+impl OtherParts for Parts<'_> {
+    fn spread(&self) -> bool {
+        true
+    }
+
+    fn assignment(&self) -> &[Vec<String>] {
+        self.assignment
+    }
+
+    /// A worker's per-subtask rows count only for the subtasks it was given.
+    fn metrics(&self) -> Vec<eddy_engine::MetricsSnapshot> {
+        let mut parts = self.control.part_metrics(self.job, self.attempt);
         for (worker, metrics) in &mut parts {
             for (task, t) in metrics.tasks.iter_mut().enumerate() {
-                let given = |index: u32| assignment.get(task).and_then(|a| a.get(index as usize)) == Some(&*worker);
+                let given =
+                    |index: u32| self.assignment.get(task).and_then(|a| a.get(index as usize)) == Some(&*worker);
                 t.subtasks.retain(|s| given(s.index));
             }
         }
         parts.into_iter().map(|(_, metrics)| metrics).collect()
-    };
-    let mut judge = Judge::new(control.heartbeat_timeout());
-    let outcome = watch(state, record, live, job, assignment, parts, || {
-        judge.lost(control, &record.id, attempt, &layout.workers)
-    });
-    judge.settle(outcome, control, (&record.id, attempt), &layout.workers)
+    }
+
+    fn lost(&mut self) -> Option<Loss> {
+        self.judge.lost(self.control, self.job, self.attempt, self.workers)
+    }
+
+    /// Asks every worker of the attempt, and waits until each said its part has the code
+    /// ready, one said why not, or one went away.
+    fn prepare_swap(&mut self, step: &str, digest: &str) -> Result<(), String> {
+        for w in self.workers {
+            self.control.ask_swap(w, self.job, self.attempt, step, digest)?;
+        }
+        let since = Instant::now();
+        loop {
+            if let Some(gone) = self.control.first_gone(self.workers) {
+                return Err(format!("worker `{}` was lost", gone.name));
+            }
+            let answers = self.control.swap_answers(self.job, self.attempt);
+            let mut ready = 0;
+            for w in self.workers {
+                match answers.get(&w.name).filter(|a| a.step == step && a.digest == digest) {
+                    Some(a) if a.problem.is_none() => ready += 1,
+                    Some(a) => {
+                        let problem = a.problem.as_deref().unwrap_or_default();
+                        return Err(format!("worker `{}`: {problem}", w.name));
+                    }
+                    None => {}
+                }
+            }
+            if ready == self.workers.len() {
+                tracing::info!(step, digest, workers = ready, "live swap prepared on every worker");
+                return Ok(());
+            }
+            if since.elapsed() >= PREPARE_WAIT {
+                return Err(format!("{ready} of {} workers had it ready within {PREPARE_WAIT:?}", self.workers.len()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// Whose doing the end of an attempt was. A dead worker takes its parts' inputs and outputs,

@@ -748,16 +748,28 @@ fn take_savepoint(state: &AppState, record: &JobRecord, job: &Job, reason: &str)
     Ok(savepoint)
 }
 
-/// Swaps `step` of the running `job` to artifact `digest` at its next checkpoint and, once
-/// that completed, records the new artifact as the step's (a restart runs it from then on).
-fn swap_live(state: &AppState, record: &JobRecord, job: &Job, step: &str, digest: &str) -> Result<LiveSwap, ApiError> {
+/// Swaps `step` of the running `job` to artifact `digest` at its next checkpoint (first
+/// made ready in its other `parts`, if it is spread over workers) and, once that completed,
+/// records the new artifact as the step's (a restart runs it from then on).
+fn swap_live(
+    state: &AppState,
+    record: &JobRecord,
+    job: &Job,
+    (step, digest): (&str, &str),
+    parts: &mut dyn OtherParts,
+) -> Result<LiveSwap, ApiError> {
     let component = state
         .runtime
         .load_file(step, &crate::artifacts::wasm_path(state, digest))
         .map_err(|e| ApiError::unprocessable(format!("artifact {digest}: {e}")).at("wasm"))?;
     let key = record.key();
     update(state, &key, |r| r.live_upgrade = Some((step.to_owned(), digest.to_owned())));
-    let done = job.swap_live(step, component, SAVEPOINT_TIMEOUT).map_err(|e| {
+    let done = if parts.spread() {
+        job.swap_live_spread(step, component, SAVEPOINT_TIMEOUT, &mut |step, _| parts.prepare_swap(step, digest))
+    } else {
+        job.swap_live(step, component, SAVEPOINT_TIMEOUT)
+    };
+    let done = done.map_err(|e| {
         let detail = redact(state, &record.tenant, &e.to_string());
         match e {
             SwapError::Refused(_) | SwapError::Open(_) => {
@@ -853,24 +865,58 @@ fn attempt(state: &AppState, record: &JobRecord, spec: &PipelineSpec, digests: &
         Ok(job) => job,
         Err(e) => return Outcome::of_start(&e),
     };
-    watch(state, record, live, job, &[], Vec::new, || None)
+    watch(state, record, live, job, &mut NoParts)
+}
+
+/// An attempt's parts in other processes, as [`watch`] serves them.
+pub(crate) trait OtherParts {
+    /// Whether there are any (the job is spread over workers).
+    fn spread(&self) -> bool;
+    /// The worker that runs each subtask, by task.
+    fn assignment(&self) -> &[Vec<String>];
+    /// Each part's metrics now.
+    fn metrics(&self) -> Vec<MetricsSnapshot>;
+    /// Why the attempt is lost, and whose doing that was, if it is.
+    fn lost(&mut self) -> Option<Loss>;
+    /// Gets artifact `digest` ready to take over `step` in every part (a live swap), or says
+    /// why it is not.
+    fn prepare_swap(&mut self, step: &str, digest: &str) -> Result<(), String>;
+}
+
+/// A job that runs in this process alone.
+struct NoParts;
+
+impl OtherParts for NoParts {
+    fn spread(&self) -> bool {
+        false
+    }
+    fn assignment(&self) -> &[Vec<String>] {
+        &[]
+    }
+    fn metrics(&self) -> Vec<MetricsSnapshot> {
+        Vec::new()
+    }
+    fn lost(&mut self) -> Option<Loss> {
+        None
+    }
+    fn prepare_swap(&mut self, _: &str, _: &str) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Watches a started attempt until it ends: serves control requests, publishes the live view
-/// (naming each subtask's worker from `assignment`, and adding the metrics of the `parts` in
-/// other processes to the job's own), and fails it when `lost` names a reason (and whose).
+/// (naming each subtask's worker, and adding the metrics of its `parts` in other processes to
+/// the job's own), and fails it when `parts` says it is lost.
 pub(crate) fn watch(
     state: &AppState,
     record: &JobRecord,
     live: &Live,
     job: Job,
-    assignment: &[Vec<String>],
-    parts: impl Fn() -> Vec<MetricsSnapshot>,
-    mut lost: impl FnMut() -> Option<Loss>,
+    parts: &mut dyn OtherParts,
 ) -> Outcome {
-    let metrics = || {
+    let metrics = |parts: &dyn OtherParts| {
         let mut all = job.metrics();
-        for part in parts() {
+        for part in parts.metrics() {
             all.absorb(&part);
         }
         all
@@ -880,7 +926,7 @@ pub(crate) fn watch(
         drop(live.swap(step, digest));
     }
     let started = Instant::now();
-    let mut before = metrics();
+    let mut before = metrics(parts);
     let mut last = Instant::now();
     let (mut timeline_before, mut timeline_last) = (before.clone(), Instant::now());
     let (mut checkpointed, mut stable) = (false, record.crash_resumes == 0);
@@ -906,7 +952,7 @@ pub(crate) fn watch(
         }
         let swap = lock(&live.swaps).pop_front();
         if let Some((step, digest, reply)) = swap {
-            let _ = reply.send(swap_live(state, record, &job, &step, &digest));
+            let _ = reply.send(swap_live(state, record, &job, (&step, &digest), parts));
             continue;
         }
         let request = lock(&live.requests).pop_front();
@@ -925,15 +971,15 @@ pub(crate) fn watch(
                 }
             };
         }
-        if let Some((reason, cause, detail)) = lost() {
+        if let Some((reason, cause, detail)) = parts.lost() {
             job.cancel();
             let _ = job.wait();
             return Outcome::Failed { message: reason, detail, cause, checkpointed };
         }
         if last.elapsed() >= REFRESH {
             last = Instant::now();
-            let now = metrics();
-            let view = LiveView::of(&job, &now, &before, assignment);
+            let now = metrics(parts);
+            let view = LiveView::of(&job, &now, &before, parts.assignment());
             if !checkpointed && !view.checkpoints.is_empty() {
                 checkpointed = true;
                 progressed(state, record);

@@ -1,7 +1,9 @@
 //! A live swap of one step's code at a checkpoint barrier ([`Job::swap_live`]): the new
 //! component is probed first (instantiated and opened beside the old one, their declared
 //! states compared), then the next checkpoint carries the swap ([`SwapRequest`]) and each
-//! subtask of the step goes over right after its snapshot, keeping its state and timers.
+//! subtask of the step goes over right after its snapshot, keeping its state and timers. In
+//! a job spread over workers the master first has every other part prepare the new code
+//! ([`Job::prepare_swap`]), and its triggers carry the swap to them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +13,7 @@ use eddy_runtime::{Component, Subtask, World};
 use eddy_state::{DeclaredState, HeapStateBackend, check_state_evolution};
 
 use super::{Job, now_ms};
-use crate::messages::SwapRequest;
+use crate::messages::{PreparedSwap, SwapRequest};
 
 /// A Wasm operator step as a live swap needs it.
 #[derive(Debug)]
@@ -52,24 +54,55 @@ pub enum SwapError {
     NotCompleted(String),
 }
 
+/// Hands new code to a spread job's other parts before the master arms its swap: called with
+/// the step and the new code's digest, it returns once every part has it ready
+/// ([`Job::prepare_swap`] there), or why one does not.
+pub type PrepareParts<'a> = &'a mut dyn FnMut(&str, &str) -> Result<(), String>;
+
 impl Job {
     /// Swaps step `step` to `component` at the next checkpoint's barrier and waits (at most
     /// `timeout`) until a checkpoint that carries it completes. Refused without a change
-    /// when the step is not a Wasm operator step of this process, the component is not an
+    /// when the step is not a Wasm operator step of this job, the component is not an
     /// operator, its `open` fails, or a state both versions declare changed its kind.
     pub fn swap_live(&self, step: &str, component: Component, timeout: Duration) -> Result<SwapDone, SwapError> {
-        let started = Instant::now();
+        self.swap(step, component, timeout, None)
+    }
+
+    /// [`Job::swap_live`] for the job master of a job spread over workers: after the checks
+    /// here, `prepare_parts` gets the new code to every other part; only then is the swap
+    /// armed, and the master's triggers carry it to the parts until a checkpoint completes.
+    pub fn swap_live_spread(
+        &self,
+        step: &str,
+        component: Component,
+        timeout: Duration,
+        prepare_parts: PrepareParts<'_>,
+    ) -> Result<SwapDone, SwapError> {
+        if !self.spread {
+            return Err(SwapError::Refused("this job runs in one process; swap it with `swap_live`".into()));
+        }
+        self.swap(step, component, timeout, Some(prepare_parts))
+    }
+
+    /// In a part of a spread job: makes `component` ready to take over step `step` when the
+    /// job master's trigger says so (compiled, given this part's sandbox, opened once over
+    /// empty state). Nothing changes before that trigger.
+    pub fn prepare_swap(&self, step: &str, component: Component) -> Result<(), SwapError> {
+        let (current, config) = self.swappable_step(step, &component)?;
+        let component = component.in_sandbox_of(&current);
+        self.probe(&component, &config).map_err(SwapError::Open)?;
+        tracing::info!(step, artifact = component.digest(), "live swap prepared");
+        let ready = PreparedSwap { step: step.to_owned(), component: Arc::new(component) };
+        *self.signals.prepared_swap.lock().map_err(|_| poisoned())? = Some(ready);
+        Ok(())
+    }
+
+    /// The code step `step` runs now and its config, if `component` may replace it.
+    fn swappable_step(&self, step: &str, component: &Component) -> Result<(Arc<Component>, String), SwapError> {
         let refused = |why: String| SwapError::Refused(why);
         if self.checkpoints.is_none() {
             return Err(refused("a live swap happens at a checkpoint; the pipeline needs `checkpoints:`".into()));
         }
-        if self.spread {
-            return Err(refused(
-                "this job runs on several workers; a live swap runs on one process for now (use a restart-mode upgrade)"
-                    .into(),
-            ));
-        }
-        let poisoned = || refused("the job's control lock is poisoned".into());
         let swappable = self.swappable.lock().map_err(|_| poisoned())?;
         let Some(current) = swappable.iter().find(|s| s.name == step) else {
             let steps: Vec<&str> = swappable.iter().map(|s| s.name.as_str()).collect();
@@ -83,16 +116,40 @@ impl Job {
                 "the new artifact is a window aggregate; step `{step}` runs a keyed operator"
             )));
         }
-        if component.digest() == current.component.digest() {
+        Ok((current.component.clone(), current.config.clone()))
+    }
+
+    fn swap(
+        &self,
+        step: &str,
+        component: Component,
+        timeout: Duration,
+        prepare_parts: Option<PrepareParts<'_>>,
+    ) -> Result<SwapDone, SwapError> {
+        let started = Instant::now();
+        let refused = |why: String| SwapError::Refused(why);
+        if self.spread && prepare_parts.is_none() {
+            return Err(refused(
+                "this job runs on several workers; its coordinator swaps it (`eddy upgrade --live` against the server)"
+                    .into(),
+            ));
+        }
+        let (current, config) = self.swappable_step(step, &component)?;
+        if component.digest() == current.digest() {
             return Err(refused(format!("step `{step}` already runs {}", component.digest())));
         }
-        let component = component.in_sandbox_of(&current.component);
-        let old =
-            self.probe(&current.component, &current.config).map_err(|e| refused(format!("the running code: {e}")))?;
-        let new = self.probe(&component, &current.config).map_err(SwapError::Open)?;
+        let component = component.in_sandbox_of(&current);
+        let old = self.probe(&current, &config).map_err(|e| refused(format!("the running code: {e}")))?;
+        let new = self.probe(&component, &config).map_err(SwapError::Open)?;
         check_state_evolution(&old, &new)
             .map_err(|e| refused(format!("the new code cannot go on from step `{step}`'s state: {e}")))?;
-        drop(swappable);
+        if self.signals.swap.lock().map_err(|_| poisoned())?.as_ref().is_some_and(|r| r.outcome.is_none()) {
+            return Err(refused("another live swap of this job is under way; try again when it completed".into()));
+        }
+        if let Some(prepare) = prepare_parts {
+            prepare(step, component.digest())
+                .map_err(|e| refused(format!("the new code is not ready on every worker: {e}")))?;
+        }
         let component = Arc::new(component);
         {
             let mut request = self.signals.swap.lock().map_err(|_| poisoned())?;
@@ -103,26 +160,22 @@ impl Job {
                 step: step.to_owned(),
                 component: component.clone(),
                 checkpoint: None,
-                swapped: 0,
-                longest_ms: 0.0,
                 outcome: None,
             });
         }
         tracing::info!(step, artifact = component.digest(), "live swap requested");
         let deadline = started + timeout;
         loop {
-            if let Ok(request) = self.signals.swap.lock()
-                && let Some(r) = request.as_ref()
-                && let Some(checkpoint) = r.outcome
-            {
+            let outcome = self.signals.swap.lock().ok().and_then(|r| r.as_ref().and_then(|r| r.outcome));
+            if let Some(outcome) = outcome {
                 let mut swappable = self.swappable.lock().map_err(|_| poisoned())?;
                 if let Some(s) = swappable.iter_mut().find(|s| s.name == step) {
                     s.component = component.clone();
                 }
                 return Ok(SwapDone {
-                    checkpoint,
-                    subtasks: r.swapped,
-                    longest_swap_ms: r.longest_ms,
+                    checkpoint: outcome.checkpoint,
+                    subtasks: outcome.subtasks,
+                    longest_swap_ms: outcome.longest_ms,
                     total_ms: started.elapsed().as_secs_f64() * 1e3,
                 });
             }
@@ -150,4 +203,8 @@ impl Job {
         instance.open(config).map_err(|e| e.to_string())?;
         Ok(instance.declared_states())
     }
+}
+
+fn poisoned() -> SwapError {
+    SwapError::Refused("the job's control lock is poisoned".into())
 }
