@@ -210,6 +210,39 @@ fn a_replayed_subtask_emits_exactly_what_it_emitted_in_the_run() {
     }
 }
 
+/// A finished job whose retention dropped its first checkpoints (and the journal before them)
+/// replays from the oldest checkpoint it kept: the final checkpoint keeps the retained ones.
+/// Each subtask's replay emits exactly the tail of what the sink received for its keys, and
+/// ends at each key's total.
+#[test]
+fn a_finished_job_that_dropped_checkpoints_replays_from_the_oldest_it_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = pipeline(dir.path(), 4000, 4000, "heap");
+    std::fs::write(&path, std::fs::read_to_string(&path).expect("read").replace("retained: 1000", "retained: 2"))
+        .expect("write");
+    let (spec, job, sink) = start(&path);
+    job.wait().expect("the job finishes");
+    let totals = purchases(&spec);
+    let sink = received(&sink);
+    for subtask in 0..2 {
+        let (events, summary) = run(&request(dir.path(), subtask));
+        assert!(summary.from_checkpoint > 0, "the start was pruned with the dropped checkpoints: {summary:?}");
+        assert_eq!(summary.end, ReplayEnd::Finished, "{summary:?}");
+        let out = outputs(&events);
+        assert!(!out.is_empty(), "subtask {subtask} emitted after checkpoint {}", summary.from_checkpoint);
+        let keys: BTreeSet<&String> = out.iter().map(|(k, _)| k).collect();
+        let emitted: Vec<_> = sink.iter().filter(|(k, _)| keys.contains(k)).cloned().collect();
+        assert_eq!(out, emitted[emitted.len() - out.len()..], "subtask {subtask}: the tail of what the run emitted");
+        let mut last = BTreeMap::new();
+        for (key, value) in &out {
+            last.insert(key.clone(), value.as_u64().expect("a count"));
+        }
+        for (key, n) in last {
+            assert_eq!(totals.get(&key), Some(&n), "{key}'s last replayed count is its total");
+        }
+    }
+}
+
 fn wait_until(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !done() {

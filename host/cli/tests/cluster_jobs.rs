@@ -269,6 +269,91 @@ fn a_job_on_workers_takes_savepoints_and_rescales_over_more_workers_exactly_once
     assert!(!local.exists(), "savepoints written locally to {}", local.display());
 }
 
+/// A live upgrade of a job spread over the three workers: each worker fetches, compiles and
+/// opens the new code before the coordinator's checkpoint carries the swap, every subtask of
+/// the step goes over at that one barrier, and nothing restarts. A worker killed with SIGKILL
+/// right after: the next attempt restores a checkpoint taken with the new code and runs it.
+/// The committed output equals the oracle for the swap's barrier, read from its metadata.
+#[test]
+fn a_live_upgrade_on_workers_swaps_every_subtask_at_one_barrier_and_a_worker_kill_after_it_keeps_the_new_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let (coordinator, mut fleet) = cluster(dir.path(), &["--heartbeat-timeout-ms", "2000"], &[]);
+    let (tenant_id, token) = tenant(&coordinator, "acme");
+    expect(upload(&coordinator, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+    let v2 = expect(upload(&coordinator, &token, eddy_guest_artifacts::RUNNING_COUNT_V2, Some(("count", "2"))), 201);
+    // Checkpoints kept long enough to read the swap's back.
+    let yaml = common::counts_job(15_000)
+        .replace("name: counts\n", "name: counts\nparallelism: 3\n")
+        .replace("checkpoints: {interval_ms: 200}", "checkpoints: {interval_ms: 200, retained: 500}");
+    let id = expect(submit(&coordinator, &token, &yaml), 201)["id"].as_str().unwrap().to_owned();
+    let running = wait_job(&coordinator, &token, &id, "counting on three workers, checkpointed", |j| {
+        j["live"]["checkpoints"].as_array().is_some_and(|c| !c.is_empty())
+            && j["live"]["tasks"].as_array().is_some_and(|t| {
+                t.iter().any(|t| t["workers"].as_array().is_some_and(|w| w.len() == 3 && w[0] != w[1] && w[1] != w[2]))
+            })
+    });
+    let path = format!("/v1/jobs/{id}/upgrade");
+    let body = serde_json::json!({"step": "count", "wasm": "count@2", "mode": "live"});
+    let swapped = expect(common::post(&coordinator, &token, &path, body), 200);
+    assert_eq!((&swapped["artifact"], &swapped["subtasks"]), (&v2["digest"], &serde_json::json!(3)), "{swapped}");
+    let after = job(&coordinator, &token, &id);
+    assert_eq!(
+        (&after["status"], &after["generation"], &after["attempts"]),
+        (&running["status"], &running["generation"], &running["attempts"]),
+        "nothing restarted"
+    );
+    assert_eq!(after["artifacts"][0], v2["digest"], "the record names the new code");
+    let (swap_at, artifacts) =
+        common::swap_point(&dir.path().join("coordinator"), &tenant_id, &id, swapped["checkpoint"].as_u64().unwrap());
+    let new_code = v2["digest"].as_str().unwrap().strip_prefix("sha256:").map(str::to_owned);
+    assert_eq!(artifacts, vec![new_code; 3], "the metadata names the new code for every subtask");
+    for worker in &fleet {
+        assert!(worker.log().contains("live swap prepared"), "every worker prepared the new code first");
+    }
+
+    fleet.remove(0).kill_9();
+    let done = wait_job(&coordinator, &token, &id, "ended", |j| j["status"] == "finished" || j["status"] == "failed");
+    assert_eq!(done["status"], "finished", "{done}");
+    assert!(done["attempts"].as_u64() > after["attempts"].as_u64(), "the kill cost the running attempt: {done}");
+    eprintln!(
+        "live swap on workers: checkpoint {}, source at event {swap_at}, longest swap {} ms, {} ms from the request",
+        swapped["checkpoint"], swapped["longest_swap_ms"], swapped["total_ms"]
+    );
+    common::assert_output_swapped_at(&coordinator, &token, &id, &yaml, swap_at);
+}
+
+/// Replay of a job that ran on the three workers, from the coordinator: each worker journaled
+/// its subtask of the step beside the checkpoints (a directory they all reach), and the three
+/// subtasks' replays together emit every user's running count, computed here from the
+/// generator's events.
+#[test]
+fn subtasks_journaled_on_workers_replay_from_the_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    // The coordinator has no slots: every subtask runs on a worker.
+    let (coordinator, _fleet) = cluster(dir.path(), &["--heartbeat-timeout-ms", "2000"], &[]);
+    let (_, token) = tenant(&coordinator, "acme");
+    expect(upload(&coordinator, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
+    // Every checkpoint kept, so the journal reaches back to the start.
+    let yaml = common::counts_job(900)
+        .replace("name: counts\n", "name: counts\nparallelism: 3\ndebug: {journal: true}\n")
+        .replace("checkpoints: {interval_ms: 200}", "checkpoints: {interval_ms: 200, retained: 100}");
+    let id = expect(submit(&coordinator, &token, &yaml), 201)["id"].as_str().unwrap().to_owned();
+    let done = wait_job(&coordinator, &token, &id, "ended", |j| j["status"] == "finished" || j["status"] == "failed");
+    assert_eq!(done["status"], "finished", "{done}");
+    let mut replayed = Vec::new();
+    for subtask in 0..3 {
+        let path = format!("/v1/jobs/{id}/replay?step=count&subtask={subtask}&limit=5000");
+        let r = expect(common::client().get(coordinator.url(&path)).bearer_auth(&token).send().unwrap(), 200);
+        let end = (&r["summary"]["end"]["end"], &r["failure"]);
+        assert_eq!(end, (&serde_json::json!("finished"), &Value::Null), "{}", r["summary"]);
+        for e in r["events"].as_array().unwrap().iter().filter(|e| e["event"] == "output") {
+            replayed.push((e["key"].as_str().unwrap().to_owned(), e["value"].as_u64().unwrap()));
+        }
+    }
+    replayed.sort();
+    assert_eq!(replayed, common::generated_counts(&yaml), "the replays emit every running count once");
+}
+
 /// A bounded file source of a job on workers reads the tenant's file from the bucket: the file
 /// put through the API is stored there too, and the coordinator's own copy is deleted before
 /// the job is submitted, as if the workers ran on other machines. Its `file` sink becomes the

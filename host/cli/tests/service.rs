@@ -13,8 +13,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    PANIC_JOB, Server, assert_counted_once, assert_panic_failure, client, counts_job, expect, job, output_lines, post,
-    submit, tenant, upload, wait_job,
+    PANIC_JOB, Server, assert_counted_once, assert_output_swapped_at, assert_panic_failure, client, counts_job, expect,
+    job, output_lines, post, submit, swap_point, tenant, upload, wait_job,
 };
 use reqwest::blocking::Response;
 use serde_json::{Value, json};
@@ -845,36 +845,6 @@ fn an_upsert_sinks_table_is_the_output_and_an_artifact_in_use_is_not_deleted() {
     assert!(!file.exists(), "no tenant holds it any more, so its file is gone");
 }
 
-/// The users of `yaml`'s generator events, in event order.
-fn generated_users(yaml: &str) -> Vec<String> {
-    // The server names the checkpoint directory; a local parse needs one.
-    let spec = eddy_plan::PipelineSpec::from_yaml(&yaml.replace("checkpoints: {", "checkpoints: {dir: c, ")).unwrap();
-    let eddy_plan::SourceSpec::Generator(g) = &spec.sources[0] else { panic!("a generator source") };
-    (0..g.events.unwrap())
-        .map(|i| {
-            let value: Value = eddy_tests::value_json(&eddy_connectors::generator_event(g, i).value);
-            value["user"].as_str().unwrap().to_owned()
-        })
-        .collect()
-}
-
-/// The running counts of `users` when events before index `swap_at` add one and the rest
-/// add two (the old code, then the new), as sorted (user, count) pairs.
-fn swapped_counts(users: &[String], swap_at: usize) -> Vec<(String, u64)> {
-    let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut rows: Vec<(String, u64)> = users
-        .iter()
-        .enumerate()
-        .map(|(i, user)| {
-            let total = totals.entry(user).or_default();
-            *total += if i < swap_at { 1 } else { 2 };
-            (user.clone(), *total)
-        })
-        .collect();
-    rows.sort();
-    rows
-}
-
 #[test]
 fn a_live_upgrade_swaps_code_at_a_checkpoint_barrier_and_a_sigkill_after_it_keeps_the_new_code() {
     let dir = tempfile::tempdir().unwrap();
@@ -906,19 +876,9 @@ fn a_live_upgrade_swaps_code_at_a_checkpoint_barrier_and_a_sigkill_after_it_keep
     let running = job(&server, &token, &id);
     assert_eq!((&running["status"], &running["generation"]), (&json!("running"), &json!(0)), "nothing restarted");
     assert_eq!(running["artifacts"][0], v2["digest"], "the record names the new code");
-    let store = data.join(format!("tenants/{tenant_id}/jobs/{id}/checkpoints/0"));
-    let store = eddy_checkpoint::CheckpointStore::local(&store).unwrap();
-    let meta = eddy_checkpoint::metadata::CheckpointMetadata::read(&store, checkpoint).unwrap();
-    let recorded = meta.subtasks.iter().flat_map(|s| &s.operators).find_map(|o| o.artifact.clone()).unwrap();
-    assert_eq!(format!("sha256:{recorded}"), v2["digest"].as_str().unwrap(), "the metadata names the new code");
-    let swap_at = meta
-        .subtasks
-        .iter()
-        .find_map(|s| match &s.source {
-            Some((_, eddy_checkpoint::SourcePosition::Generator { next_index })) => Some(*next_index as usize),
-            _ => None,
-        })
-        .unwrap();
+    let (swap_at, artifacts) = swap_point(&data, &tenant_id, &id, checkpoint);
+    let new_code = v2["digest"].as_str().unwrap().strip_prefix("sha256:").map(str::to_owned);
+    assert_eq!(artifacts, vec![new_code], "the metadata names the new code");
 
     // Killed after the swap's checkpoint: the restart restores a checkpoint taken with the new
     // code, and runs the new code.
@@ -926,22 +886,5 @@ fn a_live_upgrade_swaps_code_at_a_checkpoint_barrier_and_a_sigkill_after_it_keep
     let server = Server::start(&data, &[]);
     let done = wait_job(&server, &token, &id, "finished", |j| j["status"] == "finished" || j["status"] == "failed");
     assert_eq!(done["status"], "finished", "{done}");
-    let mut rows: Vec<(String, u64)> = output_lines(&server, &token, &id)
-        .iter()
-        .map(|v| (v["key"].as_str().unwrap().to_owned(), v["value"].as_u64().unwrap()))
-        .collect();
-    rows.sort();
-    let users = generated_users(&yaml);
-    assert!(0 < swap_at && swap_at < users.len(), "the swap fell inside the input: {swap_at}");
-    let expected = swapped_counts(&users, swap_at);
-    let first_difference = rows.iter().zip(&expected).position(|(a, b)| a != b);
-    assert!(
-        rows == expected,
-        "the output differs from the oracle for a swap at event {swap_at}: {} rows, {} expected, first difference at \
-         {first_difference:?}: {:?} vs {:?}",
-        rows.len(),
-        expected.len(),
-        first_difference.map(|i| &rows[i]),
-        first_difference.map(|i| &expected[i]),
-    );
+    assert_output_swapped_at(&server, &token, &id, &yaml, swap_at);
 }

@@ -536,6 +536,32 @@ mod rights {
     }
 
     #[test]
+    fn a_live_swap_lets_only_the_asked_parts_fetch_the_new_code_and_answer_for_it() {
+        let mut m = Membership::new(1_000);
+        m.register("a", 2, "h:1", 0).expect("slots");
+        m.register("rogue", 2, "h:2", 0).expect("slots");
+        let (a, rogue) = (holder(&m, "a"), holder(&m, "rogue"));
+        m.deploy("j1", 1, &a, &[digest('a')]);
+        let answer = |d: char, problem: Option<&str>| SwapAnswer {
+            step: "count".into(),
+            digest: digest(d),
+            problem: problem.map(str::to_owned),
+        };
+        assert!(m.swap_answer(&a, "j1", 1, answer('b', None)).is_err(), "not asked for that code");
+        assert!(!m.ask_swap(&rogue, "j1", 1, &digest('b')), "the rogue runs no part of the attempt");
+        assert!(!m.may_fetch("rogue", &digest('b')));
+        assert!(m.ask_swap(&a, "j1", 1, &digest('b')));
+        assert!(m.may_fetch("a", &digest('b')), "the part asked may fetch the new code");
+        assert!(m.swap_answer(&rogue, "j1", 1, answer('b', None)).is_err(), "no answer for another's part");
+        assert!(m.swap_answers("j1", 1).is_empty());
+        m.swap_answer(&a, "j1", 1, answer('b', Some("traps in open"))).expect("its own part");
+        assert_eq!(m.swap_answers("j1", 1), BTreeMap::from([("a".to_owned(), answer('b', Some("traps in open")))]));
+        // Asked again, the earlier answer no longer counts.
+        assert!(m.ask_swap(&a, "j1", 1, &digest('b')));
+        assert!(m.swap_answers("j1", 1).is_empty());
+    }
+
+    #[test]
     fn slots_are_capped_per_worker_and_summed_without_overflow() {
         let mut m = Membership::new(1_000);
         let refused = m.register("big", u32::MAX, "h:1", 0).expect_err("too many");

@@ -422,7 +422,7 @@ impl CheckpointThread {
     /// Input journals reach back as far as the retained checkpoints do: a segment before the
     /// oldest one has no state left to replay from. (Until a checkpoint is dropped, the journal
     /// also keeps the job's start, replayable from empty state; the final checkpoint prunes
-    /// nothing, so a finished job's journal stays replayable.)
+    /// nothing and keeps the retained ones, so a finished job's journal stays replayable.)
     fn prune_journal(&self) {
         let (Some(dir), Some(oldest)) = (&self.spec.dir, self.retained.first()) else { return };
         let deleted = crate::journal::prune(&crate::journal::root(dir), oldest.id);
@@ -470,7 +470,13 @@ impl CheckpointThread {
         }
         self.signals.completed.store(id, Ordering::SeqCst);
         self.tell_parts(MasterCommand::Final { id });
-        self.retained = vec![meta];
+        // A journal replays from the retained checkpoints: a journaled job keeps them beside
+        // the final one, so a finished job replays too. Any other keeps only the final one.
+        let journaled = self.spec.dir.as_ref().is_some_and(|dir| crate::journal::root(dir).exists());
+        if !journaled {
+            self.retained.clear();
+        }
+        self.retained.push(meta);
         // Every part finished: nothing is on its way.
         self.collect_garbage(&mut Uploader::default(), &HashSet::new(), Sweep::Running);
         tracing::info!(job = %self.job, checkpoint = id, "job finished; final checkpoint written");

@@ -734,7 +734,8 @@ mod tests {
                 keyed: false,
                 source_name: None,
                 steps: Vec::new(),
-                signals: Arc::default(),
+                // Barriers come straight from the test: as if every checkpoint was triggered.
+                signals: Arc::new(Signals { trigger: u64::MAX.into(), ..Signals::default() }),
                 reports,
                 staging_root: staging.to_path_buf(),
                 last_checkpoint: 0,

@@ -96,7 +96,8 @@ pub async fn read(
             }
             Err(e @ ReplayError::NoJournal(_)) => return Err(said(StatusCode::NOT_FOUND, &e.to_string())),
             Err(ReplayError::BadQuery(problem)) => return Err(ApiError::unprocessable(problem).at("step")),
-            Err(e @ (ReplayError::Code(_) | ReplayError::Build(_))) => {
+            // The checkpoint a journal segment starts from is gone or damaged: a later one may do.
+            Err(e @ (ReplayError::Code(_) | ReplayError::Build(_) | ReplayError::Checkpoint { .. })) => {
                 return Err(said(StatusCode::CONFLICT, &e.to_string()));
             }
             Err(e) => return Err(ApiError::internal(e)),

@@ -379,3 +379,82 @@ pub fn assert_panic_failure(j: &Value, leading: &[String]) {
         assert!(message.contains(cause), "the whole message holds `{cause}`: {message}");
     }
 }
+
+/// The users of `yaml`'s generator events, in event order.
+fn generated_users(yaml: &str) -> Vec<String> {
+    // The server names the checkpoint directory; a local parse needs one.
+    let spec = eddy_plan::PipelineSpec::from_yaml(&yaml.replace("checkpoints: {", "checkpoints: {dir: c, ")).unwrap();
+    let eddy_plan::SourceSpec::Generator(g) = &spec.sources[0] else { panic!("a generator source") };
+    (0..g.events.unwrap())
+        .map(|i| {
+            let value: Value = eddy_tests::value_json(&eddy_connectors::generator_event(g, i).value);
+            value["user"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// The running counts of `users` when events before index `swap_at` add one and the rest
+/// add two (the old code, then the new), as sorted (user, count) pairs.
+fn swapped_counts(users: &[String], swap_at: usize) -> Vec<(String, u64)> {
+    let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut rows: Vec<(String, u64)> = users
+        .iter()
+        .enumerate()
+        .map(|(i, user)| {
+            let total = totals.entry(user).or_default();
+            *total += if i < swap_at { 1 } else { 2 };
+            (user.clone(), *total)
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// Each user's running counts over `yaml`'s generator events, sorted.
+pub fn generated_counts(yaml: &str) -> Vec<(String, u64)> {
+    swapped_counts(&generated_users(yaml), usize::MAX)
+}
+
+/// Where a live swap of step `count` happened, from checkpoint `checkpoint` of tenant
+/// `tenant_id`'s job `id` (generation 0) in the server's data directory `data`: the
+/// generator's position at that barrier, and the code each `count` subtask's state goes on
+/// with.
+pub fn swap_point(data: &Path, tenant_id: &str, id: &str, checkpoint: u64) -> (usize, Vec<Option<String>>) {
+    let store = data.join(format!("tenants/{tenant_id}/jobs/{id}/checkpoints/0"));
+    let store = eddy_checkpoint::CheckpointStore::local(&store).unwrap();
+    let meta = eddy_checkpoint::metadata::CheckpointMetadata::read(&store, checkpoint).unwrap();
+    let at = meta
+        .subtasks
+        .iter()
+        .find_map(|s| match &s.source {
+            Some((_, eddy_checkpoint::SourcePosition::Generator { next_index })) => Some(*next_index as usize),
+            _ => None,
+        })
+        .unwrap();
+    let artifacts =
+        meta.subtasks.iter().flat_map(|s| &s.operators).filter(|o| o.step == "count").map(|o| o.artifact.clone());
+    (at, artifacts.collect())
+}
+
+/// The job's committed output is the running count of `yaml`'s events counted by one before
+/// event `swap_at` and by two from it on (a live swap to `RUNNING_COUNT_V2` at that barrier).
+pub fn assert_output_swapped_at(server: &Server, token: &str, id: &str, yaml: &str, swap_at: usize) {
+    let mut rows: Vec<(String, u64)> = output_lines(server, token, id)
+        .iter()
+        .map(|v| (v["key"].as_str().unwrap().to_owned(), v["value"].as_u64().unwrap()))
+        .collect();
+    rows.sort();
+    let users = generated_users(yaml);
+    assert!(0 < swap_at && swap_at < users.len(), "the swap fell inside the input: {swap_at}");
+    let expected = swapped_counts(&users, swap_at);
+    let first_difference = rows.iter().zip(&expected).position(|(a, b)| a != b);
+    assert!(
+        rows == expected,
+        "the output differs from the oracle for a swap at event {swap_at}: {} rows, {} expected, first difference at \
+         {first_difference:?}: {:?} vs {:?}",
+        rows.len(),
+        expected.len(),
+        first_difference.map(|i| &rows[i]),
+        first_difference.map(|i| &expected[i]),
+    );
+}
