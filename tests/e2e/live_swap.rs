@@ -275,3 +275,59 @@ fn a_part_told_to_swap_to_code_it_was_not_given_fails_instead_of_running_the_old
     let failed = outcomes[1].as_ref().expect_err("the other part fails");
     assert!(failed.contains("code this part was not given first"), "{failed}");
 }
+
+/// A tumbling window count swapped live to the version adding two per record
+/// (`count-per-key-v2`, reading the same accumulators): each window's count equals the
+/// oracle that counts the events before the swap's barrier (read from its metadata) once
+/// and the rest twice, so every window open across the barrier holds both codes' work.
+/// An operator's code cannot take over a window step.
+#[test]
+fn a_window_count_swapped_live_counts_by_the_new_code_from_the_swaps_barrier_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "name: live-window\nparallelism: 2\nsources:\n  - {{type: generator, name: purchases, seed: 7, events: 12000, \
+         keys: 30, key_field: user_id, key_prefix: user-, value_field: amount_cents, min_value: 1, max_value: 100, \
+         start_ms: 0, interval_ms: 5, rate_per_sec: 6000, parallelism: 1}}\nsteps:\n  - {{name: count, wasm: {count}, \
+         key_by: /user_id, window: {{type: tumbling, size_ms: 1000}}, config: {{key_as: user, count_as: n}}}}\n\
+         checkpoints: {{dir: {dir}/checkpoints, interval_ms: 200, retained: 50}}\nrestart: {{strategy: none}}\n\
+         sink: {{type: print}}\n",
+        count = guests::NEXMARK_COUNT,
+        dir = dir.path().display(),
+    );
+    let path = dir.path().join("pipeline.yaml");
+    std::fs::write(&path, yaml).expect("write pipeline");
+    let sink = eddy_tests::MemorySink::default();
+    let received = sink.received.clone();
+    let options = JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() };
+    let (spec, job) = start_with(&path, options);
+    wait_for_records(&job, 3_000);
+    let operator = runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load");
+    let refused = job.swap_live("count", operator, Duration::from_secs(30)).expect_err("an operator for a window");
+    assert!(refused.to_string().contains("runs a window aggregate"), "{refused}");
+    let v2 = runtime().load_file("count", guests::COUNT_PER_KEY_V2.as_ref()).expect("load v2");
+    let digest = v2.digest().to_owned();
+    let done = job.swap_live("count", v2, Duration::from_secs(30)).expect("the swap completes");
+    assert_eq!(done.subtasks, 2, "both subtasks of the window step went over");
+    let (swap_at, artifacts) = swap_point(&spec, done.checkpoint);
+    assert!(job.wait().expect("the job finishes").finished);
+    assert_eq!(artifacts, vec![Some(digest); 2], "the metadata names the new code for the window step");
+    assert!(swap_at > 0 && swap_at < 12_000, "the swap fell inside the input ({swap_at})");
+
+    let SourceSpec::Generator(g) = &spec.sources[0] else { panic!("generator source") };
+    let mut expected: BTreeMap<(String, i64), u64> = BTreeMap::new();
+    for i in 0..g.events.expect("bounded") {
+        let event = generator_event(g, i);
+        let value: Value = eddy_tests::value_json(&event.value);
+        let ts = event.timestamp.expect("an event time");
+        let user = value["user_id"].as_str().expect("user").to_owned();
+        *expected.entry((user, ts - ts.rem_euclid(1_000))).or_default() += if i < swap_at { 1 } else { 2 };
+    }
+    let mut got: BTreeMap<(String, i64), u64> = BTreeMap::new();
+    for (_, record) in received.lock().expect("lock").iter() {
+        let v: Value = eddy_tests::value_json(&record.value);
+        let user = v["result"]["user"].as_str().expect("the key in the result").to_owned();
+        let previous = got.insert((user, v["start"].as_i64().expect("start")), v["result"]["n"].as_u64().expect("n"));
+        assert!(previous.is_none(), "each window fires once: {v}");
+    }
+    assert!(got == expected, "the window counts differ from the oracle for a swap at event {swap_at}");
+}

@@ -31,6 +31,7 @@ const RUST_GUESTS: &[(&str, &str, &str)] = &[
     ("HOSTILE", "hostile", "hostile"),
     ("RUNNING_COUNT", "running-count", "running_count"),
     ("RUNNING_COUNT_V2", "running-count-v2", "running_count_v2"),
+    ("COUNT_PER_KEY_V2", "count-per-key-v2", "count_per_key_v2"),
     ("TAGS", "tags", "tags"),
     ("MISSING_EXPORT", "missing-export", "missing_export"),
     ("COMMAND", "command", "command"),

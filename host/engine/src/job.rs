@@ -666,7 +666,9 @@ impl StepContext<'_> {
                 },
                 max_parallelism: self.spec.max_parallelism,
             };
-            return Ok(Box::new(WindowOperator::new(s.name.clone(), config, aggregate, backend)));
+            let operator = WindowOperator::new(s.name.clone(), config, aggregate, backend)
+                .with_code(s.config.to_string(), component.digest().to_owned());
+            return Ok(Box::new(operator));
         }
         let backend = match s.state_ttl_ms {
             Some(ttl) => Box::new(TtlBackend::new(backend, ttl, self.ttl_clock.clone())),
@@ -1122,7 +1124,10 @@ impl Job {
             .steps
             .iter()
             .zip(components)
-            .filter(|(s, c)| s.window.is_none() && c.world() == World::KeyedOperator)
+            .filter(|(s, c)| {
+                let world = if s.window.is_some() { World::WindowAggregate } else { World::KeyedOperator };
+                c.world() == world
+            })
             .map(|(s, c)| live_swap::SwappableStep {
                 name: s.name.clone(),
                 config: s.config.to_string(),

@@ -40,7 +40,7 @@
 use std::collections::BTreeMap;
 
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
-use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Items, Output};
+use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Component, Items, Output};
 use eddy_state::{DeclaredState, StateBackend, StateError, StateKind};
 
 use eddy_checkpoint::OperatorSnapshot;
@@ -88,6 +88,11 @@ pub trait AggregateFn: Send {
     fn declared_schemas(&self) -> Vec<eddy_wire::schema::Schema> {
         Vec::new()
     }
+    /// Goes on with `component`'s code, opened with `config` (a live swap at a barrier). The
+    /// accumulators stay where they are: the new code must read the old one's.
+    fn swap_code(&mut self, _component: &Component, _config: &str) -> Result<(), String> {
+        Err("this aggregate has no Wasm code to swap".into())
+    }
 }
 
 impl AggregateFn for AggregateInstance {
@@ -113,6 +118,13 @@ impl AggregateFn for AggregateInstance {
 
     fn declared_schemas(&self) -> Vec<eddy_wire::schema::Schema> {
         AggregateInstance::declared_schemas(self)
+    }
+
+    fn swap_code(&mut self, component: &Component, config: &str) -> Result<(), String> {
+        let mut next = component.instantiate_aggregate().map_err(|e| e.to_string())?;
+        next.open(config).map_err(|e| format!("the new code's `open`: {e}"))?;
+        *self = next;
+        Ok(())
     }
 }
 
@@ -300,6 +312,15 @@ pub struct WindowOperator<A: AggregateFn> {
     /// `None` until the first call rebuilds it from the backend (which may hold restored state).
     timers: Option<Timers>,
     late_records: u64,
+    /// The aggregate's code and config, when it is Wasm (what a live swap needs).
+    code: Option<Code>,
+}
+
+/// The code a window step's aggregate runs, and the config its `open` got.
+#[derive(Debug, Clone)]
+struct Code {
+    config: String,
+    artifact: String,
 }
 
 impl<A: AggregateFn> std::fmt::Debug for WindowOperator<A> {
@@ -333,7 +354,15 @@ impl<A: AggregateFn> WindowOperator<A> {
             watermark: WATERMARK_MIN,
             timers: None,
             late_records: 0,
+            code: None,
         }
+    }
+
+    /// Names the aggregate's code (`artifact`, a digest) and the config it was opened with:
+    /// snapshots record the artifact, and a live swap opens new code with the config.
+    pub fn with_code(mut self, config: String, artifact: String) -> Self {
+        self.code = Some(Code { config, artifact });
+        self
     }
 
     /// The state backend, with everything the operator holds written to it (for tests).
@@ -676,7 +705,7 @@ impl<A: AggregateFn> WindowOperator<A> {
     }
 }
 
-impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
+impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
     fn name(&self) -> &str {
         &self.name
     }
@@ -774,7 +803,27 @@ impl<A: AggregateFn> StreamOperator for WindowOperator<A> {
         let usage = self.store.backend.usage();
         let state = self.store.backend.snapshot(staging).map_err(|e| self.store.error(e))?;
         let (states, schemas) = (self.declared_states(), self.aggregate.declared_schemas());
-        Ok(OperatorSnapshot { timers: Vec::new(), state, usage, states, schemas, artifact: None })
+        let artifact = self.code.as_ref().map(|c| c.artifact.clone());
+        Ok(OperatorSnapshot { timers: Vec::new(), state, usage, states, schemas, artifact })
+    }
+
+    fn artifact(&self) -> Option<&str> {
+        self.code.as_ref().map(|c| c.artifact.as_str())
+    }
+
+    /// The new code folds into the same accumulators from here on, and fires the windows they
+    /// belong to; its empty accumulator is asked for again.
+    fn swap_code(mut self: Box<Self>, component: &Component) -> Result<Box<dyn StreamOperator>, OperatorError> {
+        let name = self.name.clone();
+        let failed = |problem: String| OperatorError::Swap { operator: name.clone(), problem };
+        let Some(code) = self.code.clone() else {
+            return Err(failed("this window's aggregate is no Wasm component".into()));
+        };
+        self.aggregate.swap_code(component, &code.config).map_err(failed)?;
+        self.empty_acc = None;
+        self.code = Some(Code { artifact: component.digest().to_owned(), ..code });
+        tracing::info!(operator = %self.name, artifact = component.digest(), "swapped to new code");
+        Ok(self)
     }
 
     fn declared_states(&self) -> Vec<DeclaredState> {

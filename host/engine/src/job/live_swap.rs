@@ -111,9 +111,15 @@ impl Job {
                 if steps.is_empty() { "none".into() } else { steps.join(", ") }
             )));
         };
-        if component.world() != World::KeyedOperator {
+        if component.world() != current.component.world() {
+            let runs = |world: World| match world {
+                World::KeyedOperator => "a keyed operator",
+                World::WindowAggregate => "a window aggregate",
+            };
             return Err(refused(format!(
-                "the new artifact is a window aggregate; step `{step}` runs a keyed operator"
+                "the new artifact is {}; step `{step}` runs {}",
+                runs(component.world()),
+                runs(current.component.world())
             )));
         }
         Ok((current.component.clone(), current.config.clone()))
@@ -194,8 +200,14 @@ impl Job {
     }
 
     /// Instantiates `component` over empty state and opens it with `config`: what states it
-    /// declares, or how its `open` failed.
+    /// declares (none for a window aggregate, whose accumulators the host keeps), or how its
+    /// `open` failed.
     fn probe(&self, component: &Component, config: &str) -> Result<Vec<DeclaredState>, String> {
+        if component.world() == World::WindowAggregate {
+            let mut aggregate = component.instantiate_aggregate().map_err(|e| e.to_string())?;
+            aggregate.open(config).map_err(|e| e.to_string())?;
+            return Ok(Vec::new());
+        }
         let timers = Box::new(HeapTimerService::starting_at(now_ms()));
         let mut instance = component
             .instantiate_operator(Subtask::single(self.max_parallelism), Box::<HeapStateBackend>::default(), timers)
