@@ -354,6 +354,7 @@ fn copy_dir(from: &Path, to: &Path) {
 /// A window step replays its firings: both subtasks' replayed results are the windows computed
 /// here from the generator's events, and each subtask's equal what the sink received of its
 /// keys, in order; the trace names accumulators by their window.
+/// (Its journal is LZ4-compressed; the other tests' store batches as they are.)
 #[test]
 fn a_window_step_replays_the_results_it_fired() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -362,7 +363,8 @@ fn a_window_step_replays_the_results_it_fired() {
          5, events: 3000, keys: 40, key_field: user_id, key_prefix: user-, value_field: amount_cents, min_value: 1, \
          max_value: 1000, start_ms: 0, interval_ms: 5, max_disorder_ms: 300, parallelism: 2}}\nwatermarks: \
          {{out_of_orderness_ms: 300}}\nsteps:\n  - {{name: totals, wasm: {wasm}, key_by: /user_id, window: {{type: \
-         tumbling, size_ms: 10000}}, debug: {{journal: true}}}}\ncheckpoints: {{dir: {dir}/checkpoints}}\nsink: \
+         tumbling, size_ms: 10000}}, debug: {{journal: true, journal_compression: lz4}}}}\ncheckpoints: {{dir: \
+         {dir}/checkpoints}}\nsink: \
          {{type: print}}\n",
         wasm = guests::PURCHASE_TOTALS,
         dir = dir.path().display(),

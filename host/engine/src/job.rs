@@ -632,7 +632,8 @@ impl StepContext<'_> {
             spec: PipelineSpec { sources: Vec::new(), sink: SinkSpec::Blackhole, ..self.spec.clone() },
         };
         let dir = journal::subtask_dir(root, &s.name, slot.index);
-        let writer = JournalWriter::open(dir.clone(), header, self.spec.journal_max_bytes(step))
+        let limit = (self.spec.journal_max_bytes(step), self.spec.journal_compression(step));
+        let writer = JournalWriter::open(dir.clone(), header, limit.0, limit.1)
             .map_err(|e| Self::state_error(s, format!("starting its input journal in {}: {e}", dir.display())))?;
         Ok(Box::new(Journaled::new(operator, writer)))
     }

@@ -50,9 +50,9 @@ mod yaml_guard;
 pub use plan::{EdgePlan, Node, Partitioning, PhysicalPlan, TaskPlan};
 pub use spec::{
     CheckpointMode, CheckpointSpec, ColumnSource, ColumnSpec, DEFAULT_JOURNAL_MAX_MB, DebugSpec, GeneratorSpec,
-    KafkaDelivery, KafkaEnd, KafkaFormat, KafkaSinkFormat, KafkaSinkSpec, KafkaSourceSpec, KafkaStart, KeyBy,
-    MAX_ADDRESS_BYTES, MAX_CONNECTION_NAME_BYTES, MAX_PROPERTIES, MAX_PROPERTY_VALUE_BYTES, NexmarkSourceSpec,
-    OnDecodeError, PipelineSpec, PostgresMode, PostgresSinkSpec, PropertyValue, RestartSpec, S3Spec, SECRET_PROPERTIES,
-    SinkSpec, SourceFormat, SourceSpec, SpecError, SqlType, StateBackendKind, StateSpec, StepSpec, StoreLocation,
-    WatermarkSpec, WindowSpec, WindowType, check_connection_name, check_name, check_postgres_url,
+    JournalCompression, KafkaDelivery, KafkaEnd, KafkaFormat, KafkaSinkFormat, KafkaSinkSpec, KafkaSourceSpec,
+    KafkaStart, KeyBy, MAX_ADDRESS_BYTES, MAX_CONNECTION_NAME_BYTES, MAX_PROPERTIES, MAX_PROPERTY_VALUE_BYTES,
+    NexmarkSourceSpec, OnDecodeError, PipelineSpec, PostgresMode, PostgresSinkSpec, PropertyValue, RestartSpec, S3Spec,
+    SECRET_PROPERTIES, SinkSpec, SourceFormat, SourceSpec, SpecError, SqlType, StateBackendKind, StateSpec, StepSpec,
+    StoreLocation, WatermarkSpec, WindowSpec, WindowType, check_connection_name, check_name, check_postgres_url,
 };

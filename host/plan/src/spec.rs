@@ -74,10 +74,25 @@ pub struct DebugSpec {
     /// the journal stops and the job goes on. Default [`DEFAULT_JOURNAL_MAX_MB`].
     #[serde(default)]
     pub journal_max_mb: Option<u64>,
+    /// How the journal stores batches. Default `none`.
+    #[serde(default)]
+    pub journal_compression: Option<JournalCompression>,
 }
 
 /// What one subtask's journal may fill on disk unless `debug.journal_max_mb` says otherwise.
 pub const DEFAULT_JOURNAL_MAX_MB: u64 = 1024;
+
+/// How a journal stores the batches it records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JournalCompression {
+    /// The batches as they are: the least CPU (on Nexmark q5's window step, a journal costs
+    /// 8% of the job's throughput this way, 27% with LZ4), the most disk.
+    #[default]
+    None,
+    /// LZ4 blocks: three to five times less disk on row data, for the CPU LZ4 takes.
+    Lz4,
+}
 
 /// Which state backend the steps use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -999,6 +1014,13 @@ impl PipelineSpec {
     pub fn journal_max_bytes(&self, i: usize) -> u64 {
         let own = self.steps.get(i).and_then(|s| s.debug.journal_max_mb);
         own.or(self.debug.journal_max_mb).unwrap_or(DEFAULT_JOURNAL_MAX_MB).saturating_mul(1 << 20)
+    }
+
+    /// How step `i`'s journal stores batches (its own `journal_compression`, else the
+    /// pipeline's, else as they are).
+    pub fn journal_compression(&self, i: usize) -> JournalCompression {
+        let own = self.steps.get(i).and_then(|s| s.debug.journal_compression);
+        own.or(self.debug.journal_compression).unwrap_or_default()
     }
 
     /// The parallelism of step `i`.

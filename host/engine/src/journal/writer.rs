@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 
 use eddy_checkpoint::OperatorSnapshot;
 use eddy_core::RecordBatch;
+use eddy_plan::JournalCompression;
 use eddy_runtime::{Component, Output};
 
 use super::format::{Frame, encode, encode_batch};
@@ -42,6 +43,7 @@ struct SegmentWriter {
     pending: Vec<u8>,
     /// A batch's body before compression.
     scratch: Vec<u8>,
+    compression: JournalCompression,
     written_ms: i64,
     /// Disk the subtask's kept segments may fill.
     max_bytes: u64,
@@ -55,7 +57,12 @@ struct SegmentWriter {
 impl SegmentWriter {
     /// Starts the segment `header` describes in `dir`, deleting segments after it that an
     /// earlier attempt left (they are not what the subtask will see now).
-    fn open(dir: PathBuf, header: JournalHeader, max_bytes: u64) -> std::io::Result<Self> {
+    fn open(
+        dir: PathBuf,
+        header: JournalHeader,
+        max_bytes: u64,
+        compression: JournalCompression,
+    ) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
         for (_, stale) in segments(&dir)?.into_iter().filter(|(id, _)| *id > header.after_checkpoint) {
             std::fs::remove_file(stale)?;
@@ -68,6 +75,7 @@ impl SegmentWriter {
             file: None,
             pending,
             scratch: Vec::new(),
+            compression,
             written_ms,
             max_bytes,
             kept_bytes: 0,
@@ -129,7 +137,7 @@ impl SegmentWriter {
 
     fn batch(&mut self, batch: &RecordBatch, channel: Option<u32>) {
         if self.file.is_some() {
-            encode_batch(batch, channel, &mut self.pending, &mut self.scratch);
+            encode_batch(batch, channel, self.compression, &mut self.pending, &mut self.scratch);
             self.appended();
         }
     }
@@ -212,9 +220,14 @@ pub(crate) struct JournalWriter {
 impl JournalWriter {
     /// Starts the segment `header` describes in `dir` (deleting later segments an earlier
     /// attempt left) and the thread that writes it.
-    pub(crate) fn open(dir: PathBuf, header: JournalHeader, max_bytes: u64) -> std::io::Result<Self> {
+    pub(crate) fn open(
+        dir: PathBuf,
+        header: JournalHeader,
+        max_bytes: u64,
+        compression: JournalCompression,
+    ) -> std::io::Result<Self> {
         let name = format!("eddy-journal-{}-{}", header.step, header.slot.index);
-        let writer = SegmentWriter::open(dir.clone(), header, max_bytes)?;
+        let writer = SegmentWriter::open(dir.clone(), header, max_bytes, compression)?;
         let (entries, queued) = sync_channel(QUEUED_BATCHES);
         let (recycle, spare) = sync_channel(QUEUED_BATCHES);
         let stopped = Arc::new(AtomicBool::new(false));
@@ -382,7 +395,8 @@ mod tests {
     }
 
     fn write(dir: &Path, max_bytes: u64, batches: u64) {
-        let mut journal = JournalWriter::open(dir.to_path_buf(), header(), max_bytes).expect("open");
+        let mut journal =
+            JournalWriter::open(dir.to_path_buf(), header(), max_bytes, JournalCompression::Lz4).expect("open");
         for i in 0..batches {
             journal.batch(&noise(i), Some(0));
             journal.frame(Frame::ProcessingTime(i as i64 * 1_000));
