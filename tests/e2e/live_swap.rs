@@ -217,6 +217,16 @@ fn a_death_just_before_the_swaps_checkpoint_completes_restores_the_old_code_and_
     assert!(got == oracle(&spec, swap_at), "the committed running counts differ from the oracle");
 }
 
+/// The running count of [`pipeline`] in `dir`, started as two parts on their own QUIC nodes
+/// (the first the job master), and the async runtime their nodes run on.
+fn spread_over_two_parts(dir: &Path) -> (PipelineSpec, Vec<Job>, tokio::runtime::Runtime) {
+    let spec = PipelineSpec::from_file(&pipeline(dir, "heap", "null")).expect("spec");
+    let net = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (nodes, addrs) = crate::spread::two_nodes(&net);
+    let parts = crate::spread::start_parts(&spec, &nodes, &addrs, 0);
+    (spec, parts, net)
+}
+
 /// The running count spread over two parts with their own QUIC nodes, the first the job
 /// master: the other part prepares the new code when the master asks ([`Job::prepare_swap`]),
 /// and the master's trigger carries the swap to it. Both subtasks of `count`, one per part,
@@ -224,10 +234,7 @@ fn a_death_just_before_the_swaps_checkpoint_completes_restores_the_old_code_and_
 #[test]
 fn a_running_count_spread_over_two_parts_swaps_in_both_at_one_barrier() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let spec = PipelineSpec::from_file(&pipeline(dir.path(), "heap", "null")).expect("spec");
-    let net = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let (nodes, addrs) = crate::spread::two_nodes(&net);
-    let parts = crate::spread::start_parts(&spec, &nodes, &addrs, 0);
+    let (spec, parts, _net) = spread_over_two_parts(dir.path());
     let (master, other) = (&parts[0], &parts[1]);
     wait_for_records(master, 2_000);
     let load = || runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load v2");
@@ -261,10 +268,7 @@ fn a_running_count_spread_over_two_parts_swaps_in_both_at_one_barrier() {
 #[test]
 fn a_part_told_to_swap_to_code_it_was_not_given_fails_instead_of_running_the_old_code() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let spec = PipelineSpec::from_file(&pipeline(dir.path(), "heap", "null")).expect("spec");
-    let net = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let (nodes, addrs) = crate::spread::two_nodes(&net);
-    let parts = crate::spread::start_parts(&spec, &nodes, &addrs, 0);
+    let (_, parts, _net) = spread_over_two_parts(dir.path());
     wait_for_records(&parts[0], 2_000);
     let v2 = runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load v2");
     let outcome = parts[0].swap_live_spread("count", v2, Duration::from_secs(60), &mut |_, _| Ok(()));

@@ -120,6 +120,12 @@ pub struct NotDeployed {
     pub attempt: u64,
 }
 
+impl NotDeployed {
+    fn of(from: &SlotHolder, job: &str, attempt: u64) -> Self {
+        Self { from: from.name.clone(), incarnation: from.incarnation, job: job.to_owned(), attempt }
+    }
+}
+
 /// A part of a job attempt, deployed to one worker incarnation.
 #[derive(Debug, Clone)]
 struct Deployed {
@@ -230,12 +236,7 @@ impl Membership {
                 part.state = Some(state);
                 Ok(())
             }
-            None => Err(NotDeployed {
-                from: from.name.clone(),
-                incarnation: from.incarnation,
-                job: job.to_owned(),
-                attempt,
-            }),
+            None => Err(NotDeployed::of(from, job, attempt)),
         }
     }
 
@@ -262,12 +263,7 @@ impl Membership {
                 part.swap = Some(answer);
                 Ok(())
             }
-            None => Err(NotDeployed {
-                from: from.name.clone(),
-                incarnation: from.incarnation,
-                job: job.to_owned(),
-                attempt,
-            }),
+            None => Err(NotDeployed::of(from, job, attempt)),
         }
     }
 
