@@ -21,10 +21,6 @@ use eddy_checkpoint::upload::TakenSnapshot;
 use eddy_checkpoint::{CheckpointId, OperatorSnapshot};
 
 use crate::checkpoint::{BarrierHandler, BarrierMode, Outcome};
-
-/// How long a barrier waits for the job master's trigger to reach this process (see
-/// `SubtaskRunner::await_trigger`): it was sent before the barrier, over another connection.
-const TRIGGER_WAIT: Duration = Duration::from_secs(30);
 use crate::messages::{FaultHook, FaultPoint, Report, Signals, now_ms};
 use crate::metrics::SubtaskMetrics;
 use crate::operator::{OperatorError, StreamOperator};
@@ -32,6 +28,10 @@ use crate::router::{OutputRouter, RouteError};
 use eddy_connectors::Sink;
 use eddy_connectors::{Source, SourceError, SourceStatus};
 use eddy_transport::channel::{InputGate, Message};
+
+/// How long a barrier waits for the job master's trigger to reach this process (see
+/// `SubtaskRunner::await_trigger`): it was sent before the barrier, over another connection.
+const TRIGGER_WAIT: Duration = Duration::from_secs(30);
 
 /// Why a subtask stopped early.
 #[derive(Debug, thiserror::Error)]
