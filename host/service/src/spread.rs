@@ -296,7 +296,7 @@ impl OtherParts for Parts<'_> {
     }
 
     /// Asks every worker of the attempt, and waits until each said its part has the code
-    /// ready, one said why not, or one went away.
+    /// ready, one said why not, or one went away or failed.
     fn prepare_swap(&mut self, step: &str, digest: &str) -> Result<(), String> {
         for w in self.workers {
             self.control.ask_swap(w, self.job, self.attempt, step, digest)?;
@@ -305,6 +305,10 @@ impl OtherParts for Parts<'_> {
         loop {
             if let Some(gone) = self.control.first_gone(self.workers) {
                 return Err(format!("worker `{}` was lost", gone.name));
+            }
+            // A part that ended will not answer: its failure is the answer.
+            if let Some((reason, _, _)) = part_failure(self.control, self.job, self.attempt) {
+                return Err(reason);
             }
             let answers = self.control.swap_answers(self.job, self.attempt);
             let mut ready = 0;
