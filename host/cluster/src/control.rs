@@ -187,7 +187,7 @@ impl ControlPlane {
     /// Asks `to`'s part of `job`'s `attempt` to prepare a live swap of `step` to `digest`
     /// (allowing it to fetch that artifact, and forgetting its earlier answer).
     pub fn ask_swap(&self, to: &SlotHolder, job: &str, attempt: u64, step: &str, digest: &str) -> Result<(), String> {
-        if !self.inner.membership().ask_swap(to, job, attempt, digest) {
+        if !self.inner.membership().ask_swap(to, job, attempt, step, digest) {
             return Err(format!("worker `{}` runs no part of attempt {attempt}", to.name));
         }
         let order = CoordinatorMessage::PrepareSwap {

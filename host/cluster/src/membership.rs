@@ -134,7 +134,8 @@ struct Deployed {
     digests: BTreeSet<String>,
     /// What it last reported.
     state: Option<PartState>,
-    /// Its answer to the newest live swap it was asked to prepare.
+    /// The newest live swap it was asked to prepare (step, digest), and its answer.
+    asked: Option<(String, String)>,
     swap: Option<SwapAnswer>,
 }
 
@@ -217,6 +218,7 @@ impl Membership {
             incarnation: to.incarnation,
             digests: digests.iter().cloned().collect(),
             state: None,
+            asked: None,
             swap: None,
         };
         self.deployed.entry((job.to_owned(), attempt)).or_default().insert(to.name.clone(), part);
@@ -240,17 +242,20 @@ impl Membership {
         }
     }
 
-    /// `job`'s `attempt` asks `to` to prepare a live swap to `digest`: that incarnation may
-    /// now fetch it, and its earlier answer is forgotten. False if it runs no such part.
-    pub fn ask_swap(&mut self, to: &SlotHolder, job: &str, attempt: u64, digest: &str) -> bool {
+    /// `job`'s `attempt` asks `to` to prepare a live swap of `step` to `digest`: that
+    /// incarnation may now fetch it, and its earlier answer is forgotten. False if it runs no
+    /// such part.
+    pub fn ask_swap(&mut self, to: &SlotHolder, job: &str, attempt: u64, step: &str, digest: &str) -> bool {
         let Some(part) = self.part_of(to, job, attempt) else { return false };
         part.digests.insert(digest.to_owned());
+        part.asked = Some((step.to_owned(), digest.to_owned()));
         part.swap = None;
         true
     }
 
     /// `from` answers whether its part of `job`'s `attempt` prepared a live swap; refused
-    /// unless that part was deployed to that very incarnation and asked for that digest.
+    /// unless that part was deployed to that very incarnation and asked for that step and
+    /// digest.
     pub fn swap_answer(
         &mut self,
         from: &SlotHolder,
@@ -258,7 +263,10 @@ impl Membership {
         attempt: u64,
         answer: SwapAnswer,
     ) -> Result<(), NotDeployed> {
-        match self.part_of(from, job, attempt).filter(|part| part.digests.contains(&answer.digest)) {
+        let asked = |part: &&mut Deployed| {
+            part.asked.as_ref().is_some_and(|(step, digest)| *step == answer.step && *digest == answer.digest)
+        };
+        match self.part_of(from, job, attempt).filter(asked) {
             Some(part) => {
                 part.swap = Some(answer);
                 Ok(())
@@ -544,16 +552,19 @@ mod rights {
             problem: problem.map(str::to_owned),
         };
         assert!(m.swap_answer(&a, "j1", 1, answer('b', None)).is_err(), "not asked for that code");
-        assert!(!m.ask_swap(&rogue, "j1", 1, &digest('b')), "the rogue runs no part of the attempt");
+        assert!(m.swap_answer(&a, "j1", 1, answer('a', None)).is_err(), "code it runs, but was not asked for");
+        assert!(!m.ask_swap(&rogue, "j1", 1, "count", &digest('b')), "the rogue runs no part of the attempt");
         assert!(!m.may_fetch("rogue", &digest('b')));
-        assert!(m.ask_swap(&a, "j1", 1, &digest('b')));
+        assert!(m.ask_swap(&a, "j1", 1, "count", &digest('b')));
         assert!(m.may_fetch("a", &digest('b')), "the part asked may fetch the new code");
+        let other_step = SwapAnswer { step: "other".into(), ..answer('b', None) };
+        assert!(m.swap_answer(&a, "j1", 1, other_step).is_err(), "an answer for a step it was not asked about");
         assert!(m.swap_answer(&rogue, "j1", 1, answer('b', None)).is_err(), "no answer for another's part");
         assert!(m.swap_answers("j1", 1).is_empty());
         m.swap_answer(&a, "j1", 1, answer('b', Some("traps in open"))).expect("its own part");
         assert_eq!(m.swap_answers("j1", 1), BTreeMap::from([("a".to_owned(), answer('b', Some("traps in open")))]));
         // Asked again, the earlier answer no longer counts.
-        assert!(m.ask_swap(&a, "j1", 1, &digest('b')));
+        assert!(m.ask_swap(&a, "j1", 1, "count", &digest('b')));
         assert!(m.swap_answers("j1", 1).is_empty());
     }
 

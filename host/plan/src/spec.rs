@@ -1408,6 +1408,7 @@ mod tests {
             (OK.replace("steps:", "debug: {journal: true}\nsteps:"), "`debug.journal`: the journal is written beside"),
             (step("{name: a, wasm: a.wasm, debug: {jurnal: true}}"), "jurnal"),
             (step("{name: a, wasm: a.wasm, debug: {journal_max_mb: 0}}"), "steps[0].debug.journal_max_mb"),
+            (step("{name: a, wasm: a.wasm, debug: {journal_compression: zstd}}"), "steps[0].debug.journal_compression"),
             (OK.replace("type: print", "type: pulsar"), "pulsar"),
             (OK.replace("sink: {type: print}\n", ""), "sink"),
             (OK.replace("type: print", "type: files"), "exactly one of `dir` and `s3`"),
