@@ -14,7 +14,7 @@ use eddy_connectors::generator_event;
 use eddy_engine::replay::{ReplayEnd, ReplayError, ReplayRequest, ReplaySummary, TraceEvent, replay};
 use eddy_engine::{Job, JobOptions};
 use eddy_guest_artifacts as guests;
-use eddy_plan::{PipelineSpec, SourceSpec};
+use eddy_plan::{PipelineSpec, SourceSpec, StoreLocation};
 use eddy_tests::{MemorySink, Received, runtime};
 use serde_json::Value;
 
@@ -58,7 +58,7 @@ fn purchases(spec: &PipelineSpec) -> BTreeMap<String, u64> {
 }
 
 fn request(dir: &Path, subtask: u32) -> ReplayRequest {
-    ReplayRequest::new(dir.join("checkpoints"), "count", subtask)
+    ReplayRequest::new(StoreLocation::Dir(dir.join("checkpoints")), "count", subtask)
 }
 
 fn run(request: &ReplayRequest) -> (Vec<TraceEvent>, ReplaySummary) {
@@ -279,26 +279,26 @@ fn goes_on_from_a_checkpoint(backend: &str) {
     assert!(!outputs(&rest).is_empty());
 
     // A torn tail reads up to its last whole frame; a damaged byte is an error naming the frame.
-    let journal = dir.path().join("checkpoints/journal/count/0");
+    let first = eddy_engine::journal::segment_path("count", 0, 0);
     // The first segment ends in its barrier's frame, which the cut tears.
     let copy = dir.path().join("copy");
     copy_dir(&dir.path().join("checkpoints/journal"), &copy.join("journal"));
-    let torn = eddy_engine::journal::segment_path(&copy.join("journal/count/0"), 0);
-    let bytes = std::fs::read(eddy_engine::journal::segment_path(&journal, 0)).expect("read");
-    std::fs::write(&torn, &bytes[..bytes.len() - 3]).expect("tear");
-    let (cut, summary) = run(&ReplayRequest { checkpoints_dir: copy.clone(), ..request(dir.path(), 0) });
+    let bytes = std::fs::read(dir.path().join("checkpoints").join(&first)).expect("read");
+    std::fs::write(copy.join(&first), &bytes[..bytes.len() - 3]).expect("tear");
+    let in_copy = || ReplayRequest { checkpoints: StoreLocation::Dir(copy.clone()), ..request(dir.path(), 0) };
+    let (cut, summary) = run(&in_copy());
     assert_eq!(summary.end, ReplayEnd::JournalEnds { after_checkpoint: 0 }, "the torn barrier ends the journal");
     let all = outputs(&full);
     assert!(outputs(&cut).len() <= all.len() && outputs(&cut) == all[..outputs(&cut).len()], "a prefix");
-    let first = eddy_engine::journal::segment_path(&copy.join("journal/count/0"), 0);
+    let first = copy.join(first);
     // A byte of the header's JSON: damage inside a segment, not at its end (where a cut last
     // frame is a torn tail, read up to).
-    let frames = eddy_engine::journal::read_segment(&first).expect("read").frames.len();
-    assert!(frames > 0, "the first segment holds more than its header");
     let mut bytes = std::fs::read(&first).expect("read");
+    let frames = eddy_engine::journal::parse_segment(&bytes, "first").expect("read").frames.len();
+    assert!(frames > 0, "the first segment holds more than its header");
     bytes[20] ^= 0x55;
     std::fs::write(&first, &bytes).expect("damage");
-    match replay(&ReplayRequest { checkpoints_dir: copy, ..request(dir.path(), 0) }, runtime(), &mut |_| {}) {
+    match replay(&in_copy(), runtime(), &mut |_| {}) {
         Err(ReplayError::Journal(e)) => {
             assert!(e.contains("the frame at byte 0 fails its checksum") && e.contains("after-0.jnl"), "{e}")
         }
@@ -376,7 +376,8 @@ fn a_window_step_replays_the_results_it_fired() {
     let sink = received(&sink);
     let mut rows = Vec::new();
     for subtask in 0..2 {
-        let (events, summary) = run(&ReplayRequest::new(dir.path().join("checkpoints"), "totals", subtask));
+        let checkpoints = StoreLocation::Dir(dir.path().join("checkpoints"));
+        let (events, summary) = run(&ReplayRequest::new(checkpoints, "totals", subtask));
         assert_eq!(summary.end, ReplayEnd::Finished);
         let out = outputs(&events);
         let keys: BTreeSet<&String> = out.iter().map(|(k, _)| k).collect();

@@ -120,6 +120,11 @@ impl CheckpointStore {
         }
     }
 
+    /// The directory the store is, for a local store.
+    pub fn local_root(&self) -> Option<&std::path::Path> {
+        self.local_root.as_deref()
+    }
+
     /// Where the store is, for messages.
     pub fn describe(&self) -> &str {
         &self.describe

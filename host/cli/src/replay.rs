@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use eddy_checkpoint::inspect::{StateEntry, key_from_text};
 use eddy_engine::replay::{ReplayEnd, ReplayRequest, ReplaySummary, TraceEvent, replay};
-use eddy_plan::PipelineSpec;
+use eddy_plan::{PipelineSpec, StoreLocation};
 use eddy_runtime::Runtime;
 
 use serde_json::Value;
@@ -42,8 +42,9 @@ pub enum Format {
 /// What `eddy replay` was asked.
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
-    /// The journaled job: its pipeline spec (whose `checkpoints.dir` holds the journal), that
-    /// checkpoints directory, or the id of a job on the server (`eddy login`), which replays it.
+    /// The journaled job: its pipeline spec (whose `checkpoints` store holds the journal), that
+    /// checkpoints directory or `s3://bucket/prefix` (credentials and `AWS_ENDPOINT_URL` from
+    /// the environment), or the id of a job on the server (`eddy login`), which replays it.
     pub source: String,
     /// The step to replay.
     #[arg(long)]
@@ -87,7 +88,7 @@ pub fn run(
         from_checkpoint: args.from_checkpoint,
         key: args.key.as_deref().map(key_from_text),
         until: args.until,
-        ..ReplayRequest::new(checkpoints_dir(&args.source)?, &args.step, args.subtask)
+        ..ReplayRequest::new(checkpoints(&args.source)?, &args.step, args.subtask)
     };
     match &args.wasm {
         None => {
@@ -121,26 +122,30 @@ fn from_server(args: &ReplayArgs, login: Login) -> Result<()> {
     print_summary(&summary, args.format)
 }
 
-/// The checkpoints directory `source` names: a pipeline spec's, or the directory itself.
-fn checkpoints_dir(source: &str) -> Result<PathBuf> {
+/// The checkpoint store `source` names: a pipeline spec's, a directory, or `s3://bucket/prefix`.
+fn checkpoints(source: &str) -> Result<StoreLocation> {
+    if source.contains("://") {
+        return eddy_service::placement::parse_store(source, |name| std::env::var(name).ok())
+            .map_err(anyhow::Error::msg);
+    }
     let path = Path::new(source);
     if path.is_file() {
         let spec = PipelineSpec::from_file(path)?;
-        let Some(dir) = spec.checkpoints.as_ref().and_then(|c| c.dir.clone()) else {
+        let Some(c) = spec.checkpoints else {
             anyhow::bail!(
-                "pipeline `{}` has no `checkpoints.dir`, so it keeps no journal: add one and `debug: {{journal: true}}`",
+                "pipeline `{}` has no `checkpoints:` section, so it keeps no journal: add one and `debug: {{journal: true}}`",
                 spec.name
             );
         };
-        return Ok(dir);
+        return Ok(match (c.dir, c.s3) {
+            (_, Some(s3)) => StoreLocation::S3(s3),
+            (dir, None) => StoreLocation::Dir(dir.unwrap_or_default()),
+        });
     }
     if path.is_dir() {
-        return Ok(path.to_path_buf());
+        return Ok(StoreLocation::Dir(path.to_path_buf()));
     }
-    anyhow::bail!(
-        "`{source}` is neither a pipeline spec nor a checkpoints directory (jobs on a server keep no journal yet: \
-         journal and replay a pipeline with `eddy run`)"
-    )
+    anyhow::bail!("`{source}` is neither a pipeline spec, a checkpoints directory, s3://bucket/prefix nor a job's id")
 }
 
 /// Replays the recorded code and `wasm` over the same input and prints the outputs that differ.

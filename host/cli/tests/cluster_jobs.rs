@@ -323,15 +323,14 @@ fn a_live_upgrade_on_workers_swaps_every_subtask_at_one_barrier_and_a_worker_kil
 }
 
 /// Replay of a job that ran on the three workers, from the coordinator: each worker journaled
-/// its subtask of the step beside the checkpoints (a directory they all reach), and the three
-/// subtasks' replays together emit every user's running count, computed here from the
-/// generator's events.
+/// its subtask of the step into the bucket the checkpoints are in (staged on its own disk, put
+/// at each barrier), and the three subtasks' replays together emit every user's running count,
+/// computed here from the generator's events.
 #[test]
-fn subtasks_journaled_on_workers_replay_from_the_coordinator() {
+fn subtasks_journaled_on_workers_into_the_bucket_replay_from_the_coordinator() {
     let dir = tempfile::tempdir().unwrap();
     // The coordinator has no slots: every subtask runs on a worker.
-    let (coordinator, _fleet) = cluster(dir.path(), &["--heartbeat-timeout-ms", "2000"], &[]);
-    let (_, token) = tenant(&coordinator, "acme");
+    let (s3, coordinator, _fleet, tenant_id, token) = acme_on_a_bucket(dir.path());
     expect(upload(&coordinator, &token, eddy_guest_artifacts::RUNNING_COUNT, Some(("count", "1"))), 201);
     // Every checkpoint kept, so the journal reaches back to the start.
     let yaml = common::counts_job(900)
@@ -349,9 +348,14 @@ fn subtasks_journaled_on_workers_replay_from_the_coordinator() {
         for e in r["events"].as_array().unwrap().iter().filter(|e| e["event"] == "output") {
             replayed.push((e["key"].as_str().unwrap().to_owned(), e["value"].as_u64().unwrap()));
         }
+        let listing =
+            s3.list("eddy", &format!("cluster/tenants/{tenant_id}/jobs/{id}/checkpoints/0/journal/count/{subtask}/"));
+        assert!(listing.contains("after-0.jnl"), "subtask {subtask}'s journal is in the bucket: {listing}");
     }
     replayed.sort();
     assert_eq!(replayed, common::generated_counts(&yaml), "the replays emit every running count once");
+    let local = dir.path().join(format!("coordinator/tenants/{tenant_id}/jobs/{id}/checkpoints"));
+    assert!(!local.exists(), "nothing is journaled on the coordinator's disk");
 }
 
 /// A bounded file source of a job on workers reads the tenant's file from the bucket: the file

@@ -35,6 +35,9 @@ pub(crate) struct CheckpointThread {
     pub max_parallelism: u32,
     pub spec: CheckpointSpec,
     pub store: CheckpointStore,
+    /// Whether a step journals its input into the store (whose segments follow the retained
+    /// checkpoints).
+    pub journaled: bool,
     /// Every subtask of the plan, numbered as in every part, with the part that runs it.
     pub participants: Vec<Participant>,
     pub first_id: CheckpointId,
@@ -424,10 +427,13 @@ impl CheckpointThread {
     /// also keeps the job's start, replayable from empty state; the final checkpoint prunes
     /// nothing and keeps the retained ones, so a finished job's journal stays replayable.)
     fn prune_journal(&self) {
-        let (Some(dir), Some(oldest)) = (&self.spec.dir, self.retained.first()) else { return };
-        let deleted = crate::journal::prune(&crate::journal::root(dir), oldest.id);
-        if deleted > 0 {
-            tracing::debug!(job = %self.job, deleted, before = oldest.id, "pruned input journal segments");
+        let Some(oldest) = self.retained.first().filter(|_| self.journaled) else { return };
+        match crate::journal::prune(&self.store, oldest.id) {
+            Ok(0) => {}
+            Ok(deleted) => {
+                tracing::debug!(job = %self.job, deleted, before = oldest.id, "pruned input journal segments")
+            }
+            Err(e) => tracing::warn!(job = %self.job, error = %e, "pruning the input journal failed; will retry"),
         }
     }
 
@@ -472,8 +478,7 @@ impl CheckpointThread {
         self.tell_parts(MasterCommand::Final { id });
         // A journal replays from the retained checkpoints: a journaled job keeps them beside
         // the final one, so a finished job replays too. Any other keeps only the final one.
-        let journaled = self.spec.dir.as_ref().is_some_and(|dir| crate::journal::root(dir).exists());
-        if !journaled {
+        if !self.journaled {
             self.retained.clear();
         }
         self.retained.push(meta);
@@ -534,6 +539,7 @@ mod tests {
             max_parallelism: 128,
             spec,
             store: CheckpointStore::local(dir).expect("store"),
+            journaled: false,
             participants: vec![
                 Participant { task: 0, subtask: 0, part: None },
                 Participant { task: 0, subtask: 1, part: master.is_some().then(|| "part-0".to_owned()) },

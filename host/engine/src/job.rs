@@ -36,7 +36,7 @@ use crate::checkpoint::{BarrierHandler, BarrierMode, Participant};
 use crate::checkpoint_history::{CheckpointHistory, CompletedCheckpoint, SubtaskStateBytes};
 use crate::checkpoint_parts::PartThread;
 use crate::checkpointing::CheckpointThread;
-use crate::journal::{self, JOURNAL_VERSION, JournalHeader, JournalSlot, JournalWriter, Journaled};
+use crate::journal::{JOURNAL_VERSION, JournalHeader, JournalSlot, JournalWriter, Journaled};
 use crate::messages::{CheckpointRole, FaultHook, SavepointRequest, Signals, SinkCommitter, now_ms};
 use crate::metrics::{JobMetrics, MetricsSnapshot, SubtaskMetrics};
 use crate::operator::StreamOperator;
@@ -498,8 +498,8 @@ pub(crate) struct StepContext<'a> {
     pub state_dir: &'a Path,
     /// Processing time the operators' timer clocks start at.
     pub started_ms: i64,
-    /// Where journaled steps write their input (`<checkpoints dir>/journal`), if anywhere.
-    pub journal_root: Option<&'a Path>,
+    /// Whether journaled steps write their input (into the checkpoint store; a replay does not).
+    pub journal: bool,
     /// A replay's trace: state and timers note what the operator does.
     pub trace: Option<&'a Trace>,
 }
@@ -618,7 +618,10 @@ impl StepContext<'_> {
     fn operator(&self, step: usize, slot: Slot) -> Result<Box<dyn StreamOperator>, RunError> {
         let component = &self.components[step];
         let operator = self.operator_with(step, component, slot)?;
-        let Some(root) = self.journal_root.filter(|_| self.spec.journals(step)) else { return Ok(operator) };
+        let Some(checkpoints) = self.spec.checkpoints.as_ref().filter(|_| self.journal && self.spec.journals(step))
+        else {
+            return Ok(operator);
+        };
         let s = &self.spec.steps[step];
         let header = JournalHeader {
             version: JOURNAL_VERSION,
@@ -631,10 +634,12 @@ impl StepContext<'_> {
             // settings or secrets are written to disk with the records.
             spec: PipelineSpec { sources: Vec::new(), sink: SinkSpec::Blackhole, ..self.spec.clone() },
         };
-        let dir = journal::subtask_dir(root, &s.name, slot.index);
+        let failed = |e: String| Self::state_error(s, format!("starting its input journal: {e}"));
+        let store = CheckpointStore::open(checkpoints).map_err(|e| failed(e.to_string()))?;
         let limit = (self.spec.journal_max_bytes(step), self.spec.journal_compression(step));
-        let writer = JournalWriter::open(dir.clone(), header, limit.0, limit.1)
-            .map_err(|e| Self::state_error(s, format!("starting its input journal in {}: {e}", dir.display())))?;
+        let at = store.describe().to_owned();
+        let writer = JournalWriter::open(store, self.state_dir, header, limit.0, limit.1)
+            .map_err(|e| failed(format!("in {at}: {e}")))?;
         Ok(Box::new(Journaled::new(operator, writer)))
     }
 
@@ -831,7 +836,6 @@ impl Job {
         )?;
         let restore = recovery.as_ref().and_then(|r| r.point.as_ref());
         let ttl_clock = TtlClock::new(now_ms());
-        let journal_root = spec.checkpoints.as_ref().and_then(|c| c.dir.as_deref()).map(journal::root);
         let steps = StepContext {
             spec,
             components: &components,
@@ -839,7 +843,7 @@ impl Job {
             restore,
             state_dir: &state_dir,
             started_ms: now_ms(),
-            journal_root: journal_root.as_deref(),
+            journal: true,
             trace: None,
         };
         let checkpointing = spec.checkpoints.is_some();
@@ -1042,6 +1046,7 @@ impl Job {
                             max_parallelism: spec.max_parallelism,
                             spec: checkpoints.clone(),
                             store: recovery.store,
+                            journaled: (0..spec.steps.len()).any(|i| spec.journals(i)),
                             participants: plan
                                 .tasks
                                 .iter()

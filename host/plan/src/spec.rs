@@ -1087,14 +1087,13 @@ impl PipelineSpec {
             ));
         }
         if let Some(i) = (0..self.steps.len()).find(|&i| self.journals(i))
-            && self.checkpoints.as_ref().is_none_or(|c| c.dir.is_none())
+            && self.checkpoints.is_none()
         {
             let field =
                 if self.debug.journal { "debug.journal".to_string() } else { format!("steps[{i}].debug.journal") };
             return Err(invalid(
                 field,
-                "the journal is written beside the checkpoints in a local directory: add `checkpoints: {dir: ...}` \
-                 (a bucket, `checkpoints.s3`, cannot hold one yet)",
+                "the journal is kept beside the checkpoints: add `checkpoints: {dir: ...}` (or `s3: ...`)",
             ));
         }
         if let Some(c) = &self.checkpoints {
@@ -1405,7 +1404,10 @@ mod tests {
             (step("{name: a, wasm: a.wasm, window: {type: session, gap_ms: 5}}"), "steps[0].key_by"),
             (step("{name: a, wasm: a.wasm, state_ttl_ms: 0}"), "steps[0].state_ttl_ms"),
             (step("{name: a, wasm: a.wasm, debug: {journal: true}}"), "steps[0].debug.journal"),
-            (OK.replace("steps:", "debug: {journal: true}\nsteps:"), "`debug.journal`: the journal is written beside"),
+            (
+                OK.replace("steps:", "debug: {journal: true}\nsteps:"),
+                "`debug.journal`: the journal is kept beside the checkpoints",
+            ),
             (step("{name: a, wasm: a.wasm, debug: {jurnal: true}}"), "jurnal"),
             (step("{name: a, wasm: a.wasm, debug: {journal_max_mb: 0}}"), "steps[0].debug.journal_max_mb"),
             (step("{name: a, wasm: a.wasm, debug: {journal_compression: zstd}}"), "steps[0].debug.journal_compression"),
@@ -1444,6 +1446,11 @@ mod tests {
         for (yaml, needle) in cases {
             let err = PipelineSpec::from_yaml(&yaml).unwrap_err().to_string();
             assert!(err.contains(needle), "error for {needle}: {err}");
+        }
+        let journaled = OK.replace("steps:", "debug: {journal: true}\nsteps:");
+        for store in ["dir: c", "s3: {bucket: b}"] {
+            let yaml = journaled.replace("steps:", &format!("checkpoints: {{{store}}}\nsteps:"));
+            PipelineSpec::from_yaml(&yaml).unwrap_or_else(|e| panic!("a journal beside checkpoints in {store}: {e}"));
         }
     }
 

@@ -45,7 +45,7 @@ pub struct ReplayParams {
     pub limit: Option<usize>,
 }
 
-fn checked(params: ReplayParams, checkpoints_dir: std::path::PathBuf) -> ApiResult<ReplayRequest> {
+fn checked(params: ReplayParams, checkpoints: StoreLocation) -> ApiResult<ReplayRequest> {
     step_and_key(&params.step, params.key.as_deref(), "the journaled step")?;
     let limit = count("limit", params.limit, DEFAULT_REPLAY_EVENTS, MAX_REPLAY_EVENTS)?;
     let until = count("until", params.until, MAX_REPLAY_RECORDS, MAX_REPLAY_RECORDS)?;
@@ -54,7 +54,7 @@ fn checked(params: ReplayParams, checkpoints_dir: std::path::PathBuf) -> ApiResu
         key: params.key.as_deref().map(key_from_text),
         until: Some(until),
         max_events: Some(limit),
-        ..ReplayRequest::new(checkpoints_dir, &params.step, params.subtask)
+        ..ReplayRequest::new(checkpoints, &params.step, params.subtask)
     })
 }
 
@@ -73,11 +73,7 @@ pub async fn read(
     CheckedQuery(params): CheckedQuery<ReplayParams>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let job = owned(&state, &caller.tenant, &id)?;
-    let location = job_checkpoints(&state, &job);
-    let StoreLocation::Dir(dir) = location else {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "this server keeps checkpoints in a bucket: no journals"));
-    };
-    let mut request = checked(params, dir)?;
+    let mut request = checked(params, job_checkpoints(&state, &job))?;
     let quotas = crate::quotas::of(&state, &job.tenant)?;
     request.cpu_share = Some(state.supervisor.cpu_share(&job.tenant, quotas.cpu_millicores));
     request.limits = Some(state.runtime.config().limits.clone().with_memory_at_most(quotas.instance_memory_bytes));
@@ -120,7 +116,7 @@ mod tests {
 
     #[test]
     fn queries_are_bounded() {
-        let dir = std::path::PathBuf::from("/nowhere");
+        let dir = StoreLocation::Dir("/nowhere".into());
         assert!(checked(params("", None, None, None), dir.clone()).is_err());
         assert!(checked(params(&"s".repeat(MAX_NAME_BYTES + 1), None, None, None), dir.clone()).is_err());
         assert!(checked(params("count", Some(&"k".repeat(MAX_KEY_BYTES + 1)), None, None), dir.clone()).is_err());

@@ -70,7 +70,7 @@ pub fn job_store(state: &AppState, tenant: &str, job: &str) -> StoreLocation {
     }
 }
 
-/// Where the job's current generation checkpoints (and journals, in a directory).
+/// Where the job's current generation checkpoints and journals.
 pub fn job_checkpoints(state: &AppState, job: &JobRecord) -> StoreLocation {
     job_store(state, &job.tenant, &job.id).join(&format!("checkpoints/{}", job.generation))
 }
@@ -148,8 +148,8 @@ fn refused(state: &AppState, tenant: &str, e: eddy_plan::SpecError) -> ApiError 
 /// engine's own defaults (1 GiB on the heap, 64 GiB in RocksDB) would make a two-step RocksDB
 /// job ask 128 GiB, more than a tenant's whole default quota, so no example would run.
 pub const SERVICE_HEAP_STATE_BYTES: u64 = 128 << 20;
-/// Disk one subtask's input journal may fill on the server (`debug.journal_max_mb` is capped
-/// at it): a tenant's journals are bounded by this times its subtasks.
+/// What one subtask's input journal may fill in the job's checkpoint store (`debug.journal_max_mb`
+/// is capped at it): a tenant's journals are bounded by this times its subtasks.
 pub const SERVICE_JOURNAL_MAX_MB: u64 = 64;
 /// See [`SERVICE_HEAP_STATE_BYTES`].
 pub const SERVICE_ROCKSDB_STATE_BYTES: u64 = 4 << 30;
@@ -174,23 +174,14 @@ pub fn check_world(step: &eddy_plan::StepSpec, index: usize, reference: &str, wo
     .at(format!("steps[{index}].wasm")))
 }
 
-/// Input journals go beside the job's checkpoints, so only where those are a directory; each
-/// subtask's is capped at [`SERVICE_JOURNAL_MAX_MB`] whatever the spec asks.
-fn bound_journals(spec: &mut PipelineSpec, bucket: bool) -> Result<(), ApiError> {
-    let Some(i) = (0..spec.steps.len()).find(|&i| spec.journals(i)) else { return Ok(()) };
-    if bucket {
-        let field = if spec.debug.journal { "debug.journal".to_string() } else { format!("steps[{i}].debug.journal") };
-        return Err(ApiError::unprocessable(
-            "this server keeps checkpoints in a bucket, which holds no input journal yet: drop `debug.journal`",
-        )
-        .at(field));
-    }
+/// Each subtask's input journal (kept beside the job's checkpoints, in a directory or a bucket)
+/// is capped at [`SERVICE_JOURNAL_MAX_MB`] whatever the spec asks.
+fn bound_journals(spec: &mut PipelineSpec) {
     let cap = |mb: Option<u64>| Some(mb.unwrap_or(SERVICE_JOURNAL_MAX_MB).min(SERVICE_JOURNAL_MAX_MB));
     spec.debug.journal_max_mb = cap(spec.debug.journal_max_mb);
     for step in spec.steps.iter_mut().filter(|s| s.debug.journal_max_mb.is_some()) {
         step.debug.journal_max_mb = cap(step.debug.journal_max_mb);
     }
-    Ok(())
 }
 
 /// The spec as the job runs it, and the digests of its steps' artifacts in step order: the
@@ -286,7 +277,7 @@ pub fn place(state: &AppState, record: &JobRecord, text: &str) -> Result<(Pipeli
         None => CheckpointSpec::in_dir(PathBuf::new(), DEFAULT_CHECKPOINT_INTERVAL_MS),
     };
     let (dir, s3) = job_checkpoints(state, record).into_fields();
-    bound_journals(&mut spec, s3.is_some())?;
+    bound_journals(&mut spec);
     spec.checkpoints = Some(CheckpointSpec { dir, s3, ..checkpoints });
     spec.validate().map_err(|e| refused(state, tenant, e))?;
     crate::connections::resolve_connectors(state, tenant, &mut spec)?;
@@ -312,7 +303,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_tenants_journal_is_capped_whatever_its_spec_asks_and_refused_over_a_bucket() {
+    fn a_tenants_journal_is_capped_whatever_its_spec_asks() {
         let yaml = |debug: &str| {
             format!(
                 "name: p\n{debug}sources: [{{type: generator, name: g}}]\nsteps:\n  - {{name: a, wasm: a.wasm, debug: \
@@ -322,15 +313,13 @@ mod tests {
         };
         for debug in ["", "debug: {journal_max_mb: 9999999}\n"] {
             let mut spec = PipelineSpec::parse(&yaml(debug)).expect("parses");
-            bound_journals(&mut spec, false).expect("a directory holds journals");
+            bound_journals(&mut spec);
             let cap = SERVICE_JOURNAL_MAX_MB << 20;
             assert_eq!((spec.journal_max_bytes(0), spec.journal_max_bytes(1)), (cap, cap), "{debug}");
         }
-        let mut spec = PipelineSpec::parse(&yaml("")).expect("parses");
-        let refused = bound_journals(&mut spec, true).expect_err("a bucket holds none");
-        assert_eq!(refused.field.as_deref(), Some("steps[0].debug.journal"));
         let mut plain = PipelineSpec::parse(&yaml("").replace("journal: true, ", "")).expect("parses");
-        bound_journals(&mut plain, true).expect("no journal, nothing to refuse");
+        bound_journals(&mut plain);
+        assert!(!plain.journals(0) && !plain.journals(1), "capping asks for no journal");
     }
 
     #[test]

@@ -7,24 +7,28 @@
 //! state, its input order and its timers, so state from a checkpoint and the segments after it
 //! reproduce everything the operator did.
 //!
-//! Layout: `<checkpoints dir>/journal/<step>/<subtask>/after-<C>.jnl` holds what the subtask
-//! saw after checkpoint `C`'s barrier (`after-0`: since the job started with nothing
-//! restored), up to the next barrier, whose id names the next segment. A run that restores
-//! checkpoint `C` rewrites `after-C` and deletes the later segments an earlier attempt left:
-//! the journal follows the attempt whose output counts. The checkpoint thread deletes segments
-//! from before the oldest retained checkpoint ([`prune`]), so a journal costs what the retained
-//! checkpoints' input costs on disk.
+//! Layout: `journal/<step>/<subtask>/after-<C>.jnl` in the job's checkpoint store holds what
+//! the subtask saw after checkpoint `C`'s barrier (`after-0`: since the job started with
+//! nothing restored), up to the next barrier, whose id names the next segment. A run that
+//! restores checkpoint `C` rewrites `after-C` and deletes the later segments an earlier attempt
+//! left: the journal follows the attempt whose output counts. The checkpoint thread deletes
+//! segments from before the oldest retained checkpoint ([`prune`]), so a journal costs what the
+//! retained checkpoints' input costs in the store.
+//!
+//! In a checkpoint directory the open segment is written in place, so a replay sees it grow.
+//! In a bucket it is written to the subtask's local state directory and put into the bucket
+//! when its barrier passes or the subtask ends ([`JournalWriter`]): a worker killed mid-segment
+//! loses that segment's tail there, and a replay of a running job reaches the last barrier.
 
 mod format;
 mod reader;
 mod writer;
 
-use std::path::{Path, PathBuf};
-
+use eddy_checkpoint::{CheckpointError, CheckpointStore};
 use serde::{Deserialize, Serialize};
 
 pub use format::{Decoded, Frame, MAX_FRAME_BYTES, decode, encode};
-pub use reader::{Segment, read_segment};
+pub use reader::{Segment, parse_segment};
 pub(crate) use writer::{JournalWriter, Journaled};
 
 /// The journal format this build writes and reads.
@@ -65,53 +69,62 @@ pub struct JournalHeader {
     pub spec: eddy_plan::PipelineSpec,
 }
 
-/// The journal directory beside the checkpoints in `checkpoints_dir`.
-pub fn root(checkpoints_dir: &Path) -> PathBuf {
-    checkpoints_dir.join("journal")
+/// The journal's prefix in a checkpoint store.
+const ROOT: &str = "journal";
+
+/// One subtask's segments' prefix in the store.
+pub fn subtask_prefix(step: &str, index: u32) -> String {
+    format!("{ROOT}/{step}/{index}")
 }
 
-/// The directory of one subtask's segments.
-pub fn subtask_dir(root: &Path, step: &str, index: u32) -> PathBuf {
-    root.join(step).join(index.to_string())
+/// The name of the segment that starts after checkpoint `after`.
+pub fn segment_name(after: u64) -> String {
+    format!("after-{after}.jnl")
 }
 
-/// The segment that starts after checkpoint `after`.
-pub fn segment_path(dir: &Path, after: u64) -> PathBuf {
-    dir.join(format!("after-{after}.jnl"))
+/// The path in the store of one subtask's segment that starts after checkpoint `after`.
+pub fn segment_path(step: &str, index: u32, after: u64) -> String {
+    format!("{}/{}", subtask_prefix(step, index), segment_name(after))
 }
 
-/// The segments in one subtask's directory, by the checkpoint each starts after, ascending.
-pub fn segments(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        let id = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("after-")?.strip_suffix(".jnl")?.parse::<u64>().ok());
-        if let Some(id) = id {
-            found.push((id, path));
-        }
-    }
-    found.sort();
+/// The checkpoint a segment's name (or path) says it starts after.
+fn segment_id(path: &str) -> Option<u64> {
+    path.rsplit('/').next()?.strip_prefix("after-")?.strip_suffix(".jnl")?.parse().ok()
+}
+
+/// A segment as listed in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSegment {
+    /// The checkpoint it starts after.
+    pub after: u64,
+    /// Its path in the store.
+    pub path: String,
+    /// Its size.
+    pub bytes: u64,
+}
+
+/// One subtask's segments in `store`, by the checkpoint each starts after, ascending.
+pub fn segments(store: &CheckpointStore, step: &str, index: u32) -> Result<Vec<StoredSegment>, CheckpointError> {
+    let mut found: Vec<StoredSegment> = store
+        .list(&subtask_prefix(step, index))?
+        .into_iter()
+        .filter_map(|(path, bytes)| Some(StoredSegment { after: segment_id(&path)?, path, bytes }))
+        .collect();
+    found.sort_by_key(|s| s.after);
     Ok(found)
 }
 
-/// Deletes every segment under `root` that starts before checkpoint `oldest_retained`: no
+/// Deletes every segment in `store` that starts before checkpoint `oldest_retained`: no
 /// retained checkpoint's state comes before it, so nothing can replay it. Returns how many.
-pub fn prune(root: &Path, oldest_retained: u64) -> usize {
-    let Ok(steps) = std::fs::read_dir(root) else { return 0 };
+pub fn prune(store: &CheckpointStore, oldest_retained: u64) -> Result<usize, CheckpointError> {
     let mut deleted = 0;
-    for subtask in steps.flatten().filter_map(|s| std::fs::read_dir(s.path()).ok()).flatten().flatten() {
-        let Ok(found) = segments(&subtask.path()) else { continue };
-        for (_, path) in found.into_iter().filter(|(id, _)| *id < oldest_retained) {
-            match std::fs::remove_file(&path) {
-                Ok(()) => deleted += 1,
-                Err(e) => tracing::warn!(path = %path.display(), "could not delete an old journal segment: {e}"),
-            }
+    for (path, _) in store.list(ROOT)? {
+        if segment_id(&path).is_some_and(|id| id < oldest_retained) {
+            store.delete(&path)?;
+            deleted += 1;
         }
     }
-    deleted
+    Ok(deleted)
 }
 
 #[cfg(test)]
@@ -121,22 +134,24 @@ mod tests {
     #[test]
     fn pruning_keeps_the_segments_of_retained_checkpoints_only() {
         let dir = tempfile::tempdir().unwrap();
-        let root = root(dir.path());
+        let store = CheckpointStore::local(dir.path()).unwrap();
+        assert_eq!(prune(&store, 9).unwrap(), 0, "no journal is nothing to prune");
         for (step, index) in [("count", 0), ("count", 1), ("window", 0)] {
-            let d = subtask_dir(&root, step, index);
-            std::fs::create_dir_all(&d).unwrap();
+            let prefix = subtask_prefix(step, index);
             for after in [0, 3, 4, 7] {
-                std::fs::write(segment_path(&d, after), b"").unwrap();
+                store.put(&format!("{prefix}/{}", segment_name(after)), vec![0; after as usize]).unwrap();
             }
-            std::fs::write(d.join("notes.txt"), b"").unwrap();
+            store.put(&format!("{prefix}/notes.txt"), Vec::new()).unwrap();
         }
-        assert_eq!(prune(&root, 4), 6);
+        store.put("chk-3/_metadata", Vec::new()).unwrap();
+        assert_eq!(prune(&store, 4).unwrap(), 6);
         for (step, index) in [("count", 0), ("count", 1), ("window", 0)] {
-            let d = subtask_dir(&root, step, index);
-            let left: Vec<u64> = segments(&d).unwrap().into_iter().map(|(id, _)| id).collect();
-            assert_eq!(left, [4, 7]);
-            assert!(d.join("notes.txt").exists(), "only segments are pruned");
+            let left: Vec<(u64, u64)> =
+                segments(&store, step, index).unwrap().iter().map(|s| (s.after, s.bytes)).collect();
+            assert_eq!(left, [(4, 4), (7, 7)]);
+            assert!(store.exists(&format!("{}/notes.txt", subtask_prefix(step, index))).unwrap(), "only segments go");
         }
-        assert_eq!(prune(&dir.path().join("none"), 9), 0, "no journal is nothing to prune");
+        assert!(store.exists("chk-3/_metadata").unwrap(), "checkpoints are not the journal's to prune");
+        assert!(segments(&store, "count", 5).unwrap().is_empty(), "a subtask that journaled nothing has no segment");
     }
 }

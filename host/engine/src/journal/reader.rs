@@ -1,7 +1,5 @@
 //! Reading a journal segment back: its header, then its frames up to the last whole one.
 
-use std::path::Path;
-
 use super::format::{Decoded, Frame, decode};
 use super::{JOURNAL_VERSION, JournalHeader};
 
@@ -16,13 +14,12 @@ pub struct Segment {
     pub torn: bool,
 }
 
-/// Reads the segment at `path`; a problem names the file and what is wrong with it.
-pub fn read_segment(path: &Path) -> Result<Segment, String> {
-    let named = |problem: String| format!("journal segment {}: {problem}", path.display());
-    let bytes = std::fs::read(path).map_err(|e| named(e.to_string()))?;
+/// Reads a segment from its bytes; a problem names the segment (`name`) and what is wrong.
+pub fn parse_segment(bytes: &[u8], name: &str) -> Result<Segment, String> {
+    let named = |problem: String| format!("journal segment {name}: {problem}");
     let (mut at, mut frames, mut torn) = (0, Vec::new(), false);
     loop {
-        match decode(&bytes, at).map_err(named)? {
+        match decode(bytes, at).map_err(named)? {
             Decoded::Frame(frame, next) => {
                 frames.push(frame);
                 at = next;

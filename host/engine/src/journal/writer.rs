@@ -1,13 +1,15 @@
 //! Writing a journal: [`Journaled`] passes every call on to the operator it wraps after
 //! handing it to the subtask's journal thread ([`JournalWriter`]), which encodes, compresses
-//! and appends it to the current segment ([`SegmentWriter`]). The task thread only copies a
+//! and appends it to the current segment ([`SegmentWriter`]); a segment staged on local disk
+//! (the store is a bucket) goes into the store when it ends. The task thread only copies a
 //! batch into a recycled buffer: compressing and writing the page cache cost as much as a
 //! window step's own work, and on the task thread they would slow the whole pipeline.
 //!
 //! The journal is a debugging aid, so it never fails the job: a write that fails (a full disk,
-//! or the subtask's `debug.journal_max_mb` reached) stops this subtask's journal with a warning, and the segment ends at its last whole frame,
-//! which a replay reads as the end of what was recorded. A journal thread that falls behind
-//! holds the task back at [`QUEUED_BATCHES`], so its memory is bounded.
+//! a bucket that refuses a segment, or the subtask's `debug.journal_max_mb` reached) stops this
+//! subtask's journal with a warning, and the segment ends at its last whole frame, which a
+//! replay reads as the end of what was recorded. A journal thread that falls behind holds the
+//! task back at [`QUEUED_BATCHES`], so its memory is bounded.
 
 use std::fs::File;
 use std::io::Write;
@@ -17,13 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
-use eddy_checkpoint::OperatorSnapshot;
+use eddy_checkpoint::{CheckpointStore, OperatorSnapshot};
 use eddy_core::RecordBatch;
 use eddy_plan::JournalCompression;
 use eddy_runtime::{Component, Output};
 
 use super::format::{Frame, encode, encode_batch};
-use super::{JournalHeader, segment_path, segments};
+use super::{JournalHeader, segment_name, segments, subtask_prefix};
 use crate::operator::{OperatorError, StreamOperator};
 
 /// Entries queued for the journal thread at most.
@@ -36,6 +38,11 @@ const WRITE_EVERY_MS: i64 = 200;
 
 /// The journal thread's side: the open segment and what the next segment's header says.
 struct SegmentWriter {
+    store: CheckpointStore,
+    /// The subtask's prefix in the store.
+    prefix: String,
+    /// Where the open segment is written: in the store itself for a directory, else a local
+    /// staging directory, from which each segment is put into the store when it ends.
     dir: PathBuf,
     header: JournalHeader,
     /// `None` once a write failed: the journal stopped.
@@ -45,31 +52,45 @@ struct SegmentWriter {
     scratch: Vec<u8>,
     compression: JournalCompression,
     written_ms: i64,
-    /// Disk the subtask's kept segments may fill.
+    /// What the subtask's kept segments may fill.
     max_bytes: u64,
     /// What its other kept segments hold (counted when a segment starts, so segments the
     /// checkpoint thread pruned meanwhile no longer count).
     kept_bytes: u64,
+    /// The checkpoint the open segment follows (the header's may have moved on to the next).
+    segment_after: u64,
     /// What the open segment holds.
     segment_bytes: u64,
 }
 
+fn store_error(e: eddy_checkpoint::CheckpointError) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
 impl SegmentWriter {
-    /// Starts the segment `header` describes in `dir`, deleting segments after it that an
-    /// earlier attempt left (they are not what the subtask will see now).
+    /// Starts the segment `header` describes in `store` (staged in `staging` unless the store is
+    /// a directory), deleting segments after it that an earlier attempt left (they are not
+    /// what the subtask will see now).
     fn open(
-        dir: PathBuf,
+        store: CheckpointStore,
+        staging: &Path,
         header: JournalHeader,
         max_bytes: u64,
         compression: JournalCompression,
     ) -> std::io::Result<Self> {
+        let prefix = subtask_prefix(&header.step, header.slot.index);
+        let dir = store.local_root().unwrap_or(staging).join(&prefix);
         std::fs::create_dir_all(&dir)?;
-        for (_, stale) in segments(&dir)?.into_iter().filter(|(id, _)| *id > header.after_checkpoint) {
-            std::fs::remove_file(stale)?;
+        for stale in segments(&store, &header.step, header.slot.index).map_err(store_error)? {
+            if stale.after > header.after_checkpoint {
+                store.delete(&stale.path).map_err(store_error)?;
+            }
         }
         let written_ms = header.processing_time_ms;
         let pending = Vec::with_capacity(WRITE_BYTES);
         let mut writer = Self {
+            store,
+            prefix,
             dir,
             header,
             file: None,
@@ -79,6 +100,7 @@ impl SegmentWriter {
             written_ms,
             max_bytes,
             kept_bytes: 0,
+            segment_after: 0,
             segment_bytes: 0,
         };
         writer.start_segment()?;
@@ -86,14 +108,27 @@ impl SegmentWriter {
     }
 
     fn start_segment(&mut self) -> std::io::Result<()> {
-        let path = segment_path(&self.dir, self.header.after_checkpoint);
-        let others = segments(&self.dir)?.into_iter().filter(|(_, p)| *p != path);
-        self.kept_bytes = others.filter_map(|(_, p)| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
-        self.file = Some(File::create(&path)?);
+        self.segment_after = self.header.after_checkpoint;
+        let kept = segments(&self.store, &self.header.step, self.header.slot.index).map_err(store_error)?;
+        self.kept_bytes = kept.iter().filter(|s| s.after != self.segment_after).map(|s| s.bytes).sum();
+        self.file = Some(File::create(self.dir.join(segment_name(self.segment_after)))?);
         self.segment_bytes = 0;
         self.pending.clear();
         encode(&Frame::Header(Box::new(self.header.clone())), &mut self.pending);
         self.write_out()
+    }
+
+    /// Writes the rest of the open segment and, when it is staged, puts it into the store.
+    fn end_segment(&mut self) -> std::io::Result<()> {
+        self.write_out()?;
+        if self.store.local_root().is_some() {
+            return Ok(());
+        }
+        let name = segment_name(self.segment_after);
+        let local = self.dir.join(&name);
+        self.file = None;
+        self.store.put_file(&format!("{}/{name}", self.prefix), File::open(&local)?).map_err(store_error)?;
+        std::fs::remove_file(local)
     }
 
     fn write_out(&mut self) -> std::io::Result<()> {
@@ -121,7 +156,7 @@ impl SegmentWriter {
             tracing::warn!(
                 step = %self.header.step,
                 subtask = self.header.slot.index,
-                dir = %self.dir.display(),
+                at = %format!("{}/{}", self.store.describe(), self.prefix),
                 "the input journal stopped: {e}; the job goes on, and a replay ends where the journal did"
             );
             self.file = None;
@@ -167,7 +202,7 @@ impl SegmentWriter {
             a.clone_into(&mut self.header.artifact);
         }
         self.guarded(|w| {
-            w.write_out()?;
+            w.end_segment()?;
             w.start_segment()
         });
     }
@@ -195,7 +230,7 @@ impl SegmentWriter {
                 stopped.store(true, Ordering::Relaxed);
             }
         }
-        self.guarded(Self::write_out);
+        self.guarded(Self::end_segment);
     }
 }
 
@@ -210,7 +245,8 @@ enum Entry {
 
 /// The task's side of one subtask's journal.
 pub(crate) struct JournalWriter {
-    dir: PathBuf,
+    /// Where the segments go, for messages.
+    at: String,
     entries: Option<SyncSender<Entry>>,
     spare: Receiver<RecordBatch>,
     stopped: Arc<AtomicBool>,
@@ -218,22 +254,25 @@ pub(crate) struct JournalWriter {
 }
 
 impl JournalWriter {
-    /// Starts the segment `header` describes in `dir` (deleting later segments an earlier
-    /// attempt left) and the thread that writes it.
+    /// Starts the segment `header` describes in `store` (staged in `staging` unless the store
+    /// is a directory; deleting later segments an earlier attempt left) and the thread that
+    /// writes it.
     pub(crate) fn open(
-        dir: PathBuf,
+        store: CheckpointStore,
+        staging: &Path,
         header: JournalHeader,
         max_bytes: u64,
         compression: JournalCompression,
     ) -> std::io::Result<Self> {
         let name = format!("eddy-journal-{}-{}", header.step, header.slot.index);
-        let writer = SegmentWriter::open(dir.clone(), header, max_bytes, compression)?;
+        let writer = SegmentWriter::open(store, staging, header, max_bytes, compression)?;
+        let at = format!("{}/{}", writer.store.describe(), writer.prefix);
         let (entries, queued) = sync_channel(QUEUED_BATCHES);
         let (recycle, spare) = sync_channel(QUEUED_BATCHES);
         let stopped = Arc::new(AtomicBool::new(false));
         let flag = stopped.clone();
         let thread = std::thread::Builder::new().name(name).spawn(move || writer.run(queued, recycle, flag))?;
-        Ok(Self { dir, entries: Some(entries), spare, stopped, thread: Some(thread) })
+        Ok(Self { at, entries: Some(entries), spare, stopped, thread: Some(thread) })
     }
 
     fn send(&mut self, entry: Entry) {
@@ -268,8 +307,8 @@ impl JournalWriter {
     }
 
     /// Where the segments go.
-    pub(crate) fn dir(&self) -> &Path {
-        &self.dir
+    pub(crate) fn at(&self) -> &str {
+        &self.at
     }
 }
 
@@ -294,7 +333,7 @@ pub(crate) struct Journaled {
 
 impl Journaled {
     pub(crate) fn new(inner: Box<dyn StreamOperator>, journal: JournalWriter) -> Self {
-        tracing::info!(step = %inner.name(), journal = %journal.dir().display(), "journaling the step's input");
+        tracing::info!(step = %inner.name(), journal = %journal.at(), "journaling the step's input");
         Self { inner, journal, channel: None }
     }
 }
@@ -362,7 +401,7 @@ impl StreamOperator for Journaled {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::{JOURNAL_VERSION, JournalSlot, read_segment};
+    use crate::journal::{JOURNAL_VERSION, JournalSlot, Segment, parse_segment};
 
     fn header() -> JournalHeader {
         let yaml =
@@ -394,9 +433,9 @@ mod tests {
         batch
     }
 
-    fn write(dir: &Path, max_bytes: u64, batches: u64) {
+    fn write(store: CheckpointStore, staging: &Path, max_bytes: u64, batches: u64) {
         let mut journal =
-            JournalWriter::open(dir.to_path_buf(), header(), max_bytes, JournalCompression::Lz4).expect("open");
+            JournalWriter::open(store, staging, header(), max_bytes, JournalCompression::Lz4).expect("open");
         for i in 0..batches {
             journal.batch(&noise(i), Some(0));
             journal.frame(Frame::ProcessingTime(i as i64 * 1_000));
@@ -404,23 +443,62 @@ mod tests {
         journal.frame(Frame::Finish);
     }
 
+    /// The one segment `write` leaves, read back from `store`, and its size there.
+    fn written(store: &CheckpointStore) -> (Segment, u64) {
+        let found = segments(store, "s", 0).expect("list");
+        assert_eq!(found.iter().map(|s| s.after).collect::<Vec<_>>(), [0], "one segment, from the start");
+        let bytes = store.get(&found[0].path).expect("read");
+        (parse_segment(&bytes, &found[0].path).expect("parse"), found[0].bytes)
+    }
+
     #[test]
     fn a_journal_keeps_every_frame_under_its_limit_and_stops_at_it() {
         let dir = tempfile::tempdir().expect("tempdir");
-        write(dir.path(), 4 << 20, 20);
-        let whole = read_segment(&segment_path(dir.path(), 0)).expect("read");
+        let store = || CheckpointStore::local(&dir.path().join("checkpoints")).expect("store");
+        write(store(), &dir.path().join("unused"), 4 << 20, 20);
+        let (whole, _) = written(&store());
         assert_eq!(whole.frames.len(), 41, "20 batches, 20 ticks and the end");
         assert_eq!(whole.frames.first(), Some(&Frame::Batch { channel: Some(0), batch: noise(0) }));
         assert_eq!(whole.frames.last(), Some(&Frame::Finish));
+        assert!(!dir.path().join("unused").exists(), "a directory store is written in place");
 
         let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckpointStore::local(dir.path()).expect("store");
         let limit = 200 << 10;
-        write(dir.path(), limit, 20);
-        let path = segment_path(dir.path(), 0);
-        let cut = read_segment(&path).expect("read");
-        let size = std::fs::metadata(&path).expect("size").len();
-        assert!(size <= limit, "{size} bytes on disk, over the {limit} allowed");
+        write(CheckpointStore::local(dir.path()).expect("store"), dir.path(), limit, 20);
+        let (cut, size) = written(&store);
+        assert!(size <= limit, "{size} bytes stored, over the {limit} allowed");
         assert!(!cut.frames.is_empty() && cut.frames.len() < 41, "{} frames", cut.frames.len());
         assert!(!cut.frames.contains(&Frame::Finish), "nothing after the limit is written");
+    }
+
+    /// In a store that is not a directory (here, in memory) a segment is staged on local disk
+    /// and put into the store when its barrier passes or the subtask ends; the staged files go.
+    #[test]
+    fn a_bucket_receives_each_segment_when_it_ends_and_the_staging_directory_empties() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let memory: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let store = || CheckpointStore::over(memory.clone(), "memory".into()).expect("store");
+        let mut journal =
+            JournalWriter::open(store(), dir.path(), header(), 4 << 20, JournalCompression::None).expect("open");
+        journal.batch(&noise(1), None);
+        journal.barrier(3, None);
+        journal.batch(&noise(2), None);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let listed =
+            |s: &CheckpointStore| segments(s, "s", 0).expect("list").iter().map(|s| s.after).collect::<Vec<_>>();
+        assert_eq!(listed(&store()), [0], "the open segment is not in the store yet");
+        drop(journal);
+        assert_eq!(listed(&store()), [0, 3], "the subtask's end puts the last one");
+        let second = segments(&store(), "s", 0).expect("list").remove(1);
+        let segment = parse_segment(&store().get(&second.path).expect("read"), "after-3").expect("parse");
+        assert_eq!(segment.header.after_checkpoint, 3);
+        assert_eq!(segment.frames, [Frame::Batch { channel: None, batch: noise(2) }]);
+        let staged = std::fs::read_dir(dir.path().join(subtask_prefix("s", 0))).expect("staging").count();
+        assert_eq!(staged, 0, "nothing is left staged");
+
+        // A run that restores checkpoint 0's state again drops what came after it.
+        drop(JournalWriter::open(store(), dir.path(), header(), 4 << 20, JournalCompression::None).expect("open"));
+        assert_eq!(listed(&store()), [0], "an earlier attempt's later segments are deleted");
     }
 }

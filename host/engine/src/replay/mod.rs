@@ -18,7 +18,7 @@ use std::sync::Arc;
 use eddy_checkpoint::inspect::{StateEntry, decode_entry, decode_value, json_or_text};
 use eddy_checkpoint::{CheckpointError, CheckpointMetadata, CheckpointStore, RestorePoint};
 use eddy_core::{KeyGroupRange, RecordBatch, TimeDomain};
-use eddy_plan::StateBackendKind;
+use eddy_plan::{StateBackendKind, StoreLocation};
 use eddy_runtime::{CpuShare, Output, Runtime, SandboxLimits};
 use eddy_state::{DeclaredState, HashedKey, TtlClock, decode_state_key};
 use serde::{Deserialize, Serialize};
@@ -28,14 +28,14 @@ use tracing_subscriber::layer::SubscriberExt;
 use self::trace::{Effect, GuestLogs, TimerChange, Trace};
 use crate::RunError;
 use crate::job::{Slot, StepContext, load_step};
-use crate::journal::{self, Frame, JournalHeader, Segment, read_segment};
+use crate::journal::{self, Frame, JournalHeader, Segment, parse_segment};
 use crate::operator::{OperatorError, StreamOperator};
 
 /// What to replay.
 #[derive(Debug, Clone)]
 pub struct ReplayRequest {
-    /// The job's checkpoint directory (its journal is in `journal/` there).
-    pub checkpoints_dir: PathBuf,
+    /// The job's checkpoint store (its journal is under `journal/` there).
+    pub checkpoints: StoreLocation,
     /// The step.
     pub step: String,
     /// Which subtask of the step's task.
@@ -61,11 +61,11 @@ pub struct ReplayRequest {
 }
 
 impl ReplayRequest {
-    /// Subtask `subtask` of step `step`, whose job checkpoints into `checkpoints_dir`: from the
+    /// Subtask `subtask` of step `step`, whose job checkpoints into `checkpoints`: from the
     /// oldest state its journal reaches back to, every event, on the runtime's sandbox.
-    pub fn new(checkpoints_dir: PathBuf, step: &str, subtask: u32) -> Self {
+    pub fn new(checkpoints: StoreLocation, step: &str, subtask: u32) -> Self {
         Self {
-            checkpoints_dir,
+            checkpoints,
             step: step.to_owned(),
             subtask,
             from_checkpoint: None,
@@ -286,35 +286,44 @@ pub fn replay(
 ) -> Result<ReplaySummary, ReplayError> {
     // The step names a directory: only a name as specs take them, never a path out of it.
     eddy_plan::check_name("step", &request.step).map_err(|e| ReplayError::BadQuery(e.to_string()))?;
-    let dir = journal::subtask_dir(&journal::root(&request.checkpoints_dir), &request.step, request.subtask);
+    let store = CheckpointStore::at(&request.checkpoints)
+        .map_err(|e| ReplayError::NoJournal(format!("the job's checkpoint store: {e}")))?;
     let no_journal = |why: String| {
         ReplayError::NoJournal(format!(
             "no journal of step `{}` subtask {} in {}: {why}; journal a step with `debug: {{journal: true}}` and run \
-             it with `checkpoints.dir` set",
+             it with `checkpoints` set",
             request.step,
             request.subtask,
-            dir.display()
+            store.describe()
         ))
     };
-    let segments = journal::segments(&dir).map_err(|e| no_journal(e.to_string()))?;
-    let Some(&(oldest, _)) = segments.first() else { return Err(no_journal("it holds no segment".into())) };
+    let segments = journal::segments(&store, &request.step, request.subtask).map_err(|e| no_journal(e.to_string()))?;
+    let Some(oldest) = segments.first().map(|s| s.after) else {
+        return Err(no_journal("it holds no segment".into()));
+    };
     let from = request.from_checkpoint.unwrap_or(oldest);
-    let Some((_, first)) = segments.iter().find(|(id, _)| *id == from) else {
-        let kept: Vec<String> = segments.iter().map(|(id, _)| id.to_string()).collect();
+    let Some(first) = segments.iter().find(|s| s.after == from) else {
+        let kept: Vec<String> = segments.iter().map(|s| s.after.to_string()).collect();
         return Err(ReplayError::NoJournal(format!(
             "the journal keeps no segment after checkpoint {from}; it keeps segments after checkpoints {} (0 is the \
              job's start)",
             kept.join(", ")
         )));
     };
-    let segment = read_segment(first).map_err(ReplayError::Journal)?;
+    let segment = read_segment(&store, &first.path)?;
     let header = segment.header.clone();
     let trace = Trace::default();
     let logs = tracing_subscriber::registry().with(GuestLogs(trace.clone()));
     tracing::subscriber::with_default(logs, || {
-        let mut replayer = Replayer::build(request, runtime, &header, trace, emit)?;
-        replayer.run(segment, &dir)
+        let mut replayer = Replayer::build(request, runtime, &store, &header, trace, emit)?;
+        replayer.run(segment, &store)
     })
+}
+
+/// The segment at `path` in `store`.
+fn read_segment(store: &CheckpointStore, path: &str) -> Result<Segment, ReplayError> {
+    let bytes = store.get(path).map_err(|e| ReplayError::Journal(e.to_string()))?;
+    parse_segment(&bytes, &format!("{}/{path}", store.describe())).map_err(ReplayError::Journal)
 }
 
 /// One replay in progress.
@@ -335,6 +344,7 @@ impl<'a> Replayer<'a> {
     fn build(
         request: &'a ReplayRequest,
         runtime: &Runtime,
+        store: &CheckpointStore,
         header: &JournalHeader,
         trace: Trace,
         emit: &'a mut dyn FnMut(TraceEvent),
@@ -370,7 +380,7 @@ impl<'a> Replayer<'a> {
             .map_err(|e| ReplayError::Journal(format!("a temporary directory in {}: {e}", scratch.display())))?;
         let restore = match header.after_checkpoint {
             0 => None,
-            id => Some(restore_point(request, id, &header.step, local.path())?),
+            id => Some(restore_point(store, id, &header.step, local.path())?),
         };
         let ttl_clock = TtlClock::new(header.processing_time_ms);
         let context = StepContext {
@@ -380,7 +390,7 @@ impl<'a> Replayer<'a> {
             restore: restore.as_ref(),
             state_dir: local.path(),
             started_ms: header.processing_time_ms,
-            journal_root: None,
+            journal: false,
             trace: Some(&trace),
         };
         let slot = Slot::from_journal(&header.slot, spec.max_parallelism);
@@ -406,7 +416,7 @@ impl<'a> Replayer<'a> {
         Ok(Self { request, operator, trace, ttl_clock, emit, shown: 0, summary, _local: local })
     }
 
-    fn run(&mut self, first: Segment, dir: &std::path::Path) -> Result<ReplaySummary, ReplayError> {
+    fn run(&mut self, first: Segment, store: &CheckpointStore) -> Result<ReplaySummary, ReplayError> {
         let mut segment = first;
         let ran = segment.header.artifact.clone();
         loop {
@@ -433,12 +443,12 @@ impl<'a> Replayer<'a> {
                 }
             }
             let Some(id) = next else { return Ok(self.summary.clone()) };
-            let path = journal::segment_path(dir, id);
-            if !path.exists() {
+            let path = journal::segment_path(&self.request.step, self.request.subtask, id);
+            if !store.exists(&path).map_err(|e| ReplayError::Journal(e.to_string()))? {
                 self.summary.end = ReplayEnd::SegmentMissing { checkpoint: id };
                 return Ok(self.summary.clone());
             }
-            segment = read_segment(&path).map_err(ReplayError::Journal)?;
+            segment = read_segment(store, &path)?;
             if segment.header.artifact != ran && self.request.wasm.is_none() {
                 let artifact = segment.header.artifact;
                 self.summary.end = ReplayEnd::CodeChanged { checkpoint: id, artifact };
@@ -610,14 +620,12 @@ enum Step {
 
 /// The step's files of checkpoint `id` in the request's directory, fetched into `local`.
 fn restore_point(
-    request: &ReplayRequest,
+    store: &CheckpointStore,
     id: u64,
     step: &str,
     local: &std::path::Path,
 ) -> Result<RestorePoint, ReplayError> {
-    let dir = request.checkpoints_dir.display().to_string();
-    let failed = |source: CheckpointError| ReplayError::Checkpoint { id, dir: dir.clone(), source };
-    let store = CheckpointStore::local(&request.checkpoints_dir).map_err(failed)?;
-    let meta = CheckpointMetadata::read(&store, id).map_err(failed)?;
-    RestorePoint::fetch_step(&store, meta, local, step).map_err(failed)
+    let failed = |source: CheckpointError| ReplayError::Checkpoint { id, dir: store.describe().to_owned(), source };
+    let meta = CheckpointMetadata::read(store, id).map_err(failed)?;
+    RestorePoint::fetch_step(store, meta, local, step).map_err(failed)
 }
