@@ -275,13 +275,13 @@ impl<'b> Groups<'b> {
 
 /// Windows due to fire, with their accumulators, for one `results` call.
 #[derive(Debug, Default)]
-struct Due {
-    windows: Vec<(i64, Vec<u8>, Window)>,
+struct Due<'k> {
+    windows: Vec<(i64, &'k [u8], Window)>,
     accs: Items,
 }
 
-impl Due {
-    fn push(&mut self, fire_time: i64, key: Vec<u8>, window: Window, acc: &[u8]) {
+impl<'k> Due<'k> {
+    fn push(&mut self, fire_time: i64, key: &'k [u8], window: Window, acc: &[u8]) {
         self.windows.push((fire_time, key, window));
         self.accs.push(acc);
     }
@@ -495,7 +495,7 @@ impl<A: AggregateFn> WindowOperator<A> {
                 let fires_now = fire_time <= *watermark;
                 entries.put_acc(&window, fires_now, acc);
                 if fires_now {
-                    due.push(fire_time, key.to_vec(), window, acc);
+                    due.push(fire_time, key, window, acc);
                 }
                 if needs_timers {
                     if !fires_now {
@@ -518,7 +518,7 @@ impl<A: AggregateFn> WindowOperator<A> {
     }
 
     /// The results of `due` windows, from one `results` call, one per window in order.
-    fn results(&mut self, due: &Due) -> Result<Items, OperatorError> {
+    fn results(&mut self, due: &Due<'_>) -> Result<Items, OperatorError> {
         if due.windows.is_empty() {
             return Ok(Items::default());
         }
@@ -530,9 +530,10 @@ impl<A: AggregateFn> WindowOperator<A> {
     }
 
     /// The results of `due` windows, to be sorted among others before they are emitted.
-    fn fire(&mut self, due: Due) -> Result<Vec<Fired>, OperatorError> {
+    fn fire(&mut self, due: Due<'_>) -> Result<Vec<Fired>, OperatorError> {
         let results = self.results(&due)?;
-        Ok(due.windows.into_iter().zip(results.iter()).map(|((t, k, w), result)| (t, k, w, result.to_vec())).collect())
+        let fired = due.windows.into_iter().zip(results.iter());
+        Ok(fired.map(|((t, k, w), result)| (t, k.to_vec(), w, result.to_vec())).collect())
     }
 
     /// Folds the records of `batch` from `from` on into their windows, up to and including
@@ -740,9 +741,9 @@ impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
         let due_cleanup = timers.cleanup.take_due(watermark);
         // Already in (firing time, key) order.
         let mut due = Due::default();
-        for (time, key, window) in due_fire {
+        for (time, key, window) in due_fire.iter() {
             let keep = self.cleanup_time(&window) > watermark;
-            let mut entries = self.store.key(&key);
+            let mut entries = self.store.key(key);
             let Some((_, acc)) = entries.acc(&window)? else {
                 return Err(self.store.corrupt(format!(
                     "window [{}, {}) has a pending firing but no accumulator",
@@ -762,10 +763,10 @@ impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
             self.result_record(&mut out, key, window, result)?;
         }
         let mut purged_sessions: BTreeMap<Vec<u8>, Vec<Window>> = BTreeMap::new();
-        for (_, key, window) in due_cleanup {
-            self.store.delete_acc(&key, &window)?;
+        for (_, key, window) in due_cleanup.iter() {
+            self.store.delete_acc(key, &window)?;
             if matches!(self.kind, WindowKind::Session { .. }) {
-                purged_sessions.entry(key).or_default().push(window);
+                purged_sessions.entry(key.to_vec()).or_default().push(window);
             }
         }
         for (key, purged) in purged_sessions {
