@@ -73,9 +73,9 @@ impl Due {
     /// The timers as (time, key, window), in emission order.
     pub(super) fn iter(&self) -> Box<dyn Iterator<Item = (i64, &[u8], Window)> + '_> {
         match self {
-            Due::ByTime(buckets) => Box::new(
-                buckets.iter().flat_map(|(time, b)| b.timers.iter().map(move |t| (*time, b.key(t), t.2))),
-            ),
+            Due::ByTime(buckets) => {
+                Box::new(buckets.iter().flat_map(|(time, b)| b.timers.iter().map(move |t| (*time, b.key(t), t.2))))
+            }
             Due::Ordered(timers) => Box::new(timers.iter().map(|(time, key, window)| (*time, key.as_slice(), *window))),
         }
     }
