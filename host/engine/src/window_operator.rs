@@ -613,6 +613,8 @@ impl<A: AggregateFn> WindowOperator<A> {
             let mut session = PendingSession::default();
             for absorbed in merge.absorbed {
                 match sessions.pending.remove(&absorbed) {
+                    // The first pending one absorbed is taken whole: no new lists per record.
+                    Some(p) if session.stored.is_empty() && session.records.is_empty() => session = p,
                     Some(p) => {
                         session.stored.extend(p.stored);
                         session.records.extend(p.records);

@@ -8,6 +8,7 @@
 //! assigned no window ([`WindowKind::assign`] returns `None`).
 
 use serde::Deserialize;
+use smallvec::SmallVec;
 
 /// A window `[start, end)` in event time (ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -128,8 +129,10 @@ impl WindowKind {
 pub struct Merge {
     /// The session the new window now belongs to.
     pub result: Window,
-    /// Earlier sessions absorbed into it (their accumulators must be merged into `result`'s).
-    pub absorbed: Vec<Window>,
+    /// Earlier sessions absorbed into it, in start order (their accumulators must be merged
+    /// into `result`'s). Inline up to two: a record usually extends one session, and this is
+    /// built per record.
+    pub absorbed: SmallVec<[Window; 2]>,
 }
 
 /// The open sessions of one key, merged as windows arrive (out of order is fine).
@@ -160,13 +163,18 @@ impl SessionWindows {
     /// Adds a record's window and merges it with every session it overlaps or touches.
     pub fn add(&mut self, window: Window) -> Merge {
         let result = self.cover(window);
-        // Every session touching the stable cover lies inside it.
-        let (mut absorbed, mut open): (Vec<Window>, Vec<Window>) =
-            self.sessions.iter().partition(|s| s.overlaps_or_touches(&result));
-        open.push(result);
-        open.sort();
-        self.sessions = open;
-        absorbed.sort();
+        // Every session touching the stable cover lies inside it. In place, without a new list
+        // per record: the sessions stay in start order, and so do the absorbed ones.
+        let mut absorbed = SmallVec::new();
+        self.sessions.retain(|s| {
+            let inside = s.overlaps_or_touches(&result);
+            if inside {
+                absorbed.push(*s);
+            }
+            !inside
+        });
+        let at = self.sessions.partition_point(|s| *s < result);
+        self.sessions.insert(at, result);
         Merge { result, absorbed }
     }
 
@@ -261,8 +269,14 @@ mod tests {
         fn sessions_equal_the_batch_oracle(ts in proptest::collection::vec(0i64..10_000, 1..60), gap in 1i64..500) {
             let mut sessions = SessionWindows::default();
             for &t in &ts {
+                let before = sessions.sessions().to_vec();
                 let merge = sessions.add(Window { start: t, end: t + gap });
                 prop_assert!(merge.result.start <= t && t + gap <= merge.result.end);
+                // Absorbed: the sessions before that overlap or touch the result, in order.
+                let r = merge.result;
+                let touching: Vec<Window> = before.into_iter().filter(|s| s.start <= r.end && r.start <= s.end).collect();
+                prop_assert_eq!(merge.absorbed.to_vec(), touching);
+                prop_assert!(sessions.sessions().windows(2).all(|p| p[0].end < p[1].start), "apart, in order");
             }
             let mut sorted = ts.clone();
             sorted.sort();

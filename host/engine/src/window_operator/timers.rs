@@ -56,8 +56,9 @@ impl Bucket {
 pub(super) enum TimerQueue {
     /// Fixed windows: per time, its (key, window)s in the order they came.
     ByTime(BTreeMap<i64, Bucket>),
-    /// Sessions: every timer in emission order.
-    Ordered(BTreeSet<Timer>),
+    /// Sessions: every timer in emission order, and a timer reused to look one up (a merge
+    /// removes the absorbed sessions' timers: no key copy per lookup).
+    Ordered(BTreeSet<Timer>, Timer),
 }
 
 /// Timers taken from a queue, which lend out their keys in emission order ([`Due::iter`]).
@@ -85,7 +86,9 @@ impl TimerQueue {
     pub(super) fn new(kind: WindowKind) -> Self {
         match kind {
             WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } => TimerQueue::ByTime(BTreeMap::new()),
-            WindowKind::Session { .. } => TimerQueue::Ordered(BTreeSet::new()),
+            WindowKind::Session { .. } => {
+                TimerQueue::Ordered(BTreeSet::new(), (0, Vec::new(), Window { start: 0, end: 0 }))
+            }
         }
     }
 
@@ -94,7 +97,7 @@ impl TimerQueue {
     pub(super) fn insert(&mut self, time: i64, key: &[u8], window: Window) {
         match self {
             TimerQueue::ByTime(by_time) => by_time.entry(time).or_default().push(key, window),
-            TimerQueue::Ordered(set) => {
+            TimerQueue::Ordered(set, _) => {
                 set.insert((time, key.to_vec(), window));
             }
         }
@@ -114,8 +117,12 @@ impl TimerQueue {
                     }
                 }
             }
-            TimerQueue::Ordered(set) => {
-                set.remove(&(time, key.to_vec(), window));
+            TimerQueue::Ordered(set, probe) => {
+                probe.0 = time;
+                probe.1.clear();
+                probe.1.extend_from_slice(key);
+                probe.2 = window;
+                set.remove(probe);
             }
         }
     }
@@ -133,7 +140,7 @@ impl TimerQueue {
                 };
                 Due::ByTime(due.into_iter().map(|(time, bucket)| (time, bucket.sorted())).collect())
             }
-            TimerQueue::Ordered(set) => {
+            TimerQueue::Ordered(set, _) => {
                 let due = match watermark.checked_add(1) {
                     Some(bound) => {
                         let later = set.split_off(&(bound, Vec::new(), Window { start: i64::MIN, end: i64::MIN }));
