@@ -256,7 +256,7 @@ impl<'a> RowRef<'a> {
 
     /// Field `i`'s slot if it is not null and holds `wanted`.
     #[inline]
-    fn present(&self, i: usize, wanted: Kind) -> Result<[u8; 8], RowError> {
+    pub(crate) fn present(&self, i: usize, wanted: Kind) -> Result<[u8; 8], RowError> {
         if self.is_null(i)? {
             return Err(RowError::Null(i));
         }

@@ -185,6 +185,10 @@ struct StructWriter<'a> {
     base: usize,
     next: usize,
     parent: Option<(RowFrame, usize, usize)>,
+    /// The known shape (index into `enc.known`) whose names the fields written so far match,
+    /// compared by address as each is written. While there is one, the names stay off the
+    /// stack: a struct written again costs no push per field and no search at its end.
+    known: Option<usize>,
 }
 
 impl<'a> StructWriter<'a> {
@@ -201,7 +205,17 @@ impl<'a> StructWriter<'a> {
         }
         let frame = RowFrame::begin(buf, len, 0);
         let base = enc.names.len();
-        Ok(Self { enc, buf, declare, frame, name, base, next: 0, parent })
+        let known = enc.known.iter().rposition(|(k, _)| k.len() == len + 1 && core::ptr::eq(k[0], name));
+        Ok(Self { enc, buf, declare, frame, name, base, next: 0, parent, known })
+    }
+
+    /// Leaves the known shape: the names it matched so far go onto the stack.
+    #[cold]
+    fn unknown(&mut self) {
+        if let Some(k) = self.known.take() {
+            let matched = &self.enc.known[k].0[1..=self.next];
+            self.enc.names.extend_from_slice(matched);
+        }
     }
 }
 
@@ -215,19 +229,32 @@ impl ser::SerializeStruct for StructWriter<'_> {
         if i >= self.frame.fields() {
             return Err(RowSerError::FieldCount(self.name.into()));
         }
+        match self.known {
+            Some(k) if core::ptr::eq(self.enc.known[k].0[i + 1], key) => {}
+            _ => {
+                self.unknown();
+                self.enc.names.push(key);
+            }
+        }
         self.next += 1;
-        self.enc.names.push(key);
         value.serialize(Field { enc: self.enc, buf: self.buf, declare: self.declare, frame: self.frame, i })
     }
 
-    fn end(self) -> Result<(), RowSerError> {
-        // Fields announced but never written (a hand-written `Serialize` with a loose count)
-        // stay null under an empty name.
-        for _ in self.next..self.frame.fields() {
-            self.enc.names.push("");
-        }
-        let id = self.enc.schema_id(self.name, self.base, self.declare);
-        self.enc.names.truncate(self.base);
+    fn end(mut self) -> Result<(), RowSerError> {
+        let id = match self.known {
+            Some(k) if self.next == self.frame.fields() => self.enc.known[k].1,
+            _ => {
+                self.unknown();
+                // Fields announced but never written (a hand-written `Serialize` with a loose
+                // count) stay null under an empty name.
+                for _ in self.next..self.frame.fields() {
+                    self.enc.names.push("");
+                }
+                let id = self.enc.schema_id(self.name, self.base, self.declare);
+                self.enc.names.truncate(self.base);
+                id
+            }
+        };
         self.frame.set_schema(self.buf, id);
         if let Some((parent, i, from)) = self.parent {
             parent.close_variable(self.buf, i, Kind::Row, from);

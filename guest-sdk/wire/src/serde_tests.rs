@@ -3,6 +3,7 @@
 //! the value, by name.
 
 use alloc::collections::BTreeMap;
+use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::sync::Arc;
 use alloc::vec;
@@ -242,4 +243,66 @@ fn a_row_without_known_names_reads_positionally_and_renders_as_an_array() {
     assert_eq!(json, br#"[1,"x"]"#);
     let read: Inner = RowDecoder::new().decode(&row, &strangers).expect("positional");
     assert_eq!(read, Inner { id: 1, label: Some("x".into()) });
+}
+
+mod first {
+    #[derive(serde::Serialize)]
+    pub struct Shape {
+        pub a: u64,
+        pub b: i64,
+    }
+}
+
+mod second {
+    #[derive(serde::Serialize)]
+    pub struct Shape {
+        pub a: u64,
+        pub c: i64,
+    }
+}
+
+/// Fields written only when present: one struct, two shapes.
+#[derive(Serialize)]
+struct Sparse {
+    a: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    b: Option<u64>,
+    c: first::Shape,
+}
+
+/// Announces three fields and writes one.
+struct Loose;
+
+impl Serialize for Loose {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Shape", 3)?;
+        st.serialize_field("a", &7u64)?;
+        st.end()
+    }
+}
+
+#[test]
+fn shapes_alike_in_name_and_count_keep_their_own_names_whatever_the_order() {
+    let registry = Registry::default();
+    let mut enc = RowEncoder::new();
+    let render = |row: &[u8]| {
+        let mut json = Vec::new();
+        row_to_json(row, &registry, &mut json).expect("renders");
+        String::from_utf8(json).expect("utf-8")
+    };
+    // One encoder throughout, so every shape after the first meets shapes already known.
+    for round in 0..3u64 {
+        let one = registry.encode(&mut enc, &first::Shape { a: round, b: -1 }).expect("first");
+        assert_eq!(render(&one), format!(r#"{{"a":{round},"b":-1}}"#));
+        let two = registry.encode(&mut enc, &second::Shape { a: round, c: 2 }).expect("second");
+        assert_eq!(render(&two), format!(r#"{{"a":{round},"c":2}}"#));
+        let loose = registry.encode(&mut enc, &Loose).expect("loose");
+        assert_eq!(render(&loose), r#"{"a":7,"":null,"":null}"#);
+        for b in [Some(round), None] {
+            let sparse = Sparse { a: round, b, c: first::Shape { a: 1, b: 2 } };
+            let row = registry.encode(&mut enc, &sparse).expect("sparse");
+            assert_eq!(render(&row), serde_json::to_string(&sparse).expect("json"), "round {round}, b {b:?}");
+        }
+    }
 }
