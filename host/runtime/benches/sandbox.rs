@@ -103,16 +103,7 @@ fn bare_native(batches: &[RecordBatch], counts: &mut HashMap<Vec<u8>, u64>) {
 /// (what a pass-through costs without the sandbox).
 fn crossing(runtime: &Runtime, samples: usize) {
     const BATCH: usize = 1024;
-    let config = eddy_nexmark::NexmarkConfig::default();
-    let mut scratch = eddy_nexmark::Scratch::default();
-    let mut batch = RecordBatch::default();
-    let mut value = Vec::new();
-    for i in 0..BATCH as u64 {
-        let event = eddy_nexmark::event_ref(&config, i, &mut scratch);
-        value.clear();
-        eddy_nexmark::write_row(&event, &mut value);
-        batch.push(None, &value, Some(event.date_time()));
-    }
+    let batch = nexmark_rows(BATCH as u64);
     let echo = runtime.load_file("echo", guests::HOSTILE.as_ref()).expect("load");
     let mut op = echo
         .instantiate_operator(
@@ -149,9 +140,77 @@ fn crossing(runtime: &Runtime, samples: usize) {
     println!("| native copy of the batch | {:.1} |", per(native));
 }
 
+/// A batch of `n` Nexmark events as rows, as the source writes them (and declares their names).
+fn nexmark_rows(n: u64) -> RecordBatch {
+    for schema in eddy_nexmark::row_schemas() {
+        eddy_runtime::schemas().declare(&schema).expect("Nexmark's schemas");
+    }
+    let config = eddy_nexmark::NexmarkConfig::default();
+    let mut scratch = eddy_nexmark::Scratch::default();
+    let mut batch = RecordBatch::default();
+    let mut value = Vec::new();
+    for i in 0..n {
+        let event = eddy_nexmark::event_ref(&config, i, &mut scratch);
+        value.clear();
+        eddy_nexmark::write_row(&event, &mut value);
+        batch.push(None, &value, Some(event.date_time()));
+    }
+    batch
+}
+
+/// WebAssembly instructions (fuel) per event of the stateless Nexmark operators over one batch
+/// of 1 024 events: a count, so it compares two builds of a guest or the SDK on a machine
+/// whose timings move by a fifth from run to run.
+fn instructions() {
+    const EVENTS: u64 = 1024;
+    let mut config = RuntimeConfig::default();
+    config.limits.fuel_per_call = Some(u64::MAX / 2);
+    let runtime = Runtime::new(config).expect("runtime with fuel");
+    let batch = nexmark_rows(EVENTS);
+    // `EDDY_BENCH_GUESTS=DIR` counts the `.wasm` files in DIR instead (another build, to compare).
+    let other = std::env::var_os("EDDY_BENCH_GUESTS").map(std::path::PathBuf::from);
+    let guests: [(&str, &std::path::Path, &str); 5] = [
+        ("pass-through (hostile, echo)", guests::HOSTILE.as_ref(), r#"{"mode":"echo"}"#),
+        ("8 bytes per record (hostile, burn 0)", guests::HOSTILE.as_ref(), r#"{"mode":"burn","count":0}"#),
+        ("q0 (nexmark-select, bids)", guests::NEXMARK_SELECT.as_ref(), r#"{"bid":{}}"#),
+        ("q1 (currency conversion)", guests::NEXMARK_Q1.as_ref(), "null"),
+        ("q2 (selection)", guests::NEXMARK_Q2.as_ref(), "null"),
+    ];
+    println!("\nWebAssembly instructions (fuel) per event, one batch of {EVENTS} Nexmark events\n");
+    println!("| operator | instructions/event | a call with one event | records out |\n|---|---:|---:|---:|");
+    for (name, built, open) in guests {
+        let wasm = match (&other, built.file_name()) {
+            (Some(dir), Some(file)) => dir.join(file),
+            _ => built.to_path_buf(),
+        };
+        let component = runtime.load_file(name, &wasm).expect("load");
+        let mut op = component
+            .instantiate_operator(
+                Subtask::single(MAX_PARALLELISM),
+                Box::new(HeapStateBackend::default()),
+                Box::new(HeapTimerService::default()),
+            )
+            .expect("instantiate");
+        op.open(open).expect("open");
+        // The first call grows the guest's buffers; the second is the steady state.
+        op.process(&batch).expect("process");
+        let out = op.process(&batch).expect("process");
+        let fuel = op.last_call_fuel().expect("fuel is metered");
+        let one = nexmark_rows(1);
+        op.process(&one).expect("process");
+        let per_call = op.last_call_fuel().expect("fuel is metered");
+        println!("| {name} | {:.1} | {per_call} | {} |", fuel as f64 / EVENTS as f64, out.main.len());
+    }
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let samples = if quick { 5 } else { 21 };
+    // `--instructions`: only the instruction counts.
+    if std::env::args().any(|a| a == "--instructions") {
+        instructions();
+        return;
+    }
     let runtime = Runtime::new(RuntimeConfig::default()).expect("runtime");
     // `--crossing`: only the crossing section, e.g. under `perf record`.
     if std::env::args().any(|a| a == "--crossing") {

@@ -248,6 +248,14 @@ impl OperatorInstance {
         self.store.data_mut().keyed.timers.as_mut()
     }
 
+    /// The fuel (about one unit per WebAssembly instruction) the last call used, when the
+    /// limits meter fuel: a count of the guest's work that, unlike a time, does not move with
+    /// the machine's load.
+    pub fn last_call_fuel(&self) -> Option<u64> {
+        let armed = self.policy.limits.fuel_per_call?;
+        self.store.get_fuel().ok().map(|left| armed.saturating_sub(left))
+    }
+
     /// Whether an earlier trap made this instance unusable.
     pub fn is_poisoned(&self) -> bool {
         self.policy.poisoned
