@@ -467,7 +467,10 @@ mod tests {
         assert_eq!(out, expected);
         let mut out = Vec::new();
         Row { key: Some(Span { offset: 5, len: 0 }), value: Span::default(), timestamp: None, tag: 0 }.write(&mut out);
-        assert_eq!(out, [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            out,
+            [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
         let mut out = Vec::new();
         ValueWrite { state: 1, key: 2, value: None }.write(&mut out);
         None::<Span>.write(&mut out);

@@ -182,7 +182,8 @@ mod tests {
         ];
         let mut slots = FieldSlots::default();
         // Repeated, reversed and interleaved, so hits, the last hit and evictions all answer.
-        let orders = [table.iter().collect::<Vec<_>>(), table.iter().rev().collect(), table.iter().step_by(3).collect()];
+        let orders =
+            [table.iter().collect::<Vec<_>>(), table.iter().rev().collect(), table.iter().step_by(3).collect()];
         for (row, name, slot) in orders.iter().flatten().chain(orders.iter().flatten()) {
             for _ in 0..2 {
                 assert_eq!(slots.slot_of(row, name, &schemas), *slot, "{name} in schema {}", row.schema());

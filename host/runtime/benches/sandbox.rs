@@ -6,6 +6,13 @@
 //!
 //! Run: `cargo bench -p eddy-runtime --bench sandbox` (add `-- --quick` for fewer samples).
 //! Prints medians; ratios are computed from medians of the same run.
+//!
+//! `-- --instructions` instead counts the WebAssembly instructions (wasmtime's fuel) per event
+//! that the stateless Nexmark operators and two SDK floors spend on one batch: a count, not a
+//! time, so two builds of the SDK compare exactly on a noisy machine. `EDDY_BENCH_GUESTS=DIR`
+//! counts the `.wasm` files of another build (copy `target/wasm-guests/wasm32-wasip2/release`
+//! aside first); `EDDY_BENCH_ONLY=q1` counts one operator and `EDDY_BENCH_REPEAT=5000` runs its
+//! batch that many more times, for `EDDY_WASM_PERFMAP=1 perf record` on the guest alone.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -178,7 +185,11 @@ fn instructions() {
     ];
     println!("\nWebAssembly instructions (fuel) per event, one batch of {EVENTS} Nexmark events\n");
     println!("| operator | instructions/event | a call with one event | records out |\n|---|---:|---:|---:|");
+    let only = std::env::var("EDDY_BENCH_ONLY").ok();
     for (name, built, open) in guests {
+        if only.as_deref().is_some_and(|o| !name.starts_with(o)) {
+            continue;
+        }
         let wasm = match (&other, built.file_name()) {
             (Some(dir), Some(file)) => dir.join(file),
             _ => built.to_path_buf(),
@@ -196,6 +207,9 @@ fn instructions() {
         op.process(&batch).expect("process");
         let out = op.process(&batch).expect("process");
         let fuel = op.last_call_fuel().expect("fuel is metered");
+        for _ in 0..std::env::var("EDDY_BENCH_REPEAT").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(0) {
+            black_box(op.process(&batch).expect("process"));
+        }
         let one = nexmark_rows(1);
         op.process(&one).expect("process");
         let per_call = op.last_call_fuel().expect("fuel is metered");
