@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use eddy_wire::de::RowDecoder;
@@ -37,9 +37,8 @@ pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
 /// The host's schemas as this instance has seen them (asked once per id), with the last one
 /// looked up in front: a batch's records mostly share their schema, and hashing the id per
 /// record showed in profiles.
-#[derive(Default)]
 struct HostSchemas {
-    known: RefCell<HashMap<u32, Option<Arc<Schema>>>>,
+    known: RefCell<BTreeMap<u32, Option<Arc<Schema>>>>,
     last: RefCell<Option<(u32, Option<Arc<Schema>>)>>,
 }
 
@@ -64,7 +63,6 @@ impl Schemas for HostSchemas {
     }
 }
 
-#[derive(Default)]
 struct Rows {
     encoder: RowEncoder,
     decoder: RowDecoder,
@@ -80,7 +78,16 @@ impl Rows {
 }
 
 thread_local! {
-    static ROWS: RefCell<Rows> = RefCell::new(Rows::default());
+    // Made at compile time, so each use (a few per record) is not a check that it was made
+    // (a `BTreeMap`, not a `HashMap`, for the same reason: its `new` is `const`).
+    static ROWS: RefCell<Rows> = const {
+        RefCell::new(Rows {
+            encoder: RowEncoder::new(),
+            decoder: RowDecoder::new(),
+            schemas: HostSchemas { known: RefCell::new(BTreeMap::new()), last: RefCell::new(None) },
+            fields: FieldSlots::new(),
+        })
+    };
 }
 
 /// Appends record value `value` to `buf`: a row if it is a struct, else JSON.

@@ -1,6 +1,6 @@
 //! What an operator can do while it handles a call: emit records, use timers, read time.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use eddy_wire::{Packed, Row, Span, Table, ValueWrite};
@@ -31,7 +31,6 @@ struct Scope {
     data: Rc<Vec<u8>>,
     prefetched_states: Vec<u32>,
     prefetched: Vec<u8>,
-    current: Option<Current>,
 }
 
 /// Appends a value's encoding to the buffer it is given.
@@ -133,22 +132,30 @@ struct Call {
 thread_local! {
     static CALL: RefCell<Call> = RefCell::new(Call::default());
     static OUTPUT: RefCell<OutputBatch> = const { RefCell::new(OutputBatch { data: Vec::new(), records: Vec::new() }) };
+    /// The record or timer being handled, set once per record: a `Cell` of its own, so the
+    /// set is a store rather than a borrow of `CALL` (40 WebAssembly instructions a record).
+    static CURRENT: Cell<Option<Current>> = const { Cell::new(None) };
 }
 
 /// Starts a call: `data` is the call's buffer (batch or timers), `keys` its records or timers.
 pub(crate) fn begin_scope(data: Rc<Vec<u8>>, prefetched_states: Vec<u32>, prefetched: Vec<u8>, keys: usize) {
     CALL.with_borrow_mut(|call| {
-        call.scope = Scope { data, prefetched_states, prefetched, current: None };
+        call.scope = Scope { data, prefetched_states, prefetched };
         call.writes.begin(keys);
     });
+    set_current(None);
 }
 
 pub(crate) fn set_current(current: Option<Current>) {
-    CALL.with_borrow_mut(|call| call.scope.current = current);
+    CURRENT.set(current);
+}
+
+fn current() -> Result<Current> {
+    CURRENT.get().ok_or_else(no_key)
 }
 
 pub(crate) fn current_key() -> Result<u32> {
-    CALL.with_borrow(|call| call.scope.current.map(|c| c.handle)).ok_or_else(no_key)
+    current().map(|c| c.handle)
 }
 
 fn no_key() -> Error {
@@ -163,7 +170,7 @@ fn no_key() -> Error {
 pub(crate) fn with_value<R>(state: u32, f: impl FnOnce(Option<&[u8]>) -> Result<R>) -> Result<R> {
     // `f` only decodes bytes and cannot reach CALL, so it runs under the borrow.
     CALL.with_borrow(|Call { scope, writes }| {
-        let current = scope.current.ok_or_else(no_key)?;
+        let current = current()?;
         if let Some(entry) = writes.find(state, current.slot) {
             return match entry.value {
                 Some(span) => f(Some(slice(&writes.data, span)?)),
@@ -182,18 +189,14 @@ pub(crate) fn with_value<R>(state: u32, f: impl FnOnce(Option<&[u8]>) -> Result<
 
 /// Buffers a write of value state `state` for the current key; `encode` appends the bytes.
 pub(crate) fn value_set(state: u32, mut encode: impl FnMut(&mut Vec<u8>) -> Result<()>) -> Result<()> {
-    CALL.with_borrow_mut(|Call { scope, writes }| {
-        let slot = scope.current.ok_or_else(no_key)?.slot;
-        writes.put(state, slot, Some(&mut encode))
-    })
+    let slot = current()?.slot;
+    CALL.with_borrow_mut(|call| call.writes.put(state, slot, Some(&mut encode)))
 }
 
 /// Buffers a clear of value state `state` for the current key.
 pub(crate) fn value_clear(state: u32) -> Result<()> {
-    CALL.with_borrow_mut(|Call { scope, writes }| {
-        let slot = scope.current.ok_or_else(no_key)?.slot;
-        writes.put(state, slot, None)
-    })
+    let slot = current()?.slot;
+    CALL.with_borrow_mut(|call| call.writes.put(state, slot, None))
 }
 
 /// Hands this call's value-state writes to the host in one crossing.

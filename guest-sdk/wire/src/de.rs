@@ -75,8 +75,8 @@ enum StructRead {
 
 impl RowDecoder {
     /// A decoder with no maps yet.
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        Self { maps: Vec::new() }
     }
 
     /// Decodes the row in `bytes` as a `T`.

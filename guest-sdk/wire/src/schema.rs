@@ -108,6 +108,11 @@ fn same_name(a: &str, b: &str) -> bool {
 }
 
 impl FieldSlots {
+    /// Nothing remembered yet.
+    pub const fn new() -> Self {
+        Self { known: Vec::new(), last: 0 }
+    }
+
     /// The slot of top-level field `name` in `row`, `None` if its schema (as `schemas` knows
     /// it, with as many fields as the row) does not name it.
     pub fn slot_of(&mut self, row: &crate::row::RowRef<'_>, name: &str, schemas: &dyn Schemas) -> Option<usize> {

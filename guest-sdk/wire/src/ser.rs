@@ -69,8 +69,8 @@ pub struct RowEncoder {
 
 impl RowEncoder {
     /// An encoder that knows no schema yet.
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        Self { known: Vec::new(), names: Vec::new() }
     }
 
     /// Appends `value` to `out` as a row. On an error `out` is as it was.
