@@ -111,15 +111,7 @@ fn bare_native(batches: &[RecordBatch], counts: &mut HashMap<Vec<u8>, u64>) {
 fn crossing(runtime: &Runtime, samples: usize) {
     const BATCH: usize = 1024;
     let batch = nexmark_rows(BATCH as u64);
-    let echo = runtime.load_file("echo", guests::HOSTILE.as_ref()).expect("load");
-    let mut op = echo
-        .instantiate_operator(
-            Subtask::single(MAX_PARALLELISM),
-            Box::new(HeapStateBackend::default()),
-            Box::new(HeapTimerService::default()),
-        )
-        .expect("instantiate");
-    op.open(r#"{"mode":"echo"}"#).expect("open");
+    let mut op = opened(runtime, "echo", guests::HOSTILE.as_ref(), r#"{"mode":"echo"}"#);
     let rounds = 200;
     let sandbox = measure(samples, || {
         for _ in 0..rounds {
@@ -145,6 +137,21 @@ fn crossing(runtime: &Runtime, samples: usize) {
     println!("| path | ns/record |\n|---|---:|");
     println!("| pass-through guest (process + emit, sandboxed) | {:.1} |", per(sandbox));
     println!("| native copy of the batch | {:.1} |", per(native));
+}
+
+/// An instance of the operator in `wasm`, opened with `config`, over heap state.
+fn opened(runtime: &Runtime, name: &str, wasm: &std::path::Path, config: &str) -> eddy_runtime::OperatorInstance {
+    let mut op = runtime
+        .load_file(name, wasm)
+        .expect("load")
+        .instantiate_operator(
+            Subtask::single(MAX_PARALLELISM),
+            Box::new(HeapStateBackend::default()),
+            Box::new(HeapTimerService::default()),
+        )
+        .expect("instantiate");
+    op.open(config).expect("open");
+    op
 }
 
 /// A batch of `n` Nexmark events as rows, as the source writes them (and declares their names).
@@ -194,15 +201,7 @@ fn instructions() {
             (Some(dir), Some(file)) => dir.join(file),
             _ => built.to_path_buf(),
         };
-        let component = runtime.load_file(name, &wasm).expect("load");
-        let mut op = component
-            .instantiate_operator(
-                Subtask::single(MAX_PARALLELISM),
-                Box::new(HeapStateBackend::default()),
-                Box::new(HeapTimerService::default()),
-            )
-            .expect("instantiate");
-        op.open(open).expect("open");
+        let mut op = opened(&runtime, name, &wasm, open);
         // The first call grows the guest's buffers; the second is the steady state.
         op.process(&batch).expect("process");
         let out = op.process(&batch).expect("process");
