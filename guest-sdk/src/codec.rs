@@ -181,6 +181,21 @@ pub fn pointer_json(bytes: &[u8], pointer: &str) -> Result<Option<Vec<u8>>> {
     value.pointer(pointer).map(encode).transpose()
 }
 
+/// The slots of `names` in schema `id`, if the host knows the schema and it names each one.
+pub(crate) fn slots_of<const N: usize>(id: u32, names: &[&str; N]) -> Option<[u16; N]> {
+    let schema = ROWS.with_borrow(|rows| rows.schemas.get(id))?;
+    let mut slots = [0; N];
+    for (slot, name) in slots.iter_mut().zip(names) {
+        *slot = u16::try_from(schema.index_of(name)?).ok()?;
+    }
+    Some(slots)
+}
+
+/// Declares `schema` to the host; returns its id.
+pub(crate) fn declare(schema: &Schema) -> u32 {
+    host::declare(schema)
+}
+
 /// The `schemas` import, or (off wasm, for native tests) the same ids computed locally.
 mod host {
     use eddy_wire::schema::Schema;

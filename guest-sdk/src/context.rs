@@ -11,7 +11,7 @@ use crate::bindings::types::OutputBatch;
 use crate::bindings::{output, timers};
 use crate::record::{TimeDomain, slice};
 use crate::state::{ListState, MapState, ValueState};
-use crate::{Error, Result, codec};
+use crate::{Error, Result, RowWrite, codec};
 
 /// Output is handed to the host in one crossing per call, or earlier once this much is buffered.
 const OUTPUT_FLUSH_BYTES: usize = 1 << 20;
@@ -342,6 +342,17 @@ impl Context {
     /// Emits a record without a key to the main output, with the current timestamp.
     pub fn emit_value<V: Serialize + ?Sized>(&mut self, value: &V) -> Result<()> {
         push_output(0, self.timestamp, |d| Ok((None, encoded_value(d, value)?)))
+    }
+
+    /// Emits `value`, a struct that derives [`Row`](crate::Row), without a key to the main
+    /// output, with the current timestamp: the bytes [`Self::emit_value`] writes, written
+    /// slot by slot with the schema declared once.
+    pub fn emit_row<V: RowWrite>(&mut self, value: &V) -> Result<()> {
+        push_output(0, self.timestamp, |d| {
+            let offset = d.len();
+            value.write_row(d);
+            Ok((None, span_at(d, offset)?))
+        })
     }
 
     /// Emits a keyed record to a side output, with the current timestamp.

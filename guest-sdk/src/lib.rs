@@ -46,6 +46,53 @@
 //! - Return an [`Error`] for failures you understand; a panic traps the instance, and the
 //!   host reports the operator name and the panic message and fails the task.
 //! - For host-side windows implement [`Aggregate`] and use [`export_aggregate!`].
+//!
+//! ## Rows at the cost of their fields
+//!
+//! [`Record::value`] and [`Context::emit_value`] take any serde type. A struct whose fields
+//! are numbers, `bool`, `String` or `Option` of them can also derive [`Row`]: [`Record::row`]
+//! then reads it slot by slot by a layout resolved once per schema and [`Context::emit_row`]
+//! writes it the same way, with the same results and bytes as the serde path at about half
+//! the instructions per record (Nexmark q1: 2 324 to 1 083 WebAssembly instructions an event).
+//!
+//! ```no_run
+//! use eddy_sdk::{Context, OpenContext, Operator, Record, Result, Row};
+//! use serde::Deserialize;
+//!
+//! #[derive(Deserialize, Row)]
+//! struct Bid {
+//!     auction: u64,
+//!     price: u64,
+//! }
+//!
+//! #[derive(Row)]
+//! struct Euros {
+//!     auction: u64,
+//!     euros: u64,
+//! }
+//!
+//! struct Convert;
+//!
+//! impl Operator for Convert {
+//!     type Config = ();
+//!
+//!     fn open(_config: (), _ctx: &mut OpenContext) -> Result<Self> {
+//!         Ok(Convert)
+//!     }
+//!
+//!     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
+//!         // Read as `record.value()` would (JSON values and other shapes go through serde).
+//!         let bid: Bid = record.row()?;
+//!         ctx.emit_row(&Euros { auction: bid.auction, euros: bid.price * 908 / 1000 })
+//!     }
+//! }
+//!
+//! eddy_sdk::export_operator!(Convert);
+//! ```
+
+// The code `#[derive(Row)]` generates names this crate `::eddy_sdk`, in its own tests too.
+#[cfg(test)]
+extern crate self as eddy_sdk;
 
 mod aggregate;
 mod bindings;
@@ -55,13 +102,16 @@ mod error;
 pub mod log;
 mod operator;
 mod record;
+mod row;
 mod state;
 
 pub use aggregate::Aggregate;
 pub use context::{Context, OpenContext, SideOutput};
+pub use eddy_sdk_derive::Row;
 pub use error::{Error, ErrorKind, Result};
 pub use operator::Operator;
 pub use record::{Record, TimeDomain, Timer};
+pub use row::{RowRead, RowWrite};
 pub use state::{ListState, MapState, ValueState};
 
 /// The WIT imports as generated, for operators that manage bytes and key handles themselves
@@ -80,6 +130,7 @@ pub mod __private {
     pub use crate::bindings::operator_world;
     pub use crate::bindings::operator_world::exports::eddy::dataflow::operator::Guest as OperatorGuest;
     pub use crate::bindings::types::{Batch, OperatorError, TimerBatch};
+    pub use crate::row::support as row;
     pub mod operator {
         pub use crate::operator::{close, on_timer, open, process};
     }

@@ -2,9 +2,10 @@
 
 use eddy_wire::{Row, Span};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use crate::bindings::types::{TimeDomain as WitTimeDomain, TimerRef};
-use crate::{Error, Result, codec};
+use crate::{Error, Result, RowRead, codec};
 
 pub(crate) fn slice(data: &[u8], span: Span) -> Result<&[u8]> {
     span.slice(data).ok_or_else(|| Error::bad_record("record span lies outside its batch"))
@@ -51,6 +52,14 @@ impl<'a> Record<'a> {
     /// The value, decoded.
     pub fn value<V: Deserialize<'a>>(&self) -> Result<V> {
         codec::decode_value(self.value)
+    }
+
+    /// The value as a struct that derives [`Row`](crate::Row): read slot by slot by a layout
+    /// resolved once per schema, the same result as [`Self::value`] (which it falls back to
+    /// for JSON, for a schema without one of the fields and for a slot of another kind) at a
+    /// fraction of the cost.
+    pub fn row<V: RowRead + DeserializeOwned>(&self) -> Result<V> {
+        crate::row::decode(self.value)
     }
 
     /// The top-level string field `field` of the value, `None` if there is none or it is not

@@ -10,11 +10,11 @@
 //! step right after the source: it reads every event, drops persons and auctions, and emits
 //! `{"auction", "bidder", "price", "date_time"}` per bid, unkeyed, with the bid's event time.
 
-use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result};
+use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result, Row};
 use serde::{Deserialize, Serialize};
 
 /// One output row.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Row)]
 pub struct EuroBid {
     /// The auction.
     pub auction: u64,
@@ -35,7 +35,7 @@ pub fn to_euros(dollars: u64) -> u64 {
 }
 
 /// The fields of a bid this query reads: from a row only these four slots are read.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Row)]
 struct BidPrice {
     auction: u64,
     bidder: u64,
@@ -59,10 +59,10 @@ impl Operator for CurrencyConversion {
         if *kind != *b"bid" {
             return Ok(());
         }
-        let bid: BidPrice = record.value()?;
+        let bid: BidPrice = record.row()?;
         let row =
             EuroBid { auction: bid.auction, bidder: bid.bidder, price: to_euros(bid.price), date_time: bid.date_time };
-        ctx.emit_value(&row)
+        ctx.emit_row(&row)
     }
 }
 

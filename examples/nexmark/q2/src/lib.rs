@@ -9,14 +9,14 @@
 //! persons, auctions and other bids and emits `{"auction", "price"}` per selected bid,
 //! unkeyed, with the bid's event time.
 
-use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result};
+use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result, Row};
 use serde::{Deserialize, Serialize};
 
 /// Auctions whose id is a multiple of this are selected.
 pub const AUCTION_SKIP: u64 = 123;
 
 /// One output row.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Row)]
 pub struct AuctionPrice {
     /// The auction.
     pub auction: u64,
@@ -29,7 +29,7 @@ pub struct AuctionPrice {
 pub struct Selection;
 
 /// The fields of a bid this query reads.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Row)]
 struct BidAuction {
     auction: u64,
     price: u64,
@@ -47,11 +47,11 @@ impl Operator for Selection {
         if *kind != *b"bid" {
             return Ok(());
         }
-        let bid: BidAuction = record.value()?;
+        let bid: BidAuction = record.row()?;
         if !bid.auction.is_multiple_of(AUCTION_SKIP) {
             return Ok(());
         }
-        ctx.emit_value(&AuctionPrice { auction: bid.auction, price: bid.price })
+        ctx.emit_row(&AuctionPrice { auction: bid.auction, price: bid.price })
     }
 }
 

@@ -27,7 +27,7 @@
 //! are unique in Nexmark; should one arrive twice, the later person replaces the earlier one
 //! for auctions still to come.
 
-use eddy_sdk::{Context, Error, ListState, OpenContext, Operator, Record, Result, ValueState};
+use eddy_sdk::{Context, Error, ListState, OpenContext, Operator, Record, Result, Row, ValueState};
 use serde::{Deserialize, Serialize};
 
 /// The auction category the query looks for.
@@ -89,7 +89,7 @@ impl Operator for LocalItemSuggestion {
         let kind = record.value_str_bytes("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
         match &*kind {
             b"person" => {
-                let p: PersonPlace = record.value()?;
+                let p: PersonPlace = record.row()?;
                 let seller = Seller { name: p.name, city: p.city, state: p.state };
                 let waiting = self.waiting.get()?;
                 if !waiting.is_empty() {
@@ -103,7 +103,7 @@ impl Operator for LocalItemSuggestion {
                 self.seller.set(&seller)
             }
             b"auction" => {
-                let a: AuctionSeller = record.value()?;
+                let a: AuctionSeller = record.row()?;
                 if a.category != CATEGORY {
                     return Ok(());
                 }
@@ -119,7 +119,7 @@ impl Operator for LocalItemSuggestion {
 }
 
 /// The fields of a person this query reads.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Row)]
 struct PersonPlace {
     id: u64,
     name: String,
@@ -128,7 +128,7 @@ struct PersonPlace {
 }
 
 /// The fields of an auction this query reads.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Row)]
 struct AuctionSeller {
     id: u64,
     seller: u64,

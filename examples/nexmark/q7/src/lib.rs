@@ -25,7 +25,7 @@
 //! records in any grouping. Everything goes through one key, hence one subtask of the
 //! window: that is the query (a global maximum), and the state per window is three numbers.
 
-use eddy_sdk::{Aggregate, Record, Result};
+use eddy_sdk::{Aggregate, Record, Result, Row};
 use serde::{Deserialize, Serialize};
 
 /// The best bid of a window so far.
@@ -57,7 +57,7 @@ pub fn best(a: Option<Highest>, b: Option<Highest>) -> Option<Highest> {
 }
 
 /// The fields of a bid this query reads.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Row)]
 struct BidPrice {
     auction: u64,
     bidder: u64,
@@ -82,7 +82,7 @@ impl Aggregate for HighestBid {
     }
 
     fn add(&self, acc: &mut Option<Highest>, record: &Record<'_>) -> Result<()> {
-        let bid: BidPrice = record.value()?;
+        let bid: BidPrice = record.row()?;
         *acc = best(*acc, Some(Highest { auction: bid.auction, bidder: bid.bidder, price: bid.price }));
         Ok(())
     }
