@@ -118,13 +118,79 @@ pub fn decode_value<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
     })
 }
 
+/// A top-level field of record values, named by its name (its slot then found among the few
+/// this instance remembers, comparing names) or by a [`Field`] (its slot remembered in it,
+/// so finding it costs a comparison of the schema id).
+pub trait FieldName {
+    /// The field's name.
+    fn name(&self) -> &str;
+    /// The field's slot in `row`, `None` if the row's schema does not name it.
+    fn slot_in(&self, row: &RowRef<'_>) -> Option<usize>;
+}
+
+impl FieldName for &str {
+    fn name(&self) -> &str {
+        self
+    }
+    #[inline]
+    fn slot_in(&self, row: &RowRef<'_>) -> Option<usize> {
+        ROWS.with_borrow_mut(|rows| rows.slot_of(row, self))
+    }
+}
+
+/// A top-level field read record after record (a filter's `type`): its slot is looked up once
+/// per schema and remembered here, instead of among the names this instance remembers. Keep
+/// it in the operator (made in `open`) and pass `&field` where a field name goes.
+///
+/// ```
+/// use eddy_sdk::codec::Field;
+///
+/// let kind = Field::new("type");
+/// assert_eq!(eddy_sdk::codec::str_field_bytes(br#"{"type":"bid"}"#, &kind).unwrap().as_deref(), Some(&b"bid"[..]));
+/// ```
+#[derive(Debug)]
+pub struct Field {
+    name: &'static str,
+    /// The last schema id and field count seen, and the field's slot in them.
+    at: std::cell::Cell<Option<(u32, usize, Option<usize>)>>,
+}
+
+impl Field {
+    /// The field named `name`.
+    pub const fn new(name: &'static str) -> Self {
+        Self { name, at: std::cell::Cell::new(None) }
+    }
+}
+
+impl FieldName for &Field {
+    fn name(&self) -> &str {
+        self.name
+    }
+    #[inline]
+    fn slot_in(&self, row: &RowRef<'_>) -> Option<usize> {
+        let (schema, fields) = (row.schema(), row.len());
+        match self.at.get() {
+            Some((known, count, slot)) if known == schema && count == fields => slot,
+            _ => {
+                // As `FieldSlots` looks it up: a schema of another field count is not this row's.
+                let slot = ROWS
+                    .with_borrow(|rows| rows.schemas.get(schema))
+                    .filter(|s| s.fields.len() == fields)
+                    .and_then(|s| s.index_of(self.name));
+                self.at.set(Some((schema, fields, slot)));
+                slot
+            }
+        }
+    }
+}
+
 /// The top-level string field `field` of record value `bytes`: borrowed from a row in place
 /// (nothing else is decoded), parsed out of JSON otherwise; `None` if the value has no such
 /// field or it is not a string.
-pub fn str_field<'a>(bytes: &'a [u8], field: &str) -> Result<Option<Cow<'a, str>>> {
+pub fn str_field<'a>(bytes: &'a [u8], field: impl FieldName) -> Result<Option<Cow<'a, str>>> {
     if !is_row(bytes) {
         let value: serde_json::Value = decode(bytes)?;
-        return Ok(value.get(field).and_then(|f| f.as_str()).map(|s| Cow::Owned(s.to_owned())));
+        return Ok(value.get(field.name()).and_then(|f| f.as_str()).map(|s| Cow::Owned(s.to_owned())));
     }
     match str_slot(bytes, field)? {
         Some((row, i)) => Ok(row.str(i).map_err(row_error)?.map(Cow::Borrowed)),
@@ -134,7 +200,7 @@ pub fn str_field<'a>(bytes: &'a [u8], field: &str) -> Result<Option<Cow<'a, str>
 
 /// [`str_field`]'s bytes, not checked to be UTF-8: for comparing with known text, which a
 /// UTF-8 pass per record (a call of its own in WebAssembly) would only slow down.
-pub fn str_field_bytes<'a>(bytes: &'a [u8], field: &str) -> Result<Option<Cow<'a, [u8]>>> {
+pub fn str_field_bytes<'a>(bytes: &'a [u8], field: impl FieldName) -> Result<Option<Cow<'a, [u8]>>> {
     if !is_row(bytes) {
         return Ok(str_field(bytes, field)?.map(|s| Cow::Owned(s.into_owned().into_bytes())));
     }
@@ -146,9 +212,10 @@ pub fn str_field_bytes<'a>(bytes: &'a [u8], field: &str) -> Result<Option<Cow<'a
 
 /// Row `bytes`, and the slot of its top-level field `field` if that holds a string (null
 /// included).
-fn str_slot<'a>(bytes: &'a [u8], field: &str) -> Result<Option<(RowRef<'a>, usize)>> {
+#[inline]
+fn str_slot<'a>(bytes: &'a [u8], field: impl FieldName) -> Result<Option<(RowRef<'a>, usize)>> {
     let row = RowRef::new(bytes).map_err(row_error)?;
-    let Some(i) = ROWS.with_borrow_mut(|rows| rows.slot_of(&row, field)) else { return Ok(None) };
+    let Some(i) = field.slot_in(&row) else { return Ok(None) };
     Ok((row.kind(i).map_err(row_error)? == Kind::Str).then_some((row, i)))
 }
 
@@ -314,6 +381,9 @@ mod tests {
         // keyed by the name alone would read slot 1 of this row (a number).
         let other = encode_value(&Other { channel: "app", auction: 4 }).expect("row");
         let null = encode_value(&Optional { auction: 5, channel: None }).expect("row");
+        // By name, and by handles that remember one schema's slot (the same three rows in
+        // alternation, so each handle's memory is replaced every time).
+        let (channel, auction, price) = (Field::new("channel"), Field::new("auction"), Field::new("price"));
         for _ in 0..2 {
             assert_eq!(str_field_bytes(&bid, "channel").expect("row").as_deref(), Some(&b"web"[..]));
             assert_eq!(str_field_bytes(&other, "channel").expect("row").as_deref(), Some(&b"app"[..]));
@@ -321,7 +391,14 @@ mod tests {
             assert_eq!(str_field_bytes(&null, "channel").expect("row"), None);
             assert_eq!(str_field_bytes(&bid, "auction").expect("row"), None);
             assert_eq!(str_field_bytes(&bid, "price").expect("row"), None);
+            assert_eq!(str_field_bytes(&bid, &channel).expect("row").as_deref(), Some(&b"web"[..]));
+            assert_eq!(str_field_bytes(&other, &channel).expect("row").as_deref(), Some(&b"app"[..]));
+            assert_eq!(str_field(&other, &channel).expect("row").as_deref(), Some("app"));
+            assert_eq!(str_field_bytes(&null, &channel).expect("row"), None);
+            assert_eq!(str_field_bytes(&bid, &auction).expect("row"), None);
+            assert_eq!(str_field_bytes(&other, &price).expect("row"), None);
         }
+        assert_eq!(str_field_bytes(br#"{"channel":"x"}"#, &channel).expect("json").as_deref(), Some(&b"x"[..]));
         assert_eq!(str_field_bytes(br#"{"type":"bid"}"#, "type").expect("json").as_deref(), Some(&b"bid"[..]));
         assert_eq!(str_field_bytes(br#"{"type":1}"#, "type").expect("json"), None);
         // Not UTF-8: the bytes are still compared, the text refused.

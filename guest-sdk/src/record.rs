@@ -5,6 +5,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::bindings::types::{TimeDomain as WitTimeDomain, TimerRef};
+use crate::codec::FieldName;
 use crate::{Error, Result, RowRead, codec};
 
 pub(crate) fn slice(data: &[u8], span: Span) -> Result<&[u8]> {
@@ -64,14 +65,16 @@ impl<'a> Record<'a> {
 
     /// The top-level string field `field` of the value, `None` if there is none or it is not
     /// a string: borrowed from a row in place, without decoding the rest (a filter on a
-    /// record's kind), parsed from JSON.
-    pub fn value_str(&self, field: &str) -> Result<Option<std::borrow::Cow<'a, str>>> {
+    /// record's kind), parsed from JSON. `field` is a name (`"type"`) or, for a field read
+    /// record after record, a [`Field`](crate::codec::Field) kept in the operator, whose slot
+    /// it remembers per schema.
+    pub fn value_str(&self, field: impl FieldName) -> Result<Option<std::borrow::Cow<'a, str>>> {
         codec::str_field(self.value, field)
     }
 
     /// [`Self::value_str`]'s bytes, not checked to be UTF-8: the cheaper way to compare a field
     /// with known text (`record.value_str_bytes("type")?.as_deref() == Some(b"bid")`).
-    pub fn value_str_bytes(&self, field: &str) -> Result<Option<std::borrow::Cow<'a, [u8]>>> {
+    pub fn value_str_bytes(&self, field: impl FieldName) -> Result<Option<std::borrow::Cow<'a, [u8]>>> {
         codec::str_field_bytes(self.value, field)
     }
 

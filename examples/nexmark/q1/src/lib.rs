@@ -10,6 +10,7 @@
 //! step right after the source: it reads every event, drops persons and auctions, and emits
 //! `{"auction", "bidder", "price", "date_time"}` per bid, unkeyed, with the bid's event time.
 
+use eddy_sdk::codec::Field;
 use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result, Row};
 use serde::{Deserialize, Serialize};
 
@@ -45,17 +46,20 @@ struct BidPrice {
 
 /// The operator.
 #[derive(Debug)]
-pub struct CurrencyConversion;
+pub struct CurrencyConversion {
+    /// The events' `type`, its slot remembered per schema.
+    kind: Field,
+}
 
 impl Operator for CurrencyConversion {
     type Config = ();
 
     fn open(_config: (), _ctx: &mut OpenContext) -> Result<Self> {
-        Ok(CurrencyConversion)
+        Ok(CurrencyConversion { kind: Field::new("type") })
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        let kind = record.value_str_bytes("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        let kind = record.value_str_bytes(&self.kind)?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
         if *kind != *b"bid" {
             return Ok(());
         }

@@ -9,6 +9,7 @@
 //! persons, auctions and other bids and emits `{"auction", "price"}` per selected bid,
 //! unkeyed, with the bid's event time.
 
+use eddy_sdk::codec::Field;
 use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result, Row};
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +27,10 @@ pub struct AuctionPrice {
 
 /// The operator.
 #[derive(Debug)]
-pub struct Selection;
+pub struct Selection {
+    /// The events' `type`, its slot remembered per schema.
+    kind: Field,
+}
 
 /// The fields of a bid this query reads.
 #[derive(Debug, Deserialize, Row)]
@@ -39,11 +43,11 @@ impl Operator for Selection {
     type Config = ();
 
     fn open(_config: (), _ctx: &mut OpenContext) -> Result<Self> {
-        Ok(Selection)
+        Ok(Selection { kind: Field::new("type") })
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        let kind = record.value_str_bytes("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        let kind = record.value_str_bytes(&self.kind)?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
         if *kind != *b"bid" {
             return Ok(());
         }

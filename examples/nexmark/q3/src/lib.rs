@@ -27,6 +27,7 @@
 //! are unique in Nexmark; should one arrive twice, the later person replaces the earlier one
 //! for auctions still to come.
 
+use eddy_sdk::codec::Field;
 use eddy_sdk::{Context, Error, ListState, OpenContext, Operator, Record, Result, Row, ValueState};
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +72,8 @@ pub struct Suggestion<'a> {
 pub struct LocalItemSuggestion {
     seller: ValueState<Seller>,
     waiting: ListState<u64>,
+    /// The events' `type`, its slot remembered per schema.
+    kind: Field,
 }
 
 fn emit(ctx: &mut Context, person: u64, seller: &Seller, auction: u64) -> Result<()> {
@@ -82,11 +85,15 @@ impl Operator for LocalItemSuggestion {
     type Config = ();
 
     fn open(_config: (), ctx: &mut OpenContext) -> Result<Self> {
-        Ok(LocalItemSuggestion { seller: ctx.value_state("seller"), waiting: ctx.list_state("waiting-auctions") })
+        Ok(LocalItemSuggestion {
+            seller: ctx.value_state("seller"),
+            waiting: ctx.list_state("waiting-auctions"),
+            kind: Field::new("type"),
+        })
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
-        let kind = record.value_str_bytes("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        let kind = record.value_str_bytes(&self.kind)?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
         match &*kind {
             b"person" => {
                 let p: PersonPlace = record.row()?;

@@ -26,6 +26,7 @@
 //! the watermark) goes to the side output `late` instead. Rows carry the timestamp `end - 1`
 //! and the person's id as key.
 
+use eddy_sdk::codec::Field;
 use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result, SideOutput, TimeDomain, Timer, ValueState};
 use nexmark_model::tumble_start;
 use serde::{Deserialize, Serialize};
@@ -60,13 +61,19 @@ pub struct NewUser<'a> {
 pub struct MonitorNewUsers {
     windows: ValueState<Vec<Seen>>,
     late: SideOutput,
+    /// The events' `type`, its slot remembered per schema.
+    kind: Field,
 }
 
 impl Operator for MonitorNewUsers {
     type Config = ();
 
     fn open(_config: (), ctx: &mut OpenContext) -> Result<Self> {
-        Ok(MonitorNewUsers { windows: ctx.value_state("open-windows"), late: ctx.side_output("late") })
+        Ok(MonitorNewUsers {
+            windows: ctx.value_state("open-windows"),
+            late: ctx.side_output("late"),
+            kind: Field::new("type"),
+        })
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
@@ -78,7 +85,7 @@ impl Operator for MonitorNewUsers {
         if fire_at <= ctx.current_watermark() {
             return ctx.emit_raw(Some(self.late), record.key_bytes(), record.value_bytes(), Some(t));
         }
-        let kind = record.value_str_bytes("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        let kind = record.value_str_bytes(&self.kind)?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
         let person_name = match &*kind {
             b"person" => Some(record.value::<PersonName>()?.name),
             b"auction" => None,

@@ -30,6 +30,7 @@
 
 use std::collections::BTreeMap;
 
+use eddy_sdk::codec::Field;
 use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result};
 use serde::Deserialize;
 use serde_json::Value;
@@ -61,6 +62,8 @@ enum Keying {
 #[derive(Debug)]
 pub struct Select {
     routes: Vec<(String, Keying)>,
+    /// The events' `type`, its slot remembered per schema.
+    kind: Field,
 }
 
 const TYPES: [&str; 3] = ["person", "auction", "bid"];
@@ -91,7 +94,7 @@ impl Select {
             };
             routes.push((kind, keying));
         }
-        Ok(Select { routes })
+        Ok(Select { routes, kind: Field::new("type") })
     }
 }
 
@@ -105,7 +108,7 @@ impl Operator for Select {
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
         // Only `type` decides, so only `type` is read (in place, from a row).
         let event_type =
-            record.value_str_bytes("type")?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+            record.value_str_bytes(&self.kind)?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
         let Some((kind, keying)) = self.routes.iter().find(|(k, _)| k.as_bytes() == &*event_type) else {
             return Ok(());
         };
