@@ -47,7 +47,8 @@ pub mod support {
         fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize);
     }
 
-    macro_rules! integer_slots {
+    /// Slot types read and written through the row's accessor `$read` of type `$wide`.
+    macro_rules! same_kind_slots {
         ($read:ident, $wide:ty: $($t:ty),*) => {$(
             impl Slot for $t {
                 #[inline]
@@ -61,19 +62,10 @@ pub mod support {
             }
         )*};
     }
-    integer_slots!(u64, u64: u8, u16, u32, u64);
-    integer_slots!(i64, i64: i8, i16, i32, i64);
-
-    impl Slot for f64 {
-        #[inline]
-        fn read(row: &RowRef<'_>, i: usize) -> Option<Self> {
-            row.f64(i).ok()
-        }
-        #[inline]
-        fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
-            frame.f64(buf, i, *self);
-        }
-    }
+    same_kind_slots!(u64, u64: u8, u16, u32, u64);
+    same_kind_slots!(i64, i64: i8, i16, i32, i64);
+    same_kind_slots!(f64, f64: f64);
+    same_kind_slots!(bool, bool: bool);
 
     impl Slot for f32 {
         #[inline]
@@ -84,17 +76,6 @@ pub mod support {
         #[inline]
         fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
             frame.f64(buf, i, f64::from(*self));
-        }
-    }
-
-    impl Slot for bool {
-        #[inline]
-        fn read(row: &RowRef<'_>, i: usize) -> Option<Self> {
-            row.bool(i).ok()
-        }
-        #[inline]
-        fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
-            frame.bool(buf, i, *self);
         }
     }
 
