@@ -176,6 +176,7 @@ struct Counted {
 struct Tally {
     puts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     deletes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Tally {
@@ -183,6 +184,11 @@ impl Tally {
     fn now(&self) -> (usize, usize) {
         let load = |c: &std::sync::atomic::AtomicUsize| c.load(std::sync::atomic::Ordering::Relaxed);
         (load(&self.puts), load(&self.deletes))
+    }
+
+    /// Point reads so far.
+    fn reads(&self) -> usize {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -195,6 +201,7 @@ fn counted_operator(kind: WindowKind) -> (WindowOperator<SumCount>, Tally) {
 
 impl StateBackend for Counted {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        self.tally.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.get(key)
     }
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
@@ -659,6 +666,73 @@ fn windows_fired_and_purged_between_snapshots_never_reach_the_backend_and_a_snap
     op.process(&batch(&[ev(0, 22, 2)])).expect("process");
     assert_eq!(emitted(&op.on_watermark(29).expect("wm").main), vec![single(2, 3, 0, 20, 30)]);
     assert_eq!(op.state().expect("written back").approximate_len(), 0);
+}
+
+/// Sliding windows (10 ms, every 5 ms) of two keys over batches with a snapshot between them:
+/// a backend that holds only what the buffer holds is never read, before the snapshot and
+/// after it (when it holds the windows written back); one with state the buffer lacks (a
+/// restore, a buffer emptied past its budget) is read, and every result is the same.
+#[test]
+fn a_backend_holding_only_what_the_buffer_holds_is_never_read_and_results_stay_the_same() {
+    let kind = WindowKind::Sliding { size_ms: 10, slide_ms: 5 };
+    let first = [ev(0, 1, 1), ev(1, 2, 2), ev(0, 6, 4)];
+    let second = [ev(0, 8, 8), ev(1, 11, 16), ev(0, 13, 32)];
+    // Windows [-5, 5), [0, 10), [5, 15), [10, 20) by key: k0 sums 1 | 1+4+8 | 4+8+32 | 32,
+    // k1 sums 2 | 2 | 16 | 16; all fire by watermark 19.
+    let expected = {
+        let mut e = vec![
+            single(1, 1, 0, -5, 5),
+            single(3, 13, 0, 0, 10),
+            single(3, 44, 0, 5, 15),
+            single(1, 32, 0, 10, 20),
+            single(1, 2, 1, -5, 5),
+            single(1, 2, 1, 0, 10),
+            single(1, 16, 1, 5, 15),
+            single(1, 16, 1, 10, 20),
+        ];
+        e.sort();
+        e
+    };
+    let run = |op: &mut WindowOperator<SumCount>| {
+        let mut out = Vec::new();
+        op.process(&batch(&first)).expect("process");
+        drop(op.snapshot(&std::env::temp_dir()).expect("snapshot"));
+        op.process(&batch(&second)).expect("process");
+        out.extend(emitted(&op.on_watermark(19).expect("wm").main));
+        out.sort();
+        out
+    };
+
+    let (mut op, tally) = counted_operator(kind);
+    assert_eq!(run(&mut op), expected);
+    assert_eq!(tally.reads(), 0, "every window new to the buffer is new to the backend");
+
+    // Restored: the backend starts with the state of the first batch, the buffer empty.
+    let (mut op, _) = counted_operator(kind);
+    op.process(&batch(&first)).expect("process");
+    let restored = op.into_state().expect("state");
+    let backend = Counted { inner: HeapStateBackend::default(), tally: Tally::default() };
+    let tally = backend.tally.clone();
+    let mut op = WindowOperator::new("win", config(kind, 0), SumCount::default(), Box::new(backend));
+    let mut entries = Vec::new();
+    restored.scan_prefix(b"", &mut |k, v| entries.push((k.to_vec(), v.to_vec()))).expect("scan");
+    assert!(!entries.is_empty(), "the first batch left open windows");
+    for (key, value) in entries {
+        op.store.backend.put(&key, &value).expect("put");
+    }
+    op.process(&batch(&second)).expect("process");
+    let mut out = emitted(&op.on_watermark(19).expect("wm").main);
+    out.sort();
+    assert_eq!(out, expected, "the restored windows are read back and go on");
+    assert!(tally.reads() > 0, "a backend with state the buffer lacks is read");
+
+    // Emptied past its budget after every call: read again, still right.
+    let backend = Counted::default();
+    let tally = backend.tally.clone();
+    let mut op =
+        WindowOperator::new("win", config(kind, 0), SumCount::default(), Box::new(backend)).with_write_back_budget(0);
+    assert_eq!(run(&mut op), expected);
+    assert!(tally.reads() > 0, "an emptied buffer reads what it wrote back");
 }
 
 #[test]
