@@ -138,6 +138,16 @@ impl FieldName for &str {
     }
 }
 
+impl FieldName for &String {
+    fn name(&self) -> &str {
+        self
+    }
+    #[inline]
+    fn slot_in(&self, row: &RowRef<'_>) -> Option<usize> {
+        self.as_str().slot_in(row)
+    }
+}
+
 /// A top-level field read record after record (a filter's `type`): its slot is looked up once
 /// per schema and remembered here, instead of among the names this instance remembers. Keep
 /// it in the operator (made in `open`) and pass `&field` where a field name goes.
@@ -399,6 +409,8 @@ mod tests {
             assert_eq!(str_field_bytes(&other, &price).expect("row"), None);
         }
         assert_eq!(str_field_bytes(br#"{"channel":"x"}"#, &channel).expect("json").as_deref(), Some(&b"x"[..]));
+        let owned = String::from("channel");
+        assert_eq!(str_field(&other, &owned).expect("row").as_deref(), Some("app"), "an owned name too");
         assert_eq!(str_field_bytes(br#"{"type":"bid"}"#, "type").expect("json").as_deref(), Some(&b"bid"[..]));
         assert_eq!(str_field_bytes(br#"{"type":1}"#, "type").expect("json"), None);
         // Not UTF-8: the bytes are still compared, the text refused.

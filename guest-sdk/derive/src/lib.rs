@@ -45,6 +45,12 @@ fn supported(ty: &Type) -> bool {
     }
 }
 
+/// An identifier as serde names it: a raw one (`r#type`) without its prefix.
+fn unraw(ident: &syn::Ident) -> String {
+    let text = ident.to_string();
+    text.strip_prefix("r#").map_or_else(|| text.clone(), str::to_owned)
+}
+
 fn refuse_serde_attributes(attrs: &[syn::Attribute], what: &str) -> syn::Result<()> {
     match attrs.iter().find(|a| a.path().is_ident("serde")) {
         Some(a) => Err(syn::Error::new(
@@ -85,9 +91,7 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
                 "derive(Row) reads and writes integers, floats, `bool`, `String` and `Option` of them; read a struct with other fields with `record.value()`",
             ));
         }
-        // A raw identifier (`r#type`) is named without its prefix, as serde names it.
-        let text = ident.to_string();
-        let text = text.strip_prefix("r#").unwrap_or(&text).to_owned();
+        let text = unraw(ident);
         let span = ty.span();
         reads.push(quote_spanned! {span=>
             #ident: <#ty as ::eddy_sdk::__private::row::Slot>::read(row, usize::from(slots[#i]))?
@@ -98,7 +102,7 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
         names.push(text);
     }
     let count = names.len();
-    let type_name = name.to_string();
+    let type_name = unraw(name);
     let layout = format_ident!("__EDDY_ROW_SLOTS");
     let schema = format_ident!("__EDDY_ROW_SCHEMA");
     Ok(quote! {
