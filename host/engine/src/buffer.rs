@@ -27,8 +27,20 @@ impl BufferBuilder {
 
     /// Adds a record; returns the batch if it is now full.
     pub fn push(&mut self, record: &RecordView<'_>, now_ms: i64) -> Option<RecordBatch> {
+        self.add(record, now_ms);
+        self.take_ready(now_ms)
+    }
+
+    /// Adds a record, letting the batch pass its capacity until [`Self::take_ready`] ships it
+    /// (a router spreading one input batch over its channels ships each channel's share once,
+    /// at the end of the input batch).
+    pub fn add(&mut self, record: &RecordView<'_>, now_ms: i64) {
         self.oldest_ms.get_or_insert(now_ms);
         self.batch.push_view(record);
+    }
+
+    /// Returns the batch if it is full or its oldest record waited long enough.
+    pub fn take_ready(&mut self, now_ms: i64) -> Option<RecordBatch> {
         if self.batch.byte_len() >= self.capacity_bytes { self.take() } else { self.poll_timeout(now_ms) }
     }
 
@@ -38,7 +50,7 @@ impl BufferBuilder {
     pub fn push_batch(&mut self, batch: &RecordBatch, now_ms: i64) -> Result<Option<RecordBatch>, BatchFull> {
         self.batch.try_extend(batch)?;
         self.oldest_ms.get_or_insert(now_ms);
-        Ok(if self.batch.byte_len() >= self.capacity_bytes { self.take() } else { self.poll_timeout(now_ms) })
+        Ok(self.take_ready(now_ms))
     }
 
     /// Returns the batch if its oldest record waited long enough.
