@@ -37,11 +37,11 @@ fn through_gate(recycle: bool) -> f64 {
         for i in 0..RECORDS {
             batch.push(None, &value, Some(i as i64));
             if batch.len() == 256 {
-                router.emit(&batch, 0).expect("consumer alive");
+                router.emit(std::borrow::Cow::Borrowed(&batch), 0).expect("consumer alive");
                 batch.clear();
             }
         }
-        router.emit(&batch, 0).expect("consumer alive");
+        router.emit(std::borrow::Cow::Borrowed(&batch), 0).expect("consumer alive");
         router.broadcast(Message::EndOfStream).expect("consumer alive");
     });
     let mut bytes = 0usize;

@@ -53,6 +53,12 @@ impl BufferBuilder {
         Ok(self.take_ready(now_ms))
     }
 
+    /// Whether `batch`, with nothing buffered, is a full buffer by itself: it can then ship as
+    /// it is, without a copy into the buffer.
+    pub fn would_ship_whole(&self, batch: &RecordBatch) -> bool {
+        self.batch.is_empty() && batch.byte_len() >= self.capacity_bytes
+    }
+
     /// Returns the batch if its oldest record waited long enough.
     pub fn poll_timeout(&mut self, now_ms: i64) -> Option<RecordBatch> {
         match self.oldest_ms {

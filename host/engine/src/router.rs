@@ -130,6 +130,15 @@ impl Outlets {
         }
     }
 
+    /// [`Self::push_batch`] for a batch the caller gives up: one that fills a buffer by itself
+    /// while the channel has nothing buffered (so no watermark waits either) ships as it is.
+    fn push_given(&mut self, channel: usize, batch: Cow<'_, RecordBatch>, now_ms: i64) -> Result<(), Disconnected> {
+        match batch {
+            Cow::Owned(batch) if self.builders[channel].would_ship_whole(&batch) => self.ship(channel, batch),
+            batch => self.push_batch(channel, &batch, now_ms),
+        }
+    }
+
     /// [`Self::push`] for every record of `batch`, copying its buffer once.
     fn push_batch(&mut self, channel: usize, batch: &RecordBatch, now_ms: i64) -> Result<(), Disconnected> {
         if self.pending_watermarks[channel].is_some()
@@ -200,8 +209,9 @@ impl OutputRouter {
         }
     }
 
-    /// Routes the records of `batch`.
-    pub fn emit(&mut self, batch: &RecordBatch, now_ms: i64) -> Result<(), RouteError> {
+    /// Routes the records of `batch`; an owned batch going whole to one channel ships without
+    /// a copy when it fills a buffer by itself.
+    pub fn emit(&mut self, batch: Cow<'_, RecordBatch>, now_ms: i64) -> Result<(), RouteError> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -210,7 +220,7 @@ impl OutputRouter {
             Partitioning::Hash(KeyBy::Key)
                 if self.outlets.senders.len() == 1 && batch.iter().all(|r| r.key.is_some()) =>
             {
-                self.outlets.push_batch(0, batch, now_ms)?;
+                self.outlets.push_given(0, batch, now_ms)?;
             }
             // Each channel's share of the batch goes as one message (past the buffer's size if
             // need be), as the whole batch goes to a single channel: cut into 32 KiB buffers,
@@ -238,7 +248,7 @@ impl OutputRouter {
                 // edge has exactly one channel.
                 let channel = self.next % self.outlets.senders.len();
                 self.next = self.next.wrapping_add(1);
-                self.outlets.push_batch(channel, batch, now_ms)?;
+                self.outlets.push_given(channel, batch, now_ms)?;
             }
         }
         Ok(())
@@ -370,7 +380,7 @@ pub(crate) mod tests {
         for (i, (key, ..)) in OWNERS.iter().enumerate() {
             batch.push(None, key.as_bytes(), Some(i as i64));
         }
-        router.emit(&batch, 0).unwrap();
+        router.emit(Cow::Borrowed(&batch), 0).unwrap();
         router.watermark(7).unwrap();
         router.broadcast(Message::EndOfStream).unwrap();
         for (subtask, out) in outs.iter().enumerate() {
@@ -420,7 +430,7 @@ pub(crate) mod tests {
         let mut router = OutputRouter::new(Partitioning::Rebalance, senders, 128, 1 << 20, 100, "s".into());
         let mut batch = RecordBatch::default();
         batch.push(None, b"r", Some(1));
-        router.emit(&batch, 0).unwrap(); // channel 0 buffers one record
+        router.emit(Cow::Borrowed(&batch), 0).unwrap(); // channel 0 buffers one record
         router.watermark(5).unwrap();
         router.watermark(6).unwrap();
         assert_eq!(received(&outs), vec![vec![], vec![(0, Some(5)), (0, Some(6))]], "nothing flushed early");
@@ -433,10 +443,10 @@ pub(crate) mod tests {
         // Records after a buffered watermark: the buffer and its watermark ship first.
         let mut two = RecordBatch::default();
         two.push(None, b"a", Some(9));
-        router.emit(&two, 200).unwrap(); // channel 1
-        router.emit(&two, 200).unwrap(); // channel 0
+        router.emit(Cow::Borrowed(&two), 200).unwrap(); // channel 1
+        router.emit(Cow::Borrowed(&two), 200).unwrap(); // channel 0
         router.watermark(8).unwrap();
-        router.emit(&two, 200).unwrap(); // channel 1 again: one record before 8, one after
+        router.emit(Cow::Borrowed(&two), 200).unwrap(); // channel 1 again: one record before 8, one after
         router.broadcast(Message::EndOfStream).unwrap();
         let got = received(&outs);
         assert_eq!(got[1][3..], [(1, Some(8)), (1, None), (0, None)], "order kept: record, 8, record, end");
@@ -460,15 +470,45 @@ pub(crate) mod tests {
         let one_each: Vec<Vec<(usize, Option<i64>)>> = shares.iter().map(|&n| vec![(n, None)]).collect();
         // Buffers of one byte: every share is full at once, and goes whole.
         let (mut router, outs) = route(1);
-        router.emit(&batch, 0).unwrap();
+        router.emit(Cow::Borrowed(&batch), 0).unwrap();
         assert_eq!(received(&outs), one_each, "one message per channel, not one per record");
         // Buffers of 1 MiB: the shares wait for the buffer timeout.
         let (mut router, outs) = route(1 << 20);
-        router.emit(&batch, 0).unwrap();
+        router.emit(Cow::Borrowed(&batch), 0).unwrap();
         router.flush_due(99).unwrap();
         assert_eq!(received(&outs), vec![vec![]; 3], "nothing before the timeout");
         router.flush_due(100).unwrap();
         assert_eq!(received(&outs), one_each);
+    }
+
+    #[test]
+    fn a_given_batch_that_fills_a_buffer_ships_as_it_is_and_after_what_was_buffered() {
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let senders: Vec<Box<dyn ChannelSender>> = vec![Box::new(Collect(out.clone()))];
+        // Buffers of 8 bytes, a 100 ms timeout.
+        let mut router = OutputRouter::new(Partitioning::Forward, senders, 128, 8, 100, "s".into());
+        let batch = |values: &[&str]| {
+            let mut b = RecordBatch::default();
+            values.iter().for_each(|v| b.push(None, v.as_bytes(), Some(1)));
+            b
+        };
+        let whole = batch(&["abcd", "efgh"]);
+        let at = whole.parts().0.as_ptr();
+        router.emit(Cow::Owned(whole), 0).unwrap();
+        router.emit(Cow::Owned(batch(&["i"])), 0).unwrap(); // buffered: 1 byte of 8
+        router.emit(Cow::Owned(batch(&["jklmnopq"])), 0).unwrap(); // after "i", so copied behind it
+        router.emit(Cow::Borrowed(&batch(&["rstuvwxy"])), 0).unwrap(); // not given: copied
+        let sent = out.lock().unwrap();
+        let values: Vec<Vec<&[u8]>> = sent
+            .iter()
+            .map(|m| match m {
+                Message::Data { batch, .. } => batch.iter().map(|r| r.value).collect(),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(values, vec![vec![&b"abcd"[..], b"efgh"], vec![b"i", b"jklmnopq"], vec![b"rstuvwxy"]]);
+        let Message::Data { batch: first, .. } = &sent[0] else { unreachable!() };
+        assert_eq!(first.parts().0.as_ptr(), at, "the given batch itself, not a copy");
     }
 
     #[test]
@@ -485,7 +525,7 @@ pub(crate) mod tests {
                 batch.push(Some(key.as_bytes()), value.as_bytes(), Some(t));
                 sent.push((key.into_bytes(), value.into_bytes(), Some(t)));
             }
-            router.emit(&batch, 0).unwrap();
+            router.emit(Cow::Borrowed(&batch), 0).unwrap();
         }
         router.broadcast(Message::EndOfStream).unwrap();
         let mut got = Vec::new();
@@ -502,7 +542,7 @@ pub(crate) mod tests {
         let mut keyless = RecordBatch::default();
         keyless.push(Some(b"k"), b"v", None);
         keyless.push(None, b"w", None);
-        let err = router.emit(&keyless, 0).unwrap_err().to_string();
+        let err = router.emit(Cow::Borrowed(&keyless), 0).unwrap_err().to_string();
         assert!(err.contains("no key"), "{err}");
     }
 

@@ -6,6 +6,7 @@
 //! (processing-time timers, idleness, buffer timeouts) — so an operator never runs
 //! concurrently with itself and needs no locks.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -110,10 +111,10 @@ pub(crate) enum Tail {
 }
 
 impl Tail {
-    fn main(&mut self, batch: &RecordBatch, now_ms: i64) -> Result<(), TaskError> {
+    fn main(&mut self, batch: Cow<'_, RecordBatch>, now_ms: i64) -> Result<(), TaskError> {
         match self {
             Tail::Exchange(router) => Ok(router.emit(batch, now_ms)?),
-            Tail::Sink(sink) if !batch.is_empty() => sink.write(None, batch).map_err(TaskError::Sink),
+            Tail::Sink(sink) if !batch.is_empty() => sink.write(None, &batch).map_err(TaskError::Sink),
             Tail::Sink(_) => Ok(()),
         }
     }
@@ -623,12 +624,18 @@ impl SubtaskRunner {
 
     /// Feeds `batch` to operator `from` and everything after it.
     fn process(&mut self, from: usize, batch: &RecordBatch) -> Result<(), TaskError> {
+        self.pass_on(from, Cow::Borrowed(batch))
+    }
+
+    /// [`Self::process`] for a batch that is the chain's own (an operator's output), which the
+    /// tail may then take without a copy.
+    fn pass_on(&mut self, from: usize, batch: Cow<'_, RecordBatch>) -> Result<(), TaskError> {
         if batch.is_empty() {
             return Ok(());
         }
         match self.operators.get_mut(from) {
             Some(op) => {
-                let out = op.process(batch)?;
+                let out = op.process(&batch)?;
                 let late: u64 = self.operators.iter().map(|o| o.late_records()).sum();
                 self.metrics.late_records.store(late, Ordering::Relaxed);
                 self.forward(from, out)
@@ -646,7 +653,7 @@ impl SubtaskRunner {
             SubtaskMetrics::add(&self.metrics.records_out, side.len());
             self.tail.side(&name, side)?;
         }
-        self.process(at + 1, &out.main)
+        self.pass_on(at + 1, Cow::Owned(out.main))
     }
 
     /// Fires event time up to `watermark` through the chain in order, then passes it on.
