@@ -668,6 +668,24 @@ fn windows_fired_and_purged_between_snapshots_never_reach_the_backend_and_a_snap
     assert_eq!(op.state().expect("written back").approximate_len(), 0);
 }
 
+#[test]
+fn small_values_live_in_their_entry_and_large_ones_are_counted_as_their_allocation() {
+    let mut store = store::WindowStore::new(Box::<HeapStateBackend>::default(), "win".into(), 128);
+    let window = Window { start: 0, end: 10 };
+    let mut put = |len: usize| {
+        store.key(b"k").put_acc(&window, false, &vec![7; len]);
+        let (running, recounted) = store.recount();
+        assert_eq!(running, recounted, "the running count drifted at a value of {len} bytes");
+        running
+    };
+    let small = put(8);
+    // The flag byte and 50 bytes: still inside the entry.
+    assert_eq!(put(50), small, "an inline value takes no memory of its own");
+    let large = put(200);
+    assert!(large >= small + 201, "a 201-byte value is an allocation of at least that: {small} -> {large}");
+    assert_eq!(put(8), large, "the allocation stays with the entry, and stays counted");
+}
+
 /// Sliding windows (10 ms, every 5 ms) of two keys over batches with a snapshot between them:
 /// a backend that holds only what the buffer holds is never read, before the snapshot and
 /// after it (when it holds the windows written back); one with state the buffer lacks (a
