@@ -63,15 +63,19 @@ pub struct Leaders {
 }
 
 impl Leaders {
-    /// Takes one auction's count into account.
-    pub fn offer(&mut self, c: AuctionCount) {
+    /// Takes one auction's count into account; whether the leaders changed.
+    pub fn offer(&mut self, c: AuctionCount) -> bool {
+        let mut changed = false;
         if c.count > self.count || self.auctions.is_empty() {
             self.count = c.count;
             self.auctions.clear();
+            changed = true;
         }
         if c.count == self.count && !self.auctions.contains(&c.auction) {
             self.auctions.push(c.auction);
+            changed = true;
         }
+        changed
     }
 }
 
@@ -105,8 +109,11 @@ impl Operator for HotItems {
             Some(leaders) => (leaders, false),
             None => (Leaders::default(), true),
         };
-        leaders.offer(window.result);
-        self.leaders.set(&leaders)?;
+        // Most of a window's results trail its leaders and change nothing: only a change is
+        // written (an encoding and a state write fewer per result).
+        if leaders.offer(window.result) {
+            self.leaders.set(&leaders)?;
+        }
         // The window's first result registers its timer; the rest find it pending (a
         // registration is a crossing to the host, and a window has hundreds of results).
         if first {
@@ -128,3 +135,27 @@ impl Operator for HotItems {
 }
 
 eddy_sdk::export_operator!(HotItems);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Offers in arrival order, each with whether the leaders changed and what they are then,
+    /// worked out by hand from "the highest count and every auction that has it".
+    #[test]
+    fn only_an_offer_that_changes_the_leaders_says_so() {
+        let offers: [((u64, u64), bool, u64, &[u64]); 6] = [
+            ((7, 2), true, 2, &[7]),     // the first
+            ((8, 1), false, 2, &[7]),    // behind
+            ((9, 2), true, 2, &[7, 9]),  // a tie joins
+            ((9, 2), false, 2, &[7, 9]), // already there
+            ((8, 3), true, 3, &[8]),     // a new highest
+            ((7, 3), true, 3, &[8, 7]),  // ties again
+        ];
+        let mut leaders = Leaders::default();
+        for ((auction, count), changed, top, auctions) in offers {
+            assert_eq!(leaders.offer(AuctionCount { auction, count }), changed, "offer of {auction}: {count}");
+            assert_eq!((leaders.count, leaders.auctions.as_slice()), (top, auctions));
+        }
+    }
+}
