@@ -445,3 +445,20 @@ impl WindowStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inline_value_owns_no_memory_outside_its_entry_and_a_spilled_one_owns_its_allocation() {
+        assert_eq!(Held::fresh(&[7; INLINE_VALUE]).bytes(), 0, "inline, at the limit");
+        assert_eq!(Held::absent().bytes(), 0);
+        let spilled = Held::fresh(&[7; INLINE_VALUE + 1]);
+        assert!(spilled.bytes() > INLINE_VALUE, "spilled: {} bytes", spilled.bytes());
+        let mut kept = Held::fresh(&[7; 200]);
+        let mut used = kept.bytes();
+        kept.set(&[7; 8], &mut used);
+        assert!(kept.bytes() >= 200 && used == kept.bytes(), "a spilled value keeps, and counts, its allocation");
+    }
+}

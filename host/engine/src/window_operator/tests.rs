@@ -680,7 +680,7 @@ fn small_values_live_in_their_entry_and_large_ones_are_counted_as_their_allocati
     };
     let small = put(8);
     // The flag byte and 50 bytes: still inside the entry.
-    assert_eq!(put(50), small, "an inline value takes no memory of its own");
+    assert_eq!(put(50), small, "values within the inline size count the same");
     let large = put(200);
     assert!(large >= small + 201, "a 201-byte value is an allocation of at least that: {small} -> {large}");
     assert_eq!(put(8), large, "the allocation stays with the entry, and stays counted");
