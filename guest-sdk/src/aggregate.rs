@@ -87,10 +87,14 @@ pub fn add<T: Aggregate>(
             data: Vec::with_capacity(updates.accumulators.len() + 8 * table.len()),
             spans: Vec::with_capacity(table.len() * Span::BYTES),
         };
+        // A window's first update carries the empty accumulator's bytes (the host reuses what
+        // `create-accumulator` returned): made anew, not decoded.
+        let empty = codec::encode_value(&agg.create_accumulator())?;
         for (u, update) in table.iter().enumerate() {
             let bad = || Error::failed(format!("the host sent update {u} reaching outside its buffers"));
+            let bytes = update.accumulator.slice(&updates.accumulators).ok_or_else(bad)?;
             let mut acc: T::Accumulator =
-                codec::decode_value(update.accumulator.slice(&updates.accumulators).ok_or_else(bad)?)?;
+                if bytes == empty.as_slice() { agg.create_accumulator() } else { codec::decode_value(bytes)? };
             for &i in update.records(&updates.records).ok_or_else(bad)? {
                 let Some(record) = records.get(i as usize) else {
                     return Err(Error::failed(format!("the host named record {i} of a batch of {}", records.len())));
@@ -164,4 +168,88 @@ macro_rules! export_aggregate {
             $crate::__private::aggregate_world::__export_window_aggregate!(__EddyAggregateExport with_types_in $crate::__private::aggregate_world);
         };
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::{Cell, RefCell};
+
+    use eddy_wire::Row;
+    use serde::{Deserialize, Deserializer};
+
+    use super::*;
+
+    thread_local! {
+        static DECODED: Cell<usize> = const { Cell::new(0) };
+        static COUNTING: RefCell<Option<Counting>> = const { RefCell::new(None) };
+    }
+
+    /// A count that notes every time it is decoded.
+    #[derive(Serialize)]
+    #[serde(transparent)]
+    struct Count(u64);
+
+    impl<'de> Deserialize<'de> for Count {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            DECODED.set(DECODED.get() + 1);
+            u64::deserialize(d).map(Count)
+        }
+    }
+
+    struct Counting;
+
+    impl Aggregate for Counting {
+        type Config = ();
+        type Accumulator = Count;
+        type Output = u64;
+        fn open(_: ()) -> Result<Self> {
+            Ok(Counting)
+        }
+        fn create_accumulator(&self) -> Count {
+            Count(0)
+        }
+        fn add(&self, acc: &mut Count, _: &Record<'_>) -> Result<()> {
+            acc.0 += 1;
+            Ok(())
+        }
+        fn merge(&self, a: Count, b: Count) -> Count {
+            Count(a.0 + b.0)
+        }
+        fn result(&self, acc: Count) -> u64 {
+            acc.0
+        }
+    }
+
+    fn packed<T: Packed>(items: &[T]) -> Vec<u8> {
+        let mut out = Vec::new();
+        items.iter().for_each(|i| i.write(&mut out));
+        out
+    }
+
+    #[test]
+    fn a_new_windows_empty_accumulator_is_made_not_decoded() {
+        COUNTING.set(Some(Counting));
+        let row = |tag| Row { key: None, value: Span { offset: 0, len: 0 }, timestamp: None, tag };
+        let batch = Batch {
+            data: Vec::new(),
+            records: packed(&[row(0), row(1), row(2)]),
+            prefetched_states: Vec::new(),
+            prefetched: Vec::new(),
+        };
+        // The empty accumulator ("0", as `create-accumulator` encodes it) with two records,
+        // then a count of 5 with one.
+        let updates = AccumulatorUpdates {
+            accumulators: b"05".to_vec(),
+            updates: packed(&[
+                Update { accumulator: Span { offset: 0, len: 1 }, first: 0, count: 2 },
+                Update { accumulator: Span { offset: 1, len: 1 }, first: 2, count: 1 },
+            ]),
+            records: vec![0, 1, 2],
+        };
+        DECODED.set(0);
+        let out = add(&COUNTING, batch, updates).expect("add");
+        let items = eddy_wire::items(&out.data, &out.spans).expect("items");
+        assert_eq!(items, [b"2".as_slice(), b"6"]);
+        assert_eq!(DECODED.get(), 1, "only the non-empty accumulator is decoded");
+    }
 }
