@@ -546,8 +546,9 @@ impl output::Host for OperatorHost {
     /// may be asked to copy far more than the guest sent.
     fn emit(&mut self, records: types::OutputBatch) -> ImportResult<()> {
         let k = &mut self.keyed;
-        let rows = resolve_rows(&records, &k.limits, k.output.side.len())?;
-        let copied = rows.iter().fold(0usize, |sum, r| sum.saturating_add(r.copied_bytes()));
+        let types::OutputBatch { data, records: rows } = records;
+        let table = table::<Row>(&rows)?;
+        let Resolved { metas, copied, all_main } = resolve_rows(&table, &data, &k.limits, k.output.side.len())?;
         k.output_bytes = k.output_bytes.saturating_add(copied);
         // Within a batch's span range too, so the copies below cannot be refused.
         let allowed = k.limits.max_output_bytes_per_call.min(MAX_BATCH_BYTES);
@@ -556,18 +557,18 @@ impl output::Host for OperatorHost {
         // lifted buffer as the output batch instead of copying it record by record, unless
         // most of it is bytes no record refers to.
         let adoptable = k.output.main.is_empty()
-            && rows.iter().all(|r| r.tag == 0)
-            && records.data.len() <= copied.saturating_mul(2).saturating_add(ADOPT_SLACK_BYTES)
-            && records.data.len() <= MAX_BATCH_BYTES;
+            && all_main
+            && data.len() <= copied.saturating_mul(2).saturating_add(ADOPT_SLACK_BYTES)
+            && data.len() <= MAX_BATCH_BYTES;
         if adoptable {
-            let metas = rows.iter().map(|r| r.meta).collect();
-            drop(rows);
             // Every span was checked above, and the size: a refusal here is a host bug.
-            k.output.main = RecordBatch::adopt(records.data, metas)
+            k.output.main = RecordBatch::adopt(data, metas)
                 .map_err(|_| wasmtime::Error::msg("host bug: a checked output buffer was not adoptable"))?;
             return Ok(());
         }
-        for r in rows {
+        for (i, r) in table.iter().enumerate() {
+            let key = r.key.map(|s| span_bytes(&data, s, "emitted record", i)).transpose()?;
+            let value = span_bytes(&data, r.value, "emitted record", i)?;
             let target = match r.tag {
                 0 => &mut k.output.main,
                 n => match k.output.side.get_mut(n as usize - 1) {
@@ -575,7 +576,7 @@ impl output::Host for OperatorHost {
                     None => return Err(undeclared_output(n)),
                 },
             };
-            target.try_push(r.key, r.value, r.timestamp).map_err(|full| {
+            target.try_push(key, value, r.timestamp).map_err(|full| {
                 trap(Violation::Limit {
                     what: "output bytes in one call",
                     limit: MAX_BATCH_BYTES,
@@ -597,21 +598,14 @@ fn core_span(s: Span) -> eddy_core::Span {
 /// What the host holds per emitted record beyond its bytes.
 const EMITTED_ROW_BYTES: usize = std::mem::size_of::<RecordMeta>();
 
-/// One row of an `emit`, resolved against its buffer.
-struct Emitted<'a> {
-    tag: u32,
-    key: Option<&'a [u8]>,
-    value: &'a [u8],
-    timestamp: Option<i64>,
-    /// Where key and value lie in the buffer (checked), for keeping the buffer as it is.
-    meta: RecordMeta,
-}
-
-impl Emitted<'_> {
-    /// What copying this row into the call's output costs the host.
-    fn copied_bytes(&self) -> usize {
-        self.key.map_or(0, <[u8]>::len) + self.value.len() + EMITTED_ROW_BYTES
-    }
+/// An output batch's rows, checked.
+struct Resolved {
+    /// Where each record lies in the buffer.
+    metas: Vec<RecordMeta>,
+    /// What copying every record into the call's output costs the host.
+    copied: usize,
+    /// Whether every record goes to the main output.
+    all_main: bool,
 }
 
 fn undeclared_output(id: u32) -> wasmtime::Error {
@@ -619,26 +613,31 @@ fn undeclared_output(id: u32) -> wasmtime::Error {
 }
 
 /// The rows of an output batch, each checked against its buffer, the size limits and the
-/// declared side outputs (`side_outputs` of them).
-fn resolve_rows<'a>(
-    records: &'a types::OutputBatch,
+/// declared side outputs (`side_outputs` of them), in one pass.
+fn resolve_rows(
+    table: &Table<'_, Row>,
+    data: &[u8],
     limits: &SandboxLimits,
     side_outputs: usize,
-) -> ImportResult<Vec<Emitted<'a>>> {
-    let table = table::<Row>(&records.records)?;
-    let mut rows = Vec::with_capacity(table.len());
+) -> ImportResult<Resolved> {
+    let mut resolved = Resolved { metas: Vec::with_capacity(table.len()), copied: 0, all_main: true };
     for (i, r) in table.iter().enumerate() {
-        let key = r.key.map(|s| span_bytes(&records.data, s, "emitted record", i)).transpose()?;
-        let value = span_bytes(&records.data, r.value, "emitted record", i)?;
-        limit("emitted key bytes", limits.max_key_bytes, key.map_or(0, <[u8]>::len))?;
-        limit("emitted value bytes", limits.max_value_bytes, value.len())?;
+        let key = r.key.map(|s| span_bytes(data, s, "emitted record", i)).transpose()?.map_or(0, <[u8]>::len);
+        let value = span_bytes(data, r.value, "emitted record", i)?.len();
+        limit("emitted key bytes", limits.max_key_bytes, key)?;
+        limit("emitted value bytes", limits.max_value_bytes, value)?;
         if r.tag as usize > side_outputs {
             return Err(undeclared_output(r.tag));
         }
-        let meta = RecordMeta { key: r.key.map(core_span), value: core_span(r.value), timestamp: r.timestamp };
-        rows.push(Emitted { tag: r.tag, key, value, timestamp: r.timestamp, meta });
+        resolved.copied = resolved.copied.saturating_add(key + value + EMITTED_ROW_BYTES);
+        resolved.all_main &= r.tag == 0;
+        resolved.metas.push(RecordMeta {
+            key: r.key.map(core_span),
+            value: core_span(r.value),
+            timestamp: r.timestamp,
+        });
     }
-    Ok(rows)
+    Ok(resolved)
 }
 
 #[cfg(test)]
@@ -670,6 +669,40 @@ mod tests {
             }
         }
         unreachable!()
+    }
+
+    #[test]
+    fn emitted_rows_resolve_to_where_they_lie_what_copying_costs_and_where_they_go() {
+        let data = b"k1value-one";
+        let rows = [
+            Row {
+                key: Some(Span { offset: 0, len: 2 }),
+                value: Span { offset: 2, len: 9 },
+                timestamp: Some(5),
+                tag: 0,
+            },
+            Row { key: None, value: Span { offset: 2, len: 5 }, timestamp: None, tag: 1 },
+        ];
+        let mut packed = Vec::new();
+        rows.iter().for_each(|r| r.write(&mut packed));
+        let rows = table::<Row>(&packed).expect("table");
+        let limits = SandboxLimits::default();
+        let span = |offset, len| eddy_core::Span { offset, len };
+        let resolved = resolve_rows(&rows, data, &limits, 1).expect("resolved");
+        assert_eq!(
+            resolved.metas,
+            [
+                RecordMeta { key: Some(span(0, 2)), value: span(2, 9), timestamp: Some(5) },
+                RecordMeta { key: None, value: span(2, 5), timestamp: None },
+            ]
+        );
+        assert_eq!(resolved.copied, 2 + 9 + 5 + 2 * std::mem::size_of::<RecordMeta>());
+        assert!(!resolved.all_main, "the second row goes to side output 1");
+        let main_only = table::<Row>(&packed[..Row::BYTES]).expect("table");
+        assert!(resolve_rows(&main_only, data, &limits, 0).expect("resolved").all_main);
+        let refused = |data: &[u8], sides| resolve_rows(&rows, data, &limits, sides).err().map(|e| e.to_string());
+        assert!(refused(data, 0).is_some_and(|e| e.contains("never declared")), "side output 1 undeclared");
+        assert!(refused(&data[..10], 1).is_some(), "a value past the end of the buffer");
     }
 
     #[test]
