@@ -258,6 +258,23 @@ pub fn pointer_json(bytes: &[u8], pointer: &str) -> Result<Option<Vec<u8>>> {
     value.pointer(pointer).map(encode).transpose()
 }
 
+/// Appends the JSON text of top-level field `field` of record value `bytes` to `out`, and
+/// says whether there is one (nothing appended if not): what [`pointer_json`] gives for
+/// `/<name>`, read in place from a row by the field's remembered slot, without an allocation
+/// per record (a step that keys every record by a field, such as `nexmark-select`).
+pub fn field_json_into(bytes: &[u8], field: impl FieldName, out: &mut Vec<u8>) -> Result<bool> {
+    if !is_row(bytes) {
+        let value: serde_json::Value = decode(bytes)?;
+        let Some(found) = value.get(field.name()) else { return Ok(false) };
+        encode_into(out, found)?;
+        return Ok(true);
+    }
+    let row = RowRef::new(bytes).map_err(row_error)?;
+    let Some(i) = field.slot_in(&row) else { return Ok(false) };
+    ROWS.with_borrow(|rows| eddy_wire::json::field_to_json(&row, i, &rows.schemas, out)).map_err(row_error)?;
+    Ok(true)
+}
+
 /// The slots of `names` in schema `id`, if the host knows the schema and it names each one.
 pub(crate) fn slots_of<const N: usize>(id: u32, names: &[&str; N]) -> Option<[u16; N]> {
     let schema = ROWS.with_borrow(|rows| rows.schemas.get(id))?;
@@ -359,6 +376,32 @@ mod tests {
         assert_eq!(pointer_json(&row, "/name").expect("row"), Some(br#""x""#.to_vec()));
         assert_eq!(pointer_json(&row, "/inner/id").expect("row"), Some(b"9".to_vec()));
         assert_eq!(pointer_json(&row, "/none").expect("row"), Some(b"null".to_vec()));
+    }
+
+    #[test]
+    fn a_fields_json_is_appended_as_a_pointer_to_it_reads_it() {
+        let row = encode_value(&Bid { auction: 3, channel: "web" }).expect("row");
+        let json = br#"{"channel":"x","auction":12,"nested":{"a":[1]}}"#;
+        let (auction, nested, nope) = (Field::new("auction"), Field::new("nested"), Field::new("nope"));
+        let mut out = b"kept:".to_vec();
+        // Twice, so the remembered slot is used as well as found.
+        for _ in 0..2 {
+            for (value, field, expected) in [
+                (row.as_slice(), &auction, Some(&b"3"[..])),
+                (&row, &nope, None),
+                (json, &auction, Some(b"12")),
+                (json, &nested, Some(br#"{"a":[1]}"#)),
+                (json, &nope, None),
+            ] {
+                out.truncate(5);
+                let found = field_json_into(value, field, &mut out).expect("read");
+                assert_eq!(found.then(|| &out[5..]), expected, "{}", field.name);
+                assert_eq!(&out[..5], b"kept:", "appended after what was there");
+                let pointer = format!("/{}", field.name);
+                assert_eq!(pointer_json(value, &pointer).expect("read").as_deref(), expected, "{pointer}");
+            }
+        }
+        assert!(field_json_into(b"{not json", &auction, &mut out).is_err());
     }
 
     #[test]

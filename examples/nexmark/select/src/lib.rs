@@ -30,7 +30,7 @@
 
 use std::collections::BTreeMap;
 
-use eddy_sdk::codec::Field;
+use eddy_sdk::codec::{Field, FieldName};
 use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result};
 use serde::Deserialize;
 use serde_json::Value;
@@ -52,10 +52,23 @@ pub struct Route {
 enum Keying {
     /// Emit as it came (no key).
     None,
+    /// The JSON of this top-level field (a pointer such as `/auction`), its slot remembered.
+    TopField(Field),
     /// The JSON at this pointer.
-    Field(String),
+    Pointer(String),
     /// These key bytes.
     Constant(Vec<u8>),
+}
+
+impl Keying {
+    /// Keys by the JSON at `pointer`: by a remembered slot when it names a top-level field.
+    fn at(pointer: String) -> Self {
+        match pointer.strip_prefix('/').filter(|name| !name.contains(['/', '~'])) {
+            // Leaked once per route and instance: a `Field`'s name is `'static`.
+            Some(name) => Keying::TopField(Field::new(Box::leak(name.to_owned().into_boxed_str()))),
+            None => Keying::Pointer(pointer),
+        }
+    }
 }
 
 /// The operator: event type -> keying.
@@ -64,6 +77,8 @@ pub struct Select {
     routes: Vec<(String, Keying)>,
     /// The events' `type`, its slot remembered per schema.
     kind: Field,
+    /// The current record's key, when read from a field (reused: no allocation per record).
+    key: Vec<u8>,
 }
 
 const TYPES: [&str; 3] = ["person", "auction", "bid"];
@@ -88,13 +103,13 @@ impl Select {
                 Route { key: Some(p), .. } if !p.starts_with('/') => {
                     return Err(Error::bad_config(format!("`{kind}.key`: `{p}` is not a JSON pointer such as `/id`")));
                 }
-                Route { key: Some(p), .. } => Keying::Field(p),
+                Route { key: Some(p), .. } => Keying::at(p),
                 Route { constant_key: Some(v), .. } => Keying::Constant(eddy_sdk::codec::encode(&v)?),
                 Route { key: None, constant_key: None } => Keying::None,
             };
             routes.push((kind, keying));
         }
-        Ok(Select { routes, kind: Field::new("type") })
+        Ok(Select { routes, kind: Field::new("type"), key: Vec::new() })
     }
 }
 
@@ -106,21 +121,31 @@ impl Operator for Select {
     }
 
     fn process(&mut self, record: &Record<'_>, ctx: &mut Context) -> Result<()> {
+        let Select { routes, kind, key } = self;
         // Only `type` decides, so only `type` is read (in place, from a row).
         let event_type =
-            record.value_str_bytes(&self.kind)?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
-        let Some((kind, keying)) = self.routes.iter().find(|(k, _)| k.as_bytes() == &*event_type) else {
+            record.value_str_bytes(&*kind)?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
+        let Some((kind, keying)) = routes.iter().find(|(k, _)| k.as_bytes() == &*event_type) else {
             return Ok(());
         };
-        let key =
-            match keying {
-                Keying::None => None,
-                Keying::Constant(bytes) => Some(bytes.clone()),
-                Keying::Field(pointer) => Some(record.value_at(pointer)?.ok_or_else(|| {
-                    Error::bad_record(format!("a `{kind}` event has no field at `{pointer}` to key by"))
-                })?),
-            };
-        ctx.emit_raw(None, key.as_deref(), record.value_bytes(), record.timestamp())
+        let missing =
+            |pointer: &str| Error::bad_record(format!("a `{kind}` event has no field at `{pointer}` to key by"));
+        let key = match keying {
+            Keying::None => None,
+            Keying::Constant(bytes) => Some(bytes.as_slice()),
+            Keying::TopField(field) => {
+                key.clear();
+                if !eddy_sdk::codec::field_json_into(record.value_bytes(), field, key)? {
+                    return Err(missing(&format!("/{}", field.name())));
+                }
+                Some(key.as_slice())
+            }
+            Keying::Pointer(pointer) => {
+                *key = record.value_at(pointer)?.ok_or_else(|| missing(pointer))?;
+                Some(key.as_slice())
+            }
+        };
+        ctx.emit_raw(None, key, record.value_bytes(), record.timestamp())
     }
 }
 
