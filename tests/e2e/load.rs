@@ -78,3 +78,15 @@ fn worlds_are_detected_and_misuse_is_refused() {
     assert!(err.to_string().contains("window aggregate"), "{err}");
     assert!(counter.instantiate_aggregate().is_err());
 }
+
+#[test]
+fn operators_that_read_their_batches_as_json_are_told_from_the_rest() {
+    for (name, wasm, reads) in [
+        ("rust", guests::NEXMARK_Q1, false),
+        ("go", guests::GO_NEXMARK_Q1, false),
+        ("python", guests::PYTHON_NEXMARK_Q1, true),
+        ("javascript", guests::JS_NEXMARK_Q1, true),
+    ] {
+        assert_eq!(load(name, wasm).reads_json_batch(), reads, "{name}");
+    }
+}

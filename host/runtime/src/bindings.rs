@@ -6,6 +6,8 @@ pub(crate) mod operator_world {
         world: "keyed-operator",
         path: "../../wit",
         imports: { default: trappable },
+        // Export parameters borrow, so a call lowers a batch's bytes from where they are.
+        ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
 
@@ -14,6 +16,7 @@ pub(crate) mod aggregate_world {
         world: "window-aggregate",
         path: "../../wit",
         imports: { default: trappable },
+        ownership: Borrowing { duplicate_if_necessary: true },
         with: {
             "eddy:dataflow/types": super::operator_world::eddy::dataflow::types,
             "eddy:dataflow/log": super::operator_world::eddy::dataflow::log,

@@ -8,7 +8,7 @@ use eddy_wire::{Packed, Row, Update};
 use wasmtime::Store;
 
 use crate::bindings::aggregate_world::WindowAggregate;
-use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::{AccumulatorUpdates, PackedItems};
+use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::{AccumulatorUpdates, PackedItemsResult};
 use crate::bindings::operator_world::KeyedOperator;
 use crate::bindings::types::{Batch, Span, TimeDomain as WitDomain, TimerBatch, TimerRef};
 use crate::call::CallPolicy;
@@ -27,18 +27,25 @@ pub(crate) fn row_of(meta: &RecordMeta, tag: u32) -> Row {
     Row { key: meta.key.map(wire_span), value: wire_span(meta.value), timestamp: meta.timestamp, tag }
 }
 
-/// Converts a host batch to the WIT shape of an aggregate call: one buffer copy, one packed
-/// table, every record its own key slot (the host groups records by key in the updates).
-pub(crate) fn to_wit_batch(batch: &RecordBatch) -> Batch {
-    let (data, metas) = batch.parts();
+/// The record table of a host batch in the WIT shape of an aggregate call, every record its
+/// own key slot (the host groups records by key in the updates); the call lends the batch's
+/// bytes as they are.
+pub(crate) fn wit_records(batch: &RecordBatch) -> Vec<u8> {
+    let (_, metas) = batch.parts();
     let mut records = Vec::with_capacity(metas.len() * Row::BYTES);
     for (i, meta) in metas.iter().enumerate() {
         row_of(meta, i as u32).write(&mut records);
     }
-    Batch { data: data.to_vec(), records, prefetched_states: Vec::new(), prefetched: Vec::new() }
+    records
 }
 
-fn to_wit_timers(fired: &[FiredTimer]) -> TimerBatch {
+/// An `on-timer` call's keys back to back, and its timers.
+struct TimerCall {
+    data: Vec<u8>,
+    timers: Vec<TimerRef>,
+}
+
+fn to_wit_timers(fired: &[FiredTimer]) -> TimerCall {
     let mut data = Vec::with_capacity(fired.iter().map(|t| t.key.len()).sum());
     let mut slots = KeySlots::with_capacity(fired.len());
     let timers = fired
@@ -58,7 +65,7 @@ fn to_wit_timers(fired: &[FiredTimer]) -> TimerBatch {
             }
         })
         .collect();
-    TimerBatch { data, timers }
+    TimerCall { data, timers }
 }
 
 /// Key bytes handed to one `on-timer` call, at most (unless one key alone is longer).
@@ -136,7 +143,7 @@ impl OperatorInstance {
         let keyed = &mut store.data_mut().keyed;
         // The previous call's buffers, refilled: no allocation per call once they are big
         // enough. Between calls nothing else holds the batch, so it is never copied here.
-        let mut wit = std::mem::replace(&mut keyed.batch, Arc::new(crate::keyed::empty_batch()));
+        let mut wit = std::mem::take(&mut keyed.batch);
         let filled = keyed.batch_for_guest(batch, Arc::make_mut(&mut wit));
         keyed.batch = Arc::clone(&wit);
         if let Err(kind) = filled {
@@ -144,14 +151,15 @@ impl OperatorInstance {
             return Err(CallError { operator, call: "process", kind, guest_message: None });
         }
         // The call and the store share the batch while it runs (`json-batch` reads it).
-        let result =
-            Self::guarded(store, policy, "process", |s| bindings.eddy_dataflow_operator().call_process(s, &wit));
+        let result = Self::guarded(store, policy, "process", |s| {
+            bindings.eddy_dataflow_operator().call_process(s, wit.lend(batch))
+        });
         drop(wit);
         let keyed = &mut store.data_mut().keyed;
         keyed.keys.clear("process");
         // A rare huge batch should not pin its memory for the life of the instance.
         if keyed.batch.data.capacity() > RETAINED_BATCH_BYTES {
-            keyed.batch = Arc::new(crate::keyed::empty_batch());
+            keyed.batch = Arc::default();
         }
         result
     }
@@ -187,8 +195,9 @@ impl OperatorInstance {
         let Self { store, bindings, policy } = self;
         store.data_mut().keyed.load_timer_keys(fired);
         let wit = to_wit_timers(fired);
-        let result =
-            Self::guarded(store, policy, "on-timer", |s| bindings.eddy_dataflow_operator().call_on_timer(s, &wit));
+        let result = Self::guarded(store, policy, "on-timer", |s| {
+            bindings.eddy_dataflow_operator().call_on_timer(s, TimerBatch { data: &wit.data, timers: &wit.timers })
+        });
         store.data_mut().keyed.keys.clear("on-timer");
         result
     }
@@ -331,9 +340,10 @@ impl AggregateInstance {
     /// Folds `batch` into many accumulators in one crossing; one new accumulator per update.
     pub fn add(&mut self, batch: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Items, CallError> {
         let Self { store, bindings, policy } = self;
-        let wit = to_wit_batch(batch);
+        let records = wit_records(batch);
+        let wit = Batch { data: batch.parts().0, records: &records, prefetched_states: &[], prefetched: &[] };
         let packed = pack_updates(updates);
-        let accs = policy.call(store, "add", |s| bindings.eddy_dataflow_aggregate().call_add(s, &wit, &packed))?;
+        let accs = policy.call(store, "add", |s| bindings.eddy_dataflow_aggregate().call_add(s, wit, packed.lend()))?;
         Self::one_per_input(store, "add", updates.len(), accs)
     }
 
@@ -346,9 +356,10 @@ impl AggregateInstance {
     /// The window results for `accs`, one per accumulator, in one crossing.
     pub fn results(&mut self, accs: &Items) -> Result<Items, CallError> {
         let Self { store, bindings, policy } = self;
-        let packed = accs.to_wit();
-        let results =
-            policy.call(store, "get-results", |s| bindings.eddy_dataflow_aggregate().call_get_results(s, &packed))?;
+        let spans = accs.wit_spans();
+        let results = policy.call(store, "get-results", |s| {
+            bindings.eddy_dataflow_aggregate().call_get_results(s, accs.lend(&spans))
+        })?;
         Self::one_per_input(store, "get-results", accs.len(), results)
     }
 
@@ -357,7 +368,7 @@ impl AggregateInstance {
         store: &Store<AggregateHost>,
         call: &'static str,
         expected: usize,
-        items: PackedItems,
+        items: PackedItemsResult,
     ) -> Result<Items, CallError> {
         let error =
             |kind| CallError { operator: store.data().sandbox.operator.clone(), call, kind, guest_message: None };
@@ -375,8 +386,21 @@ impl AggregateInstance {
 }
 
 /// The WIT shape of `updates`: three buffers however many updates there are.
-fn pack_updates(updates: &[AccumulatorUpdate<'_>]) -> AccumulatorUpdates {
-    let mut packed = AccumulatorUpdates {
+/// An `add` call's updates, packed as `accumulator-updates` (which the call lends).
+struct PackedUpdates {
+    accumulators: Vec<u8>,
+    updates: Vec<u8>,
+    records: Vec<u32>,
+}
+
+impl PackedUpdates {
+    fn lend(&self) -> AccumulatorUpdates<'_> {
+        AccumulatorUpdates { accumulators: &self.accumulators, updates: &self.updates, records: &self.records }
+    }
+}
+
+fn pack_updates(updates: &[AccumulatorUpdate<'_>]) -> PackedUpdates {
+    let mut packed = PackedUpdates {
         accumulators: Vec::with_capacity(updates.iter().map(|u| u.accumulator.len()).sum()),
         updates: Vec::with_capacity(updates.len() * Update::BYTES),
         records: Vec::with_capacity(updates.iter().map(|u| u.records.len()).sum()),

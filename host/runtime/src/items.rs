@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use eddy_wire::{Packed, Span, Table};
 
-use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::PackedItems;
+use crate::bindings::aggregate_world::exports::eddy::dataflow::aggregate::{PackedItemsParam, PackedItemsResult};
 use crate::error::Violation;
 
 /// Items in one buffer, each a checked range of it.
@@ -56,7 +56,7 @@ impl Items {
     }
 
     /// What a guest returned, its spans checked against its buffer (which is kept, not copied).
-    pub(crate) fn from_wit(packed: PackedItems) -> Result<Self, Violation> {
+    pub(crate) fn from_wit(packed: PackedItemsResult) -> Result<Self, Violation> {
         let table = Table::<Span>::new(&packed.spans).map_err(Violation::MalformedTable)?;
         let ranges = table
             .iter()
@@ -72,14 +72,19 @@ impl Items {
         Ok(Self { data: packed.data, ranges })
     }
 
-    /// The WIT shape, for handing the items to a guest.
-    pub(crate) fn to_wit(&self) -> PackedItems {
+    /// The span table of the WIT shape, for handing the items to a guest ([`Self::lend`]).
+    pub(crate) fn wit_spans(&self) -> Vec<u8> {
         let mut spans = Vec::with_capacity(self.ranges.len() * Span::BYTES);
         for r in &self.ranges {
             // Host-built items of one batch stay far below 4 GiB.
             Span { offset: r.start as u32, len: (r.end - r.start) as u32 }.write(&mut spans);
         }
-        PackedItems { data: self.data.clone(), spans }
+        spans
+    }
+
+    /// The WIT shape with `spans` from [`Self::wit_spans`]: the items' bytes lent as they are.
+    pub(crate) fn lend<'a>(&'a self, spans: &'a [u8]) -> PackedItemsParam<'a> {
+        PackedItemsParam { data: &self.data, spans }
     }
 }
 
@@ -100,7 +105,9 @@ mod tests {
     #[test]
     fn items_round_trip_through_the_wit_shape_and_bad_spans_are_refused() {
         let items: Items = [&b"ab"[..], b"", b"cde"].into_iter().collect();
-        let wit = items.to_wit();
+        let spans = items.wit_spans();
+        let lent = items.lend(&spans);
+        let wit = PackedItemsResult { data: lent.data.to_vec(), spans: lent.spans.to_vec() };
         assert_eq!(Items::from_wit(wit.clone()).expect("well formed"), items);
         assert_eq!(items.iter().collect::<Vec<_>>(), vec![&b"ab"[..], b"", b"cde"]);
         let mut bad = wit.clone();

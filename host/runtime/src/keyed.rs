@@ -157,12 +157,35 @@ pub(crate) struct Keyed {
     output_bytes: usize,
     /// The `process` call's batch (the last one's between calls, whose buffers the next one
     /// reuses): shared with the call for as long as it runs, so `json-batch` can read it.
-    pub(crate) batch: Arc<types::Batch>,
+    pub(crate) batch: Arc<CallBatch>,
+    /// Whether the guest reads its batch through `json-batch`, which reads the bytes here.
+    pub(crate) reads_json_batch: bool,
 }
 
-/// A batch with no buffers yet (nothing allocated).
-pub(crate) fn empty_batch() -> types::Batch {
-    types::Batch { data: Vec::new(), records: Vec::new(), prefetched_states: Vec::new(), prefetched: Vec::new() }
+/// A `process` call's batch as the host builds it; the call lends it to the guest. `data`
+/// holds the records' bytes only when they must be copied: prefetched state values follow
+/// them, or the guest reads the batch through `json-batch`. Otherwise the call lends the
+/// input batch's own bytes, one copy fewer per call.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CallBatch {
+    pub(crate) data: Vec<u8>,
+    /// Whether `data` holds the records' bytes (else they are the input batch's).
+    pub(crate) holds_records: bool,
+    pub(crate) records: Vec<u8>,
+    pub(crate) prefetched_states: Vec<u32>,
+    pub(crate) prefetched: Vec<u8>,
+}
+
+impl CallBatch {
+    /// The batch as the guest gets it; `input` is the batch it was built from.
+    pub(crate) fn lend<'a>(&'a self, input: &'a RecordBatch) -> types::Batch<'a> {
+        types::Batch {
+            data: if self.holds_records { &self.data } else { input.parts().0 },
+            records: &self.records,
+            prefetched_states: &self.prefetched_states,
+            prefetched: &self.prefetched,
+        }
+    }
 }
 
 impl Keyed {
@@ -188,7 +211,8 @@ impl Keyed {
             list_keys: ListKeys::default(),
             output: Output::default(),
             output_bytes: 0,
-            batch: Arc::new(empty_batch()),
+            batch: Arc::default(),
+            reads_json_batch: false,
         }
     }
 
@@ -202,13 +226,16 @@ impl Keyed {
     /// their key slots and appends the prefetched state values, looked up once per distinct
     /// key, to the batch's buffer.
     /// Fills `wit` (the previous call's, so its buffers are reused) with `batch` for the guest.
-    pub(crate) fn batch_for_guest(&mut self, batch: &RecordBatch, wit: &mut types::Batch) -> Result<(), CallErrorKind> {
+    pub(crate) fn batch_for_guest(&mut self, batch: &RecordBatch, wit: &mut CallBatch) -> Result<(), CallErrorKind> {
         self.keys.clear("process");
         let (data, metas) = batch.parts();
         let columns = self.prefetch.len();
-        let types::Batch { data: out, records, prefetched_states, prefetched } = wit;
+        let CallBatch { data: out, holds_records, records, prefetched_states, prefetched } = wit;
         out.clear();
-        out.extend_from_slice(data);
+        *holds_records = columns > 0 || self.reads_json_batch;
+        if *holds_records {
+            out.extend_from_slice(data);
+        }
         records.clear();
         records.reserve(metas.len() * Row::BYTES);
         prefetched.clear();
@@ -669,6 +696,33 @@ mod tests {
             }
         }
         unreachable!()
+    }
+
+    #[test]
+    fn a_call_lends_the_input_batchs_bytes_unless_it_must_hold_a_copy() {
+        let mut input = RecordBatch::default();
+        input.try_push(Some(b"\"k\""), b"v1", Some(1)).expect("fits");
+        input.try_push(None, b"v2", None).expect("fits");
+        let lent_bytes = |k: &mut Keyed| {
+            let mut call = CallBatch::default();
+            k.batch_for_guest(&input, &mut call).expect("batch");
+            let lent = call.lend(&input);
+            let same = std::ptr::eq(lent.data.as_ptr(), input.parts().0.as_ptr());
+            (same, lent.data.to_vec(), lent.records.len())
+        };
+        let mut k = keyed();
+        let (same, bytes, rows) = lent_bytes(&mut k);
+        assert!(same, "no prefetch and no json-batch: the input's own bytes");
+        assert_eq!((bytes.as_slice(), rows), (input.parts().0, 2 * Row::BYTES));
+        // A JSON guest reads the call's bytes through `json-batch`, from the host's copy.
+        k.reads_json_batch = true;
+        let (same, bytes, _) = lent_bytes(&mut k);
+        assert!(!same && bytes == input.parts().0, "a copy of the input's bytes");
+        // Prefetched values follow the records' bytes, so those are copied too.
+        let mut k = keyed();
+        k.declare("s".into(), Some(state::StateKind::Value), true).expect("declare");
+        let (same, bytes, _) = lent_bytes(&mut k);
+        assert!(!same && bytes.starts_with(input.parts().0), "the input's bytes, then prefetched values");
     }
 
     #[test]

@@ -205,7 +205,10 @@ impl Runtime {
         let pre = match world {
             World::KeyedOperator => {
                 let pre = self.operator_linker.instantiate_pre(&component).map_err(unsupported)?;
-                Pre::Operator(KeyedOperatorPre::new(pre).map_err(|e| LoadError::Invalid(format!("{e:#}")))?)
+                Pre::Operator {
+                    pre: KeyedOperatorPre::new(pre).map_err(|e| LoadError::Invalid(format!("{e:#}")))?,
+                    reads_json_batch: validate::reads_json_batch(&self.engine, &component),
+                }
             }
             World::WindowAggregate => {
                 let pre = self.aggregate_linker.instantiate_pre(&component).map_err(unsupported)?;
@@ -235,7 +238,7 @@ fn first_line(e: &wasmtime::Error) -> String {
 }
 
 enum Pre {
-    Operator(KeyedOperatorPre<OperatorHost>),
+    Operator { pre: KeyedOperatorPre<OperatorHost>, reads_json_batch: bool },
     Aggregate(WindowAggregatePre<AggregateHost>),
 }
 
@@ -266,6 +269,13 @@ impl std::fmt::Debug for Component {
 }
 
 impl Component {
+    /// Whether the operator reads its batches as JSON through `json-batch` (the Python and
+    /// JavaScript SDKs do): the host then keeps a copy of each batch's bytes for its calls,
+    /// where other operators get the input batch's bytes lent.
+    pub fn reads_json_batch(&self) -> bool {
+        matches!(self.pre, Pre::Operator { reads_json_batch: true, .. })
+    }
+
     /// The operator's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -345,16 +355,15 @@ impl Component {
         backend: Box<dyn StateBackend>,
         timers: Box<dyn TimerService>,
     ) -> Result<OperatorInstance, RuntimeError> {
-        let Pre::Operator(pre) = &self.pre else {
+        let Pre::Operator { pre, reads_json_batch } = &self.pre else {
             return Err(RuntimeError::Instantiate {
                 operator: self.name.clone(),
                 reason: "it is a window aggregate, not an operator; use it as a window's aggregate".into(),
             });
         };
-        let host = OperatorHost {
-            sandbox: Sandbox::new(&self.name, &self.grants, &self.limits),
-            keyed: Keyed::new(self.limits.clone(), backend, timers, subtask.key_groups(), subtask.max_parallelism),
-        };
+        let mut keyed = Keyed::new(self.limits.clone(), backend, timers, subtask.key_groups(), subtask.max_parallelism);
+        keyed.reads_json_batch = *reads_json_batch;
+        let host = OperatorHost { sandbox: Sandbox::new(&self.name, &self.grants, &self.limits), keyed };
         let mut store = self.new_store(host);
         store.limiter(|h| &mut h.sandbox.memory);
         let bindings = pre.instantiate(&mut store).map_err(|e| self.instantiate_err(&e))?;

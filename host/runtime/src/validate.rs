@@ -40,6 +40,15 @@ pub(crate) fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
 }
 
 /// Finds the Eddy world a compiled component implements, or says precisely what is missing.
+/// The import a guest reads its batch through as JSON (the Python and JavaScript SDKs).
+const JSON_BATCH_IMPORT: &str = "eddy:dataflow/json-batch@0.4.0";
+
+/// Whether the component imports `json-batch`: the host then keeps a copy of each batch's
+/// bytes for it to read during the call.
+pub(crate) fn reads_json_batch(engine: &Engine, component: &Component) -> bool {
+    component.component_type().imports(engine).any(|(name, _)| name == JSON_BATCH_IMPORT)
+}
+
 pub(crate) fn world_of(engine: &Engine, component: &Component) -> Result<World, LoadError> {
     let ty = component.component_type();
     for (export, world, functions) in [

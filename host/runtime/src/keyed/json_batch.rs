@@ -263,13 +263,15 @@ mod tests {
     use crate::error::HostTrap;
 
     fn keyed(limits: SandboxLimits) -> Keyed {
-        Keyed::new(
+        let mut k = Keyed::new(
             limits,
             Box::new(HeapStateBackend::default()),
             Box::new(HeapTimerService::default()),
             KeyGroupRange::all(128),
             128,
-        )
+        );
+        k.reads_json_batch = true;
+        k
     }
 
     /// `k` as a `process` call over `records` ((key, value) pairs) finds it.
@@ -278,7 +280,7 @@ mod tests {
         for (key, value) in records {
             batch.try_push(*key, value, None).expect("fits");
         }
-        let mut wit = std::mem::replace(&mut k.batch, Arc::new(crate::keyed::empty_batch()));
+        let mut wit = std::mem::take(&mut k.batch);
         k.batch_for_guest(&batch, Arc::make_mut(&mut wit)).expect("batch");
         k.batch = wit;
     }
