@@ -10,7 +10,7 @@ cargo fmt --all -- --check
 cargo test
 # The example operators' own unit tests: not default members (they build for wasm32-wasip2),
 # so `cargo test` skips them; they build for the host here.
-cargo test -p nexmark-model -p nexmark-count -p nexmark-q1 -p nexmark-q5
+cargo test -p nexmark-model -p nexmark-select -p nexmark-count -p nexmark-q1 -p nexmark-q5
 cargo clippy --all-targets -- -D warnings
 cargo clippy --release --target wasm32-wasip2 "${GUESTS[@]}" -- -D warnings
 # The Go SDK and Go operators: gofmt-clean and vetted (the glue compiles only inside a build).
