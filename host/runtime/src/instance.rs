@@ -385,7 +385,6 @@ impl AggregateInstance {
     }
 }
 
-/// The WIT shape of `updates`: three buffers however many updates there are.
 /// An `add` call's updates, packed as `accumulator-updates` (which the call lends).
 struct PackedUpdates {
     accumulators: Vec<u8>,
@@ -399,6 +398,7 @@ impl PackedUpdates {
     }
 }
 
+/// The WIT shape of `updates`: three buffers however many updates there are.
 fn pack_updates(updates: &[AccumulatorUpdate<'_>]) -> PackedUpdates {
     let mut packed = PackedUpdates {
         accumulators: Vec::with_capacity(updates.iter().map(|u| u.accumulator.len()).sum()),
