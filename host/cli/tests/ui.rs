@@ -667,12 +667,16 @@ fn the_admin_watches_the_workers_and_a_killed_one_leaves() {
     });
     for (i, listed) in workers(&server).iter().enumerate() {
         let row = format!("{}[data-worker=\"{}\"]", tid("worker-row"), listed["name"].as_str().unwrap());
-        let cell = |b: &mut Browser, id: &str| b.text(&format!("{row} {}", tid(id)), 0).unwrap();
+        // Read again while the page replaces the table (the cell is missing for that moment).
+        let cell = |b: &mut Browser, id: &str| {
+            b.wait_text(&format!("worker {i}'s {id}"), &format!("{row} {}", tid(id)), |_| true)
+        };
         assert_eq!(cell(&mut browser, "worker-slots"), listed["slots"].to_string(), "worker {i}");
         assert_eq!(cell(&mut browser, "worker-data-addr"), listed["data_addr"].as_str().unwrap(), "worker {i}");
         let free = cell(&mut browser, "worker-free-slots");
         assert_eq!(free, listed["free_slots"].to_string(), "no job runs: every slot is free");
-        let beat = browser.number(&format!("{row} {}", tid("worker-heartbeat")), 0).unwrap();
+        let beat_cell = format!("{row} {}", tid("worker-heartbeat"));
+        let beat = browser.wait_for("a heartbeat's age", |b| b.number(&beat_cell, 0).ok_or("missing".to_string()));
         assert!(beat < 2000.0, "a live worker's heartbeat is younger than the timeout: {beat} ms");
     }
     browser.screenshot("workers.png");
