@@ -13,7 +13,8 @@ pub struct Span {
 }
 
 impl Span {
-    fn range(self) -> std::ops::Range<usize> {
+    /// The range as an index into the buffer the span lies in.
+    pub fn range(self) -> std::ops::Range<usize> {
         self.offset as usize..self.offset as usize + self.len as usize
     }
 }

@@ -242,9 +242,10 @@ impl Keyed {
         prefetched.reserve(metas.len() * columns * <Option<Span>>::BYTES);
         prefetched_states.clone_from(&self.prefetch);
         let mut slots = KeySlots::with_capacity(metas.len());
-        for (i, (meta, r)) in metas.iter().zip(batch.iter()).enumerate() {
+        for (i, meta) in metas.iter().enumerate() {
             let index = u32::try_from(i).map_err(|_| CallErrorKind::Internal("batch of over 4G records".into()))?;
-            let Some(key) = r.key else {
+            // Only the key is read here: slicing the value too cost q0 2.5% of its CPU.
+            let Some(key) = meta.key.map(|k| &data[k.range()]) else {
                 self.keys.push(None);
                 (0..columns).for_each(|_| None::<Span>.write(prefetched));
                 crate::instance::row_of(meta, index).write(records);
