@@ -63,6 +63,11 @@ pub struct Disconnected;
 pub trait ChannelSender: Send {
     /// Sends `message`, waiting while the channel has no credit (backpressure).
     fn send(&mut self, message: Message) -> Result<(), Disconnected>;
+    /// Sends `message` if the channel takes it without waiting, or gives it back (`Ok(Err)`).
+    /// A sender that cannot tell gives every message back.
+    fn try_send(&mut self, message: Message) -> Result<Result<(), Message>, Disconnected> {
+        Ok(Err(message))
+    }
     /// An empty buffer the receiver handed back, to fill instead of allocating one.
     fn spare(&mut self) -> Option<RecordBatch> {
         None
@@ -338,48 +343,63 @@ impl std::fmt::Debug for LocalSender {
     }
 }
 
+impl LocalSender {
+    /// Puts `message` into the channel if it has room now, or gives it back.
+    fn offer(&mut self, state: &mut GateState, message: Message) -> Result<Result<(), Message>, Disconnected> {
+        if self.shared.closed.load(Ordering::SeqCst) {
+            return Err(Disconnected);
+        }
+        let channel = &mut state.channels[self.channel];
+        if channel.overtakes(&message) {
+            channel.overtake(message);
+            return Ok(Ok(()));
+        }
+        match channel.sender.enqueue(message) {
+            Ok(()) => {
+                channel.pump();
+                if self.spare.is_none() {
+                    self.spare = channel.spares.pop();
+                }
+                Ok(Ok(()))
+            }
+            Err(back) => Ok(Err(back)),
+        }
+    }
+}
+
 impl ChannelSender for LocalSender {
     fn send(&mut self, message: Message) -> Result<(), Disconnected> {
-        let shared = &*self.shared;
+        let shared = self.shared.clone();
         let mut state = shared.lock();
         let mut message = message;
         let mut waited_since: Option<Instant> = None;
-        loop {
-            if shared.closed.load(Ordering::SeqCst) {
-                return Err(Disconnected);
+        while let Err(back) = self.offer(&mut state, message)? {
+            message = back;
+            let waits = &mut state.channels[self.channel].waits;
+            if waited_since.is_none() {
+                waited_since = Some(Instant::now());
+                waits.blocked_sends += 1;
             }
-            let channel = &mut state.channels[self.channel];
-            if channel.overtakes(&message) {
-                channel.overtake(message);
-                break;
-            }
-            match channel.sender.enqueue(message) {
-                Ok(()) => {
-                    channel.pump();
-                    if self.spare.is_none() {
-                        self.spare = channel.spares.pop();
-                    }
-                    break;
-                }
-                Err(back) => {
-                    message = back;
-                    if waited_since.is_none() {
-                        waited_since = Some(Instant::now());
-                        channel.waits.blocked_sends += 1;
-                    }
-                    channel.waits.waiting += 1;
-                    state = shared.writable[self.channel].wait(state).unwrap_or_else(|p| p.into_inner());
-                    let waits = &mut state.channels[self.channel].waits;
-                    waits.waiting -= 1;
-                    waits.wakeups += 1;
-                }
-            }
+            waits.waiting += 1;
+            state = shared.writable[self.channel].wait(state).unwrap_or_else(|p| p.into_inner());
+            let waits = &mut state.channels[self.channel].waits;
+            waits.waiting -= 1;
+            waits.wakeups += 1;
         }
         if let Some(since) = waited_since {
             self.blocked_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         shared.readable.notify_one();
         Ok(())
+    }
+
+    fn try_send(&mut self, message: Message) -> Result<Result<(), Message>, Disconnected> {
+        let shared = self.shared.clone();
+        let taken = self.offer(&mut shared.lock(), message)?;
+        if taken.is_ok() {
+            shared.readable.notify_one();
+        }
+        Ok(taken)
     }
 
     fn spare(&mut self) -> Option<RecordBatch> {

@@ -197,23 +197,18 @@ impl Inbound {
         self.send.write_all(&wire).await.map_err(|e| LinkEnd::Lost(e.to_string()))
     }
 
-    /// Decodes every whole frame read so far into `queue`; true once end-of-stream came. A
-    /// frame's length is checked before its body is read: within the decoder's limit, and
-    /// oversized only when the channel holds nothing else ([`admit_frame`]).
-    fn decode(
-        &mut self,
-        receiver: &mut CreditReceiver,
-        queue: &tokio::sync::mpsc::Sender<(Message, bool)>,
-        backlog: &mut u32,
-        custody: &mut Custody,
-    ) -> Result<bool, LinkEnd> {
+    /// Decodes every whole frame read so far and hands each to the local channel; true once
+    /// end-of-stream came. A frame's length is checked before its body is read: within the
+    /// decoder's limit, and oversized only when the channel holds nothing else
+    /// ([`admit_frame`]). Credit for what was handed over here is added to `due`.
+    fn decode(&mut self, link: &mut LinkState<'_>, due: &mut u32) -> Result<bool, LinkEnd> {
         let decoder = Decoder::default();
         let mut at = 0;
         let mut ended = false;
         while !ended {
             let Some(len) = announced_len(&self.buf[at..]) else { break };
             if len <= decoder.max_frame_bytes {
-                admit_frame(len, receiver.in_use()).map_err(|e| LinkEnd::Protocol(e.to_string()))?;
+                admit_frame(len, link.receiver.in_use()).map_err(|e| LinkEnd::Protocol(e.to_string()))?;
             }
             let Some((frame, used)) = decoder.decode(&self.buf[at..]).map_err(|e| LinkEnd::Protocol(e.to_string()))?
             else {
@@ -223,47 +218,60 @@ impl Inbound {
             let Frame::Message { message, backlog: behind } = frame else {
                 return Err(LinkEnd::Protocol("a credit frame on a sender's stream".into()));
             };
-            receiver.on_buffer().map_err(|e| LinkEnd::Protocol(e.to_string()))?;
-            *backlog = behind;
+            link.receiver.on_buffer().map_err(|e| LinkEnd::Protocol(e.to_string()))?;
+            link.backlog = behind;
             ended = message == Message::EndOfStream;
-            custody.lens.push_back(used);
-            custody.bytes += used;
-            // Never full: the queue holds `capacity` and credit allows no more in use.
-            queue.try_send((message, is_oversized(len))).map_err(|_| LinkEnd::Stopped)?;
+            link.custody.lens.push_back(used);
+            link.custody.bytes += used;
+            if let Some(credit) = link.hand_over(message, is_oversized(len))? {
+                *due += credit;
+            }
         }
         self.buf.drain(..at);
-        self.held.set(self.buf.len() + custody.bytes);
+        self.held.set(self.buf.len() + link.custody.bytes);
         Ok(ended)
     }
 
     async fn pump(&mut self, into: Box<dyn ChannelSender>) -> Result<(), LinkEnd> {
         let capacity = self.shared.tuning.channel_capacity;
-        let mut receiver = CreditReceiver::new(capacity, 1);
+        let into = Arc::new(Mutex::new(into));
         let (queue, queued) = tokio::sync::mpsc::channel(capacity as usize);
         let (handed_tx, mut handed) = tokio::sync::mpsc::unbounded_channel();
+        let thread_into = into.clone();
         std::thread::Builder::new()
             .name(format!("eddy-link-{}", self.peer))
-            .spawn(move || hand_over(into, queued, handed_tx))
+            .spawn(move || hand_over(&thread_into, queued, handed_tx))
             .map_err(|e| LinkEnd::Lost(format!("cannot start the link's thread: {e}")))?;
-        self.credit(receiver.initial_credit()).await?;
-        let mut custody = Custody::default();
-        let (mut backlog, mut ended) = (0, false);
+        let mut link = LinkState {
+            into: &into,
+            queue,
+            in_thread: 0,
+            receiver: CreditReceiver::new(capacity, 1),
+            custody: Custody::default(),
+            backlog: 0,
+        };
+        self.credit(link.receiver.initial_credit()).await?;
+        let mut ended = false;
         loop {
             tokio::select! {
                 chunk = self.recv.read_chunk(READ_CHUNK_BYTES, true), if !ended => match chunk {
                     Ok(Some(chunk)) => {
                         self.buf.extend_from_slice(&chunk.bytes);
-                        ended = self.decode(&mut receiver, &queue, &mut backlog, &mut custody)?;
+                        let mut due = 0;
+                        ended = self.decode(&mut link, &mut due)?;
+                        if due > 0 && !ended {
+                            self.credit(due).await?;
+                        }
                     }
                     Ok(None) => return Err(LinkEnd::Lost("the stream ended without end-of-stream".into())),
                     Err(e) => return Err(LinkEnd::Lost(e.to_string())),
                 },
                 done = handed.recv() => match done {
                     Some(true) => {
-                        custody.bytes -= custody.lens.pop_front().unwrap_or(0);
-                        self.held.set(self.buf.len() + custody.bytes);
-                        let freed = receiver.on_consumed();
-                        if let Some(n) = freed.or_else(|| receiver.poll_announce(backlog > 0))
+                        link.in_thread -= 1;
+                        let credit = link.handed();
+                        self.held.set(self.buf.len() + link.custody.bytes);
+                        if let Some(n) = credit
                             && !ended
                         {
                             self.credit(n).await?;
@@ -278,6 +286,48 @@ impl Inbound {
                 },
             }
         }
+    }
+}
+
+/// A claimed link's hand-over to its local channel: straight from the async reader while the
+/// channel has room and nothing waits in the link's thread (no thread hop, no wake-up of the
+/// reader to learn it was done), else through the thread, which may block on the channel's
+/// credit. Messages reach the channel in the order they were read either way.
+struct LinkState<'a> {
+    into: &'a Mutex<Box<dyn ChannelSender>>,
+    /// To the link's thread.
+    queue: tokio::sync::mpsc::Sender<(Message, bool)>,
+    /// Messages given to the thread and not yet reported handed over.
+    in_thread: usize,
+    receiver: CreditReceiver,
+    custody: Custody,
+    /// Buffers the sender said it holds behind the last one read.
+    backlog: u32,
+}
+
+impl LinkState<'_> {
+    /// Hands `message` over: the credit to grant if it went at once. End-of-stream and
+    /// oversized messages always go through the thread (it ends with the one and waits until
+    /// the subtask took the other).
+    fn hand_over(&mut self, message: Message, oversized: bool) -> Result<Option<u32>, LinkEnd> {
+        let mut message = message;
+        if self.in_thread == 0 && !oversized && message != Message::EndOfStream {
+            match lock(self.into).try_send(message).map_err(|_| LinkEnd::Stopped)? {
+                Ok(()) => return Ok(self.handed()),
+                Err(back) => message = back,
+            }
+        }
+        self.in_thread += 1;
+        // Never full: the queue holds `capacity` and credit allows no more in use.
+        self.queue.try_send((message, oversized)).map_err(|_| LinkEnd::Stopped)?;
+        Ok(None)
+    }
+
+    /// The oldest message read was handed over: its buffer is free again. Returns the credit
+    /// to grant now.
+    fn handed(&mut self) -> Option<u32> {
+        self.custody.bytes -= self.custody.lens.pop_front().unwrap_or(0);
+        self.receiver.on_consumed().or_else(|| self.receiver.poll_announce(self.backlog > 0))
     }
 }
 
@@ -304,15 +354,103 @@ async fn until_gone<T>(recv: &mut RecvStream, claim: impl Future<Output = T>) ->
 /// buffer, and with it the whole credit the sender needs for the next oversized one, comes
 /// back only then, so a channel has at most one oversized frame in the node.
 fn hand_over(
-    mut into: Box<dyn ChannelSender>,
+    into: &Mutex<Box<dyn ChannelSender>>,
     mut queued: tokio::sync::mpsc::Receiver<(Message, bool)>,
     handed: tokio::sync::mpsc::UnboundedSender<bool>,
 ) {
     while let Some((message, oversized)) = queued.blocking_recv() {
         let end = message == Message::EndOfStream;
-        let ok = into.send(message).is_ok() && (!oversized || into.wait_taken().is_ok());
+        let ok = {
+            let mut into = lock(into);
+            into.send(message).is_ok() && (!oversized || into.wait_taken().is_ok())
+        };
         if handed.send(ok).is_err() || !ok || end {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eddy_core::RecordBatch;
+
+    /// A local channel that takes messages only while `room` says so, and records them.
+    struct Fake {
+        room: Arc<Mutex<bool>>,
+        taken: Arc<Mutex<Vec<Message>>>,
+    }
+
+    impl ChannelSender for Fake {
+        fn send(&mut self, message: Message) -> Result<(), crate::channel::Disconnected> {
+            lock(&self.taken).push(message);
+            Ok(())
+        }
+
+        fn try_send(&mut self, message: Message) -> Result<Result<(), Message>, crate::channel::Disconnected> {
+            if !*lock(&self.room) {
+                return Ok(Err(message));
+            }
+            lock(&self.taken).push(message);
+            Ok(Ok(()))
+        }
+    }
+
+    fn data(n: i64) -> Message {
+        Message::Data { side: None, batch: RecordBatch::default(), watermark: Some(n) }
+    }
+
+    #[test]
+    fn messages_go_straight_to_the_channel_only_while_nothing_waits_in_the_links_thread() {
+        let room = Arc::new(Mutex::new(true));
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        let into: Mutex<Box<dyn ChannelSender>> =
+            Mutex::new(Box::new(Fake { room: room.clone(), taken: taken.clone() }));
+        let (queue, mut to_thread) = tokio::sync::mpsc::channel(8);
+        let mut link = LinkState {
+            into: &into,
+            queue,
+            in_thread: 0,
+            receiver: CreditReceiver::new(8, 1),
+            custody: Custody::default(),
+            backlog: 0,
+        };
+        let read = |link: &mut LinkState<'_>, message: Message, oversized: bool| {
+            link.receiver.on_buffer().expect("within credit");
+            link.custody.lens.push_back(10);
+            link.custody.bytes += 10;
+            link.hand_over(message, oversized).map_err(|_| "stopped").expect("handed over")
+        };
+        // Room: straight in, its buffer granted again at once.
+        assert_eq!(read(&mut link, data(1), false), Some(1));
+        // No room: to the thread, and so is what follows while the thread holds anything,
+        // room or not, or it would overtake.
+        *lock(&room) = false;
+        assert_eq!(read(&mut link, data(2), false), None);
+        *lock(&room) = true;
+        assert_eq!(read(&mut link, data(3), false), None);
+        assert_eq!((link.in_thread, link.custody.bytes), (2, 20));
+        // The thread reports both handed over: their buffers come back one by one.
+        for _ in 0..2 {
+            link.in_thread -= 1;
+            assert_eq!(link.handed(), Some(1));
+        }
+        assert_eq!(link.custody.bytes, 0);
+        // Nothing waits any more: straight in again, but never an oversized message or the
+        // end of the stream (the thread waits for the first to be taken and ends with the other).
+        assert_eq!(read(&mut link, data(4), false), Some(1));
+        assert_eq!(read(&mut link, data(5), true), None);
+        link.in_thread -= 1;
+        assert_eq!(link.handed(), Some(1));
+        assert_eq!(read(&mut link, Message::EndOfStream, false), None);
+        assert_eq!(*lock(&taken), vec![data(1), data(4)]);
+        let mut through_thread = Vec::new();
+        while let Ok((message, oversized)) = to_thread.try_recv() {
+            through_thread.push((message, oversized));
+        }
+        assert_eq!(
+            through_thread,
+            vec![(data(2), false), (data(3), false), (data(5), true), (Message::EndOfStream, false)]
+        );
     }
 }
