@@ -80,10 +80,11 @@ enum LinkEnd {
 }
 
 /// One accepted stream. Once claimed, an async reader decodes frames and checks them against
-/// the credit it granted; a thread hands them to the registered local channel, blocking on
-/// that channel's credit, and reports each hand-over so the reader grants the buffer again.
-/// The reader keeps reading while the thread is blocked, so a peer that sends beyond its
-/// credit is caught.
+/// the credit it granted, and hands them to the registered local channel itself while that
+/// channel has room ([`LinkState`]). Otherwise a thread hands them over, blocking on the
+/// channel's credit, and reports each hand-over so the reader grants the buffer again. The
+/// reader keeps reading while the thread is blocked, so a peer that sends beyond its credit
+/// is caught.
 pub(super) struct Inbound {
     shared: Arc<Shared>,
     conn: Connection,
