@@ -215,6 +215,12 @@ impl Browser {
         }
     }
 
+    /// The text of the `nth` match, read again while the page is replacing it (a periodic
+    /// render swaps whole tables and boxes, and a read in that moment finds nothing).
+    fn shown(&mut self, sel: &str, nth: usize) -> String {
+        self.wait_for(&format!("{sel} #{nth}"), |b| b.text(sel, nth).ok_or_else(|| "not there".to_owned()))
+    }
+
     /// Waits until the element's text satisfies `ok`; returns it.
     fn wait_text(&mut self, what: &str, sel: &str, ok: impl Fn(&str) -> bool) -> String {
         self.wait_for(what, |b| match b.text(sel, 0) {
@@ -275,7 +281,7 @@ fn graph_matches_the_plan(browser: &mut Browser, labels: &[String]) {
     });
     assert_eq!(browser.count(&tid("exchange")), n - 1, "an arrow between consecutive tasks");
     for (i, label) in labels.iter().enumerate() {
-        let shown = browser.text(&tid("task-label"), i).unwrap();
+        let shown = browser.shown(&tid("task-label"), i);
         for step in label.split(" -> ") {
             assert!(shown.contains(step), "task {i} shows {shown:?}, not its step {step}");
         }
@@ -303,8 +309,8 @@ fn subtasks_add_up_to_their_task(browser: &mut Browser, parallelisms: &[u64]) {
             other => Err(format!("task and subtasks' sum (task, sum, task again): {other:?}")),
         }
     });
-    assert_eq!(browser.text(&tid("subtask-worker"), 0).as_deref(), Some("this server"));
-    assert_eq!(browser.text(&tid("exchange-type"), 0).as_deref(), Some("hash(/user)"));
+    assert_eq!(browser.shown(&tid("subtask-worker"), 0), "this server");
+    assert_eq!(browser.shown(&tid("exchange-type"), 0), "hash(/user)");
 }
 
 /// The last task receives the counted records over an exchange: its counter rises between two
@@ -323,11 +329,11 @@ fn records_flow(browser: &mut Browser, task: usize) {
             other => Err(format!("records in {first} then {other:?}")),
         }
     });
-    let rate = browser.text(&tid("task-in-rate"), task).unwrap();
+    let rate = browser.shown(&tid("task-in-rate"), task);
     assert!(rate.ends_with("/s"), "the rate reads as records per second: {rate}");
-    let backpressure = browser.text(&tid("task-backpressure"), task).unwrap();
+    let backpressure = browser.shown(&tid("task-backpressure"), task);
     assert!(backpressure.ends_with('%'), "backpressure reads as a percentage: {backpressure}");
-    assert!(browser.text(&tid("task-watermark"), task).is_some(), "the watermark is shown");
+    browser.shown(&tid("task-watermark"), task);
 }
 
 /// The job's last minutes: a throughput line of as many points as the API's timeline holds
@@ -357,11 +363,11 @@ fn timelines_follow_the_api(browser: &mut Browser, server: &Server, token: &str,
     let same = |r: &f64| (r - newest).abs() <= newest.abs() * 1e-12;
     assert!(rates.iter().any(same), "the newest throughput {newest} is one the API reported: {rates:?}");
     assert!(rates.iter().any(|r| *r > 0.0), "records were read: {rates:?}");
-    let shown = browser.text(&tid("timeline-throughput-now"), 0).unwrap();
+    let shown = browser.shown(&tid("timeline-throughput-now"), 0);
     assert!(shown.ends_with("/s"), "throughput reads as records per second: {shown}");
-    let backpressure = browser.text(&tid("timeline-backpressure-now"), 0).unwrap();
+    let backpressure = browser.shown(&tid("timeline-backpressure-now"), 0);
     assert!(backpressure.ends_with('%'), "backpressure reads as a percentage: {backpressure}");
-    assert_eq!(browser.text(&tid("timeline-lag-now"), 0).as_deref(), Some("—"), "no lag behind a generator's clock");
+    assert_eq!(browser.shown(&tid("timeline-lag-now"), 0), "—", "no lag behind a generator's clock");
 }
 
 /// Each subtask's state size: through the API, the subtasks' sizes and the records in flight
@@ -392,8 +398,8 @@ fn state_sizes_add_up_to_the_checkpoint(browser: &mut Browser, server: &Server, 
         Some(n) if n > 0.0 => Ok(()),
         other => Err(format!("{other:?}")),
     });
-    assert_eq!(browser.text(&tid("checkpoint-in-flight"), 0).as_deref(), Some("—"), "aligned: nothing in flight");
-    let stats = browser.text(&tid("checkpoint-stats"), 0).unwrap();
+    assert_eq!(browser.shown(&tid("checkpoint-in-flight"), 0), "—", "aligned: nothing in flight");
+    let stats = browser.shown(&tid("checkpoint-stats"), 0);
     assert!(stats.contains("in flight 0 B (0 unaligned)"), "the checkpoint summary: {stats}");
 }
 
@@ -419,7 +425,7 @@ fn a_failure_shows_the_guests_words_and_the_cause_chain(browser: &mut Browser, s
         if shown.len() == causes.len() { Ok(shown) } else { Err(format!("{shown:?}")) }
     });
     assert_eq!(shown, causes, "the page lists the API's causes in order");
-    let guest = browser.text(&tid("failure-guest"), 0).unwrap();
+    let guest = browser.shown(&tid("failure-guest"), 0);
     assert_eq!(guest, format!("The operator said: {}", failure["guest_message"].as_str().unwrap()));
     assert!(guest.contains("hostile operator gave up on purpose"), "{guest}");
     browser.screenshot("failure.png");
@@ -448,12 +454,12 @@ fn state_lookup_shows_a_keys_count(browser: &mut Browser, server: &Server, token
         1 => Ok(()),
         n => Err(format!("{n} rows")),
     });
-    let shown: u64 = browser.text(&tid("state-row-value"), 0).unwrap().parse().unwrap();
+    let shown: u64 = browser.shown(&tid("state-row-value"), 0).parse().unwrap();
     let after = checkpointed_count(server, token, id, "u-3");
     assert!(before <= shown && shown <= after, "shown {shown}, the API said {before} before and {after} after");
-    assert_eq!(browser.text(&tid("state-row-key"), 0).as_deref(), Some("\"u-3\""));
-    assert_eq!(browser.text(&tid("state-row-state"), 0).as_deref(), Some("count"));
-    let summary = browser.text(&tid("state-summary"), 0).unwrap();
+    assert_eq!(browser.shown(&tid("state-row-key"), 0), "\"u-3\"");
+    assert_eq!(browser.shown(&tid("state-row-state"), 0), "count");
+    let summary = browser.shown(&tid("state-summary"), 0);
     assert!(summary.starts_with("Checkpoint ") && summary.contains("1 entry."), "{summary}");
     browser.screenshot("state.png");
     browser.fill(&tid("state-step"), "nope");
@@ -492,7 +498,7 @@ fn replay_from_the_job_page(browser: &mut Browser, server: &Server, token: &str,
     assert_eq!(events.len(), 40, "{answer}");
     let mut count = 0;
     for (i, e) in events.iter().enumerate() {
-        let what = browser.text(&tid("replay-row-what"), i).unwrap();
+        let what = browser.shown(&tid("replay-row-what"), i);
         assert_eq!(what, e["event"].as_str().unwrap().replacen('_', " ", 1), "row {i}: {e}");
         let key = browser.text(&tid("replay-row-key"), i).unwrap_or_default();
         assert_eq!(key, if e["key"].is_null() { String::new() } else { e["key"].to_string() }, "row {i}");
@@ -571,8 +577,8 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
         0 => Err("no rows".to_string()),
         _ => Ok(()),
     });
-    assert!(browser.text(&tid("checkpoint-chart"), 0).is_some(), "the checkpoint chart is shown");
-    let stats = browser.text(&tid("checkpoint-stats"), 0).unwrap();
+    browser.shown(&tid("checkpoint-chart"), 0);
+    let stats = browser.shown(&tid("checkpoint-stats"), 0);
     assert!(
         stats.contains("duration min / avg / max") && stats.contains("longest alignment"),
         "the checkpoint summary: {stats}"
@@ -601,9 +607,9 @@ fn a_tenant_signs_in_watches_a_running_job_and_cancels_it() {
     });
     let names: Vec<String> = (0..2).filter_map(|i| browser.text(&tid("artifact-names"), i)).collect();
     assert!(names.iter().any(|n| n.contains("count@1")) && names.iter().any(|n| n.contains("count@2")), "{names:?}");
-    let digest = browser.text(&tid("artifact-digest"), 0).unwrap();
+    let digest = browser.shown(&tid("artifact-digest"), 0);
     assert!(digest.starts_with("sha256:") && digest.ends_with('…'), "the digest is shortened: {digest}");
-    assert_eq!(browser.text(&tid("artifact-world"), 0).as_deref(), Some("keyed-operator"));
+    assert_eq!(browser.shown(&tid("artifact-world"), 0), "keyed-operator");
     browser.screenshot("artifacts.png");
 
     browser.goto(&server.url(&format!("/#/jobs/{id}")));
