@@ -174,6 +174,7 @@ impl RecordBatch {
     }
 
     /// Number of records.
+    #[inline]
     pub fn len(&self) -> usize {
         self.records.len()
     }
@@ -200,10 +201,12 @@ impl RecordBatch {
     }
 
     /// The record at `index`.
+    #[inline]
     pub fn get(&self, index: usize) -> Option<RecordView<'_>> {
         self.records.get(index).map(|m| self.view(m))
     }
 
+    #[inline]
     fn view(&self, m: &RecordMeta) -> RecordView<'_> {
         RecordView {
             key: m.key.map(|k| &self.data[k.range()]),
@@ -218,6 +221,7 @@ impl RecordBatch {
     }
 
     /// The raw buffer and record table, for handing to a guest.
+    #[inline]
     pub fn parts(&self) -> (&[u8], &[RecordMeta]) {
         (&self.data, &self.records)
     }
