@@ -19,11 +19,13 @@ pub fn key_group_of(key: &[u8], max_parallelism: u32) -> KeyGroup {
 }
 
 /// The hash key groups come from, for callers that also want it for their own hash tables.
+#[inline]
 pub fn key_hash(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(key)
 }
 
 /// The key group of a key whose [`key_hash`] is `hash`.
+#[inline]
 pub fn key_group_of_hash(hash: u64, max_parallelism: u32) -> KeyGroup {
     debug_assert!((1..=MAX_PARALLELISM_LIMIT).contains(&max_parallelism));
     // Multiply-shift maps the hash uniformly onto 0..max_parallelism without a division.

@@ -86,6 +86,7 @@ impl RecordBatch {
     }
 
     /// Refuses `adding` more bytes if they would not be addressable by `u32` spans.
+    #[inline]
     fn room_for(&self, adding: usize) -> Result<(), BatchFull> {
         let held = self.data.len();
         match held.checked_add(adding) {
@@ -95,6 +96,7 @@ impl RecordBatch {
     }
 
     /// Appends bytes that `room_for` admitted, so the casts cannot truncate.
+    #[inline]
     fn append(&mut self, bytes: &[u8]) -> Span {
         let offset = self.data.len() as u32;
         self.data.extend_from_slice(bytes);
@@ -103,6 +105,7 @@ impl RecordBatch {
 
     /// Appends a record, or refuses it (changing nothing) if the batch would pass
     /// [`MAX_BATCH_BYTES`]. Use this for records whose size a guest or an input controls.
+    #[inline]
     pub fn try_push(&mut self, key: Option<&[u8]>, value: &[u8], timestamp: Option<i64>) -> Result<(), BatchFull> {
         self.room_for(key.map_or(0, <[u8]>::len).saturating_add(value.len()))?;
         let key = key.map(|k| self.append(k));

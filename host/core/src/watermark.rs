@@ -22,6 +22,7 @@ impl BoundedOutOfOrderness {
     }
 
     /// Notes an event's time.
+    #[inline]
     pub fn on_event(&mut self, timestamp_ms: i64) {
         self.max_seen = Some(self.max_seen.map_or(timestamp_ms, |m| m.max(timestamp_ms)));
     }
