@@ -91,10 +91,11 @@ fn wait_for_records(job: &Job, records: u64) {
 fn a_running_count_swapped_live_counts_by_the_new_code_from_the_swaps_barrier_on() {
     for backend in ["heap", "rocksdb"] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (spec, job) = start(&pipeline(dir.path(), backend, "null"));
-        wait_for_records(&job, 3_000);
+        // Loaded first: the paced input lasts 2 s, which a compile under load can outlast.
         let v2 = runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load v2");
         let digest = v2.digest().to_owned();
+        let (spec, job) = start(&pipeline(dir.path(), backend, "null"));
+        wait_for_records(&job, 3_000);
         let done = job.swap_live("count", v2, Duration::from_secs(30)).expect("the swap completes");
         assert_eq!(done.subtasks, 2, "both subtasks of `count` went over");
         assert!(!job.is_done(), "the swap restarted nothing: the job still runs");
@@ -165,9 +166,9 @@ fn swap_child() {
         })),
         ..JobOptions::default()
     };
+    let v2 = runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load v2");
     let (spec, job) = start_with(Path::new(&path), options);
     wait_for_records(&job, 3_000);
-    let v2 = runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load v2");
     armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let done = job.swap_live("count", v2, Duration::from_secs(30)).expect("the swap completes");
     let (swap_at, _) = swap_point(&spec, done.checkpoint);
@@ -300,16 +301,18 @@ fn a_window_count_swapped_live_counts_by_the_new_code_from_the_swaps_barrier_on(
     );
     let path = dir.path().join("pipeline.yaml");
     std::fs::write(&path, yaml).expect("write pipeline");
+    // Both loaded before the job starts: compiling them under a loaded test run once took
+    // longer than the paced input's 2 s, and the job ended before the swap.
+    let operator = runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load");
+    let v2 = runtime().load_file("count", guests::COUNT_PER_KEY_V2.as_ref()).expect("load v2");
+    let digest = v2.digest().to_owned();
     let sink = eddy_tests::MemorySink::default();
     let received = sink.received.clone();
     let options = JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() };
     let (spec, job) = start_with(&path, options);
     wait_for_records(&job, 3_000);
-    let operator = runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load");
     let refused = job.swap_live("count", operator, Duration::from_secs(30)).expect_err("an operator for a window");
     assert!(refused.to_string().contains("runs a window aggregate"), "{refused}");
-    let v2 = runtime().load_file("count", guests::COUNT_PER_KEY_V2.as_ref()).expect("load v2");
-    let digest = v2.digest().to_owned();
     let done = job.swap_live("count", v2, Duration::from_secs(30)).expect("the swap completes");
     assert_eq!(done.subtasks, 2, "both subtasks of the window step went over");
     let (swap_at, artifacts) = swap_point(&spec, done.checkpoint);
