@@ -59,9 +59,17 @@ impl CreditReceiver {
         if self.in_use == 0 {
             return None;
         }
-        self.in_use -= 1;
-        self.unannounced += 1;
+        self.free();
         self.poll_announce(false)
+    }
+
+    /// The task finished with a buffer; its credit waits for [`Self::poll_announce`]. Until
+    /// then the buffer still counts against the sender, which has not been granted it again.
+    pub fn free(&mut self) {
+        if self.in_use > 0 {
+            self.in_use -= 1;
+            self.unannounced += 1;
+        }
     }
 
     /// Credit to announce now: accumulated credit once it reaches the threshold, or any

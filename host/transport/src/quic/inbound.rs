@@ -201,8 +201,8 @@ impl Inbound {
     /// Decodes every whole frame read so far and hands each to the local channel; true once
     /// end-of-stream came. A frame's length is checked before its body is read: within the
     /// decoder's limit, and oversized only when the channel holds nothing else
-    /// ([`admit_frame`]). Credit for what was handed over here is added to `due`.
-    fn decode(&mut self, link: &mut LinkState<'_>, due: &mut u32) -> Result<bool, LinkEnd> {
+    /// ([`admit_frame`]).
+    fn decode(&mut self, link: &mut LinkState<'_>) -> Result<bool, LinkEnd> {
         let decoder = Decoder::default();
         let mut at = 0;
         let mut ended = false;
@@ -224,9 +224,7 @@ impl Inbound {
             ended = message == Message::EndOfStream;
             link.custody.lens.push_back(used);
             link.custody.bytes += used;
-            if let Some(credit) = link.hand_over(message, is_oversized(len))? {
-                *due += credit;
-            }
+            link.hand_over(message, is_oversized(len))?;
         }
         self.buf.drain(..at);
         self.held.set(self.buf.len() + link.custody.bytes);
@@ -258,10 +256,11 @@ impl Inbound {
                 chunk = self.recv.read_chunk(READ_CHUNK_BYTES, true), if !ended => match chunk {
                     Ok(Some(chunk)) => {
                         self.buf.extend_from_slice(&chunk.bytes);
-                        let mut due = 0;
-                        ended = self.decode(&mut link, &mut due)?;
-                        if due > 0 && !ended {
-                            self.credit(due).await?;
+                        ended = self.decode(&mut link)?;
+                        if let Some(n) = link.due()
+                            && !ended
+                        {
+                            self.credit(n).await?;
                         }
                     }
                     Ok(None) => return Err(LinkEnd::Lost("the stream ended without end-of-stream".into())),
@@ -269,7 +268,6 @@ impl Inbound {
                 },
                 done = handed.recv() => match done {
                     Some(true) => {
-                        link.in_thread -= 1;
                         let credit = link.handed();
                         self.held.set(self.buf.len() + link.custody.bytes);
                         if let Some(n) = credit
@@ -307,28 +305,42 @@ struct LinkState<'a> {
 }
 
 impl LinkState<'_> {
-    /// Hands `message` over: the credit to grant if it went at once. End-of-stream and
-    /// oversized messages always go through the thread (it ends with the one and waits until
-    /// the subtask took the other).
-    fn hand_over(&mut self, message: Message, oversized: bool) -> Result<Option<u32>, LinkEnd> {
+    /// Hands `message` over. End-of-stream and oversized messages always go through the
+    /// thread (it ends with the one and waits until the subtask took the other).
+    fn hand_over(&mut self, message: Message, oversized: bool) -> Result<(), LinkEnd> {
         let mut message = message;
         if self.in_thread == 0 && !oversized && message != Message::EndOfStream {
             match lock(self.into).try_send(message).map_err(|_| LinkEnd::Stopped)? {
-                Ok(()) => return Ok(self.handed()),
+                Ok(()) => {
+                    // Its credit is granted once the read is decoded ([`Self::due`]); until
+                    // then the buffer counts, so a peer sending past its credit is caught.
+                    self.release_oldest();
+                    self.receiver.free();
+                    return Ok(());
+                }
                 Err(back) => message = back,
             }
         }
         self.in_thread += 1;
         // Never full: the queue holds `capacity` and credit allows no more in use.
         self.queue.try_send((message, oversized)).map_err(|_| LinkEnd::Stopped)?;
-        Ok(None)
+        Ok(())
     }
 
-    /// The oldest message read was handed over: its buffer is free again. Returns the credit
-    /// to grant now.
+    /// The thread handed the oldest message over: the credit to grant now.
     fn handed(&mut self) -> Option<u32> {
-        self.custody.bytes -= self.custody.lens.pop_front().unwrap_or(0);
+        self.in_thread -= 1;
+        self.release_oldest();
         self.receiver.on_consumed().or_else(|| self.receiver.poll_announce(self.backlog > 0))
+    }
+
+    /// The credit for the messages the reader handed over itself, in one grant per read.
+    fn due(&mut self) -> Option<u32> {
+        self.receiver.poll_announce(true)
+    }
+
+    fn release_oldest(&mut self) {
+        self.custody.bytes -= self.custody.lens.pop_front().unwrap_or(0);
     }
 }
 
@@ -379,8 +391,10 @@ mod tests {
     /// A local channel that takes messages only while `room` says so, and records them.
     struct Fake {
         room: Arc<Mutex<bool>>,
-        taken: Arc<Mutex<Vec<Message>>>,
+        taken: Taken,
     }
+
+    type Taken = Arc<Mutex<Vec<Message>>>;
 
     impl ChannelSender for Fake {
         fn send(&mut self, message: Message) -> Result<(), crate::channel::Disconnected> {
@@ -401,28 +415,36 @@ mod tests {
         Message::Data { side: None, batch: RecordBatch::default(), watermark: Some(n) }
     }
 
-    #[test]
-    fn messages_go_straight_to_the_channel_only_while_nothing_waits_in_the_links_thread() {
-        let room = Arc::new(Mutex::new(true));
-        let taken = Arc::new(Mutex::new(Vec::new()));
+    type ToThread = tokio::sync::mpsc::Receiver<(Message, bool)>;
+
+    fn link_state(into: &Mutex<Box<dyn ChannelSender>>, capacity: u32) -> (LinkState<'_>, ToThread) {
+        let (queue, to_thread) = tokio::sync::mpsc::channel(capacity as usize);
+        let receiver = CreditReceiver::new(capacity, 1);
+        (LinkState { into, queue, in_thread: 0, receiver, custody: Custody::default(), backlog: 0 }, to_thread)
+    }
+
+    /// One frame read and handed over, as `decode` does; the credit granted after the read.
+    fn read(link: &mut LinkState<'_>, message: Message, oversized: bool) -> Option<u32> {
+        link.receiver.on_buffer().expect("within credit");
+        link.custody.lens.push_back(10);
+        link.custody.bytes += 10;
+        link.hand_over(message, oversized).map_err(|_| "stopped").expect("handed over");
+        link.due()
+    }
+
+    /// A fake channel with room as given: its room switch, what it took, and the channel.
+    fn fake(room: bool) -> (Arc<Mutex<bool>>, Taken, Mutex<Box<dyn ChannelSender>>) {
+        let (room, taken) = (Arc::new(Mutex::new(room)), Taken::default());
         let into: Mutex<Box<dyn ChannelSender>> =
             Mutex::new(Box::new(Fake { room: room.clone(), taken: taken.clone() }));
-        let (queue, mut to_thread) = tokio::sync::mpsc::channel(8);
-        let mut link = LinkState {
-            into: &into,
-            queue,
-            in_thread: 0,
-            receiver: CreditReceiver::new(8, 1),
-            custody: Custody::default(),
-            backlog: 0,
-        };
-        let read = |link: &mut LinkState<'_>, message: Message, oversized: bool| {
-            link.receiver.on_buffer().expect("within credit");
-            link.custody.lens.push_back(10);
-            link.custody.bytes += 10;
-            link.hand_over(message, oversized).map_err(|_| "stopped").expect("handed over")
-        };
-        // Room: straight in, its buffer granted again at once.
+        (room, taken, into)
+    }
+
+    #[test]
+    fn messages_go_straight_to_the_channel_only_while_nothing_waits_in_the_links_thread() {
+        let (room, taken, into) = fake(true);
+        let (mut link, mut to_thread) = link_state(&into, 8);
+        // Room: straight in, its buffer granted again after the read.
         assert_eq!(read(&mut link, data(1), false), Some(1));
         // No room: to the thread, and so is what follows while the thread holds anything,
         // room or not, or it would overtake.
@@ -433,7 +455,6 @@ mod tests {
         assert_eq!((link.in_thread, link.custody.bytes), (2, 20));
         // The thread reports both handed over: their buffers come back one by one.
         for _ in 0..2 {
-            link.in_thread -= 1;
             assert_eq!(link.handed(), Some(1));
         }
         assert_eq!(link.custody.bytes, 0);
@@ -441,7 +462,6 @@ mod tests {
         // end of the stream (the thread waits for the first to be taken and ends with the other).
         assert_eq!(read(&mut link, data(4), false), Some(1));
         assert_eq!(read(&mut link, data(5), true), None);
-        link.in_thread -= 1;
         assert_eq!(link.handed(), Some(1));
         assert_eq!(read(&mut link, Message::EndOfStream, false), None);
         assert_eq!(*lock(&taken), vec![data(1), data(4)]);
@@ -453,5 +473,24 @@ mod tests {
             through_thread,
             vec![(data(2), false), (data(3), false), (data(5), true), (Message::EndOfStream, false)]
         );
+    }
+
+    /// A hostile peer sends past its credit in one read while the local channel keeps
+    /// taking everything: the buffers handed over count until their credit is sent, so the
+    /// frame past the credit is a violation, not a free ride on credit never granted.
+    #[test]
+    fn a_peer_sending_past_its_credit_is_caught_although_the_channel_takes_everything() {
+        let (_room, taken, into) = fake(true);
+        let (mut link, _to_thread) = link_state(&into, 2);
+        for n in 0..2 {
+            link.receiver.on_buffer().expect("within the 2 buffers granted");
+            link.custody.lens.push_back(10);
+            link.hand_over(data(n), false).map_err(|_| "stopped").expect("handed over");
+        }
+        assert_eq!(lock(&taken).len(), 2, "both went straight in");
+        assert!(link.receiver.on_buffer().is_err(), "a third buffer in the same read had no credit");
+        // Once the read's credit is granted, the peer may send as many again.
+        assert_eq!(link.due(), Some(2));
+        assert!(link.receiver.on_buffer().is_ok());
     }
 }
