@@ -343,37 +343,43 @@ impl std::fmt::Debug for LocalSender {
     }
 }
 
-impl LocalSender {
-    /// Puts `message` into the channel if it has room now, or gives it back.
-    fn offer(&mut self, state: &mut GateState, message: Message) -> Result<Result<(), Message>, Disconnected> {
-        if self.shared.closed.load(Ordering::SeqCst) {
-            return Err(Disconnected);
-        }
-        let channel = &mut state.channels[self.channel];
-        if channel.overtakes(&message) {
-            channel.overtake(message);
-            return Ok(Ok(()));
-        }
-        match channel.sender.enqueue(message) {
-            Ok(()) => {
-                channel.pump();
-                if self.spare.is_none() {
-                    self.spare = channel.spares.pop();
-                }
-                Ok(Ok(()))
+/// Puts `message` into `channel` if it has room now, or gives it back; picks up a recycled
+/// buffer into `spare` if it has none. A free function over the sender's fields, so a send
+/// borrows the gate's shared part and its spare slot side by side.
+fn offer(
+    state: &mut GateState,
+    channel: usize,
+    closed: &AtomicBool,
+    spare: &mut Option<RecordBatch>,
+    message: Message,
+) -> Result<Result<(), Message>, Disconnected> {
+    if closed.load(Ordering::SeqCst) {
+        return Err(Disconnected);
+    }
+    let channel = &mut state.channels[channel];
+    if channel.overtakes(&message) {
+        channel.overtake(message);
+        return Ok(Ok(()));
+    }
+    match channel.sender.enqueue(message) {
+        Ok(()) => {
+            channel.pump();
+            if spare.is_none() {
+                *spare = channel.spares.pop();
             }
-            Err(back) => Ok(Err(back)),
+            Ok(Ok(()))
         }
+        Err(back) => Ok(Err(back)),
     }
 }
 
 impl ChannelSender for LocalSender {
     fn send(&mut self, message: Message) -> Result<(), Disconnected> {
-        let shared = self.shared.clone();
+        let shared = &*self.shared;
         let mut state = shared.lock();
         let mut message = message;
         let mut waited_since: Option<Instant> = None;
-        while let Err(back) = self.offer(&mut state, message)? {
+        while let Err(back) = offer(&mut state, self.channel, &shared.closed, &mut self.spare, message)? {
             message = back;
             let waits = &mut state.channels[self.channel].waits;
             if waited_since.is_none() {
@@ -394,8 +400,8 @@ impl ChannelSender for LocalSender {
     }
 
     fn try_send(&mut self, message: Message) -> Result<Result<(), Message>, Disconnected> {
-        let shared = self.shared.clone();
-        let taken = self.offer(&mut shared.lock(), message)?;
+        let shared = &*self.shared;
+        let taken = offer(&mut shared.lock(), self.channel, &shared.closed, &mut self.spare, message)?;
         if taken.is_ok() {
             shared.readable.notify_one();
         }
