@@ -423,12 +423,17 @@ mod tests {
         (LinkState { into, queue, in_thread: 0, receiver, custody: Custody::default(), backlog: 0 }, to_thread)
     }
 
-    /// One frame read and handed over, as `decode` does; the credit granted after the read.
-    fn read(link: &mut LinkState<'_>, message: Message, oversized: bool) -> Option<u32> {
+    /// One frame of a read taken in and handed over, as `decode` does.
+    fn take(link: &mut LinkState<'_>, message: Message, oversized: bool) {
         link.receiver.on_buffer().expect("within credit");
         link.custody.lens.push_back(10);
         link.custody.bytes += 10;
         link.hand_over(message, oversized).map_err(|_| "stopped").expect("handed over");
+    }
+
+    /// A read of one frame; the credit granted after it.
+    fn read(link: &mut LinkState<'_>, message: Message, oversized: bool) -> Option<u32> {
+        take(link, message, oversized);
         link.due()
     }
 
@@ -483,9 +488,7 @@ mod tests {
         let (_room, taken, into) = fake(true);
         let (mut link, _to_thread) = link_state(&into, 2);
         for n in 0..2 {
-            link.receiver.on_buffer().expect("within the 2 buffers granted");
-            link.custody.lens.push_back(10);
-            link.hand_over(data(n), false).map_err(|_| "stopped").expect("handed over");
+            take(&mut link, data(n), false);
         }
         assert_eq!(lock(&taken).len(), 2, "both went straight in");
         assert!(link.receiver.on_buffer().is_err(), "a third buffer in the same read had no credit");
