@@ -160,19 +160,33 @@ fn records_from(batch: &RecordBatch, from: usize) -> impl Iterator<Item = (usize
 type Fired = (i64, Vec<u8>, Window, Vec<u8>);
 
 /// A session built during one batch: the stored sessions it swallowed and its new records
-/// (in arrival order).
+/// (inline up to a few: a batch usually gives a key one or two records, and these are built
+/// per key per batch).
 #[derive(Debug, Default)]
 struct PendingSession {
-    stored: Vec<Window>,
-    records: Vec<u32>,
+    stored: smallvec::SmallVec<[Window; 2]>,
+    records: smallvec::SmallVec<[u32; 4]>,
 }
 
 /// One key's sessions while a batch is folded: all of them (stored and new), and the ones the
-/// batch built or changed.
+/// batch built or changed, in window order.
 #[derive(Debug)]
-struct KeySessions {
+struct KeySessions<'b> {
+    key: &'b [u8],
     sessions: SessionWindows,
-    pending: BTreeMap<Window, PendingSession>,
+    pending: smallvec::SmallVec<[(Window, PendingSession); 1]>,
+}
+
+impl KeySessions<'_> {
+    fn take_pending(&mut self, window: &Window) -> Option<PendingSession> {
+        let at = self.pending.iter().position(|(w, _)| w == window)?;
+        Some(self.pending.remove(at).1)
+    }
+
+    fn put_pending(&mut self, window: Window, session: PendingSession) {
+        let at = self.pending.partition_point(|(w, _)| *w < window);
+        self.pending.insert(at, (window, session));
+    }
 }
 
 /// The (key, window) groups of one batch, gathered for a single batched `add`: their
@@ -439,16 +453,13 @@ impl<A: AggregateFn> WindowOperator<A> {
     /// The timer index, rebuilt from the backend on first use.
     fn timers(&mut self) -> Result<&mut Timers, OperatorError> {
         if self.timers.is_none() {
-            let mut timers = Timers::new(self.kind);
+            let mut timers = Timers::new(self.kind, self.allowed_lateness_ms);
             for (key, window, fired) in self.store.windows()? {
-                if !fired {
-                    timers.fire.insert(self.fire_time(&window), &key, window);
-                }
-                timers.cleanup.insert(self.cleanup_time(&window), &key, window);
+                timers.insert(self.fire_time(&window), self.cleanup_time(&window), &key, window, fired);
             }
             self.timers = Some(timers);
         }
-        Ok(self.timers.get_or_insert_with(|| Timers::new(self.kind)))
+        Ok(self.timers.get_or_insert_with(|| Timers::new(self.kind, self.allowed_lateness_ms)))
     }
 
     /// Checks every record before any state changes, so a bad batch leaves no partial effect.
@@ -482,7 +493,7 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         self.timers()?;
         let Self { store, timers, kind, allowed_lateness_ms, watermark, .. } = self;
-        let timers = timers.get_or_insert_with(|| Timers::new(*kind));
+        let timers = timers.get_or_insert_with(|| Timers::new(*kind, *allowed_lateness_ms));
         let mut due = Due::default();
         let mut accs = accs.iter().zip(updates.needs_timers);
         // Updates come key by key: each key is found once.
@@ -498,10 +509,7 @@ impl<A: AggregateFn> WindowOperator<A> {
                     due.push(fire_time, key, window, acc);
                 }
                 if needs_timers {
-                    if !fires_now {
-                        timers.fire.insert(fire_time, key, window);
-                    }
-                    timers.cleanup.insert(cleanup_time, key, window);
+                    timers.insert(fire_time, cleanup_time, key, window, fires_now);
                 }
             }
         }
@@ -585,7 +593,9 @@ impl<A: AggregateFn> WindowOperator<A> {
         from: usize,
         out: &mut Output,
     ) -> Result<(Vec<Fired>, usize), OperatorError> {
-        let mut keys: BTreeMap<&[u8], KeySessions> = BTreeMap::new();
+        // Keys in first-seen order, each found by hashing (as `Groups`): what fires is sorted.
+        let mut index: foldhash::HashMap<&[u8], u32> = foldhash::HashMap::default();
+        let mut keys: Vec<KeySessions<'_>> = Vec::new();
         let mut next = batch.len();
         let mut assigned = Vec::new();
         for (i, r) in records_from(batch, from) {
@@ -595,16 +605,18 @@ impl<A: AggregateFn> WindowOperator<A> {
                 self.emit_late(out, &r);
                 continue;
             };
-            let sessions = match keys.entry(key) {
-                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::btree_map::Entry::Vacant(e) => {
+            let at = match index.entry(key) {
+                std::collections::hash_map::Entry::Occupied(e) => *e.get(),
+                std::collections::hash_map::Entry::Vacant(e) => {
                     let mut sessions = SessionWindows::default();
                     for w in self.store.sessions(key)? {
                         sessions.add(w);
                     }
-                    e.insert(KeySessions { sessions, pending: BTreeMap::new() })
+                    keys.push(KeySessions { key, sessions, pending: smallvec::SmallVec::new() });
+                    *e.insert(keys.len() as u32 - 1)
                 }
             };
+            let sessions = &mut keys[at as usize];
             if self.past_cleanup(&sessions.sessions.cover(window)) {
                 self.emit_late(out, &r);
                 continue;
@@ -612,7 +624,7 @@ impl<A: AggregateFn> WindowOperator<A> {
             let merge = sessions.sessions.add(window);
             let mut session = PendingSession::default();
             for absorbed in merge.absorbed {
-                match sessions.pending.remove(&absorbed) {
+                match sessions.take_pending(&absorbed) {
                     // The first pending one absorbed is taken whole: no new lists per record.
                     Some(p) if session.stored.is_empty() && session.records.is_empty() => session = p,
                     Some(p) => {
@@ -624,21 +636,21 @@ impl<A: AggregateFn> WindowOperator<A> {
                 }
             }
             session.records.push(i as u32);
-            sessions.pending.insert(merge.result, session);
+            sessions.put_pending(merge.result, session);
             if self.fire_time(&merge.result) <= self.watermark {
                 next = i + 1;
                 break;
             }
         }
         let mut updates = Updates::default();
-        for (key, sessions) in keys {
-            for (window, mut session) in sessions.pending {
+        for KeySessions { key, sessions, pending } in keys {
+            for (window, mut session) in pending {
                 let acc = self.merge_stored(key, &window, &session.stored)?;
                 // Merged pending sessions interleave; `add` wants arrival order.
                 session.records.sort_unstable();
                 updates.push(key, window, &acc, session.records.iter().copied(), true);
             }
-            self.store.put_sessions(key, sessions.sessions.sessions())?;
+            self.store.put_sessions(key, sessions.sessions())?;
         }
         Ok((self.apply(batch, updates)?, next))
     }
@@ -661,9 +673,7 @@ impl<A: AggregateFn> WindowOperator<A> {
             if part != window {
                 self.store.delete_acc(key, part)?;
                 let (fire, cleanup) = (self.fire_time(part), self.cleanup_time(part));
-                let timers = self.timers()?;
-                timers.fire.remove(fire, key, *part);
-                timers.cleanup.remove(cleanup, key, *part);
+                self.timers()?.remove(fire, cleanup, key, *part);
             }
         }
         match acc {
@@ -738,20 +748,22 @@ impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
             return Ok(out);
         }
         self.watermark = watermark;
-        let timers = self.timers()?;
-        let due_fire = timers.fire.take_due(watermark);
-        let due_cleanup = timers.cleanup.take_due(watermark);
+        let timers = self.timers()?.take_due(watermark);
         // Already in (firing time, key) order.
         let mut due = Due::default();
-        for (time, key, window) in due_fire.iter() {
+        for (time, key, window) in timers.fire.iter() {
             let keep = self.cleanup_time(&window) > watermark;
             let mut entries = self.store.key(key);
-            let Some((_, acc)) = entries.acc(&window)? else {
+            let Some((fired, acc)) = entries.acc(&window)? else {
                 return Err(self.store.corrupt(format!(
                     "window [{}, {}) has a pending firing but no accumulator",
                     window.start, window.end
                 )));
             };
+            if fired {
+                // Only in a queue shared with cleanups (see `Timers`): purged below, not fired again.
+                continue;
+            }
             due.accs.push(acc);
             if keep && let Some(acc) = due.accs.last() {
                 // Kept for the allowed lateness; the flag stops a restored operator re-firing it.
@@ -765,7 +777,7 @@ impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
             self.result_record(&mut out, key, window, result)?;
         }
         let mut purged_sessions: BTreeMap<Vec<u8>, Vec<Window>> = BTreeMap::new();
-        for (_, key, window) in due_cleanup.iter() {
+        for (_, key, window) in timers.cleanup().iter() {
             self.store.delete_acc(key, &window)?;
             if matches!(self.kind, WindowKind::Session { .. }) {
                 purged_sessions.entry(key.to_vec()).or_default().push(window);

@@ -139,9 +139,11 @@ pub struct Merge {
 ///
 /// Contract: sessions never overlap or touch each other; every added window lies inside
 /// exactly one session; a session is the cover of the windows added to it.
+///
+/// Inline up to two sessions: a key's set is built per batch, and a key rarely has more open.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionWindows {
-    sessions: Vec<Window>,
+    sessions: SmallVec<[Window; 2]>,
 }
 
 impl SessionWindows {
@@ -180,9 +182,8 @@ impl SessionWindows {
 
     /// Removes and returns the sessions the watermark has passed (ready to fire).
     pub fn take_complete(&mut self, watermark: i64) -> Vec<Window> {
-        let (done, open): (Vec<Window>, Vec<Window>) =
-            self.sessions.iter().partition(|s| s.max_timestamp() <= watermark);
-        self.sessions = open;
+        let done = self.sessions.iter().filter(|s| s.max_timestamp() <= watermark).copied().collect();
+        self.sessions.retain(|s| s.max_timestamp() > watermark);
         done
     }
 

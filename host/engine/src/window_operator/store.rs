@@ -40,13 +40,16 @@ use crate::operator::OperatorError;
 /// q5's window step at parallelism 2 was the most expensive load of the store.
 const INLINE_VALUE: usize = 56;
 
-type Value = smallvec::SmallVec<[u8; INLINE_VALUE]>;
+/// A key's open sessions, kept decoded between batches (one or two per key in nearly every
+/// session job): a batch reads and rewrites them for every key it touches, and decoding and
+/// encoding the backend's list each time was a tenth of q11's window step. They are encoded
+/// only for the backend, at a miss and at the write-back.
+pub(super) type Sessions = smallvec::SmallVec<[Window; 2]>;
 
-/// One entry as the buffer holds it: the value it last wrote or read, and where the backend
-/// stands against it.
-#[derive(Debug)]
-struct Held {
-    value: Value,
+/// One entry as the buffer holds it: the value it last wrote or read (an accumulator's flag
+/// byte and bytes, or a key's sessions), and where the backend stands against it.
+struct Held<A: smallvec::Array = [u8; INLINE_VALUE]> {
+    value: smallvec::SmallVec<A>,
     /// False: the backend was read and had nothing (so a window's first write, which follows
     /// that read, knows there is nothing to delete when it is purged unwritten).
     present: bool,
@@ -57,27 +60,44 @@ struct Held {
 }
 
 impl Held {
-    /// An entry the backend is known not to hold (as [`Self::read`] finding nothing).
-    fn absent() -> Self {
-        Held { value: Value::new(), present: false, dirty: false, stored: false }
-    }
-
     fn read(backend: &dyn StateBackend, entry: &[u8]) -> Result<Self, StateError> {
         let mut value = Vec::new();
         let found = backend.read_into(entry, &mut value)?;
-        Ok(Held { value: Value::from_slice(&value), present: found, dirty: false, stored: found })
+        Ok(Held { value: smallvec::SmallVec::from_slice(&value), present: found, dirty: false, stored: found })
+    }
+}
+
+impl Held<[Window; 2]> {
+    /// A key's sessions from the backend's list (see [`Sessions`]).
+    fn read_sessions(backend: &dyn StateBackend, entry: &[u8]) -> Result<Self, StateError> {
+        let mut list = Vec::new();
+        if !backend.read_into(entry, &mut list)? {
+            return Ok(Self::absent());
+        }
+        let value = decode_list(&list)?.iter().map(|w| decode_window(w)).collect::<Result<Sessions, _>>()?;
+        Ok(Held { value, present: true, dirty: false, stored: true })
+    }
+}
+
+impl<A: smallvec::Array> Held<A>
+where
+    A::Item: Copy,
+{
+    /// An entry the backend is known not to hold (as a read finding nothing).
+    fn absent() -> Self {
+        Held { value: smallvec::SmallVec::new(), present: false, dirty: false, stored: false }
     }
 
     /// Every other write follows a read of its entry in the same call, which left it held; an
     /// entry not held is a session new to its key's session set, and the backend holds no
     /// accumulator of a session outside the set (the two change together), so purging it
     /// unwritten deletes nothing there (on RocksDB, a tombstone per merged session).
-    fn fresh(value: &[u8]) -> Self {
-        Held { value: Value::from_slice(value), present: true, dirty: true, stored: false }
+    fn fresh(value: &[A::Item]) -> Self {
+        Held { value: smallvec::SmallVec::from_slice(value), present: true, dirty: true, stored: false }
     }
 
     /// Sets the value, keeping `used` (the buffer's count of its memory) true.
-    fn set(&mut self, value: &[u8], used: &mut usize) {
+    fn set(&mut self, value: &[A::Item], used: &mut usize) {
         let before = self.bytes();
         self.value.clear();
         self.value.extend_from_slice(value);
@@ -86,23 +106,29 @@ impl Held {
         *used = (*used + self.bytes()).saturating_sub(before);
     }
 
-    fn value(&self) -> Option<&[u8]> {
+    /// The backend got the value.
+    fn written(&mut self) {
+        self.dirty = false;
+        self.stored = true;
+    }
+
+    fn value(&self) -> Option<&[A::Item]> {
         self.present.then_some(self.value.as_slice())
     }
 
     /// Memory outside the entry: none for an inline value.
     fn bytes(&self) -> usize {
-        if self.value.spilled() { allocation_bytes(self.value.capacity()) as usize } else { 0 }
+        if self.value.spilled() { allocation_bytes(self.value.capacity() * size_of::<A::Item>()) as usize } else { 0 }
     }
 }
 
 /// One key's held entries.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct KeyHeld {
     /// Accumulators by window, in window order.
     accs: Vec<(Window, Held)>,
-    /// The session list (session windows only).
-    sessions: Option<Held>,
+    /// The open sessions (session windows only).
+    sessions: Option<Held<[Window; 2]>>,
 }
 
 impl KeyHeld {
@@ -294,28 +320,21 @@ impl WindowStore {
         self.backend.delete(entry).map_err(|e| error(&self.operator, e))
     }
 
-    /// The key's open sessions (session windows only).
-    pub(super) fn sessions(&mut self, key: &[u8]) -> Result<Vec<Window>, OperatorError> {
-        let held = self.held.get(key).and_then(|h| h.sessions.as_ref());
-        let list = match held {
-            Some(held) => held.value().map(<[u8]>::to_vec),
-            None => {
-                let read = if self.complete {
-                    Held::absent()
-                } else {
-                    let entry = self.entry.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
-                    Held::read(self.backend.as_ref(), entry).map_err(|e| error(&self.operator, e))?
-                };
-                let list = read.value().map(<[u8]>::to_vec);
-                self.used += read.bytes();
-                self.key(key).held.sessions = Some(read);
-                list
-            }
+    /// The key's open sessions (session windows only), in start order.
+    pub(super) fn sessions(&mut self, key: &[u8]) -> Result<Sessions, OperatorError> {
+        if let Some(held) = self.held.get(key).and_then(|h| h.sessions.as_ref()) {
+            return Ok(held.value().map(Sessions::from_slice).unwrap_or_default());
+        }
+        let read = if self.complete {
+            Held::absent()
+        } else {
+            let entry = self.entry.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
+            Held::read_sessions(self.backend.as_ref(), entry).map_err(|e| error(&self.operator, e))?
         };
-        let Some(list) = list else { return Ok(Vec::new()) };
-        decode_list(&list)
-            .and_then(|items| items.iter().map(|w| decode_window(w)).collect::<Result<Vec<_>, _>>())
-            .map_err(|e| error(&self.operator, e))
+        let list = read.value().map(Sessions::from_slice).unwrap_or_default();
+        self.used += read.bytes();
+        self.key(key).held.sessions = Some(read);
+        Ok(list)
     }
 
     /// Sets the key's open sessions; none deletes the list.
@@ -332,13 +351,11 @@ impl WindowStore {
             let entry = self.entry.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
             return self.backend.delete(entry).map_err(|e| error(&self.operator, e));
         }
-        let items: Vec<[u8; 16]> = sessions.iter().map(encode_window).collect();
-        let list = encode_list(&items);
         let entries = self.key(key);
         match &mut entries.held.sessions {
-            Some(held) => held.set(&list, entries.used),
+            Some(held) => held.set(sessions, entries.used),
             slot @ None => {
-                let held = Held::fresh(&list);
+                let held = Held::fresh(sessions);
                 *entries.used += held.bytes();
                 *slot = Some(held);
             }
@@ -349,22 +366,17 @@ impl WindowStore {
     /// Writes every entry the backend lacks to it.
     pub(super) fn write_back(&mut self) -> Result<(), OperatorError> {
         let Self { backend, entry, held, acc_state, sessions_state, max_parallelism, .. } = self;
-        let mut put = |entry: &[u8], held: &mut Held| -> Result<(), StateError> {
-            if held.dirty {
-                backend.put(entry, held.value.as_slice())?;
-                held.dirty = false;
-                held.stored = true;
-            }
-            Ok(())
-        };
         let mut written = || -> Result<(), StateError> {
             for (key, held) in held.iter_mut() {
                 let hashed = HashedKey::new(key, *max_parallelism);
-                for (window, acc) in &mut held.accs {
-                    put(entry.encode(hashed, *acc_state, &encode_window(window)), acc)?;
+                for (window, acc) in held.accs.iter_mut().filter(|(_, acc)| acc.dirty) {
+                    backend.put(entry.encode(hashed, *acc_state, &encode_window(window)), acc.value.as_slice())?;
+                    acc.written();
                 }
-                if let Some(sessions) = &mut held.sessions {
-                    put(entry.encode(hashed, *sessions_state, b""), sessions)?;
+                if let Some(sessions) = held.sessions.as_mut().filter(|s| s.dirty) {
+                    let list: Vec<[u8; 16]> = sessions.value.iter().map(encode_window).collect();
+                    backend.put(entry.encode(hashed, *sessions_state, b""), &encode_list(&list))?;
+                    sessions.written();
                 }
             }
             Ok(())
@@ -450,15 +462,27 @@ impl WindowStore {
 mod tests {
     use super::*;
 
+    type Acc = Held<[u8; INLINE_VALUE]>;
+
     #[test]
     fn an_inline_value_owns_no_memory_outside_its_entry_and_a_spilled_one_owns_its_allocation() {
-        assert_eq!(Held::fresh(&[7; INLINE_VALUE]).bytes(), 0, "inline, at the limit");
-        assert_eq!(Held::absent().bytes(), 0);
-        let spilled = Held::fresh(&[7; INLINE_VALUE + 1]);
+        assert_eq!(Acc::fresh(&[7; INLINE_VALUE]).bytes(), 0, "inline, at the limit");
+        assert_eq!(Acc::absent().bytes(), 0);
+        let spilled = Acc::fresh(&[7; INLINE_VALUE + 1]);
         assert!(spilled.bytes() > INLINE_VALUE, "spilled: {} bytes", spilled.bytes());
-        let mut kept = Held::fresh(&[7; 200]);
+        let mut kept = Acc::fresh(&[7; 200]);
         let mut used = kept.bytes();
         kept.set(&[7; 8], &mut used);
         assert!(kept.bytes() >= 200 && used == kept.bytes(), "a spilled value keeps, and counts, its allocation");
+    }
+
+    /// Decoded sessions are counted by their memory, not by their encoded size: three
+    /// windows spill to the heap, 48 bytes of windows and the allocator's overhead.
+    #[test]
+    fn a_spilled_session_list_counts_its_windows_memory() {
+        let w = |start| Window { start, end: start + 10 };
+        assert_eq!(Held::<[Window; 2]>::fresh(&[w(0), w(20)]).bytes(), 0, "inline, at the limit");
+        let spilled = Held::<[Window; 2]>::fresh(&[w(0), w(20), w(40)]);
+        assert!(spilled.bytes() >= 3 * size_of::<Window>(), "spilled: {} bytes", spilled.bytes());
     }
 }

@@ -1066,6 +1066,24 @@ fn a_restored_operator_fires_what_was_pending_and_not_what_already_fired() {
     );
 }
 
+/// Without allowed lateness one timer queue serves firing and purging; a window restored
+/// from a run that had lateness, and already fired, is then only purged.
+#[test]
+fn a_fired_window_restored_without_lateness_is_purged_and_not_fired_again() {
+    for kind in [WindowKind::Tumbling { size_ms: 10 }, WindowKind::Session { gap_ms: 10 }] {
+        let mut op = operator(kind, 50, SumCount::default());
+        op.process(&batch(&[ev(0, 1, 1), ev(1, 30, 2)])).expect("process");
+        assert_eq!(emitted(&op.on_watermark(12).expect("wm").main).len(), 1, "{kind:?}: key 0's window fired");
+        let state = op.into_state().expect("written back");
+
+        let mut restored = WindowOperator::new("win", config(kind, 0), SumCount::default(), state);
+        let out = restored.on_watermark(i64::MAX).expect("wm");
+        let fired = emitted(&out.main);
+        assert_eq!(fired.len(), 1, "{kind:?}: only key 1's pending window fires: {fired:?}");
+        assert_eq!(restored.state().expect("written back").approximate_len(), 0, "{kind:?}: both purged");
+    }
+}
+
 #[test]
 fn records_without_key_or_timestamp_are_rejected_naming_the_operator_and_the_fix() {
     let mut op = operator(WindowKind::Tumbling { size_ms: 10 }, 0, SumCount::default());

@@ -53,7 +53,7 @@ impl Bucket {
 
 /// The timers of one kind (firing, or cleanup) of an operator.
 #[derive(Debug)]
-pub(super) enum TimerQueue {
+enum TimerQueue {
     /// Fixed windows: per time, its (key, window)s in the order they came.
     ByTime(BTreeMap<i64, Bucket>),
     /// Sessions: every timer in emission order, and a timer reused to look one up (a merge
@@ -83,7 +83,7 @@ impl Due {
 }
 
 impl TimerQueue {
-    pub(super) fn new(kind: WindowKind) -> Self {
+    fn new(kind: WindowKind) -> Self {
         match kind {
             WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } => TimerQueue::ByTime(BTreeMap::new()),
             WindowKind::Session { .. } => {
@@ -94,7 +94,7 @@ impl TimerQueue {
 
     /// Adds a timer; for fixed windows, the caller adds each (key, window) at most once (a
     /// window gets its timers when it is first stored, or when the operator rebuilds them).
-    pub(super) fn insert(&mut self, time: i64, key: &[u8], window: Window) {
+    fn insert(&mut self, time: i64, key: &[u8], window: Window) {
         match self {
             TimerQueue::ByTime(by_time) => by_time.entry(time).or_default().push(key, window),
             TimerQueue::Ordered(set, _) => {
@@ -105,7 +105,7 @@ impl TimerQueue {
 
     /// Removes a timer if it is pending (a session absorbed by a merge). In a bucket the key's
     /// bytes stay until the bucket goes.
-    pub(super) fn remove(&mut self, time: i64, key: &[u8], window: Window) {
+    fn remove(&mut self, time: i64, key: &[u8], window: Window) {
         match self {
             TimerQueue::ByTime(by_time) => {
                 if let Some(due) = by_time.get_mut(&time)
@@ -128,7 +128,7 @@ impl TimerQueue {
     }
 
     /// Removes and returns the timers due at `watermark`.
-    pub(super) fn take_due(&mut self, watermark: i64) -> Due {
+    fn take_due(&mut self, watermark: i64) -> Due {
         match self {
             TimerQueue::ByTime(by_time) => {
                 let due = match watermark.checked_add(1) {
@@ -154,16 +154,69 @@ impl TimerQueue {
     }
 }
 
-/// An operator's timers.
+/// An operator's timers: when its windows fire, and when their state is purged.
+///
+/// Without allowed lateness a window is purged when it fires, so one queue serves both: the
+/// two would hold the same timers, and every window would pay a second insert (and, for
+/// sessions, a second key copy, tree descent and removal on each merge). That is Flink's
+/// default, and that of q5, q7 and q11.
 #[derive(Debug)]
 pub(super) struct Timers {
-    pub(super) fire: TimerQueue,
-    pub(super) cleanup: TimerQueue,
+    fire: TimerQueue,
+    /// `None`: purged when fired, from `fire`.
+    cleanup: Option<TimerQueue>,
+}
+
+/// The timers a watermark made due.
+#[derive(Debug)]
+pub(super) struct DueTimers {
+    /// Windows to fire; with a shared queue, some may have fired already (within no
+    /// lateness only a restored fired flag can say so), which only get purged.
+    pub(super) fire: Due,
+    /// `None`: the same as `fire`.
+    cleanup: Option<Due>,
+}
+
+impl DueTimers {
+    /// The windows to purge, in emission order.
+    pub(super) fn cleanup(&self) -> &Due {
+        self.cleanup.as_ref().unwrap_or(&self.fire)
+    }
 }
 
 impl Timers {
-    pub(super) fn new(kind: WindowKind) -> Self {
-        Timers { fire: TimerQueue::new(kind), cleanup: TimerQueue::new(kind) }
+    /// Timers of windows of `kind` kept `allowed_lateness_ms` after they fire.
+    pub(super) fn new(kind: WindowKind, allowed_lateness_ms: i64) -> Self {
+        let cleanup = (allowed_lateness_ms > 0).then(|| TimerQueue::new(kind));
+        Timers { fire: TimerQueue::new(kind), cleanup }
+    }
+
+    /// Registers a window's timers; a window that `fired` gets only its cleanup.
+    pub(super) fn insert(&mut self, fire_time: i64, cleanup_time: i64, key: &[u8], window: Window, fired: bool) {
+        match &mut self.cleanup {
+            Some(cleanup) => {
+                if !fired {
+                    self.fire.insert(fire_time, key, window);
+                }
+                cleanup.insert(cleanup_time, key, window);
+            }
+            None => self.fire.insert(fire_time, key, window),
+        }
+    }
+
+    /// Removes a window's pending timers (a session absorbed by a merge).
+    pub(super) fn remove(&mut self, fire_time: i64, cleanup_time: i64, key: &[u8], window: Window) {
+        self.fire.remove(fire_time, key, window);
+        if let Some(cleanup) = &mut self.cleanup {
+            cleanup.remove(cleanup_time, key, window);
+        }
+    }
+
+    /// Removes and returns the timers due at `watermark`.
+    pub(super) fn take_due(&mut self, watermark: i64) -> DueTimers {
+        let fire = self.fire.take_due(watermark);
+        let cleanup = self.cleanup.as_mut().map(|queue| queue.take_due(watermark));
+        DueTimers { fire, cleanup }
     }
 }
 
