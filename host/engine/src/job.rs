@@ -20,7 +20,8 @@ use std::sync::mpsc;
 use eddy_core::{BoundedOutOfOrderness, HeapTimerService, TimeDomain, TimerService, WATERMARK_MIN, WatermarkTracker};
 use eddy_runtime::{CallError, Component, LoadError, Runtime, RuntimeError, Subtask, World};
 use eddy_state::{
-    BoundedBackend, HeapStateBackend, RocksDbBackend, RocksDbConfig, StateBackend, StateLimits, TtlBackend, TtlClock,
+    BoundedBackend, HeapStateBackend, RocksDbBackend, RocksDbConfig, STATE_WRITE_BACK_BYTES, StateBackend, StateLimits,
+    TtlBackend, TtlClock, WriteBackBackend,
 };
 
 use eddy_checkpoint::restore::Share;
@@ -582,7 +583,14 @@ impl StepContext<'_> {
                     Some(checkpoint) => RocksDbBackend::open_checkpoint(&checkpoint.path, &dir, config),
                     None => RocksDbBackend::open(&dir, config),
                 };
-                Box::new(db.map_err(|e| Self::state_error(s, e))?)
+                let db: Box<dyn StateBackend> = Box::new(db.map_err(|e| Self::state_error(s, e))?);
+                // A window step buffers its own writes, per key (its `store`).
+                match s.window {
+                    Some(_) => db,
+                    None => Box::new(
+                        WriteBackBackend::new(db, STATE_WRITE_BACK_BYTES).map_err(|e| Self::state_error(s, e))?,
+                    ),
+                }
             }
         };
         // Under TTL and the restore below, so purges and restored entries count too.

@@ -311,7 +311,8 @@ mod tests {
              {backend: rocksdb, max_bytes_per_subtask: 5, block_cache_mb: 8, write_buffer_mb: 4}\nsink: {type: print}\n",
         );
         let d = Demand::of(&rocks, 0);
-        // RocksDB's caches and the host's lengths beside it (4 MiB); no window, no buffer.
-        assert_eq!(d, Demand { slots: 3, state_bytes: 15, memory_bytes: 3 * ((16 << 20) + (4 << 20)) });
+        // RocksDB's caches, and beside it the host's lengths (4 MiB) and write-back buffer of
+        // keyed state (4 MiB); no window.
+        assert_eq!(d, Demand { slots: 3, state_bytes: 15, memory_bytes: 3 * ((16 << 20) + (4 << 20) + (4 << 20)) });
     }
 }

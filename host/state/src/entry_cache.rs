@@ -19,12 +19,21 @@ pub const LENGTHS_CACHE_BYTES: usize = 4 << 20;
 /// (on every backend; it may pass this by one `add` call's windows before it is written back).
 pub const WINDOW_CACHE_BYTES: usize = 8 << 20;
 /// The most host memory the entry caches take per step subtask (what a job's memory demand
-/// counts beside its state): the lengths beside a disk backend, and a window step's
-/// write-back buffer on every backend.
+/// counts beside its state): the lengths beside a disk backend, a window step's write-back
+/// buffer on every backend, and any other step's write-back buffer of its keyed state on disk
+/// ([`crate::WriteBackBackend`]).
 pub const fn entry_caches_bytes(on_disk: bool, window: bool) -> usize {
     let lengths = if on_disk { LENGTHS_CACHE_BYTES } else { 0 };
     let windows = if window { WINDOW_CACHE_BYTES } else { 0 };
-    lengths + windows
+    let writes = if on_disk && !window { crate::STATE_WRITE_BACK_BYTES } else { 0 };
+    lengths + windows + writes
+}
+
+/// What an entry of a map from boxed keys to `V` costs at most: its slots (the table doubles as
+/// it grows and keeps at most 7 of 8 slots full, so up to 16/7 slots and control bytes per
+/// entry), the key's allocation and the value's (`value_heap_bytes`).
+pub(crate) fn entry_cost<V>(key_len: usize, value_heap_bytes: usize) -> usize {
+    (size_of::<(Box<[u8]>, V)>() + 1) * 16 / 7 + allocation_bytes(key_len) as usize + value_heap_bytes
 }
 
 /// What a cached value holds outside its slot of the map, bytes.
@@ -77,11 +86,8 @@ impl<V: Weigh> EntryCache<V> {
         }
     }
 
-    /// What an entry costs at most: its slots (the table doubles as it grows and keeps at most
-    /// 7 of 8 slots full, so up to 16/7 slots and control bytes per entry), the key's
-    /// allocation and the value's.
     fn cost(key: &[u8], value: &V) -> usize {
-        (size_of::<(Box<[u8]>, V)>() + 1) * 16 / 7 + allocation_bytes(key.len()) as usize + value.heap_bytes()
+        entry_cost::<V>(key.len(), value.heap_bytes())
     }
 
     /// Remembers `value` as written under `key`.

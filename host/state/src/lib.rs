@@ -11,7 +11,8 @@
 //! bytes are memory on the heap, so [`heap_memory_bound_bytes`] says what a heap limit may make
 //! the process hold).
 //! List state is an entry per item under the list's key ([`ListKeys`]), so an append costs the
-//! same at any length.
+//! same at any length. [`WriteBackBackend`] buffers writes in front of a disk backend until
+//! the next snapshot, so a value rewritten per record costs RocksDB one write per checkpoint.
 //!
 //! ```
 //! use eddy_state::{HashedKey, HeapStateBackend, StateBackend, StateKey, state_id};
@@ -35,6 +36,7 @@ mod rocks;
 #[cfg(test)]
 mod test_ops;
 mod ttl;
+mod write_back;
 
 pub use backend::{BackendSnapshot, EntryMeasure, FrozenEntries, StateBackend, StateError, StateLimitExceeded};
 pub use bounded::{BoundedBackend, StateLimits, StateUsage};
@@ -48,3 +50,4 @@ pub use layout::{
 pub use list::{ListKeys, list_for_each};
 pub use rocks::{RocksDbBackend, RocksDbConfig};
 pub use ttl::{ManualTtlClock, PURGE_STEP_ENTRIES, TtlBackend, TtlClock};
+pub use write_back::{STATE_WRITE_BACK_BYTES, WriteBackBackend};
