@@ -1,9 +1,10 @@
 package eddy
 
 // Keyed state handles, declared in Open and used in Process and OnTimer, where they act on
-// the current record's or timer's key. Values are JSON (every SDK stores them so, which is
-// what lets a savepoint move between languages). A value that cannot be written or a stored
-// value that does not fit T fails the call.
+// the current record's or timer's key. Values are written as JSON and read as JSON or as rows
+// (the Rust SDK writes a struct as a row), so a savepoint moves between languages. Map keys
+// are JSON in every SDK. A value that cannot be written or a stored value that does not fit T
+// fails the call.
 
 import (
 	"encoding/json"
@@ -86,12 +87,21 @@ func encodeState(name string, v any) []byte {
 	return b
 }
 
-func decodeState[T any](name string, b []byte) T {
+func decodeState[T any](c *call, name string, b []byte) T {
 	var v T
-	if err := decodeJSON(b, &v); err != nil {
+	if err := decodeValue(b, c.schemas.lookup, &v); err != nil {
 		fail(Failed("state %s holds %s, which does not fit %T: %v", name, b, v, err))
 	}
 	return v
+}
+
+// decodeMapKey reads a map key, which every SDK writes as JSON.
+func decodeMapKey[K any](name string, b []byte) K {
+	var k K
+	if err := decodeJSON(b, &k); err != nil {
+		fail(Failed("state %s holds map key %s, which does not fit %T: %v", name, b, k, err))
+	}
+	return k
 }
 
 // ValueState is one value of type T per key.
@@ -121,7 +131,7 @@ func (s *ValueState[T]) Get() (T, bool) {
 	if s.fast.read(b, unsafe.Pointer(&v)) {
 		return v, true
 	}
-	return decodeState[T](s.name, b), true
+	return decodeState[T](s.c, s.name, b), true
 }
 
 // Set replaces the current key's value.
@@ -156,7 +166,7 @@ func (s *ListState[T]) Get() []T {
 	raw := s.c.host.ListGet(s.id, s.c.keyHandle())
 	out := make([]T, len(raw))
 	for i, b := range raw {
-		out[i] = decodeState[T](s.name, b)
+		out[i] = decodeState[T](s.c, s.name, b)
 	}
 	return out
 }
@@ -197,7 +207,7 @@ func (s *MapState[K, V]) Get(mapKey K) (V, bool) {
 		var zero V
 		return zero, false
 	}
-	return decodeState[V](s.name, b), true
+	return decodeState[V](s.c, s.name, b), true
 }
 
 // Put sets the value under mapKey for the current key.
@@ -221,7 +231,7 @@ func (s *MapState[K, V]) Entries() []Entry[K, V] {
 	raw := s.c.host.MapEntries(s.id, s.c.keyHandle())
 	out := make([]Entry[K, V], len(raw))
 	for i, kv := range raw {
-		out[i] = Entry[K, V]{decodeState[K](s.name, kv[0]), decodeState[V](s.name, kv[1])}
+		out[i] = Entry[K, V]{decodeMapKey[K](s.name, kv[0]), decodeState[V](s.c, s.name, kv[1])}
 	}
 	return out
 }

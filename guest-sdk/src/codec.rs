@@ -1,9 +1,10 @@
 //! How typed keys, values and state are turned into bytes.
 //!
-//! Record values: a struct is written as a row (Eddy's binary record, `eddy_wire::row`; its
-//! field names are declared to the host once per shape), anything else as JSON; either is
-//! read back, rows by field name with strings borrowed. Keys and state stay JSON: they are
-//! small, hashed and compared as bytes, and must mean the same to every language's SDK.
+//! Record values, accumulators and state values: a struct is written as a row (Eddy's binary
+//! record, `eddy_wire::row`; its field names are declared to the host once per shape),
+//! anything else as JSON; either is read back, rows by field name with strings borrowed.
+//! Keys (record keys and map-state keys) stay JSON: they are small, hashed and compared as
+//! bytes, and must mean the same to every language's SDK.
 
 use std::borrow::Cow;
 use std::cell::RefCell;

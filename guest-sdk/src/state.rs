@@ -3,6 +3,11 @@
 //!
 //! Value state is cheap to use per record: values of prefetched states arrive with the batch,
 //! and writes are buffered and handed to the host in one crossing at the end of the call.
+//!
+//! Values (and list items, and map values) are written as record values are: a struct as a
+//! row, anything else as JSON, and either is read back, so state written as JSON by an older
+//! build or by another language's SDK still reads. Map keys stay JSON: their encoded bytes
+//! order a map's entries, and every SDK must encode a key the same way to find it.
 
 use std::marker::PhantomData;
 
@@ -30,12 +35,12 @@ impl<T: Serialize + DeserializeOwned> ValueState<T> {
 
     /// The value for the current key, if one was set.
     pub fn get(&self) -> Result<Option<T>> {
-        context::with_value(self.id, |bytes| bytes.map(codec::decode).transpose())
+        context::with_value(self.id, |bytes| bytes.map(codec::decode_value).transpose())
     }
 
     /// Replaces the value for the current key.
     pub fn set(&self, value: &T) -> Result<()> {
-        context::value_set(self.id, |buf| codec::encode_into(buf, value))
+        context::value_set(self.id, |buf| codec::encode_value_into(buf, value))
     }
 
     /// Removes the value for the current key.
@@ -61,21 +66,21 @@ impl<T: Serialize + DeserializeOwned> ListState<T> {
     /// list that grows without end under several keys or trim it with [`replace`](Self::replace).
     pub fn get(&self) -> Result<Vec<T>> {
         let key = context::current_key()?;
-        wit::list_get(self.id, key).iter().map(|b| codec::decode(b)).collect()
+        wit::list_get(self.id, key).iter().map(|b| codec::decode_value(b)).collect()
     }
 
     /// Appends one item for the current key. Costs the same however long the list is: the
     /// host stores each item as its own entry.
     pub fn push(&self, item: &T) -> Result<()> {
         let key = context::current_key()?;
-        wit::list_append(self.id, key, &codec::encode(item)?);
+        wit::list_append(self.id, key, &codec::encode_value(item)?);
         Ok(())
     }
 
     /// Replaces all items for the current key.
     pub fn replace(&self, items: &[T]) -> Result<()> {
         let key = context::current_key()?;
-        let encoded = items.iter().map(codec::encode).collect::<Result<Vec<_>>>()?;
+        let encoded = items.iter().map(codec::encode_value).collect::<Result<Vec<_>>>()?;
         wit::list_replace(self.id, key, &encoded);
         Ok(())
     }
@@ -106,13 +111,13 @@ where
     /// The value under `map_key` for the current key.
     pub fn get(&self, map_key: &K) -> Result<Option<V>> {
         let key = context::current_key()?;
-        wit::map_get(self.id, key, &codec::encode(map_key)?).map(|b| codec::decode(&b)).transpose()
+        wit::map_get(self.id, key, &codec::encode(map_key)?).map(|b| codec::decode_value(&b)).transpose()
     }
 
     /// Sets the value under `map_key` for the current key.
     pub fn insert(&self, map_key: &K, value: &V) -> Result<()> {
         let key = context::current_key()?;
-        wit::map_put(self.id, key, &codec::encode(map_key)?, &codec::encode(value)?);
+        wit::map_put(self.id, key, &codec::encode(map_key)?, &codec::encode_value(value)?);
         Ok(())
     }
 
@@ -128,7 +133,7 @@ where
     /// [`get`](Self::get) for single entries.
     pub fn entries(&self) -> Result<Vec<(K, V)>> {
         let key = context::current_key()?;
-        wit::map_entries(self.id, key).iter().map(|(k, v)| Ok((codec::decode(k)?, codec::decode(v)?))).collect()
+        wit::map_entries(self.id, key).iter().map(|(k, v)| Ok((codec::decode(k)?, codec::decode_value(v)?))).collect()
     }
 
     /// Removes every entry for the current key.

@@ -1073,38 +1073,47 @@ fn a_source_that_skips_a_timed_out_checkpoint_does_not_stall_alignment() {
     assert!(!summary.checkpoints.is_empty(), "checkpoints complete once the backpressure ends");
 }
 
-/// List and map state outlive the language that wrote them: a user's tags (list state) and
-/// per-tag counts (map state) are kept by the Rust operator, then by its Python, JavaScript,
-/// TypeScript and Go twins in turn, each resuming from the savepoint of the one before at another
-/// parallelism. Every record's output (the user's tags so far, this tag's count, the distinct
-/// tags) is what a plain replay of the whole input gives.
+/// List, map and value state outlive the language that wrote them: a user's tags (list state),
+/// per-tag counts (map state) and first tag with its record count (value state, a struct: a row
+/// as the Rust SDK writes it, JSON as the others do) are kept by the Rust operator, then by its
+/// Python, JavaScript, TypeScript and Go twins, each resuming from the savepoint of the one
+/// before at another parallelism. The Rust operator runs before each of the others, so each reads
+/// the rows it wrote: Python and JavaScript one by one, TypeScript prefetched (rendered by the
+/// host) and Go from the batch's bytes. Every record's output (the user's tags so far, this
+/// tag's count, the distinct tags, the first tag, the records so far) is what a plain replay of
+/// the whole input gives.
 #[test]
-fn list_and_map_state_resume_in_every_language() {
-    type Seen = (String, Vec<String>, u64, u64);
+fn list_map_and_value_state_resume_in_every_language() {
+    type Seen = (String, Vec<String>, u64, u64, String, u64);
     let dir = tempfile::tempdir().expect("tempdir");
     let users = ["ann", "bob", "cy", "dee", "eve"];
     let colours = ["red", "green", "blue", "red", "teal", "green", "red"];
     let line = |i: usize| format!("{{\"user\":\"{}\",\"tag\":\"{}\"}}\n", users[i % 5], colours[(i * 3 + i / 5) % 7]);
-    let parts: Vec<String> =
-        [(0, 40), (40, 70), (70, 95), (95, 110), (110, 130)].iter().map(|&(a, b)| (a..b).map(line).collect()).collect();
+    let bounds = [0, 40, 70, 95, 110, 130, 150, 175, 200];
+    let parts: Vec<String> = bounds.windows(2).map(|w| (w[0]..w[1]).map(line).collect()).collect();
     let versions = [
         (eddy_guest_artifacts::TAGS, 2),
         (eddy_guest_artifacts::PYTHON_TAGS, 3),
+        (eddy_guest_artifacts::TAGS, 1),
         (eddy_guest_artifacts::JS_TAGS, 1),
+        (eddy_guest_artifacts::TAGS, 2),
         (eddy_guest_artifacts::TS_TAGS, 2),
+        (eddy_guest_artifacts::TAGS, 3),
         (eddy_guest_artifacts::GO_TAGS, 3),
     ];
     // The oracle: the whole input replayed with a vector and a map per user.
     let mut oracle: std::collections::BTreeSet<Seen> = std::collections::BTreeSet::new();
     let mut lists: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut maps: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for i in 0..130 {
+    let mut firsts: BTreeMap<String, String> = BTreeMap::new();
+    for i in 0..bounds[bounds.len() - 1] {
         let (user, tag) = (users[i % 5].to_string(), colours[(i * 3 + i / 5) % 7].to_string());
         let list = lists.entry(user.clone()).or_default();
         list.push(tag.clone());
         let map = maps.entry(user.clone()).or_default();
         *map.entry(tag.clone()).or_default() += 1;
-        oracle.insert((user, list.clone(), map[&tag], map.len() as u64));
+        let first = firsts.entry(user.clone()).or_insert_with(|| tag.clone()).clone();
+        oracle.insert((user, list.clone(), map[&tag], map.len() as u64, first, list.len() as u64));
     }
     let savepoint = dir.path().join("savepoint");
     let mut input = String::new();
@@ -1135,7 +1144,9 @@ fn list_and_map_state_resume_in_every_language() {
                     user,
                     tags,
                     v["count"].as_u64().expect("count"),
-                    v["distinct"].as_u64().expect("distinct")
+                    v["distinct"].as_u64().expect("distinct"),
+                    v["first"].as_str().expect("first").to_string(),
+                    v["records"].as_u64().expect("records"),
                 )),
                 "{wasm}: a record twice"
             );

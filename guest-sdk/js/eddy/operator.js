@@ -181,7 +181,7 @@ export class Runner {
     this.host = host;
     log.bind(host);
     this.schemas = new codec.Schemas(host.declareSchema, host.schemaFields);
-    this.scope = new Scope(host);
+    this.scope = new Scope(host, this.schemas);
     this.outputs = new Outputs(host, this.schemas);
     this.valueStates = [];
     this.ctx = new Context(this.scope, this.outputs);

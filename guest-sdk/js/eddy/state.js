@@ -6,7 +6,12 @@
 // prefetched for the batch (one JSON array per state, parsed once), then from the host;
 // writes go to the host in one `json-batch.set-values` per state when the call ends. A failed
 // call's writes are dropped. List and map state go straight to their imports.
+//
+// This SDK writes values as JSON and reads rows as well: the Rust SDK writes a struct as a
+// row, and a job whose operator moves between languages keeps its state (the host renders
+// prefetched rows into the JSON array).
 
+import * as codec from "./codec.js";
 import * as errors from "./errors.js";
 import * as json from "./json.js";
 import { ABSENT, arrayOf } from "./records.js";
@@ -15,11 +20,12 @@ export const NO_KEY =
   "keyed state needs the current record's key: there is none in open/close (use state in " +
   "process or onTimer) nor for a record without a key (add key_by before this step)";
 
-/** What the handles need of the call in progress: its host, and the key slot (-1 for none)
- * and row being handled. */
+/** What the handles need of the call in progress: its host and schemas, and the key slot (-1
+ * for none) and row being handled. */
 export class Scope {
-  constructor(host) {
+  constructor(host, schemas) {
     this.host = host;
+    this.schemas = schemas;
     this.slot = -1;
     this.row = -1;
     // Records in the batch being processed (0 outside process).
@@ -48,10 +54,16 @@ export function snapshot(value) {
   return json.parseJson(json.jsonText(value));
 }
 
+/** A stored value, item or map value: JSON as this SDK writes it, or a row where the Rust SDK
+ * wrote a struct (so a job moved between languages reads its state). */
+function stored(scope, bytes) {
+  return codec.decodeValue(bytes, 0, bytes.length, scope.schemas);
+}
+
 // A clear, among a call's writes.
 const CLEARED = Symbol("cleared");
 
-/** One value per key (JSON, as every SDK stores it). */
+/** One value per key (written as JSON; a struct the Rust SDK wrote as a row reads as an object). */
 export class ValueState {
   constructor(scope, id, name) {
     this.scope = scope;
@@ -106,7 +118,7 @@ export class ValueState {
       return length === ABSENT ? fallback : null;
     }
     const raw = s.host.valueGet(this.id, slot);
-    return raw === null || raw === undefined ? fallback : json.decodeJson(raw);
+    return raw === null || raw === undefined ? fallback : stored(s, raw);
   }
 
   fetch() {
@@ -209,7 +221,7 @@ export class ListState {
 
   /** Every item for the current key, oldest first. */
   get() {
-    return this.scope.host.listGet(this.id, this.scope.handle()).map((b) => json.decodeJson(b));
+    return this.scope.host.listGet(this.id, this.scope.handle()).map((b) => stored(this.scope, b));
   }
 
   /** Appends one item for the current key (as cheap however long the list is). */
@@ -227,7 +239,7 @@ export class ListState {
   }
 }
 
-/** A map from user keys to values per key; both JSON. */
+/** A map from user keys to values per key (keys JSON, values read as value state reads them). */
 export class MapState {
   constructor(scope, id, name) {
     this.scope = scope;
@@ -237,7 +249,7 @@ export class MapState {
 
   get(mapKey, fallback = null) {
     const raw = this.scope.host.mapGet(this.id, this.scope.handle(), json.encodeJson(mapKey));
-    return raw === null || raw === undefined ? fallback : json.decodeJson(raw);
+    return raw === null || raw === undefined ? fallback : stored(this.scope, raw);
   }
 
   put(mapKey, value) {
@@ -251,7 +263,7 @@ export class MapState {
   /** Every [map key, value] of the current key, ordered by the map key's JSON bytes. */
   entries() {
     const host = this.scope.host;
-    return host.mapEntries(this.id, this.scope.handle()).map(([k, v]) => [json.decodeJson(k), json.decodeJson(v)]);
+    return host.mapEntries(this.id, this.scope.handle()).map(([k, v]) => [json.decodeJson(k), stored(this.scope, v)]);
   }
 
   clear() {

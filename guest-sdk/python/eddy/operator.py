@@ -168,7 +168,7 @@ class Runner:
         self.host = host
         log._bind(host)
         self.schemas = codec.Schemas(host.declare_schema, host.schema_fields)
-        self.scope = Scope(host)
+        self.scope = Scope(host, self.schemas)
         self.outputs = Outputs(host, self.schemas)
         self.value_states = []
         self._ctx = Context(self.scope, self.outputs)

@@ -5,6 +5,10 @@ Value state is buffered: reads come from this call's writes, then from the value
 prefetched for the batch (one JSON array per state, parsed once), then from the host; writes
 go to the host in one `json-batch.set-values` per state when the call ends. A failed call's
 writes are dropped. List and map state go straight to their imports.
+
+This SDK writes values as JSON and reads rows as well: the Rust SDK writes a struct as a row,
+and a job whose operator moves between languages keeps its state (the host renders
+prefetched rows into the JSON array).
 """
 
 import json
@@ -30,13 +34,14 @@ NO_KEY = (
 
 
 class Scope:
-    """What the handles need to know of the call in progress: its host, and the key slot and
-    row being handled (`slot` None where there is no key)."""
+    """What the handles need to know of the call in progress: its host and schemas, and the
+    key slot and row being handled (`slot` None where there is no key)."""
 
-    __slots__ = ("host", "slot", "row", "prefetched", "prefetched_width")
+    __slots__ = ("host", "schemas", "slot", "row", "prefetched", "prefetched_width")
 
-    def __init__(self, host):
+    def __init__(self, host, schemas):
         self.host = host
+        self.schemas = schemas
         self.slot = None
         self.row = -1
         self.prefetched = b""
@@ -61,7 +66,7 @@ def snapshot(value):
 
 
 class ValueState:
-    """One value per key (JSON, as every SDK stores it)."""
+    """One value per key (written as JSON; a struct the Rust SDK wrote as a row reads as a dict)."""
 
     __slots__ = ("_scope", "id", "name", "_writes", "_clears", "_column", "_col")
 
@@ -117,7 +122,7 @@ class ValueState:
             _, length = CELL.unpack_from(s.prefetched, 8 * (s.row * s.prefetched_width + self._column))
             return default if length == ABSENT else None
         raw = s.host.value_get(self.id, s.slot)
-        return default if raw is None else codec.decode_json(raw)
+        return default if raw is None else codec.decode_value(raw, s.schemas)
 
     def _fetch(self):
         text = self._scope.host.json_prefetched(self.id)
@@ -188,7 +193,8 @@ class ListState(_Keyed):
 
     def get(self):
         """All items for the current key, oldest first."""
-        return [codec.decode_json(b) for b in self._scope.host.list_get(self.id, self._handle())]
+        schemas = self._scope.schemas
+        return [codec.decode_value(b, schemas) for b in self._scope.host.list_get(self.id, self._handle())]
 
     def append(self, item):
         """Appends one item for the current key (as cheap however long the list is)."""
@@ -203,13 +209,13 @@ class ListState(_Keyed):
 
 
 class MapState(_Keyed):
-    """A map from user keys to values per key; both JSON."""
+    """A map from user keys to values per key (keys JSON, values read as value state reads them)."""
 
     __slots__ = ()
 
     def get(self, map_key, default=None):
         raw = self._scope.host.map_get(self.id, self._handle(), codec.encode_json(map_key))
-        return default if raw is None else codec.decode_json(raw)
+        return default if raw is None else codec.decode_value(raw, self._scope.schemas)
 
     def put(self, map_key, value):
         self._scope.host.map_put(self.id, self._handle(), codec.encode_json(map_key), codec.encode_json(value))
@@ -219,8 +225,8 @@ class MapState(_Keyed):
 
     def items(self):
         """Every (map key, value) of the current key, ordered by the map key's JSON bytes."""
-        host = self._scope.host
-        return [(codec.decode_json(k), codec.decode_json(v)) for k, v in host.map_entries(self.id, self._handle())]
+        host, schemas = self._scope.host, self._scope.schemas
+        return [(codec.decode_json(k), codec.decode_value(v, schemas)) for k, v in host.map_entries(self.id, self._handle())]
 
     def clear(self):
         self._scope.host.clear(self.id, self._handle())

@@ -154,7 +154,8 @@ impl Keyed {
                 None => array.null(),
                 Some(span) => {
                     let Some(value) = span.slice(&k.batch.data) else { return Ok(None) };
-                    if array.json(value).is_none() {
+                    // A state value is a row where the Rust SDK wrote a struct.
+                    if array.value(value).is_none() {
                         return Ok(None);
                     }
                 }
@@ -344,6 +345,36 @@ mod tests {
         assert_eq!(k.prefetched_json(count).expect("prefetched").as_deref(), Some("[null,7,7]"));
         let v = violation(k.prefetched_json(other).expect_err("not prefetched"));
         assert!(v.to_string().contains("not a value state declared with prefetch"), "{v}");
+    }
+
+    #[test]
+    fn prefetched_rows_come_as_objects_and_a_row_json_cannot_say_gives_no_view() {
+        // What the Rust SDK writes for a struct state value.
+        let schema = Schema { name: "JsonBatchLeaders".into(), fields: vec!["count".into(), "auctions".into()] };
+        let id = crate::schemas::schemas().declare(&schema).expect("schema");
+        let mut row = Vec::new();
+        let mut w = RowWriter::new(&mut row, 2, id);
+        w.u64(0, 3);
+        w.json(1, b"[7,9]");
+        w.finish();
+        let mut k = keyed(SandboxLimits::default());
+        let leaders = k.declare("leaders".into(), Some(StateKind::Value), true).expect("declare");
+        process(&mut k, &[(Some(b"\"a\""), b"1"), (Some(b"\"b\""), b"1")]);
+        k.put_value(leaders, 0, &row).expect("row");
+        k.put_value(leaders, 1, b"{\"count\":1,\"auctions\":[2]}").expect("json");
+        process(&mut k, &[(Some(b"\"b\""), b"1"), (Some(b"\"c\""), b"1"), (Some(b"\"a\""), b"1")]);
+        assert_eq!(
+            k.prefetched_json(leaders).expect("prefetched").as_deref(),
+            Some(r#"[{"count":1,"auctions":[2]},null,{"count":3,"auctions":[7,9]}]"#)
+        );
+        // Bytes have no exact JSON: the SDK reads the values one by one instead.
+        let mut bytes_row = Vec::new();
+        let mut w = RowWriter::new(&mut bytes_row, 1, 0);
+        w.bytes(0, b"\x00");
+        w.finish();
+        k.put_value(leaders, 0, &bytes_row).expect("row");
+        process(&mut k, &[(Some(b"\"b\""), b"1"), (Some(b"\"a\""), b"1")]);
+        assert_eq!(k.prefetched_json(leaders).expect("prefetched"), None);
     }
 
     #[test]
