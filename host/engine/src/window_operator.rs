@@ -37,8 +37,6 @@
 //! in the set until purged, so a record within the allowed lateness can still merge into a
 //! fired session. The buffer and why it is held per key: [`store`].
 
-use std::collections::BTreeMap;
-
 use eddy_core::{RecordBatch, RecordView, WATERMARK_MIN};
 use eddy_runtime::{AccumulatorUpdate, AggregateInstance, Component, Items, Output};
 use eddy_state::{DeclaredState, StateBackend, StateError, StateKind};
@@ -776,17 +774,21 @@ impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
         for ((_, key, window), result) in due.windows.iter().zip(results.iter()) {
             self.result_record(&mut out, key, window, result)?;
         }
-        let mut purged_sessions: BTreeMap<Vec<u8>, Vec<Window>> = BTreeMap::new();
+        // A purged session also leaves its key's session list: gathered per key (borrowed from
+        // the due timers, sorted), so each list is read and written once.
+        let mut purged_sessions: Vec<(&[u8], Window)> = Vec::new();
         for (_, key, window) in timers.cleanup().iter() {
             self.store.delete_acc(key, &window)?;
             if matches!(self.kind, WindowKind::Session { .. }) {
-                purged_sessions.entry(key.to_vec()).or_default().push(window);
+                purged_sessions.push((key, window));
             }
         }
-        for (key, purged) in purged_sessions {
-            let mut sessions = self.store.sessions(&key)?;
-            sessions.retain(|s| !purged.contains(s));
-            self.store.put_sessions(&key, &sessions)?;
+        purged_sessions.sort_unstable();
+        for purged in purged_sessions.chunk_by(|a, b| a.0 == b.0) {
+            let key = purged[0].0;
+            let mut sessions = self.store.sessions(key)?;
+            sessions.retain(|s| !purged.iter().any(|(_, p)| p == s));
+            self.store.put_sessions(key, &sessions)?;
         }
         self.store.keep_within_budget()?;
         Ok(out)
