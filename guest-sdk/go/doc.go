@@ -29,7 +29,8 @@
 // Values are rows or JSON, as in every Eddy SDK: a named struct is written as a row whose
 // schema is the struct's type name and its fields' `json` names (in declaration order),
 // anything else as JSON; reading takes either into a struct, a map or any. State values are
-// JSON.
+// written as JSON and read as either (the Rust SDK writes a struct state value as a row); map
+// keys are JSON.
 //
 // Errors: a returned error fails the call with its message (BadRecord and BadConfig choose
 // the WIT's error kind); a panic is recovered and fails the call the same way, its stack going
