@@ -743,3 +743,34 @@ mod go {
         }
     }
 }
+
+/// A value of rows nested 100 000 deep (3 MiB, within a value's 16 MiB) reaches a sink that
+/// renders rows as JSON: each line says the row is unreadable and why, and the process lives
+/// on. Walking such a row a level per stack frame overflowed the sink thread's stack, which
+/// aborts the whole process (every tenant's jobs with it).
+#[test]
+fn a_row_nested_past_the_limit_is_written_as_unreadable_and_the_process_lives_on() {
+    use eddy_engine::{Job, JobOptions};
+    use eddy_plan::PipelineSpec;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("input.txt"), "a\nb\n").expect("input");
+    let yaml = format!(
+        "name: deep-rows\nsources: [{{type: file, name: lines, path: input.txt}}]\nsteps:\n  - {{name: deep, wasm: {}, \
+         config: {{mode: deep-row}}}}\nsink: {{type: file, path: out.jsonl}}\n",
+        guests::HOSTILE
+    );
+    let path = dir.path().join("pipeline.yaml");
+    std::fs::write(&path, yaml).expect("spec");
+    let spec = PipelineSpec::from_file(&path).expect("spec");
+    let job = Job::start(&spec, runtime(), JobOptions::default()).expect("starts");
+    let summary = job.wait().expect("the job ends without failing");
+    assert!(summary.finished);
+    let out = std::fs::read_to_string(dir.path().join("out.jsonl")).expect("output");
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for line in lines {
+        let value = line["value"].as_str().unwrap_or_default();
+        assert!(value.contains("unreadable row: rows nested more than 100 deep"), "{line}");
+    }
+}

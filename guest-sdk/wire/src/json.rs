@@ -8,7 +8,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::row::{Kind, RowError, RowRef};
+use crate::row::{Kind, MAX_DEPTH, RowError, RowRef};
 use crate::schema::Schemas;
 
 fn put<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
@@ -18,7 +18,7 @@ fn put<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
 
 /// Appends the row in `bytes` to `out` as JSON.
 pub fn row_to_json(bytes: &[u8], schemas: &dyn Schemas, out: &mut Vec<u8>) -> Result<(), RowError> {
-    render_row(bytes, schemas, out, Fidelity::Render).map_err(|e| match e {
+    render_row(bytes, schemas, out, Fidelity::Render, 1).map_err(|e| match e {
         NotExact::Row(e) => e,
         // Only `Fidelity::Exact` refuses fields.
         NotExact::Field { field } => RowError::BadKind(field),
@@ -27,7 +27,7 @@ pub fn row_to_json(bytes: &[u8], schemas: &dyn Schemas, out: &mut Vec<u8>) -> Re
 
 /// Appends field `i` of `row` to `out` as JSON.
 pub fn field_to_json(row: &RowRef<'_>, i: usize, schemas: &dyn Schemas, out: &mut Vec<u8>) -> Result<(), RowError> {
-    render_field(row, i, schemas, out, Fidelity::Render).map_err(|e| match e {
+    render_field(row, i, schemas, out, Fidelity::Render, 1).map_err(|e| match e {
         NotExact::Row(e) => e,
         NotExact::Field { field } => RowError::BadKind(field),
     })
@@ -38,7 +38,7 @@ pub fn field_to_json(row: &RowRef<'_>, i: usize, schemas: &dyn Schemas, out: &mu
 /// floats that are not finite (rendered as `null`) and embedded JSON that is not one JSON value. What SDKs whose rows are read through JSON
 /// need, so a value reads the same whichever way it came.
 pub fn row_to_exact_json(bytes: &[u8], schemas: &dyn Schemas, out: &mut Vec<u8>) -> Result<(), NotExact> {
-    render_row(bytes, schemas, out, Fidelity::Exact)
+    render_row(bytes, schemas, out, Fidelity::Exact, 1)
 }
 
 /// Why a row has no exact JSON text.
@@ -79,7 +79,17 @@ enum Fidelity {
     Exact,
 }
 
-fn render_row(bytes: &[u8], schemas: &dyn Schemas, out: &mut Vec<u8>, fidelity: Fidelity) -> Result<(), NotExact> {
+/// Renders the row in `bytes`, itself nested `depth` deep (1: a top-level row).
+fn render_row(
+    bytes: &[u8],
+    schemas: &dyn Schemas,
+    out: &mut Vec<u8>,
+    fidelity: Fidelity,
+    depth: usize,
+) -> Result<(), NotExact> {
+    if depth > MAX_DEPTH {
+        return Err(RowError::TooDeep.into());
+    }
     let row = RowRef::new(bytes)?;
     let schema = match row.schema() {
         0 => None,
@@ -95,7 +105,7 @@ fn render_row(bytes: &[u8], schemas: &dyn Schemas, out: &mut Vec<u8>, fidelity: 
             put(out, schema.fields[i].as_str());
             out.push(b':');
         }
-        render_field(&row, i, schemas, out, fidelity)?;
+        render_field(&row, i, schemas, out, fidelity, depth)?;
     }
     out.push(if names.is_some() { b'}' } else { b']' });
     Ok(())
@@ -107,6 +117,7 @@ fn render_field(
     schemas: &dyn Schemas,
     out: &mut Vec<u8>,
     fidelity: Fidelity,
+    depth: usize,
 ) -> Result<(), NotExact> {
     if row.is_null(i)? {
         out.extend_from_slice(b"null");
@@ -123,7 +134,7 @@ fn render_field(
         Kind::Str => put(out, row.str(i)?.unwrap_or_default()),
         Kind::Bytes if exact => return Err(NotExact::Field { field: i }),
         Kind::Bytes => put(out, row.bytes(i)?.unwrap_or_default()),
-        Kind::Row => render_row(row.variable(i)?.unwrap_or_default(), schemas, out, fidelity)?,
+        Kind::Row => render_row(row.variable(i)?.unwrap_or_default(), schemas, out, fidelity, depth + 1)?,
         Kind::Json => {
             let text = row.variable(i)?.unwrap_or_default();
             // Spliced in as it is: text that is not one JSON value would shift what follows.
@@ -185,5 +196,51 @@ fn unescape(token: &str) -> alloc::borrow::Cow<'_, str> {
     match token.contains('~') {
         true => token.replace("~1", "/").replace("~0", "~").into(),
         false => token.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::row::{Kind, RowFrame};
+    use crate::schema::NoSchemas;
+    use alloc::format;
+    use alloc::string::String;
+
+    /// A row nested `depth` deep: each level's one field holds the next level, the innermost
+    /// holds 7. Written outside in, one buffer, so a deep one costs what its bytes do.
+    fn nested(depth: usize) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut levels = Vec::new();
+        for _ in 1..depth {
+            let from = buf.len();
+            levels.push((RowFrame::begin(&mut buf, 1, 0), from));
+        }
+        let innermost = buf.len();
+        RowFrame::begin(&mut buf, 1, 0).u64(&mut buf, 0, 7);
+        let starts: Vec<usize> = levels.iter().map(|(_, from)| *from).skip(1).chain([innermost]).collect();
+        for ((frame, _), child) in levels.iter().zip(starts) {
+            frame.close_variable(&mut buf, 0, Kind::Row, child);
+        }
+        buf
+    }
+
+    #[test]
+    fn rows_nested_past_the_limit_are_refused_not_walked_off_the_stack() {
+        // At the limit: rendered, and JSON parses it back.
+        let mut out = Vec::new();
+        row_to_json(&nested(MAX_DEPTH), &NoSchemas, &mut out).expect("at the limit");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert_eq!(text, format!("{}7{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH)));
+        serde_json::from_str::<serde_json::Value>(&text).expect("parses back");
+        // One past it, and far past it (3 MiB, within a value's 16 MiB: a walk per level
+        // overflowed a 2 MiB thread stack and aborted the process).
+        for depth in [MAX_DEPTH + 1, 100_000] {
+            let row = nested(depth);
+            assert_eq!(row_to_json(&row, &NoSchemas, &mut Vec::new()), Err(RowError::TooDeep), "{depth}");
+            assert_eq!(row_to_exact_json(&row, &NoSchemas, &mut Vec::new()), Err(NotExact::Row(RowError::TooDeep)));
+            let top = RowRef::new(&row).expect("a row");
+            assert_eq!(field_to_json(&top, 0, &NoSchemas, &mut Vec::new()), Err(RowError::TooDeep));
+        }
     }
 }

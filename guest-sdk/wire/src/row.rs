@@ -47,6 +47,12 @@ pub const MAGIC: u8 = 0xB7;
 pub const VERSION: u8 = 1;
 /// Most fields a row can have.
 pub const MAX_FIELDS: usize = u16::MAX as usize;
+/// Deepest nesting of rows the host walks (a row holding a row is depth 2); deeper rows are
+/// refused with [`RowError::TooDeep`]. A guest can nest rows as deep as a value's bytes allow
+/// (a level costs 32 bytes), and a walk per level on the host's stack would let one record
+/// overflow it and take the process down. 100 is far deeper than any struct nests, and within
+/// the 128 levels `serde_json` parses, so a rendered row of plain fields parses back.
+pub const MAX_DEPTH: usize = 100;
 
 const HEADER: usize = 8;
 const SLOT: usize = 8;
@@ -145,6 +151,8 @@ pub enum RowError {
     NotUtf8(usize),
     /// A field that may not be null is null.
     Null(usize),
+    /// Rows nested deeper than [`MAX_DEPTH`].
+    TooDeep,
 }
 
 impl fmt::Display for RowError {
@@ -161,6 +169,7 @@ impl fmt::Display for RowError {
             RowError::BadSpan(i) => write!(f, "field {i} points outside the row"),
             RowError::NotUtf8(i) => write!(f, "field {i} is not UTF-8"),
             RowError::Null(i) => write!(f, "field {i} is null"),
+            RowError::TooDeep => write!(f, "rows nested more than {MAX_DEPTH} deep"),
         }
     }
 }

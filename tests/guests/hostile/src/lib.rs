@@ -8,6 +8,7 @@
 //! - `torn-output`: emits a record table that is not a whole number of rows;
 //! - `stray-write`: applies a value write whose bytes lie outside the buffer it sent;
 //! - `probe`: tries the environment, files, clocks and network, and emits what it could see;
+//! - `deep-row`: emits, per record, a row nested `count` (default 100 000) levels deep;
 //! - `error`: returns an operator error (not a trap);
 //! - `list-map` (well-behaved): per key, appends each value (a string) to a list state and
 //!   counts it in a map state, then emits `{"list": [...], "map": [[k, n], ...]}`; the value
@@ -35,7 +36,8 @@ use serde::Deserialize;
 #[derive(Debug, Deserialize)]
 pub struct Config {
     mode: String,
-    /// How many rows, timers or lines the `aliased-emit`, `timer-burst` and `log-flood` modes use.
+    /// How many rows, timers or lines the `aliased-emit`, `timer-burst` and `log-flood` modes
+    /// use, and how deep `deep-row` nests.
     #[serde(default)]
     count: Option<u64>,
 }
@@ -62,6 +64,25 @@ fn probe() -> serde_json::Value {
     let network =
         std::net::TcpStream::connect(("127.0.0.1", 9)).is_ok() || std::net::TcpListener::bind(("127.0.0.1", 0)).is_ok();
     serde_json::json!({ "env": env, "file": file, "clock_ms": clock_ms, "network": network })
+}
+
+/// A row nested `depth` deep (each level's one field holds the next; 32 bytes a level, so
+/// 100 000 levels stay well within a value's limit), written outside in.
+fn deep_row(depth: u64) -> Vec<u8> {
+    use eddy_wire::row::{Kind, RowFrame};
+    let mut buf = Vec::new();
+    let mut levels = Vec::new();
+    for _ in 1..depth {
+        let from = buf.len();
+        levels.push((RowFrame::begin(&mut buf, 1, 0), from));
+    }
+    let innermost = buf.len();
+    RowFrame::begin(&mut buf, 1, 0).u64(&mut buf, 0, 7);
+    let starts: Vec<usize> = levels.iter().map(|(_, from)| *from).skip(1).chain([innermost]).collect();
+    for ((frame, _), child) in levels.iter().zip(starts) {
+        frame.close_variable(&mut buf, 0, Kind::Row, child);
+    }
+    buf
 }
 
 impl Operator for Hostile {
@@ -126,6 +147,7 @@ impl Operator for Hostile {
                 raw_state::value_set_many(b"no", &write);
             }
             "probe" => ctx.emit_value(&probe())?,
+            "deep-row" => ctx.emit_raw(None, None, &deep_row(self.count.unwrap_or(100_000)), record.timestamp())?,
             // Not hostile: every record back unchanged, the crossing benchmark's guest.
             "echo" => ctx.emit_raw(None, record.key_bytes(), record.value_bytes(), record.timestamp())?,
             "list-map" => {
