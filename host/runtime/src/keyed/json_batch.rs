@@ -23,16 +23,30 @@ use crate::keyed::{EMITTED_ROW_BYTES, Keyed};
 /// with their field names can be far larger than the batch they came in.
 const MAX_VIEW_BYTES: usize = 64 << 20;
 
-/// An array of JSON values being written, each checked before it goes in.
+/// An array of JSON values being written, each checked before it goes in, and its length
+/// checked as it grows: the records of a batch that share a key share one prefetched value,
+/// and written out once per record a 16 MiB value in a batch of 2 048 such records would be
+/// 32 GiB of text before a check at the end refused it.
 struct JsonArray {
     text: Vec<u8>,
+    /// Longest text it answers (past it, the view is `none`).
+    limit: usize,
 }
 
 impl JsonArray {
     fn with_capacity(bytes: usize) -> Self {
-        let mut text = Vec::with_capacity(bytes + 2);
+        Self::with_limit(bytes, MAX_VIEW_BYTES)
+    }
+
+    fn with_limit(bytes: usize, limit: usize) -> Self {
+        let mut text = Vec::with_capacity(bytes.min(limit) + 2);
         text.push(b'[');
-        Self { text }
+        Self { text, limit }
+    }
+
+    /// `None` once the text is past its limit.
+    fn within(&self) -> Option<()> {
+        (self.text.len() <= self.limit).then_some(())
     }
 
     fn separate(&mut self) {
@@ -41,33 +55,39 @@ impl JsonArray {
         }
     }
 
-    /// Appends `value` if it is one JSON value; `None` if not.
+    /// Appends `value` if it is one JSON value and fits; `None` if not.
     fn json(&mut self, value: &[u8]) -> Option<()> {
+        // With the comma that may go before it.
+        if self.text.len().saturating_add(value.len()).saturating_add(1) > self.limit {
+            return None;
+        }
         serde_json::from_slice::<IgnoredAny>(value).ok()?;
         self.separate();
         self.text.extend_from_slice(value);
         Some(())
     }
 
-    fn null(&mut self) {
+    fn null(&mut self) -> Option<()> {
         self.separate();
         self.text.extend_from_slice(b"null");
+        self.within()
     }
 
-    /// A record value: JSON as it is, a row rendered exactly.
+    /// A record value: JSON as it is, a row rendered exactly (its text is not known before it
+    /// is written, so the check follows: past the limit by at most one value's rendering).
     fn value(&mut self, value: &[u8]) -> Option<()> {
         if !is_row(value) {
             return self.json(value);
         }
+        self.within()?;
         self.separate();
-        row_to_exact_json(value, crate::schemas::schemas(), &mut self.text).ok()
+        row_to_exact_json(value, crate::schemas::schemas(), &mut self.text).ok()?;
+        self.within()
     }
 
     fn finish(mut self) -> Option<String> {
         self.text.push(b']');
-        if self.text.len() > MAX_VIEW_BYTES {
-            return None;
-        }
+        self.within()?;
         // Every element was checked JSON, which is UTF-8.
         String::from_utf8(self.text).ok()
     }
@@ -117,7 +137,7 @@ impl Keyed {
                 Some(key) => {
                     array.json(key)?;
                 }
-                None => array.null(),
+                None => array.null()?,
             }
         }
         array.finish()
@@ -151,7 +171,11 @@ impl Keyed {
         let mut array = JsonArray::with_capacity(k.batch.data.len() / columns.max(1));
         for row in 0..rows {
             match cells.get(row * columns + column).flatten() {
-                None => array.null(),
+                None => {
+                    if array.null().is_none() {
+                        return Ok(None);
+                    }
+                }
                 Some(span) => {
                     let Some(value) = span.slice(&k.batch.data) else { return Ok(None) };
                     // A state value is a row where the Rust SDK wrote a struct.
@@ -345,6 +369,32 @@ mod tests {
         assert_eq!(k.prefetched_json(count).expect("prefetched").as_deref(), Some("[null,7,7]"));
         let v = violation(k.prefetched_json(other).expect_err("not prefetched"));
         assert!(v.to_string().contains("not a value state declared with prefetch"), "{v}");
+    }
+
+    #[test]
+    fn an_array_refuses_what_would_take_it_past_its_limit_before_writing_it() {
+        let ten = b"\"abcdefgh\"";
+        let mut array = JsonArray::with_limit(1 << 20, 30);
+        assert!(array.text.capacity() < 64, "reserves no more than it may write");
+        assert_eq!(array.json(ten), Some(()));
+        assert_eq!(array.json(ten), Some(()));
+        // `[` and two values with a comma: 22 bytes; another would reach 33.
+        assert_eq!(array.json(ten), None);
+        assert_eq!(array.text.len(), 22, "refused before it was written");
+        // Nulls and rows are checked as they go too, and the end as well.
+        let mut nulls = JsonArray::with_limit(0, 30);
+        let written = (0..10).take_while(|_| nulls.null().is_some()).count();
+        assert_eq!(written, 6, "six nulls are 30 bytes with their commas and the `[`");
+        let mut row = Vec::new();
+        let mut w = RowWriter::new(&mut row, 1, 0);
+        w.str(0, "a string of thirty-one bytes!!");
+        w.finish();
+        let mut rows = JsonArray::with_limit(0, 30);
+        assert_eq!(rows.value(&row), None, "rendered past the limit");
+        let mut full = JsonArray::with_limit(0, 22);
+        assert_eq!(full.json(ten), Some(()));
+        assert_eq!(full.json(ten), Some(()));
+        assert_eq!(full.finish(), None, "the closing bracket passes the limit");
     }
 
     #[test]
