@@ -387,7 +387,7 @@ mod tests {
         assert_eq!(written, 6, "six nulls are 30 bytes with their commas and the `[`");
         let mut row = Vec::new();
         let mut w = RowWriter::new(&mut row, 1, 0);
-        w.str(0, "a string of thirty-one bytes!!");
+        w.str(0, "thirty bytes of text in a row.");
         w.finish();
         let mut rows = JsonArray::with_limit(0, 30);
         assert_eq!(rows.value(&row), None, "rendered past the limit");
