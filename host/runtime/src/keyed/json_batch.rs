@@ -310,6 +310,20 @@ mod tests {
         k.batch = wit;
     }
 
+    /// A row of `fields` fields under schema id `schema`, as `write` fills it.
+    fn row_of(fields: usize, schema: u32, write: impl FnOnce(&mut RowWriter<'_>)) -> Vec<u8> {
+        let mut row = Vec::new();
+        let mut w = RowWriter::new(&mut row, fields, schema);
+        write(&mut w);
+        w.finish();
+        row
+    }
+
+    /// A row holding bytes, which JSON cannot say exactly.
+    fn bytes_row() -> Vec<u8> {
+        row_of(1, 0, |w| w.bytes(0, b"\x00"))
+    }
+
     fn violation(e: wasmtime::Error) -> Violation {
         match e.downcast::<HostTrap>() {
             Ok(HostTrap::Violation(v)) => v,
@@ -333,11 +347,10 @@ mod tests {
     fn values_are_json_as_sent_and_rows_as_objects_unless_json_cannot_say_them() {
         let schema = Schema { name: "JsonBatchTest".into(), fields: vec!["n".into(), "s".into()] };
         let id = crate::schemas::schemas().declare(&schema).expect("schema");
-        let mut row = Vec::new();
-        let mut w = RowWriter::new(&mut row, 2, id);
-        w.i64(0, -5);
-        w.str(1, "é\"");
-        w.finish();
+        let row = row_of(2, id, |w| {
+            w.i64(0, -5);
+            w.str(1, "é\"");
+        });
         let mut k = keyed(SandboxLimits::default());
         process(&mut k, &[(None, b"{\"b\":1,\"a\":[2]}"), (None, &row), (None, b"1.5")]);
         assert_eq!(
@@ -345,10 +358,7 @@ mod tests {
             Some(r#"[{"b":1,"a":[2]},{"n":-5,"s":"é\""},1.5]"#)
         );
 
-        let mut bytes_row = Vec::new();
-        let mut w = RowWriter::new(&mut bytes_row, 1, 0);
-        w.bytes(0, b"\x00");
-        w.finish();
+        let bytes_row = bytes_row();
         for bad in [&bytes_row[..], b"1,2", b"not json"] {
             process(&mut k, &[(None, b"1"), (None, bad)]);
             assert_eq!(k.values_json().expect("in process"), None, "{bad:?}");
@@ -385,10 +395,7 @@ mod tests {
         let mut nulls = JsonArray::with_limit(0, 30);
         let written = (0..10).take_while(|_| nulls.null().is_some()).count();
         assert_eq!(written, 6, "six nulls are 30 bytes with their commas and the `[`");
-        let mut row = Vec::new();
-        let mut w = RowWriter::new(&mut row, 1, 0);
-        w.str(0, "thirty bytes of text in a row.");
-        w.finish();
+        let row = row_of(1, 0, |w| w.str(0, "thirty bytes of text in a row."));
         let mut rows = JsonArray::with_limit(0, 30);
         assert_eq!(rows.value(&row), None, "rendered past the limit");
         let mut full = JsonArray::with_limit(0, 22);
@@ -402,11 +409,10 @@ mod tests {
         // What the Rust SDK writes for a struct state value.
         let schema = Schema { name: "JsonBatchLeaders".into(), fields: vec!["count".into(), "auctions".into()] };
         let id = crate::schemas::schemas().declare(&schema).expect("schema");
-        let mut row = Vec::new();
-        let mut w = RowWriter::new(&mut row, 2, id);
-        w.u64(0, 3);
-        w.json(1, b"[7,9]");
-        w.finish();
+        let row = row_of(2, id, |w| {
+            w.u64(0, 3);
+            w.json(1, b"[7,9]");
+        });
         let mut k = keyed(SandboxLimits::default());
         let leaders = k.declare("leaders".into(), Some(StateKind::Value), true).expect("declare");
         process(&mut k, &[(Some(b"\"a\""), b"1"), (Some(b"\"b\""), b"1")]);
@@ -418,11 +424,7 @@ mod tests {
             Some(r#"[{"count":1,"auctions":[2]},null,{"count":3,"auctions":[7,9]}]"#)
         );
         // Bytes have no exact JSON: the SDK reads the values one by one instead.
-        let mut bytes_row = Vec::new();
-        let mut w = RowWriter::new(&mut bytes_row, 1, 0);
-        w.bytes(0, b"\x00");
-        w.finish();
-        k.put_value(leaders, 0, &bytes_row).expect("row");
+        k.put_value(leaders, 0, &bytes_row()).expect("row");
         process(&mut k, &[(Some(b"\"b\""), b"1"), (Some(b"\"a\""), b"1")]);
         assert_eq!(k.prefetched_json(leaders).expect("prefetched"), None);
     }
@@ -459,13 +461,12 @@ mod tests {
         let out = k.take_output();
         let main: Vec<_> =
             out.main.iter().map(|r| (r.key.map(<[u8]>::to_vec), r.value.to_vec(), r.timestamp)).collect();
-        let mut row = Vec::new();
-        let mut w = RowWriter::new(&mut row, 4, 3);
-        w.str(0, "bid");
-        w.i64(1, -7);
-        w.f64(2, 1.5);
-        w.null(3);
-        w.finish();
+        let row = row_of(4, 3, |w| {
+            w.str(0, "bid");
+            w.i64(1, -7);
+            w.f64(2, 1.5);
+            w.null(3);
+        });
         assert_eq!(
             main,
             vec![
