@@ -62,6 +62,7 @@ impl Span {
     }
 
     /// The bytes of `data` the span covers, or `None` when it reaches outside.
+    #[inline]
     pub fn slice(self, data: &[u8]) -> Option<&[u8]> {
         let start = self.offset as usize;
         data.get(start..start.checked_add(self.len as usize)?)
@@ -138,12 +139,14 @@ impl<'a, T: Packed> Table<'a, T> {
     }
 }
 
+#[inline]
 fn u32_at(bytes: &[u8], at: usize) -> u32 {
     let mut word = [0u8; 4];
     word.copy_from_slice(&bytes[at..at + 4]);
     u32::from_le_bytes(word)
 }
 
+#[inline]
 fn i64_at(bytes: &[u8], at: usize) -> i64 {
     let mut word = [0u8; 8];
     word.copy_from_slice(&bytes[at..at + 8]);
@@ -168,6 +171,7 @@ fn put_opt_span(row: &mut [u8], at: usize, span: Option<Span>) {
     put(row, at + 4, len.to_le_bytes());
 }
 
+#[inline]
 fn read_opt_span(bytes: &[u8], at: usize) -> Option<Span> {
     let len = u32_at(bytes, at + 4);
     (len != ABSENT).then(|| Span { offset: u32_at(bytes, at), len })
