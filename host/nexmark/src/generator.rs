@@ -13,7 +13,7 @@
 //! padding to an average event size. Unlike that generator, references never point at ids not
 //! yet generated, so every join partner exists earlier in index order.
 
-use std::fmt::{self, Write};
+use std::fmt;
 use std::hint::select_unpredictable;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -382,63 +382,152 @@ fn auction_lengths_wide(config: &NexmarkConfig) -> u64 {
     u64::try_from(horizon_ms * 2).unwrap_or(u64::MAX - 1).max(1)
 }
 
-/// Each channel's name and URL, made when the channel is first drawn (a function of the seed
-/// and the channel only). Channels `0..COLD_CHANNELS` are `channel-<n>`, the rest hot.
+/// Each channel's name and URL, a function of the seed and the channel only. Channels
+/// `0..COLD_CHANNELS` are `channel-<n>` (URL ending `&channel_id=<n>`), the rest hot.
 ///
-/// Channel `c` has the bytes `c * CHANNEL_SLOT..` of `slots`: the name's length, the URL's,
-/// the name, the URL (a zero name length: not made yet). A bid on one of the 10 000 cold
-/// channels used to miss the cache three times, on a 48-byte entry and on the name's and the
-/// URL's own allocations; now it reads one or two adjacent cache lines.
+/// The hot channels' texts are kept whole. For a cold channel only its URL's three path pieces
+/// are kept (where each starts in [`URL_TEXT_PADDED`] and how long it is: 6 bytes a channel), and its
+/// texts are rebuilt per bid in fixed buffers. The texts kept whole for all 10 000 took 960
+/// KB: a bid on a cold channel then missed the cache on one or two lines of them (a quarter of
+/// the source's time in q0, whose guest evicts the table between batches); the pieces take 60
+/// KB, and rebuilding costs less than the misses did.
 #[derive(Debug, Default)]
 struct Channels {
     seed: u64,
-    /// A `String`, so that names and URLs are borrowed as `&str` without UTF-8 validation; the
-    /// lengths are ASCII control characters (below `CHANNEL_SLOT`).
-    slots: String,
+    /// Per cold channel, its URL's pieces as `start << 3 | len`.
+    pieces: Vec<[u16; 3]>,
+    /// The hot channels' URLs.
+    hot: Vec<String>,
+    name: Buffer,
+    url: Buffer,
 }
 
-/// Bytes per channel in [`Channels`]: a name is at most `channel-9999`, a URL at most 24 + 3 *
-/// 6 + 16 + 16 bytes (`&channel_id=9999`).
-const CHANNEL_SLOT: usize = 96;
+const URL_PREFIX: &[u8; 24] = b"https://www.nexmark.com/";
+/// What follows the last path piece of a cold channel's URL, padded to a fixed-size copy; a hot
+/// channel's ends before `&`.
+const URL_SUFFIX: &[u8; 32] = b"item.htm?query=1&channel_id=    ";
+const HOT_URL_SUFFIX: usize = "item.htm?query=1".len();
+const COLD_URL_SUFFIX: usize = "item.htm?query=1&channel_id=".len();
+const COLD_NAME_PREFIX: &[u8; 8] = b"channel-";
 
 impl Channels {
     #[inline(always)]
     fn get(&mut self, seed: u64, channel: u64) -> (&str, &str) {
-        let start = channel as usize * CHANNEL_SLOT;
-        if self.seed != seed || self.slots.is_empty() {
-            self.seed = seed;
-            self.slots = "\0".repeat((COLD_CHANNELS as usize + HOT_CHANNELS.len()) * CHANNEL_SLOT);
+        if self.seed != seed || self.pieces.is_empty() {
+            self.reset(seed);
         }
-        if self.slots.as_bytes()[start] == 0 {
-            self.make(seed, channel, start);
-        }
-        let lengths = &self.slots.as_bytes()[start..start + 2];
-        let url = start + 2 + usize::from(lengths[0]);
-        let end = url + usize::from(lengths[1]);
-        (&self.slots[start + 2..url], &self.slots[url..end])
+        let Some(&cold) = self.pieces.get(channel as usize) else {
+            let hot = (channel - COLD_CHANNELS) as usize;
+            return (HOT_CHANNELS[hot], &self.hot[hot]);
+        };
+        let at = self.url.put_url(cold) + COLD_URL_SUFFIX;
+        let (digits, count) = decimal(channel as u16);
+        self.url.put(at, &digits);
+        self.url.end_at(at + count);
+        self.name.put(COLD_NAME_PREFIX.len(), &digits);
+        self.name.end_at(COLD_NAME_PREFIX.len() + count);
+        (self.name.text(), self.url.text())
     }
 
     #[cold]
-    fn make(&mut self, seed: u64, channel: u64, start: usize) {
-        let mut slot = String::with_capacity(CHANNEL_SLOT);
-        // Writing to a String cannot fail.
-        if channel >= COLD_CHANNELS {
-            slot.push_str(HOT_CHANNELS[(channel - COLD_CHANNELS) as usize]);
-        } else {
-            let _ = write!(slot, "channel-{channel}");
-        }
-        let name = slot.len();
-        push_channel_url(&mut slot, seed, channel);
-        if channel < COLD_CHANNELS {
-            let _ = write!(slot, "&channel_id={channel}");
-        }
-        let url = slot.len() - name;
-        assert!(slot.len() + 2 <= CHANNEL_SLOT, "channel {channel}: {slot} does not fit its slot");
-        let lengths = [name, url].map(|len| char::from(len as u8));
-        slot.insert(0, lengths[1]);
-        slot.insert(0, lengths[0]);
-        self.slots.replace_range(start..start + slot.len(), &slot);
+    fn reset(&mut self, seed: u64) {
+        self.seed = seed;
+        self.pieces = (0..COLD_CHANNELS).map(|channel| url_pieces(seed, channel)).collect();
+        self.url.put(0, URL_PREFIX);
+        self.hot = (COLD_CHANNELS..COLD_CHANNELS + HOT_CHANNELS.len() as u64)
+            .map(|channel| {
+                let at = self.url.put_url(url_pieces(seed, channel));
+                self.url.end_at(at + HOT_URL_SUFFIX);
+                self.url.text().to_owned()
+            })
+            .collect();
+        self.name.put(0, COLD_NAME_PREFIX);
     }
+}
+
+/// A text rebuilt in place: room for the longest (a cold URL is at most 24 + 3 * 6 + 28 + 4
+/// bytes) and for the fixed-size copies that run past its end.
+///
+/// It holds only ASCII, so that it is read as `&str` without validating it per bid (which
+/// cost more than the rebuild): it starts zeroed and [`Buffer::put`], its only writer, keeps
+/// 7 bits of each byte.
+#[derive(Debug)]
+struct Buffer {
+    bytes: [u8; 128],
+    len: usize,
+}
+
+impl Default for Buffer {
+    fn default() -> Self {
+        Buffer { bytes: [0; 128], len: 0 }
+    }
+}
+
+impl Buffer {
+    /// Writes `src` at `at` as ASCII (each byte masked to 7 bits: a no-op on the ASCII it is
+    /// given). A fixed size, so the copy is a few register moves instead of a `memcpy` call.
+    #[inline(always)]
+    fn put<const N: usize>(&mut self, at: usize, src: &[u8; N]) {
+        if let Some(to) = self.bytes.get_mut(at..).and_then(<[u8]>::first_chunk_mut::<N>) {
+            *to = src.map(|byte| byte & 0x7F);
+        }
+    }
+
+    /// Writes a channel's URL after [`URL_PREFIX`] (which stays in place) up to its last path
+    /// piece, then [`URL_SUFFIX`]; returns where the suffix starts.
+    #[inline(always)]
+    fn put_url(&mut self, pieces: [u16; 3]) -> usize {
+        let mut at = URL_PREFIX.len();
+        for piece in pieces {
+            let start = usize::from(piece >> 3);
+            // A fixed 8-byte copy (the text is padded), then only the piece's length counts.
+            self.put(at, URL_TEXT_PADDED[start..].first_chunk::<8>().unwrap_or(&[b'_'; 8]));
+            at += usize::from(piece & 7);
+            self.put(at, b"/");
+            at += 1;
+        }
+        self.put(at, URL_SUFFIX);
+        at
+    }
+
+    /// The first `len` bytes are the text.
+    #[inline(always)]
+    fn end_at(&mut self, len: usize) {
+        self.len = len.min(self.bytes.len());
+    }
+
+    #[inline(always)]
+    fn text(&self) -> &str {
+        // SAFETY: every byte of `bytes` is below 0x80 (zeroed at construction, written only by
+        // `put`, which masks), so any prefix of them is ASCII and hence UTF-8.
+        unsafe { std::str::from_utf8_unchecked(&self.bytes[..self.len]) }
+    }
+}
+
+/// The three path pieces of a channel's page `https://www.nexmark.com/<a>/<b>/<c>/item.htm?query=1`
+/// (`start << 3 | len` in [`URL_TEXT_PADDED`]), a function of `(seed, channel)` only.
+fn url_pieces(seed: u64, channel: u64) -> [u16; 3] {
+    let draws = Draws { seed, index: channel };
+    [Salt::UrlA, Salt::UrlB, Salt::UrlC].map(|salt| {
+        let hash = draws.hash(salt);
+        let len = 3 + below(hash, 3) as usize;
+        let start = text_start(hash, len);
+        // TEXT_LEN is 2^13 and a piece at most 5 long: both fit 16 bits.
+        (start << 3 | len) as u16
+    })
+}
+
+/// `n` (below 10 000) in decimal: its digits first in the array, and how many there are.
+#[inline(always)]
+fn decimal(n: u16) -> ([u8; 4], usize) {
+    let pair = |p: u16| &DIGIT_PAIR_BYTES[2 * usize::from(p)..][..2];
+    let mut padded = [0u8; 4];
+    padded[..2].copy_from_slice(pair(n / 100));
+    padded[2..].copy_from_slice(pair(n % 100));
+    let count = 1 + usize::from(n >= 10) + usize::from(n >= 100) + usize::from(n >= 1000);
+    // Little-endian: shifting right drops the leading zeros from the front.
+    let digits = (u32::from_le_bytes(padded) >> (8 * (4 - count))).to_le_bytes();
+    (digits, count)
 }
 
 /// A person (base 0) among the `num_active_people` most recent ones up to `last_person`:
@@ -528,21 +617,6 @@ fn wrapped_text(mut start: usize, len: usize, out: &mut String) -> &str {
         start = 0;
     }
     out
-}
-
-/// Appends the page of a channel: `https://www.nexmark.com/<a>/<b>/<c>/item.htm?query=1`, a
-/// function of `(seed, channel)` only, so a channel keeps its URL.
-fn push_channel_url(url: &mut String, seed: u64, channel: u64) {
-    let draws = Draws { seed, index: channel };
-    url.push_str("https://www.nexmark.com/");
-    for salt in [Salt::UrlA, Salt::UrlB, Salt::UrlC] {
-        let hash = draws.hash(salt);
-        let len = 3 + below(hash, 3) as usize;
-        let start = text_start(hash, len);
-        url.extend(TEXT[start..start + len].chars().map(|c| if c == ' ' { '_' } else { c }));
-        url.push('/');
-    }
-    url.push_str("item.htm?query=1");
 }
 
 /// `00`, `01`, .. `99`: two digits at a time without formatting.
@@ -668,6 +742,20 @@ impl Draws {
 const TEXT: &str = match std::str::from_utf8(&TEXT_BYTES) {
     Ok(text) => text,
     Err(_) => panic!("the text is ASCII"),
+};
+
+/// [`TEXT`] with `_` for each space (the pieces of channels' URLs are slices of it), and 8
+/// bytes more, so that a piece is copied in one fixed-size block.
+const URL_TEXT_PADDED: [u8; TEXT_LEN + 8] = {
+    let mut text = [b'_'; TEXT_LEN + 8];
+    let mut i = 0;
+    while i < TEXT_LEN {
+        if TEXT_BYTES[i] != b' ' {
+            text[i] = TEXT_BYTES[i];
+        }
+        i += 1;
+    }
+    text
 };
 
 const TEXT_LEN: usize = 8192;
@@ -951,6 +1039,14 @@ mod tests {
         let huge = NexmarkConfig { avg_bid_bytes: 100_000, ..config };
         let Event::Bid(b) = event(&huge, 4) else { panic!("event 4 is a bid") };
         assert!((70_000..130_000).contains(&b.extra.len()), "extra of {} bytes", b.extra.len());
+    }
+
+    #[test]
+    fn decimal_digits_are_those_formatting_gives() {
+        for n in 0..10_000u16 {
+            let (digits, count) = decimal(n);
+            assert_eq!(&digits[..count], n.to_string().as_bytes(), "{n}");
+        }
     }
 
     #[test]
