@@ -233,6 +233,9 @@ impl<'b> Updates<'b> {
 #[derive(Debug, Default)]
 struct Groups<'b> {
     index: foldhash::HashMap<&'b [u8], u32>,
+    /// The key added last and where it is in `keys`: runs of one key (q7's one global key,
+    /// a hot auction's bids) skip hashing it again.
+    last: Option<(&'b [u8], u32)>,
     keys: Vec<BatchKey<'b>>,
     /// Per member: the record, and the group's next member ([`Groups::END`]: none).
     members: Vec<(u32, u32)>,
@@ -258,11 +261,18 @@ impl<'b> Groups<'b> {
     const END: u32 = u32::MAX;
 
     fn add(&mut self, key: &'b [u8], windows: &[Window], record: u32) {
-        let keys = &mut self.keys;
-        let at = *self.index.entry(key).or_insert_with(|| {
-            keys.push(BatchKey { key, windows: smallvec::SmallVec::new() });
-            keys.len() as u32 - 1
-        });
+        let at = match self.last {
+            Some((last, at)) if last == key => at,
+            _ => {
+                let keys = &mut self.keys;
+                let at = *self.index.entry(key).or_insert_with(|| {
+                    keys.push(BatchKey { key, windows: smallvec::SmallVec::new() });
+                    keys.len() as u32 - 1
+                });
+                self.last = Some((key, at));
+                at
+            }
+        };
         let groups = &mut self.keys[at as usize].windows;
         for &window in windows {
             let member = self.members.len() as u32;
