@@ -15,7 +15,7 @@
 //! Rows: `{"window_end", "auction", "count"}`, one per auction tied for the most bids.
 //!
 //! The pipeline (`q5.yaml`):
-//! 1. `nexmark-select` keeps bids, keyed by `auction`;
+//! 1. `nexmark-select` keeps bids, keyed by `auction`, the key alone (`value: none`);
 //! 2. a sliding window (10 s / 2 s, `key_by: key`) with the `nexmark-count` aggregate emits
 //!    per auction and window `{"start", "end", "result": {"auction", "count"}}`, timestamp
 //!    `end - 1`, when the watermark reaches `end - 1`;

@@ -13,7 +13,13 @@
 //!   auction: {key: /seller}
 //!   bid: {constant_key: 0}      # key = this JSON value for every event (one group)
 //!   # bid: {}                   # no key: keep the event as it is
+//!   # bid: {key: /auction, value: none}  # the key alone: an empty value
 //! ```
+//!
+//! `value: none` passes on the key and event time with an empty value, for a next step that
+//! reads no field (q5 and q11 count bids per key): each record then carries a few bytes instead
+//! of a whole bid through the exchange, the window step's input and the aggregate's crossing
+//! (`SELECT auction FROM bid`, the projection a SQL planner pushes to the source).
 //!
 //! In SQL terms, for `{person: {key: /id}, auction: {key: /seller}}`:
 //!
@@ -22,8 +28,9 @@
 //! ```
 //!
 //! Used by q0 (`{bid: {}}`: the pass-through query itself), q3 and q8 (persons by `id`,
-//! auctions by `seller`, then `key_by: key` into the join), q5 (bids by `auction`), q7 (bids
-//! by the constant `0`: one global window) and q11 (bids by `bidder`). A key is the JSON
+//! auctions by `seller`, then `key_by: key` into the join), q5 (bids by `auction`, value
+//! none), q7 (bids by the constant `0`: one global window) and q11 (bids by `bidder`, value
+//! none). A key is the JSON
 //! encoding of the field, so a person's `id` and an auction's `seller` of the same value are
 //! the same key bytes and meet in the same subtask. An event of a kept type that lacks the
 //! key field is a bad record (the job fails and names it).
@@ -45,6 +52,21 @@ pub struct Route {
     /// A JSON value used as the key of every event of the type.
     #[serde(default)]
     pub constant_key: Option<Value>,
+    /// What of the event the step passes on: all of it (the default) or nothing but its key
+    /// and event time, for a next step that reads no field (a count by key).
+    #[serde(default)]
+    pub value: Keep,
+}
+
+/// What a route passes on of an event's value.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Keep {
+    /// The whole event, byte for byte.
+    #[default]
+    Whole,
+    /// An empty value: the key (and event time) alone.
+    None,
 }
 
 /// A route, checked and ready: how to key one type.
@@ -74,8 +96,9 @@ impl Keying {
 /// The operator: event type -> keying.
 #[derive(Debug)]
 pub struct Select {
-    /// Per kept type: its name, the name as a [`type_code`], and how it is keyed.
-    routes: Vec<(String, u64, Keying)>,
+    /// Per kept type: its name, the name as a [`type_code`], how it is keyed, and what of its
+    /// value passes on.
+    routes: Vec<(String, u64, Keying, Keep)>,
     /// The events' `type`, its slot remembered per schema.
     kind: Field,
     /// The current record's key, when read from a field (reused: no allocation per record).
@@ -108,8 +131,9 @@ impl Select {
             if !TYPES.contains(&kind.as_str()) {
                 return Err(Error::bad_config(format!("`{kind}` is not a Nexmark event type (person, auction, bid)")));
             }
+            let keep = route.value;
             let keying = match route {
-                Route { key: Some(_), constant_key: Some(_) } => {
+                Route { key: Some(_), constant_key: Some(_), .. } => {
                     return Err(Error::bad_config(format!("`{kind}`: set `key` or `constant_key`, not both")));
                 }
                 Route { key: Some(p), .. } if !p.starts_with('/') => {
@@ -117,9 +141,9 @@ impl Select {
                 }
                 Route { key: Some(p), .. } => Keying::at(p),
                 Route { constant_key: Some(v), .. } => Keying::Constant(eddy_sdk::codec::encode(&v)?),
-                Route { key: None, constant_key: None } => Keying::None,
+                Route { key: None, constant_key: None, .. } => Keying::None,
             };
-            routes.push((kind.clone(), type_code(kind.as_bytes()), keying));
+            routes.push((kind.clone(), type_code(kind.as_bytes()), keying, keep));
         }
         Ok(Select { routes, kind: Field::new("type"), key: Vec::new() })
     }
@@ -138,7 +162,7 @@ impl Operator for Select {
         let event_type =
             record.value_str_bytes(&*kind)?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
         let code = type_code(&event_type);
-        let Some((kind, _, keying)) = routes.iter().find(|(_, c, _)| *c == code) else {
+        let Some((kind, _, keying, keep)) = routes.iter().find(|(_, c, _, _)| *c == code) else {
             return Ok(());
         };
         let missing =
@@ -158,7 +182,11 @@ impl Operator for Select {
                 Some(key.as_slice())
             }
         };
-        ctx.emit_raw(None, key, record.value_bytes(), record.timestamp())
+        let value = match keep {
+            Keep::Whole => record.value_bytes(),
+            Keep::None => &[],
+        };
+        ctx.emit_raw(None, key, value, record.timestamp())
     }
 }
 
@@ -166,7 +194,20 @@ eddy_sdk::export_operator!(Select);
 
 #[cfg(test)]
 mod tests {
-    use super::type_code;
+    use std::collections::BTreeMap;
+
+    use super::{Keep, Route, type_code};
+
+    #[test]
+    fn a_route_passes_on_the_whole_value_unless_told_none() {
+        let routes: BTreeMap<String, Route> =
+            serde_json::from_str(r#"{"bid": {"key": "/auction", "value": "none"}, "person": {}}"#).expect("routes");
+        assert_eq!(routes["bid"].value, Keep::None);
+        assert_eq!(routes["person"].value, Keep::Whole);
+        let wrong = serde_json::from_str::<BTreeMap<String, Route>>(r#"{"bid": {"value": "half"}}"#);
+        let error = wrong.expect_err("an unknown value mode").to_string();
+        assert!(error.contains("half") && error.contains("none"), "{error}");
+    }
 
     #[test]
     fn type_codes_tell_apart_exactly_the_names_that_differ() {
