@@ -234,13 +234,13 @@ fn a_worker_drops_hostile_peers_with_a_reason_and_carries_on() {
     let member = ca.issue("worker-h").unwrap();
     hostile_stream(&rt, &member, &data_addr, "worker-1", b"GET / HTTP/1.1\r\n\r\n");
     eventually("the nonsense to be refused", || worker.log().contains("does not start with a link header"));
-    let mut header = b"EDL1".to_vec();
+    let mut header = b"EDL2".to_vec();
     header.extend_from_slice(&u16::MAX.to_le_bytes());
     hostile_stream(&rt, &member, &data_addr, "worker-1", &header);
     eventually("the oversized job id to be refused", || worker.log().contains("65535 bytes"));
     // A certificate of another CA never gets a stream.
     let stranger = eddy_transport::quic::ClusterCa::generate().unwrap().issue("worker-s").unwrap();
-    hostile_stream(&rt, &stranger, &data_addr, "worker-1", b"EDL1");
+    hostile_stream(&rt, &stranger, &data_addr, "worker-1", b"EDL2");
     eventually("the stranger to be refused", || worker.log().contains("refused a connection"));
 
     assert!(worker.log().contains("dropping peer"), "{}", worker.log());

@@ -68,13 +68,14 @@ pub const MAX_CONTROL_MESSAGE_BYTES: usize = 8 << 20;
 // the body, and so does every frame size here: it is what a receiver checks before it reads a
 // body.
 
-/// What a data frame spends on each record besides its key and value: key offset and length,
-/// value offset and length (u32 each), a timestamp flag (u8) and the timestamp (i64). A
-/// channel buffer counts only keys and values towards `buffer_bytes`, so a frame of tiny
-/// records is mostly this table (32 KiB of 1-byte values is 32 768 records and 832 KiB of
-/// frame), and records with empty values never fill a buffer at all: frames are cut by what
-/// they cost on the wire ([`FRAME_TARGET_BYTES`]), not by their payload.
-pub const FRAME_BYTES_PER_RECORD: usize = 4 * 4 + 1 + 8;
+/// The most a data frame spends on a record besides its key and value: its record table entry
+/// (parts u8, key and value lengths as u32 varints, the event time's difference to the previous
+/// one as a u64 varint), 3-5 bytes as batches run. A channel buffer counts only keys and values
+/// towards `buffer_bytes`, so a frame of tiny records is mostly these entries (32 KiB of 1-byte
+/// values is 32 768 records and up to 704 KiB of frame), and records with empty values never
+/// fill a buffer at all: frames are cut by what they may cost on the wire
+/// ([`FRAME_TARGET_BYTES`]), not by their payload.
+pub const FRAME_BYTES_PER_RECORD: usize = 1 + 5 + 5 + 10;
 
 /// The most a data frame spends besides its records' keys, values and table entries: kind (1),
 /// flags (1), backlog (4), watermark (8), side output name length (2) and name (the encoding
@@ -94,12 +95,22 @@ pub const FRAME_TARGET_BYTES: usize = 1 << 20;
 pub const MAX_RECORD_FRAME_BYTES: usize =
     MAX_FRAME_OVERHEAD_BYTES + MAX_KEY_BYTES + MAX_VALUE_BYTES + FRAME_BYTES_PER_RECORD;
 
-/// The largest frame a receiver reads (16 908 336 bytes, 16 MiB and 128 KiB): the larger of a
+/// The largest frame a receiver reads (16 908 332 bytes, 16 MiB and 128 KiB): the larger of a
 /// cut frame and a frame of one record. A frame announcing more is refused before its body is
 /// read, and its peer is dropped; a sender refuses to send one (a record past the key and value
 /// limits) rather than lose its connection over it.
 pub const MAX_FRAME_BYTES: usize =
     if MAX_RECORD_FRAME_BYTES > FRAME_TARGET_BYTES { MAX_RECORD_FRAME_BYTES } else { FRAME_TARGET_BYTES };
+
+/// The most records one data frame holds. A record decodes to a table entry of its own
+/// ([`DECODED_RECORD_BYTES`]) however few bytes it took on the wire (2 at least: a frame's
+/// entries are varints), so a frame's size does not bound what its records cost decoded: this
+/// does. A sender cuts a batch of more records into frames of this many; a default buffer
+/// (32 KiB of 1-byte records) still crosses as one frame.
+pub const MAX_FRAME_RECORDS: usize = 1 << 15;
+
+/// What a received record costs besides its key and value: its entry in the batch's table.
+pub const DECODED_RECORD_BYTES: usize = std::mem::size_of::<crate::RecordMeta>();
 
 /// The most a receiver reads from one stream at once: what it may hold past the frames it has
 /// decoded, per stream.
@@ -111,12 +122,17 @@ pub const READ_CHUNK_BYTES: usize = 1 << 20;
 /// and the buffer the subtask holds: 4 + 1 + 1 by default), of which only one may be larger
 /// than [`FRAME_TARGET_BYTES`] (a frame above it may only arrive once its channel's previous
 /// one was taken by the subtask), plus one read chunk (and, while a frame is decoded, a second
-/// copy of it). About 30 MiB by default, where every buffer could be a largest frame before
-/// (8 x 64 MiB in the transport alone). A peer can make a node hold this for each channel the
+/// copy of it), plus each buffer's decoded record table ([`MAX_FRAME_RECORDS`] entries at
+/// most). About 48 MiB by default (30 MiB of frames, 17.5 MiB of tables), where every buffer
+/// could be a largest frame before (8 x 64 MiB in the transport alone). A peer can make a node hold this for each channel the
 /// node registered for it, and no frame at all on a stream the node did not register (see
 /// [`MAX_PENDING_STREAMS`]).
 pub const fn max_channel_bytes(link_credit: usize, local_buffers: usize) -> usize {
-    MAX_FRAME_BYTES + (link_credit + local_buffers).saturating_sub(1) * FRAME_TARGET_BYTES + READ_CHUNK_BYTES
+    let buffers = link_credit + local_buffers;
+    MAX_FRAME_BYTES
+        + buffers.saturating_sub(1) * FRAME_TARGET_BYTES
+        + READ_CHUNK_BYTES
+        + buffers * MAX_FRAME_RECORDS * DECODED_RECORD_BYTES
 }
 
 /// Streams a data-plane connection lets its peer have open at once (`Tuning::max_streams`):
@@ -155,6 +171,7 @@ const _: () = assert!(MAX_FRAME_BYTES >= MAX_RECORD_FRAME_BYTES && MAX_FRAME_BYT
 const _: () = assert!(MAX_FRAME_BYTES < u32::MAX as usize);
 // A default buffer (`JobOptions::buffer_bytes`, 32 KiB) of 1-byte records is one frame.
 const _: () = assert!(MAX_FRAME_OVERHEAD_BYTES + (32 << 10) * (1 + FRAME_BYTES_PER_RECORD) <= FRAME_TARGET_BYTES);
+const _: () = assert!(MAX_FRAME_RECORDS >= 32 << 10);
 const _: () = assert!(MAX_PENDING_STREAMS <= MAX_DATA_STREAMS);
 
 // ---- Checkpoint link (job master <-> parts) ------------------------------------------------

@@ -3,9 +3,11 @@
 //! ```text
 //! Data         kind 1: flags u8 (1: watermark follows, 2: side output name follows)
 //!                      | backlog u32 | [watermark i64] | [side len u16 | side UTF-8]
-//!                      | records u32 | data len u32 | data
-//!                      | per record: key offset u32 | key len u32 (u32::MAX: no key)
-//!                                    | value offset u32 | value len u32 | has ts u8 | ts i64
+//!                      | records u32 | data len u32 | data | record table
+//!              data: each record's key, then its value, in record order
+//!              record table, per record: parts u8 (1: key, 2: event time)
+//!                      | [key len varint] | value len varint
+//!                      | [event time: zigzag varint of its difference to the previous one]
 //! Watermark    kind 2: i64
 //! Barrier      kind 3: checkpoint id u64
 //! EndOfStream  kind 4: (empty)
@@ -14,9 +16,15 @@
 //!
 //! `backlog` is how many buffers the sender holds queued behind this one, so a receiver with
 //! spare buffers can grant more than one at a time.
+//!
+//! A record's place in the data follows from the lengths before it, and event times within a
+//! batch are close together, so a record's entry takes 3-5 bytes where fixed-width offsets,
+//! lengths and times took 25: with keys of a few bytes and no value (a count by key), the
+//! entries were most of a frame and of what QUIC encrypts and sends. A varint is LEB128: 7
+//! bits a byte, low bits first, the high bit set on every byte but the last.
 
-use eddy_core::limits::{FRAME_BYTES_PER_RECORD, FRAME_TARGET_BYTES};
-use eddy_core::{RecordBatch, RecordMeta, Span};
+use eddy_core::limits::{FRAME_BYTES_PER_RECORD, FRAME_TARGET_BYTES, MAX_FRAME_RECORDS};
+use eddy_core::{RecordBatch, RecordMeta, RecordView, Span};
 
 use crate::channel::Message;
 
@@ -34,10 +42,12 @@ const CREDIT: u8 = 5;
 
 const HAS_WATERMARK: u8 = 1;
 const HAS_SIDE: u8 = 2;
-const NO_KEY: u32 = u32::MAX;
-/// Bytes of one record's entry in a data frame.
-const RECORD_BYTES: usize = 4 * 4 + 1 + 8;
-const _: () = assert!(RECORD_BYTES == FRAME_BYTES_PER_RECORD);
+/// A record entry's parts.
+const HAS_KEY: u8 = 1;
+const HAS_TIME: u8 = 2;
+/// The most bytes of one record's entry: parts, two u32 varints and a u64 varint.
+const MAX_ENTRY_BYTES: usize = 1 + 5 + 5 + 10;
+const _: () = assert!(MAX_ENTRY_BYTES == FRAME_BYTES_PER_RECORD);
 
 /// What travels on a channel between processes: a channel's [`Message`] one way, credit the
 /// other.
@@ -106,17 +116,21 @@ impl Frame {
                     out.extend_from_slice(&(name.len() as u16).to_le_bytes());
                     out.extend_from_slice(name);
                 }
-                let (data, records) = batch.parts();
-                out.extend_from_slice(&(records.len() as u32).to_le_bytes());
-                out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-                out.extend_from_slice(data);
-                for r in records {
-                    let (key_offset, key_len) = r.key.map_or((0, NO_KEY), |k| (k.offset, k.len));
-                    for v in [key_offset, key_len, r.value.offset, r.value.len] {
-                        out.extend_from_slice(&v.to_le_bytes());
-                    }
-                    out.push(u8::from(r.timestamp.is_some()));
-                    out.extend_from_slice(&r.timestamp.unwrap_or(0).to_le_bytes());
+                out.extend_from_slice(&(batch.len() as u32).to_le_bytes());
+                let data_len_at = out.len();
+                out.extend_from_slice(&[0; 4]);
+                for r in batch.iter() {
+                    out.extend_from_slice(r.key.unwrap_or_default());
+                    out.extend_from_slice(r.value);
+                }
+                // A batch's keys and values are within u32 (its spans are), and so are the
+                // copies of them a frame holds but for records sharing bytes of one buffer,
+                // which a sender cuts into frames of about a MiB first (`split_batch`).
+                let data_len = u32::try_from(out.len() - data_len_at - 4).unwrap_or(u32::MAX);
+                out[data_len_at..data_len_at + 4].copy_from_slice(&data_len.to_le_bytes());
+                let mut previous = 0;
+                for r in batch.iter() {
+                    write_entry(&r, &mut previous, out);
                 }
             }
             Frame::Message { message: Message::Watermark(w), .. } => {
@@ -145,7 +159,10 @@ impl Frame {
 pub fn frame_len(message: &Message) -> usize {
     match message {
         Message::Data { side, batch, watermark } => {
-            data_frame_overhead(side.as_deref(), watermark.is_some()) + batch.byte_len() + batch.len() * RECORD_BYTES
+            let mut previous = 0;
+            let records: usize =
+                batch.iter().map(|r| r.key.map_or(0, <[u8]>::len) + r.value.len() + entry_len(&r, &mut previous)).sum();
+            data_frame_overhead(side.as_deref(), watermark.is_some()) + records
         }
         Message::Watermark(_) | Message::Barrier(_) => 1 + 8,
         Message::EndOfStream => 1,
@@ -158,9 +175,58 @@ fn data_frame_overhead(side: Option<&str>, watermark: bool) -> usize {
     1 + 1 + 4 + usize::from(watermark) * 8 + side + 4 + 4
 }
 
+/// Appends `r`'s record table entry; `previous` is the event time of the last record before it
+/// that had one (0 at first).
+fn write_entry(r: &RecordView<'_>, previous: &mut i64, out: &mut Vec<u8>) {
+    out.push(u8::from(r.key.is_some()) * HAS_KEY + u8::from(r.timestamp.is_some()) * HAS_TIME);
+    if let Some(key) = r.key {
+        write_varint(key.len() as u64, out);
+    }
+    write_varint(r.value.len() as u64, out);
+    if let Some(ts) = r.timestamp {
+        write_varint(zigzag(ts.wrapping_sub(*previous)), out);
+        *previous = ts;
+    }
+}
+
+/// The bytes [`write_entry`] appends for `r`.
+fn entry_len(r: &RecordView<'_>, previous: &mut i64) -> usize {
+    let key = r.key.map_or(0, |k| varint_len(k.len() as u64));
+    let time = r.timestamp.map_or(0, |ts| varint_len(zigzag(ts.wrapping_sub(std::mem::replace(previous, ts)))));
+    1 + key + varint_len(r.value.len() as u64) + time
+}
+
+/// A signed difference as an unsigned number that is small when the difference is near 0.
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+fn write_varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn varint_len(v: u64) -> usize {
+    // 1 byte per started 7 bits, at least 1.
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// Whether `message`, whose frame is `len` long ([`frame_len`]), must be cut ([`split_batch`]):
+/// a frame above [`FRAME_TARGET_BYTES`] or of more than [`MAX_FRAME_RECORDS`] records.
+pub fn needs_cutting(message: &Message, len: usize) -> bool {
+    len > FRAME_TARGET_BYTES || matches!(message, Message::Data { batch, .. } if batch.len() > MAX_FRAME_RECORDS)
+}
+
 /// Cuts `batch` (bound for a data frame with `side` and, on its last frame, a watermark) into
-/// batches whose frames are at most [`FRAME_TARGET_BYTES`] each, records in order; a record
-/// whose frame alone is larger goes in a batch of its own. Each record is copied, so bytes of
+/// batches whose frames are at most [`FRAME_TARGET_BYTES`] and [`MAX_FRAME_RECORDS`] records
+/// each, records in order; a record whose frame alone is larger goes in a batch of its own. Each record is copied, so bytes of
 /// the buffer no record refers to are left behind. A channel buffer counts only keys and
 /// values, so a batch of many tiny or empty records can cost far more on the wire than its
 /// payload: this is what keeps every frame a sender writes within [`MAX_FRAME_BYTES`].
@@ -169,8 +235,9 @@ pub fn split_batch(batch: &RecordBatch, side: Option<&str>) -> Vec<RecordBatch> 
     let mut pieces = Vec::new();
     let (mut piece, mut len) = (RecordBatch::default(), overhead);
     for record in batch.iter() {
-        let cost = record.key.map_or(0, <[u8]>::len) + record.value.len() + RECORD_BYTES;
-        if !piece.is_empty() && len + cost > FRAME_TARGET_BYTES {
+        // The entry's largest size: the first record of the next piece is timed against 0.
+        let cost = record.key.map_or(0, <[u8]>::len) + record.value.len() + MAX_ENTRY_BYTES;
+        if !piece.is_empty() && (len + cost > FRAME_TARGET_BYTES || piece.len() == MAX_FRAME_RECORDS) {
             pieces.push(std::mem::take(&mut piece));
             len = overhead;
         }
@@ -247,6 +314,38 @@ impl<'a> Body<'a> {
         Ok(i64::from_le_bytes(self.array(what)?))
     }
 
+    /// A LEB128 varint of at most `bits` bits.
+    fn varint(&mut self, bits: u32, what: &str) -> Result<u64, FrameError> {
+        let mut v = 0u64;
+        for shift in (0..bits).step_by(7) {
+            let byte = self.u8(what)?;
+            let part = u64::from(byte & 0x7f);
+            if shift + 7 > bits && part >> (bits - shift) != 0 {
+                return Err(self.malformed(format!("{what} passes {bits} bits")));
+            }
+            v |= part << shift;
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(self.malformed(format!("{what} passes {bits} bits")))
+    }
+
+    /// The span of the next `len` bytes of the data, which hold `data_len`, from `at` on.
+    fn place(&self, at: &mut u32, len: u32, data_len: usize) -> Result<Span, FrameError> {
+        let span = Span { offset: *at, len };
+        *at = at
+            .checked_add(len)
+            .filter(|&end| end as usize <= data_len)
+            .ok_or_else(|| self.malformed(format!("the records' keys and values pass the {data_len} bytes of data")))?;
+        Ok(span)
+    }
+
+    fn varint_u32(&mut self, what: &str) -> Result<u32, FrameError> {
+        // At most 32 bits, so the cast keeps every bit.
+        Ok(self.varint(32, what)? as u32)
+    }
+
     fn end(&self) -> Result<(), FrameError> {
         if self.bytes.is_empty() {
             Ok(())
@@ -315,26 +414,40 @@ fn data(mut body: Body<'_>) -> Result<Frame, FrameError> {
     let records = body.u32("the record count")? as usize;
     let data_len = body.u32("the data length")? as usize;
     let data = body.take(data_len, "the data")?.to_vec();
-    // The count is checked against the bytes that are there before anything is allocated by it.
-    if records.checked_mul(RECORD_BYTES) != Some(body.bytes.len()) {
+    // The count is checked before anything is allocated by it: against the limit, and against
+    // the bytes that are there (an entry takes at least two).
+    if records > MAX_FRAME_RECORDS {
+        return Err(
+            body.malformed(format!("{records} records announced, more than the {MAX_FRAME_RECORDS} a frame holds"))
+        );
+    }
+    if records * 2 > body.bytes.len() {
         return Err(body.malformed(format!("{records} records announced, {} bytes of record table", body.bytes.len())));
     }
     let mut metas = Vec::with_capacity(records);
+    let (mut at, mut previous) = (0u32, 0i64);
     for _ in 0..records {
-        let (key_offset, key_len) = (body.u32("a key offset")?, body.u32("a key length")?);
-        let value = Span { offset: body.u32("a value offset")?, len: body.u32("a value length")? };
-        let has_ts = body.u8("a timestamp flag")?;
-        let ts = body.i64("a timestamp")?;
-        let timestamp = match has_ts {
-            0 => None,
-            1 => Some(ts),
-            other => return Err(body.malformed(format!("timestamp flag {other}"))),
+        let parts = body.u8("a record's parts")?;
+        if parts & !(HAS_KEY | HAS_TIME) != 0 {
+            return Err(body.malformed(format!("unknown record parts {parts:#04x}")));
+        }
+        let key = if parts & HAS_KEY != 0 { Some(body.varint_u32("a key length")?) } else { None };
+        let value = body.varint_u32("a value length")?;
+        let key = key.map(|len| body.place(&mut at, len, data_len)).transpose()?;
+        let value = body.place(&mut at, value, data_len)?;
+        let timestamp = if parts & HAS_TIME != 0 {
+            previous = previous.wrapping_add(unzigzag(body.varint(64, "an event time")?));
+            Some(previous)
+        } else {
+            None
         };
-        let key = (key_len != NO_KEY).then_some(Span { offset: key_offset, len: key_len });
         metas.push(RecordMeta { key, value, timestamp });
     }
-    let batch =
-        RecordBatch::adopt(data, metas).map_err(|_| body.malformed("a record's key or value lies outside the data"))?;
+    body.end()?;
+    if at as usize != data_len {
+        return Err(body.malformed(format!("{} bytes of data no record refers to", data_len - at as usize)));
+    }
+    let batch = RecordBatch::adopt(data, metas).map_err(|_| body.malformed("the data passes what a batch may hold"))?;
     Ok(Frame::Message { message: Message::Data { side, batch, watermark }, backlog })
 }
 
@@ -452,18 +565,59 @@ mod tests {
     #[test]
     fn a_batch_of_empty_records_is_cut_into_frames_within_the_target() {
         let mut batch = RecordBatch::default();
-        for _ in 0..100_000 {
-            batch.push(None, b"", None);
+        // Event times that jump between 0 and i64::MAX: entries at their largest but for the
+        // key (1 + 1 + 10 bytes), the first (timed against 0) 3.
+        for i in 0..200_000 {
+            batch.push(None, b"", Some(if i % 2 == 0 { 0 } else { i64::MAX }));
         }
         let whole = Message::Data { side: None, batch: batch.clone(), watermark: None };
-        assert_eq!(frame_len(&whole), 14 + 100_000 * 25, "2.5 MB of frame for 0 bytes of payload");
+        assert_eq!(frame_len(&whole), 14 + 200_000 * 12 - 9, "2.4 MB of frame for 0 bytes of payload");
+        assert!(needs_cutting(&whole, frame_len(&whole)));
         let pieces = split_batch(&batch, None);
-        assert_eq!(pieces.len(), 3);
-        assert_eq!(pieces.iter().map(RecordBatch::len).sum::<usize>(), 100_000);
+        assert!(pieces.len() >= 3, "{} pieces", pieces.len());
+        assert_eq!(pieces.iter().map(RecordBatch::len).sum::<usize>(), 200_000);
         for piece in pieces {
+            assert!(piece.len() <= MAX_FRAME_RECORDS);
             let m = Message::Data { side: None, batch: piece, watermark: Some(0) };
             assert!(frame_len(&m) <= FRAME_TARGET_BYTES);
         }
+    }
+
+    /// A key of a few bytes, no value and close event times (a count by key): the entry is three
+    /// bytes and the frame a third of what fixed-width entries made it.
+    #[test]
+    fn a_keyed_record_without_a_value_takes_its_key_and_three_bytes() {
+        let mut batch = RecordBatch::default();
+        for i in 0..1_000 {
+            batch.push(Some(b"123456"), b"", Some(1_700_000_000_000 + i));
+        }
+        let m = Message::Data { side: None, batch, watermark: None };
+        // The first time, ~2^40.6 from 0, takes 6 bytes (42 bits zigzagged) instead of 1.
+        assert_eq!(frame_len(&m), 14 + 1_000 * (6 + 4) + 5);
+    }
+
+    /// A guest's output batch may leave bytes no record refers to, and records may share bytes:
+    /// a frame carries each record's own key and value.
+    #[test]
+    fn records_sharing_or_skipping_bytes_of_their_buffer_cross_as_their_own() {
+        let (shared, value) = (Span { offset: 2, len: 3 }, Span { offset: 6, len: 2 });
+        let records = vec![
+            RecordMeta { key: Some(shared), value, timestamp: Some(5) },
+            RecordMeta { key: Some(shared), value: shared, timestamp: None },
+        ];
+        let batch = RecordBatch::adopt(b"..keyxva..".to_vec(), records).expect("spans within");
+        let mut wire = Vec::new();
+        let m = Message::Data { side: None, batch: batch.clone(), watermark: None };
+        Frame::message(m.clone()).encode(&mut wire);
+        assert_eq!(frame_len(&m), wire.len() - 4);
+        let Some((Frame::Message { message: Message::Data { batch: got, .. }, .. }, _)) =
+            Decoder::default().decode(&wire).expect("valid")
+        else {
+            panic!("not a data frame");
+        };
+        let owned = |b: &RecordBatch| b.iter().map(|r| r.to_owned()).collect::<Vec<_>>();
+        assert_eq!(owned(&got), owned(&batch));
+        assert_eq!(got.byte_len(), 3 + 2 + 3 + 3);
     }
 
     #[test]
@@ -473,7 +627,7 @@ mod tests {
         batch.push(Some(&vec![1; MAX_KEY_BYTES]), &vec![2; MAX_VALUE_BYTES], Some(3));
         let side = "s".repeat(usize::from(u16::MAX) + 10);
         let m = Message::Data { side: Some(side), batch, watermark: Some(4) };
-        assert_eq!(frame_len(&m), MAX_FRAME_BYTES as usize);
+        assert!(frame_len(&m) <= MAX_FRAME_BYTES as usize);
         let mut wire = Vec::new();
         Frame::message(m).encode(&mut wire);
         assert!(Decoder::default().decode(&wire).expect("within the limit").is_some());
@@ -494,18 +648,27 @@ mod tests {
         body.extend_from_slice(&u32::MAX.to_le_bytes()); // records
         body.extend_from_slice(&0u32.to_le_bytes()); // data
         assert!(err(with_body(DATA, &body)).contains("4294967295 records announced"));
-        // A value span outside the data.
-        let mut body = vec![0u8];
-        body.extend_from_slice(&0u32.to_le_bytes());
-        body.extend_from_slice(&1u32.to_le_bytes());
-        body.extend_from_slice(&2u32.to_le_bytes());
-        body.extend_from_slice(b"ab");
-        for v in [0, NO_KEY, 1, 5] {
-            body.extend_from_slice(&v.to_le_bytes());
-        }
-        body.push(0);
-        body.extend_from_slice(&0i64.to_le_bytes());
-        assert!(err(with_body(DATA, &body)).contains("outside the data"));
+        // One record: parts, then lengths in varints, over two bytes of data.
+        let record = |table: &[u8]| {
+            let mut body = vec![0u8];
+            body.extend_from_slice(&0u32.to_le_bytes());
+            body.extend_from_slice(&1u32.to_le_bytes());
+            body.extend_from_slice(&2u32.to_le_bytes());
+            body.extend_from_slice(b"ab");
+            body.extend_from_slice(table);
+            err(with_body(DATA, &body))
+        };
+        assert!(record(&[HAS_KEY, 1, 5]).contains("pass the 2 bytes of data"));
+        assert!(record(&[0, 1]).contains("1 bytes of data no record refers to"));
+        assert!(record(&[8, 2]).contains("unknown record parts 0x08"));
+        assert!(record(&[0, 0xff, 0xff, 0xff, 0xff, 0x1f]).contains("a value length passes 32 bits"));
+        assert!(record(&[0, 0x80, 0x80, 0x80, 0x80, 0x80, 0]).contains("a value length passes 32 bits"));
+        assert!(record(&[HAS_TIME, 2, 0xff]).contains("ends inside an event time"));
+        assert!(
+            record(&[HAS_TIME, 2, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02])
+                .contains("an event time passes 64 bits")
+        );
+        assert!(record(&[0, 2, 0]).contains("1 bytes left over"));
         assert!(err(with_body(DATA, &[0x80])).contains("unknown flags"));
     }
 }

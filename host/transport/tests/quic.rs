@@ -476,7 +476,7 @@ fn a_frame_past_the_derived_limit_a_second_oversized_frame_and_an_unfinished_hea
             "needs the channel's whole credit".into(),
         ),
         // A header that never ends.
-        (b"EDL1".to_vec(), "stream refused: no stream header within".into()),
+        (b"EDL2".to_vec(), "stream refused: no stream header within".into()),
     ];
     for (bytes, reason) in cases {
         let peer = RawPeer::dial(&rt, &hostile, b_addr, "worker-b");
@@ -487,9 +487,9 @@ fn a_frame_past_the_derived_limit_a_second_oversized_frame_and_an_unfinished_hea
 }
 
 /// What a frame really carries: a batch of records with empty values (2.7 M of them: a buffer
-/// counts keys and values only, and their frame would be 67.5 MB of record table, past even the
-/// 64 MiB limit of old) crosses cut into frames of about a MiB, with its watermark after its
-/// last record; records of 4 MiB cross one at a time; nobody is dropped.
+/// counts keys and values only, and their frame would be 5.4 MB of record table decoding to
+/// 108 MB of entries) crosses cut into frames of at most 32 768 records, with its watermark
+/// after its last record; records of 4 MiB cross one at a time; nobody is dropped.
 #[test]
 fn batches_of_empty_records_and_records_of_megabytes_cross_within_the_frame_limit() {
     const EMPTY: usize = 2_700_000;

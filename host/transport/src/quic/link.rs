@@ -18,7 +18,9 @@ pub struct LinkId {
     pub channel: u32,
 }
 
-const MAGIC: &[u8; 4] = b"EDL1";
+/// The version is in the magic: a frame or header format change bumps it, so a peer of another
+/// version is refused at its first stream instead of misread.
+const MAGIC: &[u8; 4] = b"EDL2";
 /// Job ids are short identifiers; a longer one in a header is refused.
 pub const MAX_JOB_ID_BYTES: usize = 256;
 const FIXED: usize = 4 + 2 + 8 + 4 * 3;
@@ -45,7 +47,7 @@ impl LinkId {
             return Ok(None);
         }
         if &buf[..4] != MAGIC {
-            return Err("the stream does not start with a link header".into());
+            return Err("the stream does not start with a link header of this version (`EDL2`; is the peer another Eddy version?)".into());
         }
         let job_len = usize::from(u16::from_le_bytes([buf[4], buf[5]]));
         if job_len > MAX_JOB_ID_BYTES {
@@ -69,7 +71,7 @@ impl LinkId {
     }
 }
 
-/// The first bytes of a side stream (a data stream starts with [`LinkId`]'s `EDL1`).
+/// The first bytes of a side stream (a data stream starts with [`LinkId`]'s `EDL2`).
 pub const SIDE_MAGIC: &[u8; 4] = b"EDS1";
 /// Side stream names are short; a longer one is refused.
 pub const MAX_SIDE_NAME_BYTES: usize = 256;

@@ -2,15 +2,16 @@
 //! under a mutex ([`CreditSender`]), an async writer drains the queue against the credit the
 //! receiver grants, and a reader takes the credit frames.
 //!
-//! Every frame written is at most [`MAX_FRAME_BYTES`]: a batch whose frame would pass
-//! [`FRAME_TARGET_BYTES`] is cut first ([`split_batch`]), and a frame still above the target
-//! (one large record) waits until the receiver gave back every buffer ([`may_send`]).
+//! Every frame written is at most [`MAX_FRAME_BYTES`]: a batch whose frame would pass the
+//! target size or record count ([`needs_cutting`]) is cut first ([`split_batch`]), and a frame
+//! still above the target (one large record) waits until the receiver gave back every buffer
+//! ([`may_send`]).
 
 use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
 use eddy_core::RecordBatch;
-use eddy_core::limits::{FRAME_TARGET_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use eddy_core::limits::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 use quinn::{Connection, RecvStream, SendStream, VarInt};
 use tokio::sync::Notify;
 
@@ -18,7 +19,7 @@ use super::node::{CODE_STOPPED, Shared, lock};
 use crate::admission::may_send;
 use crate::channel::{ChannelSender, Disconnected, Message};
 use crate::credit::CreditSender;
-use crate::frame::{Decoder, Frame, MAX_FRAME_BYTES, frame_len, split_batch};
+use crate::frame::{Decoder, Frame, MAX_FRAME_BYTES, frame_len, needs_cutting, split_batch};
 
 struct SenderState {
     /// Messages with their frames' lengths.
@@ -123,7 +124,7 @@ impl Drop for RemoteSender {
 impl ChannelSender for RemoteSender {
     fn send(&mut self, message: Message) -> Result<(), Disconnected> {
         let len = frame_len(&message);
-        if len <= FRAME_TARGET_BYTES {
+        if !needs_cutting(&message, len) {
             return self.enqueue(message, len);
         }
         let Message::Data { side, batch, watermark } = message else { return self.enqueue(message, len) };
