@@ -116,6 +116,7 @@ impl Frame {
                     out.extend_from_slice(&(name.len() as u16).to_le_bytes());
                     out.extend_from_slice(name);
                 }
+                out.reserve(batch.byte_len() + batch.len() * MAX_ENTRY_BYTES);
                 out.extend_from_slice(&(batch.len() as u32).to_le_bytes());
                 let data_len_at = out.len();
                 out.extend_from_slice(&[0; 4]);
@@ -315,20 +316,33 @@ impl<'a> Body<'a> {
     }
 
     /// A LEB128 varint of at most `bits` bits.
+    #[inline]
     fn varint(&mut self, bits: u32, what: &str) -> Result<u64, FrameError> {
-        let mut v = 0u64;
-        for shift in (0..bits).step_by(7) {
-            let byte = self.u8(what)?;
+        // Most lengths and event-time differences in a batch take one byte.
+        if let Some((&byte, rest)) = self.bytes.split_first()
+            && byte < 0x80
+        {
+            self.bytes = rest;
+            return Ok(u64::from(byte));
+        }
+        self.long_varint(bits, what)
+    }
+
+    fn long_varint(&mut self, bits: u32, what: &str) -> Result<u64, FrameError> {
+        let (mut v, mut shift) = (0u64, 0);
+        for (i, &byte) in self.bytes.iter().enumerate() {
             let part = u64::from(byte & 0x7f);
-            if shift + 7 > bits && part >> (bits - shift) != 0 {
+            if shift >= bits || (shift + 7 > bits && part >> (bits - shift) != 0) {
                 return Err(self.malformed(format!("{what} passes {bits} bits")));
             }
             v |= part << shift;
             if byte & 0x80 == 0 {
+                self.bytes = &self.bytes[i + 1..];
                 return Ok(v);
             }
+            shift += 7;
         }
-        Err(self.malformed(format!("{what} passes {bits} bits")))
+        Err(self.malformed(format!("ends inside {what} ({} bytes)", self.bytes.len())))
     }
 
     /// The span of the next `len` bytes of the data, which hold `data_len`, from `at` on.
