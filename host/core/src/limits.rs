@@ -116,16 +116,16 @@ pub const DECODED_RECORD_BYTES: usize = std::mem::size_of::<crate::RecordMeta>()
 /// decoded, per stream.
 pub const READ_CHUNK_BYTES: usize = 1 << 20;
 
-/// The most one inbound channel can make its node hold in frames not yet consumed by the
-/// subtask: `link_credit` buffers granted by the transport (`Tuning::channel_capacity`, 8 by
-/// default) plus `local_buffers` in the local channel they are handed to (its credit, queue,
-/// and the buffer the subtask holds: 4 + 1 + 1 by default), of which only one may be larger
-/// than [`FRAME_TARGET_BYTES`] (a frame above it may only arrive once its channel's previous
-/// one was taken by the subtask), plus one read chunk (and, while a frame is decoded, a second
-/// copy of it), plus each buffer's decoded record table ([`MAX_FRAME_RECORDS`] entries at
-/// most). About 48 MiB by default (30 MiB of frames, 17.5 MiB of tables), where every buffer
-/// could be a largest frame before (8 x 64 MiB in the transport alone). A peer can make a node hold this for each channel the
-/// node registered for it, and no frame at all on a stream the node did not register (see
+/// The most one inbound channel can make its node hold in frames not yet consumed by the subtask:
+/// `link_credit` buffers granted by the transport (`Tuning::channel_capacity`, 8 by default) plus
+/// `local_buffers` in the local channel they are handed to (its credit, queue, and the buffer the
+/// subtask holds: 4 + 1 + 1 by default), of which only one may be larger than
+/// [`FRAME_TARGET_BYTES`] (a frame above it may only arrive once its channel's previous one was
+/// taken by the subtask), plus one read chunk (and, while a frame is decoded, a second copy of it),
+/// plus each buffer's decoded record table ([`MAX_FRAME_RECORDS`] entries at most). About 48 MiB by
+/// default (30 MiB of frames, 17.5 MiB of tables), where every buffer could be a largest frame
+/// before (8 x 64 MiB in the transport alone). A peer can make a node hold this for each channel
+/// the node registered for it, and no frame at all on a stream the node did not register (see
 /// [`MAX_PENDING_STREAMS`]).
 pub const fn max_channel_bytes(link_credit: usize, local_buffers: usize) -> usize {
     let buffers = link_credit + local_buffers;

@@ -386,11 +386,11 @@ fn auction_lengths_wide(config: &NexmarkConfig) -> u64 {
 /// `0..COLD_CHANNELS` are `channel-<n>` (URL ending `&channel_id=<n>`), the rest hot.
 ///
 /// The hot channels' texts are kept whole. For a cold channel only its URL's three path pieces
-/// are kept (where each starts in [`URL_TEXT_PADDED`] and how long it is: 6 bytes a channel), and its
-/// texts are rebuilt per bid in fixed buffers. The texts kept whole for all 10 000 took 960
-/// KB: a bid on a cold channel then missed the cache on one or two lines of them (a quarter of
-/// the source's time in q0, whose guest evicts the table between batches); the pieces take 60
-/// KB, and rebuilding costs less than the misses did.
+/// are kept (where each starts in [`URL_TEXT_PADDED`] and how long it is: 6 bytes a channel),
+/// and its texts are rebuilt per bid in fixed buffers. The texts kept whole for all 10 000 took
+/// 960 KB: a bid on a cold channel then missed the cache on one or two lines of them (a quarter
+/// of the source's time in q0, whose guest evicts the table between batches); the pieces take
+/// 60 KB, and rebuilding costs less than the misses did.
 #[derive(Debug, Default)]
 struct Channels {
     seed: u64,

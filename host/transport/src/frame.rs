@@ -226,11 +226,11 @@ pub fn needs_cutting(message: &Message, len: usize) -> bool {
 }
 
 /// Cuts `batch` (bound for a data frame with `side` and, on its last frame, a watermark) into
-/// batches whose frames are at most [`FRAME_TARGET_BYTES`] and [`MAX_FRAME_RECORDS`] records
-/// each, records in order; a record whose frame alone is larger goes in a batch of its own. Each record is copied, so bytes of
-/// the buffer no record refers to are left behind. A channel buffer counts only keys and
-/// values, so a batch of many tiny or empty records can cost far more on the wire than its
-/// payload: this is what keeps every frame a sender writes within [`MAX_FRAME_BYTES`].
+/// batches whose frames are at most [`FRAME_TARGET_BYTES`] and [`MAX_FRAME_RECORDS`] records each,
+/// records in order; a record whose frame alone is larger goes in a batch of its own. Each record
+/// is copied, so bytes of the buffer no record refers to are left behind. A channel buffer counts
+/// only keys and values, so a batch of many tiny or empty records can cost far more on the wire
+/// than its payload: this is what keeps every frame a sender writes within [`MAX_FRAME_BYTES`].
 pub fn split_batch(batch: &RecordBatch, side: Option<&str>) -> Vec<RecordBatch> {
     let overhead = data_frame_overhead(side, true);
     let mut pieces = Vec::new();
@@ -662,6 +662,23 @@ mod tests {
         body.extend_from_slice(&u32::MAX.to_le_bytes()); // records
         body.extend_from_slice(&0u32.to_le_bytes()); // data
         assert!(err(with_body(DATA, &body)).contains("4294967295 records announced"));
+        // A count past the limit is refused even with the bytes for it there (a record decodes
+        // to 40 bytes however few it took on the wire); one at the limit is read.
+        let at_most = |records: usize| {
+            let mut body = vec![0u8];
+            body.extend_from_slice(&0u32.to_le_bytes());
+            body.extend_from_slice(&(records as u32).to_le_bytes());
+            body.extend_from_slice(&0u32.to_le_bytes());
+            body.extend(std::iter::repeat_n([0u8, 0], records).flatten());
+            Decoder::default().decode(&with_body(DATA, &body))
+        };
+        let over = at_most(MAX_FRAME_RECORDS + 1).expect_err("refused").to_string();
+        assert!(over.contains("32769 records announced, more than the 32768 a frame holds"), "{over}");
+        let Ok(Some((Frame::Message { message: Message::Data { batch, .. }, .. }, _))) = at_most(MAX_FRAME_RECORDS)
+        else {
+            panic!("a frame of {MAX_FRAME_RECORDS} empty records is read");
+        };
+        assert_eq!(batch.len(), MAX_FRAME_RECORDS);
         // One record: parts, then lengths in varints, over two bytes of data.
         let record = |table: &[u8]| {
             let mut body = vec![0u8];
