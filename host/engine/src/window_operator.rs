@@ -188,7 +188,9 @@ impl KeySessions<'_> {
 }
 
 /// The (key, window) groups of one batch, gathered for a single batched `add`: their
-/// accumulators and record runs in flat buffers, not a `Vec` each.
+/// accumulators and record runs in flat buffers, not a `Vec` each. Groups may share a run:
+/// a sliding window's records are those of the panes it covers, the same for most of a key's
+/// windows in a batch.
 #[derive(Debug, Default)]
 struct Updates<'b> {
     windows: Vec<(&'b [u8], Window)>,
@@ -201,19 +203,17 @@ struct Updates<'b> {
 }
 
 impl<'b> Updates<'b> {
-    fn push(
-        &mut self,
-        key: &'b [u8],
-        window: Window,
-        acc: &[u8],
-        records: impl IntoIterator<Item = u32>,
-        needs_timers: bool,
-    ) {
-        self.windows.push((key, window));
-        self.accs.push(acc);
+    /// Appends `records` (ascending) as a run for [`Self::push`].
+    fn run(&mut self, records: impl IntoIterator<Item = u32>) -> std::ops::Range<usize> {
         let start = self.records.len();
         self.records.extend(records);
-        self.runs.push(start..self.records.len());
+        start..self.records.len()
+    }
+
+    fn push(&mut self, key: &'b [u8], window: Window, acc: &[u8], run: std::ops::Range<usize>, needs_timers: bool) {
+        self.windows.push((key, window));
+        self.accs.push(acc);
+        self.runs.push(run);
         self.needs_timers.push(needs_timers);
     }
 
@@ -226,10 +226,14 @@ impl<'b> Updates<'b> {
     }
 }
 
-/// The (key, window) groups of a batch: its keys in first-seen order (the order does not
-/// matter: what fires is sorted), each found once per record by hashing, with the windows its
-/// records fall in kept in window order, each with its records in arrival order, chained
-/// through one table rather than a `Vec` per group.
+/// The records of a batch by key and pane, for tumbling and sliding windows: its keys in
+/// first-seen order (the order does not matter: what fires is sorted), each found once per
+/// record by hashing, with the panes its records fall in kept in order, each with its records
+/// in arrival order, chained through one table rather than a `Vec` per pane.
+///
+/// A pane is one slide of time (a whole window when tumbling); every window holding a record
+/// holds the record's whole pane, so a record is filed once, not once per window (five times
+/// for q5's 10 s windows sliding every 2 s), and a window's records are its panes'.
 #[derive(Debug, Default)]
 struct Groups<'b> {
     index: foldhash::HashMap<&'b [u8], u32>,
@@ -237,22 +241,21 @@ struct Groups<'b> {
     /// a hot auction's bids) skip hashing it again.
     last: Option<(&'b [u8], u32)>,
     keys: Vec<BatchKey<'b>>,
-    /// Per member: the record, and the group's next member ([`Groups::END`]: none).
+    /// Per member: the record, and the pane's next member ([`Groups::END`]: none).
     members: Vec<(u32, u32)>,
 }
 
-/// One key of a batch and its windows (inline up to six: a bid's five sliding windows and
-/// the next slide's first, without an allocation per key per batch).
+/// One key of a batch and its panes (inline up to two: a batch is about one slide long).
 #[derive(Debug)]
 struct BatchKey<'b> {
     key: &'b [u8],
-    windows: smallvec::SmallVec<[Group; 6]>,
+    panes: smallvec::SmallVec<[Pane; 2]>,
 }
 
-/// One window of a key of a batch, and the ends of its chain of members.
+/// One pane of a key of a batch (by its start), and the ends of its chain of members.
 #[derive(Debug)]
-struct Group {
-    window: Window,
+struct Pane {
+    start: i64,
     first: u32,
     last: u32,
 }
@@ -260,39 +263,58 @@ struct Group {
 impl<'b> Groups<'b> {
     const END: u32 = u32::MAX;
 
-    fn add(&mut self, key: &'b [u8], windows: &[Window], record: u32) {
+    fn add(&mut self, key: &'b [u8], pane: i64, record: u32) {
         let at = match self.last {
             Some((last, at)) if last == key => at,
             _ => {
                 let keys = &mut self.keys;
                 let at = *self.index.entry(key).or_insert_with(|| {
-                    keys.push(BatchKey { key, windows: smallvec::SmallVec::new() });
+                    keys.push(BatchKey { key, panes: smallvec::SmallVec::new() });
                     keys.len() as u32 - 1
                 });
                 self.last = Some((key, at));
                 at
             }
         };
-        let groups = &mut self.keys[at as usize].windows;
-        for &window in windows {
-            let member = self.members.len() as u32;
-            self.members.push((record, Self::END));
-            match groups.binary_search_by(|g| g.window.cmp(&window)) {
-                Ok(g) => {
-                    let group = &mut groups[g];
-                    self.members[group.last as usize].1 = member;
-                    group.last = member;
-                }
-                Err(g) => groups.insert(g, Group { window, first: member, last: member }),
+        let panes = &mut self.keys[at as usize].panes;
+        let member = self.members.len() as u32;
+        self.members.push((record, Self::END));
+        match panes.binary_search_by(|p| p.start.cmp(&pane)) {
+            Ok(p) => {
+                let pane = &mut panes[p];
+                self.members[pane.last as usize].1 = member;
+                pane.last = member;
             }
+            Err(p) => panes.insert(p, Pane { start: pane, first: member, last: member }),
         }
     }
 
-    /// The records of the group whose first member is `first`.
+    /// The records of the pane whose first member is `first`, in arrival order.
     fn records(&self, first: u32) -> impl Iterator<Item = u32> + '_ {
         std::iter::successors(Some(first), |&m| Some(self.members[m as usize].1).filter(|&n| n != Self::END))
             .map(|m| self.members[m as usize].0)
     }
+
+    /// Appends the records of `panes` to `updates` as one run in arrival order.
+    fn run(&self, panes: &[Pane], updates: &mut Updates<'_>) -> std::ops::Range<usize> {
+        let run = updates.run(panes.iter().flat_map(|p| self.records(p.first)));
+        if panes.len() > 1 {
+            // Each pane's records ascend, and a record is in one pane: sorting merges them.
+            updates.records[run.clone()].sort_unstable();
+        }
+        run
+    }
+}
+
+/// Where the pane holding `timestamp` starts: a slide of a sliding window, a whole tumbling
+/// window. None for sessions, and for a timestamp whose pane would start before `i64::MIN`.
+fn pane_start(kind: WindowKind, timestamp: i64) -> Option<i64> {
+    let step = match kind {
+        WindowKind::Tumbling { size_ms } => size_ms,
+        WindowKind::Sliding { slide_ms, .. } => slide_ms,
+        WindowKind::Session { .. } => return None,
+    };
+    timestamp.checked_sub(timestamp.rem_euclid(step))
 }
 
 /// Windows due to fire, with their accumulators, for one `results` call.
@@ -552,6 +574,13 @@ impl<A: AggregateFn> WindowOperator<A> {
         Ok(fired.map(|((t, k, w), result)| (t, k.to_vec(), w, result.to_vec())).collect())
     }
 
+    /// The windows holding the pane starting at `pane` (each holds it whole) that still take
+    /// records, in window order, into `windows`.
+    fn live_windows(&self, pane: i64, windows: &mut Vec<Window>) {
+        self.kind.assign_into(pane, windows);
+        windows.retain(|w| !self.past_cleanup(w));
+    }
+
     /// Folds the records of `batch` from `from` on into their windows, up to and including
     /// the first one that fires a window at once. Returns what fired and where to go on.
     fn process_fixed(
@@ -563,16 +592,29 @@ impl<A: AggregateFn> WindowOperator<A> {
         let mut groups = Groups::default();
         let mut next = batch.len();
         let mut live = Vec::new();
+        // Whether the last pane seen has windows still taking records, and whether one of
+        // them fires at once: the same for every record of the pane, and a batch spans few.
+        let mut last_pane: Option<(i64, bool, bool)> = None;
         for (i, r) in records_from(batch, from) {
             let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
-            self.kind.assign_into(t, &mut live);
-            live.retain(|w| !self.past_cleanup(w));
-            if live.is_empty() {
+            let Some(pane) = pane_start(self.kind, t) else {
+                self.emit_late(out, &r);
+                continue;
+            };
+            let (taken, fires_now) = match last_pane {
+                Some((p, taken, fires_now)) if p == pane => (taken, fires_now),
+                _ => {
+                    self.live_windows(pane, &mut live);
+                    let fires_now = live.iter().any(|w| self.fire_time(w) <= self.watermark);
+                    last_pane = Some((pane, !live.is_empty(), fires_now));
+                    (!live.is_empty(), fires_now)
+                }
+            };
+            if !taken {
                 self.emit_late(out, &r);
                 continue;
             }
-            let fires_now = live.iter().any(|w| self.fire_time(w) <= self.watermark);
-            groups.add(key, &live, i as u32);
+            groups.add(key, pane, i as u32);
             if fires_now {
                 next = i + 1;
                 break;
@@ -580,12 +622,32 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         let mut updates = Updates::default();
         let empty = self.empty_accumulator()?;
-        for BatchKey { key, windows } in &groups.keys {
+        let mut windows = Vec::new();
+        for BatchKey { key, panes } in &groups.keys {
+            windows.clear();
+            for pane in panes {
+                self.live_windows(pane.start, &mut live);
+                windows.extend_from_slice(&live);
+            }
+            windows.sort_unstable();
+            windows.dedup();
             let mut entries = self.store.key(key);
-            for &Group { window, first, .. } in windows {
+            // Neighbouring windows mostly cover the same panes, so they share one run.
+            let mut shared: Option<(std::ops::Range<usize>, std::ops::Range<usize>)> = None;
+            for &window in &windows {
+                let covered = panes.partition_point(|p| p.start < window.start)
+                    ..panes.partition_point(|p| p.start < window.end);
+                let run = match &shared {
+                    Some((panes, run)) if *panes == covered => run.clone(),
+                    _ => {
+                        let run = groups.run(&panes[covered.clone()], &mut updates);
+                        shared = Some((covered, run.clone()));
+                        run
+                    }
+                };
                 match entries.acc(&window)? {
-                    Some((_, acc)) => updates.push(key, window, acc, groups.records(first), false),
-                    None => updates.push(key, window, &empty, groups.records(first), true),
+                    Some((_, acc)) => updates.push(key, window, acc, run, false),
+                    None => updates.push(key, window, &empty, run, true),
                 }
             }
         }
@@ -656,7 +718,8 @@ impl<A: AggregateFn> WindowOperator<A> {
                 let acc = self.merge_stored(key, &window, &session.stored)?;
                 // Merged pending sessions interleave; `add` wants arrival order.
                 session.records.sort_unstable();
-                updates.push(key, window, &acc, session.records.iter().copied(), true);
+                let run = updates.run(session.records.iter().copied());
+                updates.push(key, window, &acc, run, true);
             }
             self.store.put_sessions(key, sessions.sessions())?;
         }

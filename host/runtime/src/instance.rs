@@ -405,13 +405,24 @@ fn pack_updates(updates: &[AccumulatorUpdate<'_>]) -> PackedUpdates {
         updates: Vec::with_capacity(updates.len() * Update::BYTES),
         records: Vec::with_capacity(updates.iter().map(|u| u.records.len()).sum()),
     };
+    // The run the update before used, by address: neighbouring sliding windows of a key
+    // share theirs, and cross once.
+    let mut last: Option<(*const u32, usize, u32)> = None;
     for u in updates {
         // Accumulators and record runs of one batch's groups stay far below 4 GiB.
         let accumulator = eddy_wire::Span { offset: packed.accumulators.len() as u32, len: u.accumulator.len() as u32 };
-        let (first, count) = (packed.records.len() as u32, u.records.len() as u32);
         packed.accumulators.extend_from_slice(u.accumulator);
-        packed.records.extend_from_slice(u.records);
-        Update { accumulator, first, count }.write(&mut packed.updates);
+        let run = (u.records.as_ptr(), u.records.len());
+        let first = match last {
+            Some((ptr, len, first)) if (ptr, len) == run => first,
+            _ => {
+                let first = packed.records.len() as u32;
+                packed.records.extend_from_slice(u.records);
+                last = Some((run.0, run.1, first));
+                first
+            }
+        };
+        Update { accumulator, first, count: u.records.len() as u32 }.write(&mut packed.updates);
     }
     packed
 }
@@ -421,7 +432,8 @@ fn pack_updates(updates: &[AccumulatorUpdate<'_>]) -> PackedUpdates {
 pub struct AccumulatorUpdate<'a> {
     /// The accumulator before the records.
     pub accumulator: &'a [u8],
-    /// Indices into the batch, ascending; one key and one window.
+    /// Indices into the batch, ascending; one key and one window. Updates may share a run
+    /// (the same slice: it crosses once).
     pub records: &'a [u32],
 }
 
@@ -430,6 +442,38 @@ mod tests {
     use eddy_core::TimeDomain;
 
     use super::*;
+
+    /// What each update of a packed `add` reads back: its accumulator and its records.
+    fn unpacked(packed: &PackedUpdates) -> Vec<(Vec<u8>, Vec<u32>)> {
+        let table = eddy_wire::Table::<Update>::new(&packed.updates).expect("whole updates");
+        table
+            .iter()
+            .map(|u| {
+                let acc = u.accumulator.slice(&packed.accumulators).expect("accumulator inside");
+                (acc.to_vec(), u.records(&packed.records).expect("records inside").to_vec())
+            })
+            .collect()
+    }
+
+    /// A run shared by neighbouring updates (the same slice) crosses once; an equal run
+    /// elsewhere, or one update apart, crosses again; every update reads back what it was given.
+    #[test]
+    fn a_run_shared_by_neighbouring_updates_is_packed_once() {
+        let (shared, equal, other) = (vec![1u32, 4, 7], vec![1u32, 4, 7], vec![2u32]);
+        let updates = [
+            AccumulatorUpdate { accumulator: b"a", records: &shared },
+            AccumulatorUpdate { accumulator: b"bb", records: &shared },
+            AccumulatorUpdate { accumulator: b"", records: &shared[..2] },
+            AccumulatorUpdate { accumulator: b"c", records: &equal },
+            AccumulatorUpdate { accumulator: b"d", records: &other },
+            AccumulatorUpdate { accumulator: b"e", records: &shared },
+        ];
+        let packed = pack_updates(&updates);
+        let expected: Vec<(Vec<u8>, Vec<u32>)> =
+            updates.iter().map(|u| (u.accumulator.to_vec(), u.records.to_vec())).collect();
+        assert_eq!(unpacked(&packed), expected);
+        assert_eq!(packed.records, [1, 4, 7, 1, 4, 1, 4, 7, 2, 1, 4, 7], "only the second update's run is reused");
+    }
 
     fn timers(key_lens: &[usize]) -> Vec<FiredTimer> {
         key_lens

@@ -587,6 +587,46 @@ proptest! {
         prop_assert_eq!(op.aggregate().adds.groups, groups.len());
     }
 
+    /// Each (key, window) folds exactly its records in arrival order, however the batch mixes
+    /// times across panes (the oracle lists each record under every window holding it, in
+    /// arrival order), batch by batch.
+    #[test]
+    fn every_window_folds_its_records_in_arrival_order(
+        kind in fixed_window_kind(),
+        raw in proptest::collection::vec((0u8..3, -30i64..30), 1..80),
+        chunks in proptest::collection::vec(1usize..40, 1..6),
+    ) {
+        let events: Vec<Ev> = raw.iter().enumerate().map(|(v, &(key, ts))| Ev { key, ts, v: v as i64 }).collect();
+        let mut op = operator(kind, 0, Concat::default());
+        let mut rest = &events[..];
+        for &n in chunks.iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (now, later) = rest.split_at(n.min(rest.len()));
+            op.process(&batch(now)).expect("process");
+            rest = later;
+        }
+        let out = op.on_watermark(i64::MAX).expect("final watermark");
+        let mut expected: BTreeMap<(String, Window), Vec<i64>> = BTreeMap::new();
+        for e in &events {
+            for w in oracle_windows(kind, e.ts) {
+                expected.entry((format!("\"k{}\"", e.key), w)).or_default().push(e.v);
+            }
+        }
+        let got: BTreeMap<(String, Window), Vec<i64>> = out
+            .main
+            .iter()
+            .map(|r| {
+                let v = json_of(r.value).expect("json");
+                let window = Window { start: v["start"].as_i64().expect("start"), end: v["end"].as_i64().expect("end") };
+                let values = v["result"].as_array().expect("list").iter().map(|x| x.as_i64().expect("v")).collect();
+                ((String::from_utf8(r.key.expect("key").to_vec()).expect("utf8"), window), values)
+            })
+            .collect();
+        prop_assert_eq!(got, expected);
+    }
+
     #[test]
     fn windows_encode_in_order(a in any::<(i64, i64)>(), b in any::<(i64, i64)>()) {
         let wa = Window { start: a.0.min(a.1), end: a.0.max(a.1) };
@@ -1027,6 +1067,47 @@ fn records_are_added_once_per_key_and_window_in_arrival_order() {
     assert_eq!(sessions.aggregate().adds.groups, 1, "the batch's sessions merge before the one add");
     let out = sessions.on_watermark(i64::MAX).expect("wm");
     assert_eq!(json_of(out.main.get(0).expect("one").value).expect("json")["result"], json!([1, 2, 3, 4]));
+}
+
+/// Remembers each `add`'s updates as (first record, record count, whether the update reuses
+/// the run of the one before it: the same slice).
+#[derive(Debug, Default)]
+struct Runs(Vec<Vec<(u32, usize, bool)>>);
+
+impl AggregateFn for Runs {
+    fn create_accumulator(&mut self) -> Result<Vec<u8>, OperatorError> {
+        Ok(Vec::new())
+    }
+    fn add(&mut self, _: &RecordBatch, updates: &[AccumulatorUpdate<'_>]) -> Result<Items, OperatorError> {
+        let mut before: Option<&[u32]> = None;
+        let runs = updates
+            .iter()
+            .map(|u| {
+                let shared = before.is_some_and(|b| std::ptr::eq(b, u.records));
+                before = Some(u.records);
+                (u.records.first().copied().unwrap_or(u32::MAX), u.records.len(), shared)
+            })
+            .collect();
+        self.0.push(runs);
+        Ok(updates.iter().map(|u| u.accumulator).collect())
+    }
+    fn merge(&mut self, a: &[u8], _: &[u8]) -> Result<Vec<u8>, OperatorError> {
+        Ok(a.to_vec())
+    }
+    fn results(&mut self, accs: &Items) -> Result<Items, OperatorError> {
+        Ok(accs.clone())
+    }
+}
+
+/// A key's sliding windows covering the same panes of a batch get one run of records: records
+/// at 1 and 3 (panes [0, 2) and [2, 4) of 10 ms windows sliding by 2) give six windows, the
+/// first holding only the first pane, four both, the last only the second.
+#[test]
+fn sliding_windows_covering_the_same_panes_share_one_run() {
+    let mut op = operator(WindowKind::Sliding { size_ms: 10, slide_ms: 2 }, 0, Runs::default());
+    op.process(&batch(&[ev(0, 3, 0), ev(0, 1, 1)])).expect("process");
+    let expected = vec![(1, 1, false), (0, 2, false), (0, 2, true), (0, 2, true), (0, 2, true), (0, 1, false)];
+    assert_eq!(op.aggregate().0, vec![expected]);
 }
 
 #[test]
