@@ -623,14 +623,21 @@ impl<A: AggregateFn> WindowOperator<A> {
         let mut updates = Updates::default();
         let empty = self.empty_accumulator()?;
         let mut windows = Vec::new();
+        // `live` holds the windows of this pane (most keys of a batch have the same one pane).
+        let mut live_of = None;
         for BatchKey { key, panes } in &groups.keys {
             windows.clear();
             for pane in panes {
-                self.live_windows(pane.start, &mut live);
+                if live_of != Some(pane.start) {
+                    self.live_windows(pane.start, &mut live);
+                    live_of = Some(pane.start);
+                }
                 windows.extend_from_slice(&live);
             }
-            windows.sort_unstable();
-            windows.dedup();
+            if panes.len() > 1 {
+                windows.sort_unstable();
+                windows.dedup();
+            }
             let mut entries = self.store.key(key);
             // Neighbouring windows mostly cover the same panes, so they share one run.
             let mut shared: Option<(std::ops::Range<usize>, std::ops::Range<usize>)> = None;
