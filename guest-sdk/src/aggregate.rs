@@ -73,6 +73,26 @@ fn push_item(out: &mut PackedItems, write: impl FnOnce(&mut Vec<u8>) -> Result<(
     Ok(())
 }
 
+/// `a == b`, eight bytes at a time. Slice equality calls the guest libc's `memcmp`, a byte
+/// loop in WASI's libc, and a window's accumulators are often as long as the empty one they
+/// are compared with (a row with the same slots): that call was 2% of q5's CPU.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (a_words, b_words) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (a_tail, b_tail) = (a_words.remainder(), b_words.remainder());
+    a_words.zip(b_words).all(|(x, y)| u64::from_ne_bytes(word(x)) == u64::from_ne_bytes(word(y)))
+        && a_tail.iter().zip(b_tail).all(|(x, y)| x == y)
+}
+
+/// An eight-byte chunk as an array (`chunks_exact(8)` yields only those).
+fn word(chunk: &[u8]) -> [u8; 8] {
+    let mut w = [0; 8];
+    w.copy_from_slice(chunk);
+    w
+}
+
 #[doc(hidden)]
 pub fn add<T: Aggregate>(
     slot: &'static Slot<T>,
@@ -94,7 +114,7 @@ pub fn add<T: Aggregate>(
             let bad = || Error::failed(format!("the host sent update {u} reaching outside its buffers"));
             let bytes = update.accumulator.slice(&updates.accumulators).ok_or_else(bad)?;
             let mut acc: T::Accumulator =
-                if bytes == empty.as_slice() { agg.create_accumulator() } else { codec::decode_value(bytes)? };
+                if same_bytes(bytes, &empty) { agg.create_accumulator() } else { codec::decode_value(bytes)? };
             for &i in update.records(&updates.records).ok_or_else(bad)? {
                 let Some(record) = records.get(i as usize) else {
                     return Err(Error::failed(format!("the host named record {i} of a batch of {}", records.len())));
@@ -178,6 +198,21 @@ mod tests {
     use serde::{Deserialize, Deserializer};
 
     use super::*;
+
+    proptest::proptest! {
+        /// Word-wise equality is slice equality: any lengths (tails of 0 to 7 bytes), and
+        /// slices differing in one byte anywhere (in a word or in the tail).
+        #[test]
+        fn same_bytes_is_slice_equality(a in proptest::collection::vec(0u8..3, 0..40), at in 0usize..40, to in 0u8..3) {
+            let mut b = a.clone();
+            if let Some(byte) = b.get_mut(at) {
+                *byte = to;
+            }
+            proptest::prop_assert_eq!(same_bytes(&a, &b), a == b);
+            proptest::prop_assert!(same_bytes(&a, &a.clone()));
+            proptest::prop_assert_eq!(same_bytes(&a, &b[..b.len().saturating_sub(1)]), a.is_empty());
+        }
+    }
 
     thread_local! {
         static DECODED: Cell<usize> = const { Cell::new(0) };
