@@ -645,7 +645,7 @@ impl<A: AggregateFn> WindowOperator<A> {
                 let covered = panes.partition_point(|p| p.start < window.start)
                     ..panes.partition_point(|p| p.start < window.end);
                 let run = match &shared {
-                    Some((panes, run)) if *panes == covered => run.clone(),
+                    Some((covers, run)) if *covers == covered => run.clone(),
                     _ => {
                         let run = groups.run(&panes[covered.clone()], &mut updates);
                         shared = Some((covered, run.clone()));
