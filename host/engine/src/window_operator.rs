@@ -642,8 +642,8 @@ impl<A: AggregateFn> WindowOperator<A> {
             // Neighbouring windows mostly cover the same panes, so they share one run.
             let mut shared: Option<(std::ops::Range<usize>, std::ops::Range<usize>)> = None;
             for &window in &windows {
-                let covered = panes.partition_point(|p| p.start < window.start)
-                    ..panes.partition_point(|p| p.start < window.end);
+                let covered =
+                    panes.partition_point(|p| p.start < window.start)..panes.partition_point(|p| p.start < window.end);
                 let run = match &shared {
                     Some((covers, run)) if *covers == covered => run.clone(),
                     _ => {

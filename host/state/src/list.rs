@@ -141,6 +141,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::test_ops::Watched;
     use crate::{HashedKey, HeapStateBackend, StateKey, encode_list, state_id};
 
     fn read(backend: &dyn StateBackend, list: &[u8]) -> Vec<Vec<u8>> {
@@ -243,54 +244,23 @@ mod tests {
         assert_eq!(halves[0].approximate_len() + halves[1].approximate_len(), backend.approximate_len());
     }
 
-    /// A heap backend that counts its scans.
-    #[derive(Debug, Default)]
-    struct Scans {
-        inner: HeapStateBackend,
-        scans: std::cell::Cell<usize>,
-    }
-
-    impl StateBackend for Scans {
-        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-            self.inner.get(key)
-        }
-        fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-            self.inner.put(key, value)
-        }
-        fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
-            self.inner.delete(key)
-        }
-        fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
-            self.scans.set(self.scans.get() + 1);
-            self.inner.scan_prefix(prefix, visit)
-        }
-        fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
-            self.inner.delete_prefix(prefix)
-        }
-        fn approximate_len(&self) -> usize {
-            self.inner.approximate_len()
-        }
-        fn raw_mut(&mut self) -> &mut dyn StateBackend {
-            self
-        }
-    }
-
     /// A list never written, or cleared, is read without a scan; a list with items (in either
     /// layout) by one.
     #[test]
     fn an_empty_list_is_read_without_a_scan() {
-        let mut backend = Scans::default();
+        let mut backend = Watched::default();
+        let scans = |b: &Watched| b.watch.lock().expect("a test's lock is never poisoned").scans;
         let mut keys = ListKeys::default();
         let (list, legacy) = (list_key(0), list_key(1));
         assert!(read(&backend, &list).is_empty());
-        assert_eq!(backend.scans.get(), 0, "never written");
+        assert_eq!(scans(&backend), 0, "never written");
         keys.append(&mut backend, &list, b"a").unwrap();
         backend.put(&legacy, &encode_list(&[b"b".as_slice()])).unwrap();
         assert_eq!((read(&backend, &list), read(&backend, &legacy)), (vec![b"a".to_vec()], vec![b"b".to_vec()]));
-        assert_eq!(backend.scans.get(), 2);
+        assert_eq!(scans(&backend), 2);
         keys.replace::<&[u8]>(&mut backend, &list, &[]).unwrap();
         assert!(read(&backend, &list).is_empty());
-        assert_eq!(backend.scans.get(), 2, "cleared");
+        assert_eq!(scans(&backend), 2, "cleared");
     }
 
     #[test]

@@ -335,7 +335,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::test_ops::{Op, op, small_bytes};
+    use crate::test_ops::{Op, Watched, op, small_bytes};
     use crate::{HeapStateBackend, RocksDbBackend, RocksDbConfig};
 
     /// What a test does to the buffer besides writes.
@@ -471,53 +471,20 @@ mod tests {
         assert!(contents(buffered.inner.borrow().as_ref()).is_empty(), "the delete reached the backend");
     }
 
-    /// A heap backend that notes the keys written to it, in order, where a test can read them.
-    #[derive(Debug, Default)]
-    struct Noted {
-        inner: HeapStateBackend,
-        written: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
-    }
-
-    impl StateBackend for Noted {
-        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-            self.inner.get(key)
-        }
-        fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-            self.written.lock().expect("not poisoned").push(key.to_vec());
-            self.inner.put(key, value)
-        }
-        fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
-            self.written.lock().expect("not poisoned").push(key.to_vec());
-            self.inner.delete(key)
-        }
-        fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
-            self.inner.scan_prefix(prefix, visit)
-        }
-        fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
-            self.inner.delete_prefix(prefix)
-        }
-        fn approximate_len(&self) -> usize {
-            self.inner.approximate_len()
-        }
-        fn raw_mut(&mut self) -> &mut dyn StateBackend {
-            self
-        }
-    }
-
     /// A write-back reaches the backend in key order, whatever order the keys were written in
     /// (RocksDB's memtable inserts ordered keys cheaply), each dirty key once; a key written and
     /// deleted in between never.
     #[test]
     fn a_write_back_writes_in_key_order() {
-        let noted = Noted::default();
-        let written = noted.written.clone();
-        let mut buffered = WriteBackBackend::new(Box::new(noted), usize::MAX).unwrap();
+        let watched = Watched::default();
+        let watch = watched.watch.clone();
+        let mut buffered = WriteBackBackend::new(Box::new(watched), usize::MAX).unwrap();
         for key in [b"m", b"c", b"x", b"a", b"c", b"q"] {
             buffered.put(key, b"v").unwrap();
         }
         buffered.delete(b"x").unwrap();
         buffered.write_back().unwrap();
         let expected: Vec<Vec<u8>> = [b"a", b"c", b"m", b"q"].iter().map(|k| k.to_vec()).collect();
-        assert_eq!(*written.lock().expect("not poisoned"), expected);
+        assert_eq!(watch.lock().expect("a test's lock is never poisoned").written, expected);
     }
 }
