@@ -92,24 +92,34 @@ impl Operator for MonitorNewUsers {
             _ => return Ok(()),
         };
         let mut windows = self.windows.get()?.unwrap_or_default();
-        let i = match windows.iter().position(|w| w.window_start == window_start) {
-            Some(i) => i,
+        let (i, new) = match windows.iter().position(|w| w.window_start == window_start) {
+            Some(i) => (i, false),
             None => {
                 windows.push(Seen { window_start, names: Vec::new(), sold: false });
-                windows.len() - 1
+                (windows.len() - 1, true)
             }
         };
         let seen = &mut windows[i];
-        match person_name {
-            Some(name) => {
-                if let Err(at) = seen.names.binary_search(&name) {
+        let changed = match person_name {
+            Some(name) => match seen.names.binary_search(&name) {
+                Ok(_) => false,
+                Err(at) => {
                     seen.names.insert(at, name);
+                    true
                 }
-            }
-            None => seen.sold = true,
+            },
+            None => !std::mem::replace(&mut seen.sold, true),
+        };
+        // A seller's further auctions in a window already sold change nothing: no write.
+        if changed {
+            self.windows.set(&windows)?;
         }
-        self.windows.set(&windows)?;
-        ctx.register_timer(TimeDomain::EventTime, fire_at)
+        // A window already in the state has its timer (both are created here, and both leave
+        // when it fires): registering again would be a crossing for nothing.
+        if new {
+            ctx.register_timer(TimeDomain::EventTime, fire_at)?;
+        }
+        Ok(())
     }
 
     fn on_timer(&mut self, timer: &Timer<'_>, ctx: &mut Context) -> Result<()> {
