@@ -80,7 +80,8 @@ impl Leaders {
 }
 
 /// The highest count alone, read from the row [`Leaders`] wrote (rows are read by field name,
-/// so the list of auctions is left undecoded).
+/// so the list of auctions is left undecoded). Never written: `Serialize` is only what
+/// `ValueState` asks of its type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeadingCount {
     /// [`Leaders::count`].
@@ -156,8 +157,6 @@ eddy_sdk::export_operator!(HotItems);
 mod tests {
     use super::*;
 
-    /// Offers in arrival order, each with whether the leaders changed and what they are then,
-    /// worked out by hand from "the highest count and every auction that has it".
     /// The count read alone from the stored leaders is their count, and an offer below it
     /// is one `offer` refuses: skipping it without the list changes nothing.
     #[test]
@@ -171,6 +170,8 @@ mod tests {
         assert_eq!(offered, leaders);
     }
 
+    /// Offers in arrival order, each with whether the leaders changed and what they are then,
+    /// worked out by hand from "the highest count and every auction that has it".
     #[test]
     fn only_an_offer_that_changes_the_leaders_says_so() {
         let offers: [((u64, u64), bool, u64, &[u64]); 6] = [
