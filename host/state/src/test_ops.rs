@@ -28,11 +28,13 @@ pub(crate) fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// What reached a [`Watched`] backend: the keys written or deleted, in order, and the scans.
+/// What reached a [`Watched`] backend: the keys written or deleted, in order, the prefix scans,
+/// and the entries scans of either kind handed to their visitors.
 #[derive(Debug, Default)]
 pub(crate) struct Watch {
     pub(crate) written: Vec<Vec<u8>>,
     pub(crate) scans: usize,
+    pub(crate) visited: usize,
 }
 
 /// A heap backend that notes what reaches it where a test can read it (also once boxed).
@@ -62,7 +64,16 @@ impl StateBackend for Watched {
     }
     fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
         self.note(|w| w.scans += 1);
-        self.inner.scan_prefix(prefix, visit)
+        self.inner.scan_prefix(prefix, &mut |k, v| {
+            self.note(|w| w.visited += 1);
+            visit(k, v);
+        })
+    }
+    fn scan_from(&self, from: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StateError> {
+        self.inner.scan_from(from, &mut |k, v| {
+            self.note(|w| w.visited += 1);
+            visit(k, v)
+        })
     }
     fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
         self.inner.delete_prefix(prefix)

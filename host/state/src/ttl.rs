@@ -306,9 +306,9 @@ impl StateBackend for TtlBackend {
 mod tests {
     use super::*;
     use crate::HeapStateBackend;
+    use crate::test_ops::Watched;
     use proptest::prelude::*;
     use std::collections::HashMap;
-    use std::sync::atomic::AtomicUsize;
 
     fn ttl_backend(ttl_ms: i64, clock: &TtlClock) -> TtlBackend {
         TtlBackend::new(Box::new(HeapStateBackend::default()), ttl_ms, clock.clone())
@@ -343,45 +343,6 @@ mod tests {
         assert_eq!(hand.now(), 110, "never backwards");
     }
 
-    /// A heap backend that counts the stored entries scans hand to their visitors.
-    struct Counting {
-        inner: HeapStateBackend,
-        visited: Arc<AtomicUsize>,
-    }
-
-    impl StateBackend for Counting {
-        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
-            self.inner.get(key)
-        }
-        fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-            self.inner.put(key, value)
-        }
-        fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
-            self.inner.delete(key)
-        }
-        fn scan_prefix(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StateError> {
-            self.inner.scan_prefix(prefix, &mut |k, v| {
-                self.visited.fetch_add(1, Ordering::Relaxed);
-                visit(k, v);
-            })
-        }
-        fn scan_from(&self, from: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), StateError> {
-            self.inner.scan_from(from, &mut |k, v| {
-                self.visited.fetch_add(1, Ordering::Relaxed);
-                visit(k, v)
-            })
-        }
-        fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
-            self.inner.delete_prefix(prefix)
-        }
-        fn approximate_len(&self) -> usize {
-            self.inner.approximate_len()
-        }
-        fn raw_mut(&mut self) -> &mut dyn StateBackend {
-            self
-        }
-    }
-
     /// 100 entries, the even ones written at 0 and the odd ones at 5, TTL 10.
     fn hundred_entries(clock: &TtlClock, backend: &mut TtlBackend) {
         for parity in [0, 1] {
@@ -395,17 +356,17 @@ mod tests {
     #[test]
     fn a_purge_step_examines_at_most_its_budget_and_steps_sweep_every_expired_entry() {
         let clock = TtlClock::new(0);
-        let visited = Arc::new(AtomicUsize::new(0));
-        let inner = Counting { inner: HeapStateBackend::default(), visited: visited.clone() };
+        let inner = Watched::default();
+        let watch = inner.watch.clone();
         let mut backend = TtlBackend::new(Box::new(inner), 10, clock.clone()).with_purge_step_entries(7);
         hundred_entries(&clock, &mut backend);
         clock.set(10);
         let mut removed = 0;
         // 100 entries at 7 a step: 15 steps reach the end.
         for step in 0..15 {
-            visited.store(0, Ordering::Relaxed);
+            watch.lock().expect("a test's lock is never poisoned").visited = 0;
             removed += backend.purge_expired().unwrap();
-            let examined = visited.load(Ordering::Relaxed);
+            let examined = watch.lock().expect("a test's lock is never poisoned").visited;
             assert!(examined <= 7, "step {step} examined {examined} entries");
         }
         assert_eq!(removed, 50, "one sweep removes every expired entry");
