@@ -59,6 +59,7 @@ mod guest_log;
 mod instance;
 mod items;
 mod keyed;
+mod output_import;
 mod runtime;
 mod sandbox;
 mod schemas;

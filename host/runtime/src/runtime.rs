@@ -14,13 +14,13 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use crate::bindings::aggregate_world::WindowAggregatePre;
 use crate::bindings::operator_world::KeyedOperatorPre;
-use crate::bindings::{json_batch, output, schemas, state, timers, types};
+use crate::bindings::{json_batch, schemas, state, timers, types};
 use crate::cache::{ArtifactCache, CacheOutcome, digest_of};
 use crate::call::{CallPolicy, classify};
 use crate::config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants};
 use crate::cpu::CpuShare;
 use crate::error::{LoadError, RuntimeError};
-use crate::guest_log;
+use crate::{guest_log, output_import};
 use crate::instance::{AggregateHost, AggregateInstance, OperatorInstance};
 use crate::keyed::{Keyed, OperatorHost};
 use crate::sandbox::Sandbox;
@@ -132,14 +132,15 @@ impl Runtime {
         let engine = Engine::new(&engine_config(&config)).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let link_err = |e: wasmtime::Error| RuntimeError::Engine(format!("linking host imports: {e:#}"));
         // Every import through its generated bindings except `log`, which reads its message
-        // in place (see `guest_log`).
+        // in place (see `guest_log`), and `output`, which copies emitted batches as slices
+        // (see `output_import`).
         let mut operator_linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut operator_linker).map_err(link_err)?;
         types::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
         schemas::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
         state::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
         timers::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
-        output::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
+        output_import::add_to_linker(&mut operator_linker).map_err(link_err)?;
         json_batch::add_to_linker::<_, HasSelf<_>>(&mut operator_linker, |h| h).map_err(link_err)?;
         guest_log::add_to_linker(&mut operator_linker).map_err(link_err)?;
         let mut aggregate_linker = Linker::new(&engine);
