@@ -20,11 +20,11 @@ use crate::call::{CallPolicy, classify};
 use crate::config::{InstanceAllocation, RuntimeConfig, SandboxLimits, WasiGrants};
 use crate::cpu::CpuShare;
 use crate::error::{LoadError, RuntimeError};
-use crate::{guest_log, output_import};
 use crate::instance::{AggregateHost, AggregateInstance, OperatorInstance};
 use crate::keyed::{Keyed, OperatorHost};
 use crate::sandbox::Sandbox;
 use crate::validate::{self, World};
+use crate::{guest_log, output_import};
 
 /// Advances the engine's epoch so that a call past its deadline traps.
 #[derive(Debug)]
