@@ -305,6 +305,42 @@ fn a_stalled_input_stalls_windows_without_idleness_and_not_with_it() {
     }
 }
 
+/// The scheduling policy (`/proc/<pid>/task/<tid>/stat`'s 41st field) of every thread of this
+/// process whose name starts with `prefix`.
+fn thread_policies(prefix: &str) -> Vec<(String, u32)> {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+    let read =
+        |tid: &std::ffi::OsStr, file: &str| std::fs::read_to_string(Path::new("/proc/self/task").join(tid).join(file));
+    tasks
+        .filter_map(|task| {
+            let tid = task.ok()?.file_name();
+            let name = read(&tid, "comm").ok()?.trim_end().to_string();
+            let stat = read(&tid, "stat").ok()?;
+            // The fields after the command name (which may hold spaces) in parentheses start
+            // at the 3rd.
+            let policy = stat.rsplit_once(')')?.1.split_whitespace().nth(41 - 3)?.parse().ok()?;
+            name.starts_with(prefix).then_some((name, policy))
+        })
+        .collect()
+}
+
+#[test]
+fn task_threads_run_under_sched_batch() {
+    const SCHED_BATCH: u32 = 3;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("quiet.jsonl"), "").expect("quiet input");
+    let spec = spec_in(dir.path(), &stalled_yaml(""));
+    let job = start(&spec, MemorySink::default(), JobOptions::default());
+    // Other tests' jobs may be starting threads too: wait until every task thread has entered
+    // the policy (a thread is named before its first instruction runs).
+    wait_for("every task thread under SCHED_BATCH", Duration::from_secs(30), || {
+        let threads = thread_policies("eddy-t");
+        !threads.is_empty() && threads.iter().all(|(_, policy)| *policy == SCHED_BATCH)
+    });
+    job.cancel();
+    job.wait().expect("cancelled cleanly");
+}
+
 #[test]
 fn a_slow_sink_slows_the_source_with_bounded_records_in_flight_and_loses_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
