@@ -82,6 +82,28 @@ pub fn decode<K: serde::de::DeserializeOwned, V: serde::de::DeserializeOwned>(
 /// What a sink received: `(side output name or None for main, record)`.
 pub type Received = std::sync::Arc<std::sync::Mutex<Vec<(Option<String>, eddy_core::Record)>>>;
 
+/// Linux's `SCHED_BATCH` policy, as `/proc/<pid>/task/<tid>/stat` shows it.
+pub const SCHED_BATCH: u32 = 3;
+
+/// The scheduling policy (the 41st field of `/proc/<process>/task/<tid>/stat`) of every thread
+/// of `process` (a pid, or `self`) whose name starts with `prefix`.
+pub fn thread_policies(process: &str, prefix: &str) -> Vec<(String, u32)> {
+    let dir = std::path::Path::new("/proc").join(process).join("task");
+    let Ok(tasks) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let read = |tid: &std::ffi::OsStr, file: &str| std::fs::read_to_string(dir.join(tid).join(file));
+    tasks
+        .filter_map(|task| {
+            let tid = task.ok()?.file_name();
+            let name = read(&tid, "comm").ok()?.trim_end().to_string();
+            let stat = read(&tid, "stat").ok()?;
+            // The fields after the command name (which may hold spaces) in parentheses start
+            // at the 3rd.
+            let policy = stat.rsplit_once(')')?.1.split_whitespace().nth(41 - 3)?.parse().ok()?;
+            name.starts_with(prefix).then_some((name, policy))
+        })
+        .collect()
+}
+
 /// A sink that keeps every record in memory, optionally sleeping per batch (a slow sink).
 #[derive(Debug, Default)]
 pub struct MemorySink {

@@ -9,7 +9,7 @@ use eddy_connectors::generator_event;
 use eddy_engine::{Job, JobOptions, RunError};
 use eddy_guest_artifacts as guests;
 use eddy_plan::{PipelineSpec, SourceSpec};
-use eddy_tests::{MemorySink, Received, runtime};
+use eddy_tests::{MemorySink, Received, runtime, thread_policies};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -305,28 +305,8 @@ fn a_stalled_input_stalls_windows_without_idleness_and_not_with_it() {
     }
 }
 
-/// The scheduling policy (`/proc/<pid>/task/<tid>/stat`'s 41st field) of every thread of this
-/// process whose name starts with `prefix`.
-fn thread_policies(prefix: &str) -> Vec<(String, u32)> {
-    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
-    let read =
-        |tid: &std::ffi::OsStr, file: &str| std::fs::read_to_string(Path::new("/proc/self/task").join(tid).join(file));
-    tasks
-        .filter_map(|task| {
-            let tid = task.ok()?.file_name();
-            let name = read(&tid, "comm").ok()?.trim_end().to_string();
-            let stat = read(&tid, "stat").ok()?;
-            // The fields after the command name (which may hold spaces) in parentheses start
-            // at the 3rd.
-            let policy = stat.rsplit_once(')')?.1.split_whitespace().nth(41 - 3)?.parse().ok()?;
-            name.starts_with(prefix).then_some((name, policy))
-        })
-        .collect()
-}
-
 #[test]
 fn task_threads_run_under_sched_batch() {
-    const SCHED_BATCH: u32 = 3;
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("quiet.jsonl"), "").expect("quiet input");
     let spec = spec_in(dir.path(), &stalled_yaml(""));
@@ -334,8 +314,8 @@ fn task_threads_run_under_sched_batch() {
     // Other tests' jobs may be starting threads too: wait until every task thread has entered
     // the policy (a thread is named before its first instruction runs).
     wait_for("every task thread under SCHED_BATCH", Duration::from_secs(30), || {
-        let threads = thread_policies("eddy-t");
-        !threads.is_empty() && threads.iter().all(|(_, policy)| *policy == SCHED_BATCH)
+        let threads = thread_policies("self", "eddy-t");
+        !threads.is_empty() && threads.iter().all(|(_, policy)| *policy == eddy_tests::SCHED_BATCH)
     });
     job.cancel();
     job.wait().expect("cancelled cleanly");

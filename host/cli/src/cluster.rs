@@ -305,7 +305,7 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
         .with_context(|| format!("--name {}: a worker's name is one lowercase DNS label", args.name))?;
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
     let identity = worker_identity(&args)?;
-    let runtime = crate::serve::runtime(WORKER_IO_THREADS)?;
+    let runtime = crate::serve::data_plane_runtime(WORKER_IO_THREADS)?;
     let data_listen = resolve(&args.data_listen)?;
     let node = QuicNode::bind(&identity, data_listen, Tuning::default(), runtime.handle().clone())?;
     let data_addr = node.local_addr()?;

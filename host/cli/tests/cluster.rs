@@ -2,7 +2,8 @@
 //! processes. Workers register and beat; a worker killed with SIGKILL is declared dead after
 //! the heartbeat timeout; a coordinator killed and restarted is found again by its workers;
 //! a worker whose certificate another CA signed never joins; a peer that speaks nonsense to a
-//! worker's data plane is dropped with a logged reason while the worker carries on.
+//! worker's data plane is dropped with a logged reason while the worker carries on. A worker's
+//! I/O threads run under `SCHED_BATCH` (they carry the data plane), a coordinator's do not.
 #![allow(clippy::unwrap_used, reason = "test code: a failed setup step should fail the test loudly")]
 
 mod common;
@@ -60,6 +61,21 @@ fn workers_register_beat_die_when_killed_and_find_a_restarted_coordinator() {
 }
 
 /// Asks `coordinator` to enroll `name` with `token` (if any); the status and the body.
+#[test]
+fn a_workers_io_threads_run_under_sched_batch_and_the_coordinators_keep_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator = Server::start_as("coordinator", &dir.path().join("coordinator"), &[]);
+    let worker = Worker::start(&coordinator, "worker-1", dir.path(), &[]);
+    eventually("the worker", || names(&coordinator) == ["worker-1"]);
+    let policies = |pid: u32| eddy_tests::thread_policies(&pid.to_string(), "eddy-io");
+    let on_worker = policies(worker.child.id());
+    assert!(!on_worker.is_empty(), "the worker runs its I/O on eddy-io threads");
+    assert!(on_worker.iter().all(|(_, p)| *p == eddy_tests::SCHED_BATCH), "the data plane: {on_worker:?}");
+    let on_coordinator = policies(coordinator.child.id());
+    assert!(!on_coordinator.is_empty(), "the coordinator runs its I/O on eddy-io threads");
+    assert!(on_coordinator.iter().all(|(_, p)| *p == 0), "requests keep SCHED_OTHER: {on_coordinator:?}");
+}
+
 fn enroll(coordinator: &Server, token: Option<&str>, name: &str) -> (u16, serde_json::Value) {
     let mut request = client().post(coordinator.url("/v1/cluster/enroll")).json(&serde_json::json!({ "name": name }));
     if let Some(token) = token {

@@ -17,6 +17,7 @@
 //! assert!(owner.is_some());
 //! ```
 
+pub mod batch_thread;
 mod key_group;
 pub mod limits;
 mod record;

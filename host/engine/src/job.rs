@@ -1110,7 +1110,7 @@ impl Job {
             let span = tracing::info_span!(parent: &job_span, "task", task = %plan.task_label(task), subtask = index);
             let spawned = std::thread::Builder::new().name(name).spawn(move || {
                 let _span = span.entered();
-                if !crate::batch_thread::enter() {
+                if !eddy_core::batch_thread::enter() {
                     tracing::debug!("this task thread keeps the default scheduling policy");
                 }
                 // A panic must fail the job like an error does: a subtask that vanished without

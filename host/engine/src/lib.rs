@@ -19,7 +19,6 @@
 //! `debug: {journal: true}` records its input ([`journal`]), and [`replay::replay`] runs one of
 //! its subtasks again from a checkpoint over it, tracing what the operator did.
 
-mod batch_thread;
 pub mod buffer;
 pub mod checkpoint;
 mod checkpoint_history;

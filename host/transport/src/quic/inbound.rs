@@ -239,7 +239,10 @@ impl Inbound {
         let thread_into = into.clone();
         std::thread::Builder::new()
             .name(format!("eddy-link-{}", self.peer))
-            .spawn(move || hand_over(&thread_into, queued, handed_tx))
+            .spawn(move || {
+                eddy_core::batch_thread::enter();
+                hand_over(&thread_into, queued, handed_tx)
+            })
             .map_err(|e| LinkEnd::Lost(format!("cannot start the link's thread: {e}")))?;
         let mut link = LinkState {
             into: &into,
