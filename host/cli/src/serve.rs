@@ -81,14 +81,7 @@ pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
 /// 1.41 M events per CPU-second. A server's and a coordinator's runtime answer requests and
 /// keep the default policy.
 pub fn data_plane_runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
-    io_runtime(threads)
-        .on_thread_start(|| {
-            if !eddy_core::batch_thread::enter() {
-                tracing::debug!("this I/O thread keeps the default scheduling policy");
-            }
-        })
-        .build()
-        .context("starting the async runtime")
+    io_runtime(threads).on_thread_start(eddy_core::batch_thread::enter).build().context("starting the async runtime")
 }
 
 fn io_runtime(threads: usize) -> tokio::runtime::Builder {

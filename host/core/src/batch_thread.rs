@@ -10,19 +10,24 @@
 //! preempted thread its caches. These threads hold records in memory and are woken by their
 //! inputs, so the tick bounds what waiting adds to a record's latency. A server's and a
 //! coordinator's request threads keep the default policy. Needs no privilege; where the policy
-//! cannot be set the thread keeps the default one.
+//! cannot be set the thread keeps the default one (logged at debug).
 
-/// Puts the calling thread under `SCHED_BATCH`; whether it worked.
-pub fn enter() -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: pid 0 is the calling thread; `param` is a valid, initialized struct that
-        // outlives the call.
-        unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) == 0 }
+/// Puts the calling thread under `SCHED_BATCH`, or leaves it as it is where that fails.
+pub fn enter() {
+    if !set_batch() {
+        tracing::debug!("this thread keeps the default scheduling policy");
     }
-    #[cfg(not(target_os = "linux"))]
-    {
-        false
-    }
+}
+
+#[cfg(target_os = "linux")]
+fn set_batch() -> bool {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid, initialized struct that outlives
+    // the call.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) == 0 }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_batch() -> bool {
+    false
 }

@@ -1110,9 +1110,7 @@ impl Job {
             let span = tracing::info_span!(parent: &job_span, "task", task = %plan.task_label(task), subtask = index);
             let spawned = std::thread::Builder::new().name(name).spawn(move || {
                 let _span = span.entered();
-                if !eddy_core::batch_thread::enter() {
-                    tracing::debug!("this task thread keeps the default scheduling policy");
-                }
+                eddy_core::batch_thread::enter();
                 // A panic must fail the job like an error does: a subtask that vanished without
                 // cancelling would leave its neighbours blocked on its channels for good.
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.run()))
