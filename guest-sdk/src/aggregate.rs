@@ -38,6 +38,23 @@ pub trait Aggregate: Sized + 'static {
 
     /// The window's result.
     fn result(&self, acc: Self::Accumulator) -> Self::Output;
+
+    /// Reads an accumulator from bytes [`Self::write_accumulator`] wrote (in this version or,
+    /// from a savepoint, an earlier one). By serde ([`codec::decode_value`]) unless
+    /// overridden: an accumulator that derives [`Row`](crate::Row) is read at a fraction of
+    /// the cost by its layout, with the same result, by overriding this with
+    /// [`row::decode`](crate::row::decode) (a window decodes its accumulators once per batch
+    /// that touches them).
+    fn read_accumulator(bytes: &[u8]) -> Result<Self::Accumulator> {
+        codec::decode_value(bytes)
+    }
+
+    /// Appends `acc` as the host stores it. By serde (as [`codec::encode_value`]) unless
+    /// overridden; [`RowWrite::write_row`](crate::RowWrite::write_row) writes the same bytes
+    /// for an accumulator that derives [`Row`](crate::Row).
+    fn write_accumulator(acc: &Self::Accumulator, buf: &mut Vec<u8>) -> Result<()> {
+        codec::encode_value_into(buf, acc)
+    }
 }
 
 fn with_aggregate<T: Aggregate, R>(
@@ -59,9 +76,16 @@ pub fn open<T: Aggregate>(slot: &'static Slot<T>, config: String) -> Result<(), 
     Ok(())
 }
 
+/// `acc` as the host stores it.
+fn accumulator_bytes<T: Aggregate>(acc: &T::Accumulator) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    T::write_accumulator(acc, &mut buf)?;
+    Ok(buf)
+}
+
 #[doc(hidden)]
 pub fn create_accumulator<T: Aggregate>(slot: &'static Slot<T>) -> Result<Vec<u8>, OperatorError> {
-    with_aggregate(slot, |agg| codec::encode_value(&agg.create_accumulator()))
+    with_aggregate(slot, |agg| accumulator_bytes::<T>(&agg.create_accumulator()))
 }
 
 /// Appends what `write` writes as the next item of `out`.
@@ -109,19 +133,19 @@ pub fn add<T: Aggregate>(
         };
         // A window's first update carries the empty accumulator's bytes (the host reuses what
         // `create-accumulator` returned): made anew, not decoded.
-        let empty = codec::encode_value(&agg.create_accumulator())?;
+        let empty = accumulator_bytes::<T>(&agg.create_accumulator())?;
         for (u, update) in table.iter().enumerate() {
             let bad = || Error::failed(format!("the host sent update {u} reaching outside its buffers"));
             let bytes = update.accumulator.slice(&updates.accumulators).ok_or_else(bad)?;
             let mut acc: T::Accumulator =
-                if same_bytes(bytes, &empty) { agg.create_accumulator() } else { codec::decode_value(bytes)? };
+                if same_bytes(bytes, &empty) { agg.create_accumulator() } else { T::read_accumulator(bytes)? };
             for &i in update.records(&updates.records).ok_or_else(bad)? {
                 let Some(record) = records.get(i as usize) else {
                     return Err(Error::failed(format!("the host named record {i} of a batch of {}", records.len())));
                 };
                 agg.add(&mut acc, record)?;
             }
-            push_item(&mut out, |buf| codec::encode_value_into(buf, &acc))?;
+            push_item(&mut out, |buf| T::write_accumulator(&acc, buf))?;
         }
         Ok(out)
     })
@@ -129,7 +153,7 @@ pub fn add<T: Aggregate>(
 
 #[doc(hidden)]
 pub fn merge<T: Aggregate>(slot: &'static Slot<T>, a: Vec<u8>, b: Vec<u8>) -> Result<Vec<u8>, OperatorError> {
-    with_aggregate(slot, |agg| codec::encode_value(&agg.merge(codec::decode_value(&a)?, codec::decode_value(&b)?)))
+    with_aggregate(slot, |agg| accumulator_bytes::<T>(&agg.merge(T::read_accumulator(&a)?, T::read_accumulator(&b)?)))
 }
 
 #[doc(hidden)]
@@ -139,7 +163,7 @@ pub fn get_results<T: Aggregate>(slot: &'static Slot<T>, accs: PackedItems) -> R
             eddy_wire::items(&accs.data, &accs.spans).map_err(|e| Error::failed(format!("the host sent {e}")))?;
         let mut out = PackedItems { data: Vec::new(), spans: Vec::with_capacity(accs.len() * Span::BYTES) };
         for acc in accs {
-            let result = agg.result(codec::decode_value(acc)?);
+            let result = agg.result(T::read_accumulator(acc)?);
             push_item(&mut out, |buf| codec::encode_value_into(buf, &result))?;
         }
         Ok(out)

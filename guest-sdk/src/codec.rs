@@ -101,7 +101,7 @@ pub(crate) fn encode_value_into<T: Serialize + ?Sized>(buf: &mut Vec<u8>, value:
     }
 }
 
-/// Encodes record value `value` as [`encode_value_into`] does.
+/// Encodes record value `value`: a row if it is a struct, else JSON.
 pub fn encode_value<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     encode_value_into(&mut buf, value)?;

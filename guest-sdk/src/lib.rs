@@ -89,6 +89,11 @@
 //!
 //! eddy_sdk::export_operator!(Convert);
 //! ```
+//!
+//! A field of a type of your own joins the fast path by implementing [`row::Slot`]; an
+//! [`Aggregate`] whose accumulator derives [`Row`] stores it the same way by overriding
+//! `read_accumulator` with [`row::decode`] and `write_accumulator` with
+//! [`RowWrite::write_row`] (the bytes are serde's, so nothing already stored changes).
 
 // The code `#[derive(Row)]` generates names this crate `::eddy_sdk`, in its own tests too.
 #[cfg(test)]
@@ -102,7 +107,7 @@ mod error;
 pub mod log;
 mod operator;
 mod record;
-mod row;
+pub mod row;
 mod state;
 
 pub use aggregate::Aggregate;

@@ -9,11 +9,18 @@
 //! declared once. The results are those of the serde path: a value that is not a row, a
 //! schema without one of the fields or a slot of another kind than the field's type is read
 //! by serde instead, and the bytes written are the bytes serde's row encoder writes.
+//!
+//! A field may be of any type that implements [`Slot`]: the numbers, `bool`, `String` and
+//! `Option` of a slot type do; implement it for a type of your own (an enum holding one of
+//! several kinds, say: `examples/nexmark/count`'s key) to keep a struct holding it on the fast
+//! path. An [`Aggregate`](crate::Aggregate) whose accumulator derives `Row` reads and writes
+//! it this way by overriding `read_accumulator` with [`decode`] and `write_accumulator` with
+//! [`RowWrite::write_row`].
 
 use std::cell::Cell;
 use std::thread::LocalKey;
 
-use eddy_wire::row::RowRef;
+pub use eddy_wire::row::{Kind, RowFrame, RowRef};
 use serde::de::DeserializeOwned;
 
 use crate::codec;
@@ -32,77 +39,88 @@ pub trait RowWrite {
     fn write_row(&self, buf: &mut Vec<u8>);
 }
 
+/// A field type `#[derive(Row)]` reads from and writes into one slot of a row.
+///
+/// Both directions must agree with serde's row codec on every value: `write` writes the
+/// bytes serde's row encoder writes for the value's `Serialize`, and `read` returns what the
+/// value's `Deserialize` reads from that slot, or `None` when it cannot tell (a kind it does
+/// not take), so that the struct is read by serde instead.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a row slot type",
+    label = "derive(Row) cannot read or write this field",
+    note = "derive(Row) reads and writes integers, floats, `bool`, `String`, `Option` of them and types implementing `eddy_sdk::row::Slot`; read a struct with other fields with `record.value()`"
+)]
+pub trait Slot: Sized {
+    /// Slot `i` of `row`, if it holds a value of this type.
+    fn read(row: &RowRef<'_>, i: usize) -> Option<Self>;
+    /// Writes `self` into slot `i` of the row `frame` begins in `buf`.
+    fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize);
+}
+
+/// Slot types read and written through the row's accessor `$read` of type `$wide`.
+macro_rules! same_kind_slots {
+    ($read:ident, $wide:ty: $($t:ty),*) => {$(
+        impl Slot for $t {
+            #[inline]
+            fn read(row: &RowRef<'_>, i: usize) -> Option<Self> {
+                <$t>::try_from(row.$read(i).ok()?).ok()
+            }
+            #[inline]
+            fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
+                frame.$read(buf, i, <$wide>::from(*self));
+            }
+        }
+    )*};
+}
+same_kind_slots!(u64, u64: u8, u16, u32, u64);
+same_kind_slots!(i64, i64: i8, i16, i32, i64);
+same_kind_slots!(f64, f64: f64);
+same_kind_slots!(bool, bool: bool);
+
+impl Slot for f32 {
+    #[inline]
+    fn read(row: &RowRef<'_>, i: usize) -> Option<Self> {
+        // serde reads an f32 from an f64 with `as`, rounding to nearest.
+        row.f64(i).ok().map(|v| v as f32)
+    }
+    #[inline]
+    fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
+        frame.f64(buf, i, f64::from(*self));
+    }
+}
+
+impl Slot for String {
+    #[inline]
+    fn read(row: &RowRef<'_>, i: usize) -> Option<Self> {
+        row.str(i).ok().flatten().map(str::to_owned)
+    }
+    #[inline]
+    fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
+        frame.variable(buf, i, eddy_wire::row::Kind::Str, self.as_bytes());
+    }
+}
+
+impl<T: Slot> Slot for Option<T> {
+    #[inline]
+    fn read(row: &RowRef<'_>, i: usize) -> Option<Self> {
+        if row.is_null(i).ok()? { Some(None) } else { T::read(row, i).map(Some) }
+    }
+    #[inline]
+    fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
+        match self {
+            Some(v) => v.write(frame, buf, i),
+            None => frame.null(buf, i),
+        }
+    }
+}
+
+
 /// What the code `#[derive(Row)]` generates calls; not part of the API.
 #[doc(hidden)]
 pub mod support {
-    pub use eddy_wire::row::{RowFrame, RowRef};
+    pub use super::{RowFrame, RowRef, Slot};
 
     use super::*;
-
-    /// A field type the derive reads from and writes into one slot, as serde's row codec does.
-    pub trait Slot: Sized {
-        /// Slot `i` of `row`, if it holds a value of this type.
-        fn read(row: &RowRef<'_>, i: usize) -> Option<Self>;
-        /// Writes `self` into slot `i` of the row `frame` begins in `buf`.
-        fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize);
-    }
-
-    /// Slot types read and written through the row's accessor `$read` of type `$wide`.
-    macro_rules! same_kind_slots {
-        ($read:ident, $wide:ty: $($t:ty),*) => {$(
-            impl Slot for $t {
-                #[inline]
-                fn read(row: &RowRef<'_>, i: usize) -> Option<Self> {
-                    <$t>::try_from(row.$read(i).ok()?).ok()
-                }
-                #[inline]
-                fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
-                    frame.$read(buf, i, <$wide>::from(*self));
-                }
-            }
-        )*};
-    }
-    same_kind_slots!(u64, u64: u8, u16, u32, u64);
-    same_kind_slots!(i64, i64: i8, i16, i32, i64);
-    same_kind_slots!(f64, f64: f64);
-    same_kind_slots!(bool, bool: bool);
-
-    impl Slot for f32 {
-        #[inline]
-        fn read(row: &RowRef<'_>, i: usize) -> Option<Self> {
-            // serde reads an f32 from an f64 with `as`, rounding to nearest.
-            row.f64(i).ok().map(|v| v as f32)
-        }
-        #[inline]
-        fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
-            frame.f64(buf, i, f64::from(*self));
-        }
-    }
-
-    impl Slot for String {
-        #[inline]
-        fn read(row: &RowRef<'_>, i: usize) -> Option<Self> {
-            row.str(i).ok().flatten().map(str::to_owned)
-        }
-        #[inline]
-        fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
-            frame.variable(buf, i, eddy_wire::row::Kind::Str, self.as_bytes());
-        }
-    }
-
-    impl<T: Slot> Slot for Option<T> {
-        #[inline]
-        fn read(row: &RowRef<'_>, i: usize) -> Option<Self> {
-            if row.is_null(i).ok()? { Some(None) } else { T::read(row, i).map(Some) }
-        }
-        #[inline]
-        fn write(&self, frame: &RowFrame, buf: &mut Vec<u8>, i: usize) {
-            match self {
-                Some(v) => v.write(frame, buf, i),
-                None => frame.null(buf, i),
-            }
-        }
-    }
 
     /// A struct's slots per field in the last schema read, with that schema's id.
     pub type Layout<const N: usize> = Cell<Option<(u32, [u16; N])>>;
@@ -137,9 +155,9 @@ pub mod support {
     }
 }
 
-/// Record value `bytes` read by `T`'s derived layout if it is a row the layout applies to,
-/// else by serde ([`codec::decode_value`]).
-pub(crate) fn decode<T: RowRead + DeserializeOwned>(bytes: &[u8]) -> crate::Result<T> {
+/// Value `bytes` read by `T`'s derived layout if it is a row the layout applies to, else by
+/// serde ([`codec::decode_value`]): the same result either way.
+pub fn decode<T: RowRead + DeserializeOwned>(bytes: &[u8]) -> crate::Result<T> {
     let fast = if eddy_wire::row::is_row(bytes) { RowRef::new(bytes).ok().and_then(|r| T::read_row(&r)) } else { None };
     match fast {
         Some(v) => Ok(v),

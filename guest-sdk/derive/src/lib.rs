@@ -9,17 +9,18 @@
 //! struct's schema once and writes each field into its slot: the bytes are those serde's row
 //! encoder writes for the same struct (tested). So that both stay true, the derive refuses
 //! what would make serde see another shape: generics, `#[serde(...)]` attributes, tuple and
-//! unit structs, enums, and field types it has no slot reader for.
+//! unit structs and enums. A field's type must implement `eddy_sdk::row::Slot` (the compiler
+//! says so at the field otherwise).
 
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as Tokens;
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Data, DeriveInput, Fields, Type, parse_macro_input};
+use syn::{Data, DeriveInput, Fields, parse_macro_input};
 
 /// Derives `eddy_sdk::RowRead` and `eddy_sdk::RowWrite` for a struct with named fields of
-/// the types the row format holds in a slot: `u8`–`u64`, `i8`–`i64`, `f32`, `f64`, `bool`,
-/// `String`, and `Option` of any of them.
+/// slot types (`eddy_sdk::row::Slot`): `u8`–`u64`, `i8`–`i64`, `f32`, `f64`, `bool`,
+/// `String`, `Option` of any of them, and types of the user's implementing it.
 #[proc_macro_derive(Row)]
 pub fn derive_row(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
@@ -29,23 +30,6 @@ pub fn derive_row(input: TokenStream) -> TokenStream {
     }
 }
 
-const SCALARS: [&str; 12] = ["u8", "u16", "u32", "u64", "i8", "i16", "i32", "i64", "f32", "f64", "bool", "String"];
-
-/// Whether `ty` is one of [`SCALARS`], or `Option` of one.
-fn supported(ty: &Type) -> bool {
-    let Type::Path(path) = ty else { return false };
-    let Some(last) = path.path.segments.last() else { return false };
-    let name = last.ident.to_string();
-    match &last.arguments {
-        syn::PathArguments::None => SCALARS.contains(&name.as_str()),
-        syn::PathArguments::AngleBracketed(args) if name == "Option" && args.args.len() == 1 => {
-            matches!(args.args.first(), Some(syn::GenericArgument::Type(inner)) if supported(inner))
-        }
-        _ => false,
-    }
-}
-
-/// An identifier as serde names it: a raw one (`r#type`) without its prefix.
 fn unraw(ident: &syn::Ident) -> String {
     let text = ident.to_string();
     text.strip_prefix("r#").map_or_else(|| text.clone(), str::to_owned)
@@ -85,19 +69,13 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
         refuse_serde_attributes(&field.attrs, "field")?;
         let Some(ident) = &field.ident else { continue };
         let ty = &field.ty;
-        if !supported(ty) {
-            return Err(syn::Error::new(
-                ty.span(),
-                "derive(Row) reads and writes integers, floats, `bool`, `String` and `Option` of them; read a struct with other fields with `record.value()`",
-            ));
-        }
         let text = unraw(ident);
         let span = ty.span();
         reads.push(quote_spanned! {span=>
-            #ident: <#ty as ::eddy_sdk::__private::row::Slot>::read(row, usize::from(slots[#i]))?
+            #ident: <#ty as ::eddy_sdk::row::Slot>::read(row, usize::from(slots[#i]))?
         });
         writes.push(quote_spanned! {span=>
-            <#ty as ::eddy_sdk::__private::row::Slot>::write(&self.#ident, &frame, buf, #i)
+            <#ty as ::eddy_sdk::row::Slot>::write(&self.#ident, &frame, buf, #i)
         });
         names.push(text);
     }
