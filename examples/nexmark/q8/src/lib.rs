@@ -27,15 +27,18 @@
 //! and the person's id as key.
 
 use eddy_sdk::codec::Field;
-use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result, SideOutput, TimeDomain, Timer, ValueState};
+use eddy_sdk::{Context, Error, OpenContext, Operator, Record, Result, Row, SideOutput, TimeDomain, Timer, ValueState};
 use nexmark_model::tumble_start;
 use serde::{Deserialize, Serialize};
 
 /// The tumbling window.
 pub const WINDOW_MS: i64 = 10_000;
 
-/// What happened for one person id in one window.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What happened for one person id in one window. Stored positionally, as the JSON array
+/// `[window_start, names, sold]`: the state is read on every record of the key, and parsing
+/// the field names of `{"window_start": .., "names": .., "sold": ..}` was a third of that.
+/// Its derived `Deserialize` reads either form, so state written before reads back.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Seen {
     /// The window's start (ms).
     pub window_start: i64,
@@ -43,6 +46,12 @@ pub struct Seen {
     pub names: Vec<String>,
     /// Whether the person created an auction in the window.
     pub sold: bool,
+}
+
+impl Serialize for Seen {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        (self.window_start, &self.names, self.sold).serialize(serializer)
+    }
 }
 
 /// One output row.
@@ -87,7 +96,7 @@ impl Operator for MonitorNewUsers {
         }
         let kind = record.value_str_bytes(&self.kind)?.ok_or_else(|| Error::bad_record("an event without a `type`"))?;
         let person_name = match &*kind {
-            b"person" => Some(record.value::<PersonName>()?.name),
+            b"person" => Some(record.row::<PersonName>()?.name),
             b"auction" => None,
             _ => return Ok(()),
         };
@@ -143,9 +152,32 @@ impl Operator for MonitorNewUsers {
 }
 
 /// The field of a person this query reads.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Row)]
 struct PersonName {
     name: String,
 }
 
 eddy_sdk::export_operator!(MonitorNewUsers);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(window_start: i64, names: &[&str], sold: bool) -> Seen {
+        Seen { window_start, names: names.iter().map(|n| n.to_string()).collect(), sold }
+    }
+
+    #[test]
+    fn open_windows_are_stored_positionally_and_state_written_before_reads_back() {
+        let windows = vec![seen(1_700_000_000_000, &["Peter Walton"], false), seen(-10_000, &[], true)];
+        let stored = eddy_sdk::codec::encode_value(&windows).expect("encodes");
+        assert_eq!(
+            String::from_utf8(stored.clone()).expect("JSON"),
+            r#"[[1700000000000,["Peter Walton"],false],[-10000,[],true]]"#
+        );
+        assert_eq!(eddy_sdk::codec::decode_value::<Vec<Seen>>(&stored).expect("reads back"), windows);
+        // As the state was written before: an object per window.
+        let before = br#"[{"window_start":1700000000000,"names":["Peter Walton"],"sold":false},{"window_start":-10000,"names":[],"sold":true}]"#;
+        assert_eq!(eddy_sdk::codec::decode_value::<Vec<Seen>>(before).expect("reads the old form"), windows);
+    }
+}
