@@ -303,6 +303,11 @@ pub(crate) fn slots_of<const N: usize>(id: u32, names: &[&str; N]) -> Option<[u1
     Some(slots)
 }
 
+/// The schema with id `id`, `None` if the host knows none.
+pub(crate) fn schema(id: u32) -> Option<Arc<Schema>> {
+    ROWS.with_borrow(|rows| rows.schemas.get(id))
+}
+
 /// Declares `schema` to the host; returns its id.
 pub(crate) fn declare(schema: &Schema) -> u32 {
     host::declare(schema)

@@ -114,7 +114,6 @@ impl<T: Slot> Slot for Option<T> {
     }
 }
 
-
 /// What the code `#[derive(Row)]` generates calls; not part of the API.
 #[doc(hidden)]
 pub mod support {
@@ -148,11 +147,23 @@ pub mod support {
     #[inline]
     pub fn declared(cache: &'static LocalKey<Cell<Option<u32>>>, name: &str, fields: &[&str]) -> u32 {
         cache.get().unwrap_or_else(|| {
-            let id = codec::declare(&eddy_wire::schema::Schema::new(name, fields));
+            let id = declare(name, fields);
             cache.set(Some(id));
             id
         })
     }
+}
+
+/// The id of the row schema `name` with field names `fields` (declared to the host on first
+/// use), for a row written by hand with [`RowFrame`] whose fields are chosen at run time.
+pub fn declare(name: &str, fields: &[&str]) -> u32 {
+    codec::declare(&eddy_wire::schema::Schema::new(name, fields))
+}
+
+/// The schema (name and field names) of rows of schema id `id`, `None` if the host knows
+/// none: for code that handles rows of shapes it learns at run time.
+pub fn schema(id: u32) -> Option<std::sync::Arc<eddy_wire::schema::Schema>> {
+    codec::schema(id)
 }
 
 /// Value `bytes` read by `T`'s derived layout if it is a row the layout applies to, else by

@@ -190,3 +190,63 @@ fn select_keys_by_any_pointer_and_names_a_missing_field() {
     assert!(matches!(err.kind, CallErrorKind::Operator { .. }), "{err}");
     assert!(err.to_string().contains("no field at `/id`"), "names the pointer: {err}");
 }
+
+/// `window-row` flattens a window's result into the query's row: a result that is a row
+/// becomes a row (its slots copied), any other through a JSON object. Both must read as the
+/// object written here by hand, a result already holding a bound's name is refused by name on
+/// either path, and a result of a shape the host does not know is a clear error.
+#[test]
+fn window_row_flattens_row_and_json_results_alike_and_refuses_a_clash() {
+    use eddy_core::RecordBatch;
+    use eddy_runtime::Subtask;
+    use eddy_tests::{load, open_operator};
+    use eddy_wire::row::{Kind, RowFrame};
+    use eddy_wire::schema::Schema;
+    use serde_json::json;
+
+    let window_row = load("window-row", eddy_guest_artifacts::NEXMARK_WINDOW_ROW);
+    let mut op = open_operator(&window_row, Subtask::single(128), r#"{"start": "from", "end": "to"}"#);
+    let schema = |fields: &[&str]| eddy_runtime::schemas().declare(&Schema::new("Count", fields)).expect("declares");
+    let counted = schema(&["bidder", "bids", "note", "gone"]);
+    let mut result = Vec::new();
+    let frame = RowFrame::begin(&mut result, 4, counted);
+    frame.u64(&mut result, 0, 7);
+    frame.i64(&mut result, 1, -3);
+    frame.variable(&mut result, 2, Kind::Str, "é".as_bytes());
+    frame.null(&mut result, 3);
+    let as_json = serde_json::to_vec(
+        &json!({"start": 0, "end": 10_000, "result": {"bidder": 7, "bids": -3, "note": "é", "gone": null}}),
+    )
+    .expect("json");
+    let mut batch = RecordBatch::default();
+    batch.push(Some(b"7"), &eddy_connectors::values::window_row(0, 10_000, &result), Some(9_999));
+    batch.push(Some(b"7"), &as_json, Some(9_999));
+    let out = op.process(&batch).expect("flattens");
+    let expected = json!({"bidder": 7, "bids": -3, "note": "é", "gone": null, "from": 0, "to": 10_000});
+    let rows: Vec<(Option<&[u8]>, Value, Option<i64>)> =
+        out.main.iter().map(|r| (r.key, eddy_tests::value_json(r.value), r.timestamp)).collect();
+    assert_eq!(rows, vec![(Some(&b"7"[..]), expected.clone(), Some(9_999)), (Some(&b"7"[..]), expected, Some(9_999))]);
+    assert!(eddy_wire::row::is_row(out.main.iter().next().expect("a row").value), "a row result stays a row");
+
+    let clash = schema(&["bidder", "to"]);
+    let mut result = Vec::new();
+    let frame = RowFrame::begin(&mut result, 2, clash);
+    frame.u64(&mut result, 0, 1);
+    frame.u64(&mut result, 1, 2);
+    for value in [
+        eddy_connectors::values::window_row(0, 10_000, &result),
+        serde_json::to_vec(&json!({"start": 0, "end": 10_000, "result": {"bidder": 1, "to": 2}})).expect("json"),
+    ] {
+        let mut batch = RecordBatch::default();
+        batch.push(Some(b"1"), &value, Some(9_999));
+        let err = op.process(&batch).expect_err("a clash");
+        assert!(err.to_string().contains("already has a field `to`"), "{err}");
+    }
+
+    let mut unknown = Vec::new();
+    RowFrame::begin(&mut unknown, 1, 0x5EED_0001).u64(&mut unknown, 0, 1);
+    let mut batch = RecordBatch::default();
+    batch.push(Some(b"1"), &eddy_connectors::values::window_row(0, 10_000, &unknown), Some(9_999));
+    let err = op.process(&batch).expect_err("an unknown schema");
+    assert!(err.to_string().contains("does not know"), "{err}");
+}

@@ -496,6 +496,21 @@ impl RowFrame {
         self.put(buf, i, kind, slot);
     }
 
+    /// Sets field `i` to what field `j` of `from` holds, of the same kind: a row built from
+    /// another's fields copies their slots without reading what they mean.
+    pub fn copy_field(&self, buf: &mut Vec<u8>, i: usize, from: &RowRef<'_>, j: usize) -> Result<(), RowError> {
+        if from.is_null(j)? {
+            self.null(buf, i);
+            return Ok(());
+        }
+        match from.kind(j)? {
+            Kind::Unset => self.null(buf, i),
+            kind if kind.is_variable() => self.variable(buf, i, kind, from.variable(j)?.unwrap_or_default()),
+            kind => self.put(buf, i, kind, from.slot(j)),
+        }
+        Ok(())
+    }
+
     /// Marks field `i` null.
     pub fn null(&self, buf: &mut [u8], i: usize) {
         buf[self.null_byte(i)] |= 1 << (i % 8);
@@ -618,6 +633,39 @@ mod tests {
     }
 
     proptest! {
+        /// Fields copied from one row into another (any of them, in any order, repeated or
+        /// not) read back as the fields written; the oracle is the fields as written.
+        #[test]
+        fn copied_fields_read_back_as_the_fields_they_copy(
+            fields in proptest::collection::vec(field(), 1..20),
+            picks in proptest::collection::vec(any::<prop::sample::Index>(), 0..20),
+        ) {
+            let mut source = Vec::new();
+            write(&fields, &mut source);
+            let from = RowRef::new(&source).expect("whole");
+            let picked: Vec<usize> = picks.iter().map(|p| p.index(fields.len())).collect();
+            let mut buf = vec![0xAA; 3];
+            let frame = RowFrame::begin(&mut buf, picked.len(), 9);
+            for (i, &j) in picked.iter().enumerate() {
+                frame.copy_field(&mut buf, i, &from, j).expect("in range");
+            }
+            let row = RowRef::new(&buf[3..]).expect("whole");
+            for (i, &j) in picked.iter().enumerate() {
+                let got = match &fields[j] {
+                    Field::I64(_) => Field::I64(row.i64(i).expect("i64")),
+                    Field::U64(_) => Field::U64(row.u64(i).expect("u64")),
+                    Field::Bool(_) => Field::Bool(row.bool(i).expect("bool")),
+                    Field::Str(_) => Field::Str(row.str(i).expect("str").expect("present").into()),
+                    Field::Null => {
+                        prop_assert!(row.is_null(i).expect("in range"));
+                        Field::Null
+                    }
+                };
+                prop_assert_eq!(&got, &fields[j]);
+            }
+            prop_assert_eq!(frame.copy_field(&mut buf, 0, &from, fields.len()), Err(RowError::NoField(fields.len())));
+        }
+
         #[test]
         fn every_field_reads_back_as_written(fields in proptest::collection::vec(field(), 0..140), prefix in 0usize..5) {
             let mut buf = vec![0xAA; prefix];

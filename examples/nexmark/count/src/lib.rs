@@ -243,7 +243,8 @@ impl Aggregate for CountPerKey {
 
     fn add(&self, acc: &mut Counted, record: &Record<'_>) -> Result<()> {
         if acc.key.is_none() {
-            let text = record.key_bytes().ok_or_else(|| Error::bad_record("record has no key (is the stream keyed?)"))?;
+            let text =
+                record.key_bytes().ok_or_else(|| Error::bad_record("record has no key (is the stream keyed?)"))?;
             acc.key = Some(Key::from_json(text)?);
         }
         acc.count += 1;
