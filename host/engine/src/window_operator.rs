@@ -699,21 +699,31 @@ impl<A: AggregateFn> WindowOperator<A> {
                 continue;
             }
             let merge = sessions.sessions.add(window);
-            let mut session = PendingSession::default();
-            for absorbed in merge.absorbed {
-                match sessions.take_pending(&absorbed) {
-                    // The first pending one absorbed is taken whole: no new lists per record.
-                    Some(p) if session.stored.is_empty() && session.records.is_empty() => session = p,
-                    Some(p) => {
-                        session.stored.extend(p.stored);
-                        session.records.extend(p.records);
+            // Most records extend one session this batch already holds: it grows where it
+            // lies (its cover overlaps no other session, so the order stands), instead of
+            // being taken out and put back, two moves of it and its neighbours per record.
+            if let [only] = merge.absorbed.as_slice()
+                && let Some((grown, session)) = sessions.pending.iter_mut().find(|(w, _)| w == only)
+            {
+                *grown = merge.result;
+                session.records.push(i as u32);
+            } else {
+                let mut session = PendingSession::default();
+                for absorbed in merge.absorbed {
+                    match sessions.take_pending(&absorbed) {
+                        // The first pending one absorbed is taken whole: no new lists per record.
+                        Some(p) if session.stored.is_empty() && session.records.is_empty() => session = p,
+                        Some(p) => {
+                            session.stored.extend(p.stored);
+                            session.records.extend(p.records);
+                        }
+                        // Not touched in this batch yet: a stored session with an accumulator.
+                        None => session.stored.push(absorbed),
                     }
-                    // Not touched in this batch yet: a stored session with an accumulator.
-                    None => session.stored.push(absorbed),
                 }
+                session.records.push(i as u32);
+                sessions.put_pending(merge.result, session);
             }
-            session.records.push(i as u32);
-            sessions.put_pending(merge.result, session);
             if self.fire_time(&merge.result) <= self.watermark {
                 next = i + 1;
                 break;
