@@ -29,23 +29,42 @@ pub(super) type Timer = (i64, Vec<u8>, Window);
 #[derive(Debug, Default)]
 pub(super) struct Bucket {
     keys: Vec<u8>,
-    timers: Vec<(usize, usize, Window)>,
+    timers: Vec<Pending>,
+}
+
+/// A timer in a [`Bucket`].
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    /// The key's first eight bytes as one big-endian integer, zero-padded: keys whose heads
+    /// differ are in the order of their bytes, so sorting compares these first (see
+    /// [`Bucket::sorted`]).
+    head: u64,
+    at: usize,
+    len: usize,
+    window: Window,
 }
 
 impl Bucket {
-    fn key(&self, &(at, len, _): &(usize, usize, Window)) -> &[u8] {
-        &self.keys[at..at + len]
+    fn key(&self, t: &Pending) -> &[u8] {
+        &self.keys[t.at..t.at + t.len]
     }
 
     fn push(&mut self, key: &[u8], window: Window) {
-        self.timers.push((self.keys.len(), key.len(), window));
+        let mut head = [0u8; 8];
+        let n = key.len().min(8);
+        head[..n].copy_from_slice(&key[..n]);
+        self.timers.push(Pending { head: u64::from_be_bytes(head), at: self.keys.len(), len: key.len(), window });
         self.keys.extend_from_slice(key);
     }
 
-    /// Sorted by key, then window: the emission order within a time.
+    /// Sorted by key, then window: the emission order within a time. Keys are compared by
+    /// their heads and by their bytes only where the heads tie: keys are mostly short ids, and
+    /// a `memcmp` call per comparison was most of the sort, ~4% of q5's samples.
     fn sorted(mut self) -> Self {
         let mut timers = std::mem::take(&mut self.timers);
-        timers.sort_unstable_by(|a, b| self.key(a).cmp(self.key(b)).then(a.2.cmp(&b.2)));
+        timers.sort_unstable_by(|a, b| {
+            a.head.cmp(&b.head).then_with(|| self.key(a).cmp(self.key(b))).then(a.window.cmp(&b.window))
+        });
         self.timers = timers;
         self
     }
@@ -75,7 +94,7 @@ impl Due {
     pub(super) fn iter(&self) -> Box<dyn Iterator<Item = (i64, &[u8], Window)> + '_> {
         match self {
             Due::ByTime(buckets) => {
-                Box::new(buckets.iter().flat_map(|(time, b)| b.timers.iter().map(move |t| (*time, b.key(t), t.2))))
+                Box::new(buckets.iter().flat_map(|(time, b)| b.timers.iter().map(move |t| (*time, b.key(t), t.window))))
             }
             Due::Ordered(timers) => Box::new(timers.iter().map(|(time, key, window)| (*time, key.as_slice(), *window))),
         }
@@ -109,7 +128,7 @@ impl TimerQueue {
         match self {
             TimerQueue::ByTime(by_time) => {
                 if let Some(due) = by_time.get_mut(&time)
-                    && let Some(at) = due.timers.iter().position(|t| due.key(t) == key && t.2 == window)
+                    && let Some(at) = due.timers.iter().position(|t| due.key(t) == key && t.window == window)
                 {
                     due.timers.swap_remove(at);
                     if due.timers.is_empty() {
@@ -251,6 +270,27 @@ mod tests {
             assert_eq!(taken(queue.take_due(19)), expected, "{kind:?}");
             assert_eq!(taken(queue.take_due(28)), Vec::new(), "{kind:?}");
             assert_eq!(taken(queue.take_due(i64::MAX)), vec![(29, b"c".to_vec(), w(20))], "{kind:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// A bucket sorts by key bytes as the sessions' ordered set does (the oracle), for keys
+        /// that share their first eight bytes, end in zero bytes or are prefixes of each other.
+        #[test]
+        fn fixed_windows_take_due_timers_in_the_ordered_sets_order(
+            timers in proptest::collection::btree_set(
+                (0i64..3, proptest::collection::vec(proptest::sample::select(vec![0u8, 1, b'a', 0xFF]), 0..12), -2i64..2),
+                0..60,
+            ),
+        ) {
+            let mut fixed = TimerQueue::new(WindowKind::Tumbling { size_ms: 10 });
+            let mut ordered = TimerQueue::new(WindowKind::Session { gap_ms: 10 });
+            for (time, key, start) in &timers {
+                fixed.insert(*time, key, w(*start));
+                ordered.insert(*time, key, w(*start));
+            }
+            let taken = |due: Due| -> Vec<Timer> { due.iter().map(|(t, k, w)| (t, k.to_vec(), w)).collect() };
+            proptest::prop_assert_eq!(taken(fixed.take_due(i64::MAX)), taken(ordered.take_due(i64::MAX)));
         }
     }
 }
