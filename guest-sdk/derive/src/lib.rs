@@ -30,6 +30,7 @@ pub fn derive_row(input: TokenStream) -> TokenStream {
     }
 }
 
+/// An identifier as serde names it: a raw one (`r#type`) without its prefix.
 fn unraw(ident: &syn::Ident) -> String {
     let text = ident.to_string();
     text.strip_prefix("r#").map_or_else(|| text.clone(), str::to_owned)
