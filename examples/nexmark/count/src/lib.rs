@@ -168,10 +168,11 @@ impl Slot for Key {
             Key::Str(s) => frame.variable(buf, i, Kind::Str, s.as_bytes()),
             Key::Other(Value::Null) => frame.null(buf, i),
             Key::Other(Value::Bool(b)) => frame.bool(buf, i, *b),
-            Key::Other(Value::Number(n)) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
-                (Some(u), _, _) => frame.u64(buf, i, u),
-                (None, Some(s), _) => frame.i64(buf, i, s),
-                (None, None, f) => frame.f64(buf, i, f.unwrap_or(f64::NAN)),
+            Key::Other(Value::Number(n)) => match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => frame.u64(buf, i, u),
+                (None, Some(s)) => frame.i64(buf, i, s),
+                // Neither integer is a float, which `as_f64` always gives.
+                (None, None) => frame.f64(buf, i, n.as_f64().unwrap_or(f64::NAN)),
             },
             Key::Other(Value::String(s)) => frame.variable(buf, i, Kind::Str, s.as_bytes()),
             // A list or map: its compact JSON text, as the row encoder writes one.

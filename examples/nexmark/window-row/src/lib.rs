@@ -82,16 +82,16 @@ impl WindowRow {
             return Ok(false);
         }
         let result = RowRef::new(window.variable(r).map_err(damaged)?.unwrap_or_default()).map_err(damaged)?;
-        let bounds = [(self.config.start.is_some(), start), (self.config.end.is_some(), end)];
         let Some((schema, fields)) = self.shape(&result)? else { return Ok(false) };
+        // The bounds the config names, in the order `shape` named them.
+        let added = [self.config.start.is_some().then_some(start), self.config.end.is_some().then_some(end)];
+        let added = added.into_iter().flatten();
         self.out.clear();
-        let added = bounds.iter().filter(|(wanted, _)| *wanted).count();
-        let frame = RowFrame::begin(&mut self.out, fields + added, schema);
+        let frame = RowFrame::begin(&mut self.out, fields + added.clone().count(), schema);
         for i in 0..fields {
             frame.copy_field(&mut self.out, i, &result, i).map_err(damaged)?;
         }
-        let wanted = bounds.into_iter().filter_map(|(wanted, bound)| wanted.then_some(bound));
-        for (i, bound) in (fields..).zip(wanted) {
+        for (i, bound) in (fields..).zip(added) {
             frame.i64(&mut self.out, i, bound);
         }
         Ok(true)
