@@ -732,11 +732,11 @@ impl<A: AggregateFn> WindowOperator<A> {
         let mut updates = Updates::default();
         for KeySessions { key, sessions, pending } in keys {
             for (window, mut session) in pending {
-                let acc = self.merge_stored(key, &window, &session.stored)?;
+                let (acc, timed) = self.merge_stored(key, &window, &session.stored)?;
                 // Merged pending sessions interleave; `add` wants arrival order.
                 session.records.sort_unstable();
                 let run = updates.run(session.records.iter().copied());
-                updates.push(key, window, &acc, run, true);
+                updates.push(key, window, &acc, run, !timed);
             }
             self.store.put_sessions(key, sessions.sessions())?;
         }
@@ -744,29 +744,35 @@ impl<A: AggregateFn> WindowOperator<A> {
     }
 
     /// The accumulator of session `window` from the stored sessions it absorbed (empty if
-    /// none); the absorbed ones' state and timers give way to it.
-    fn merge_stored(&mut self, key: &[u8], window: &Window, stored: &[Window]) -> Result<Vec<u8>, OperatorError> {
+    /// none), whose state gives way to it; and whether one of them has not fired, so that its
+    /// timers, pending, come due for `window` (see `timers`).
+    fn merge_stored(
+        &mut self,
+        key: &[u8],
+        window: &Window,
+        stored: &[Window],
+    ) -> Result<(Vec<u8>, bool), OperatorError> {
         let mut acc: Option<Vec<u8>> = None;
+        let mut timed = false;
         for part in stored {
-            let Some(part_acc) = self.store.key(key).acc(part)?.map(|(_, acc)| acc.to_vec()) else {
+            let Some((fired, part_acc)) = self.store.key(key).acc(part)?.map(|(fired, acc)| (fired, acc.to_vec())) else {
                 return Err(self.store.corrupt(format!(
                     "session [{}, {}) is in the session set but has no accumulator",
                     part.start, part.end
                 )));
             };
+            timed |= !fired;
             acc = Some(match acc {
                 None => part_acc,
                 Some(a) => self.aggregate.merge(&a, &part_acc)?,
             });
             if part != window {
                 self.store.delete_acc(key, part)?;
-                let (fire, cleanup) = (self.fire_time(part), self.cleanup_time(part));
-                self.timers()?.remove(fire, cleanup, key, *part);
             }
         }
         match acc {
-            Some(acc) => Ok(acc),
-            None => self.empty_accumulator(),
+            Some(acc) => Ok((acc, timed)),
+            None => Ok((self.empty_accumulator()?, false)),
         }
     }
 
@@ -836,7 +842,20 @@ impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
             return Ok(out);
         }
         self.watermark = watermark;
-        let timers = self.timers()?.take_due(watermark);
+        self.timers()?;
+        let Self { store, timers, kind, allowed_lateness_ms, .. } = self;
+        let (kind, lateness) = (*kind, *allowed_lateness_ms);
+        let timers = timers.get_or_insert_with(|| Timers::new(kind, lateness)).take_due(
+            watermark,
+            |key, window| {
+                let sessions = store.sessions(key)?;
+                Ok::<_, OperatorError>(sessions.into_iter().find(|s| s.start <= window.start && window.end <= s.end))
+            },
+            |session| {
+                let fire = fire_time(kind, session);
+                (fire, fire.saturating_add(lateness))
+            },
+        )?;
         // Already in (firing time, key) order.
         let mut due = Due::default();
         for (time, key, window) in timers.fire.iter() {

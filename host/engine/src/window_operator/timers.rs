@@ -12,10 +12,19 @@
 //! when taken: one push per new window instead of a descent of one ordered set of every
 //! (time, key, window) comparing key bytes (5% of q5's CPU). A time's keys sit back to back
 //! in one buffer, and the timers taken lend them out: no allocation per timer (an allocation
-//! and a free per key copy were 2% of q5's CPU in glibc's malloc). Sessions' times rarely repeat
-//! and a merge removes the timers of the sessions it absorbs, so they stay in an ordered set.
-//! (Grouping both by time in hash sets was tried: no faster for sliding windows, 10% slower for
-//! sessions.)
+//! and a free per key copy were 2% of q5's CPU in glibc's malloc). Sessions' times rarely repeat,
+//! so they stay in an ordered set. (Grouping both by time in hash sets was tried: no faster for
+//! sliding windows, 10% slower for sessions.)
+//!
+//! A session's timers are set when it first takes records and are not moved as it grows: a
+//! session of q11 grows by ~25 records, and moving its timer each time (a removal and an
+//! insertion in the ordered set, a key copy and a free) was a tenth of its window step. So a
+//! session's timer names the window it had then, due no later than the session is (sessions
+//! only grow). When such a timer comes due, [`Timers::take_due`] looks up the session that
+//! window now lies in: due by its own times, it is handed out (once, however many timers named
+//! it); not yet, it gets one timer at its own time. A merge keeps the timers of the sessions it
+//! absorbs for the same reason; the operator sets new ones only where none is pending (see
+//! `WindowOperator::process_sessions`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -75,9 +84,8 @@ impl Bucket {
 enum TimerQueue {
     /// Fixed windows: per time, its (key, window)s in the order they came.
     ByTime(BTreeMap<i64, Bucket>),
-    /// Sessions: every timer in emission order, and a timer reused to look one up (a merge
-    /// removes the absorbed sessions' timers: no key copy per lookup).
-    Ordered(BTreeSet<Timer>, Timer),
+    /// Sessions: every timer in emission order.
+    Ordered(BTreeSet<Timer>),
 }
 
 /// Timers taken from a queue, which lend out their keys in emission order ([`Due::iter`]).
@@ -105,9 +113,7 @@ impl TimerQueue {
     fn new(kind: WindowKind) -> Self {
         match kind {
             WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } => TimerQueue::ByTime(BTreeMap::new()),
-            WindowKind::Session { .. } => {
-                TimerQueue::Ordered(BTreeSet::new(), (0, Vec::new(), Window { start: 0, end: 0 }))
-            }
+            WindowKind::Session { .. } => TimerQueue::Ordered(BTreeSet::new()),
         }
     }
 
@@ -116,32 +122,8 @@ impl TimerQueue {
     fn insert(&mut self, time: i64, key: &[u8], window: Window) {
         match self {
             TimerQueue::ByTime(by_time) => by_time.entry(time).or_default().push(key, window),
-            TimerQueue::Ordered(set, _) => {
+            TimerQueue::Ordered(set) => {
                 set.insert((time, key.to_vec(), window));
-            }
-        }
-    }
-
-    /// Removes a timer if it is pending (a session absorbed by a merge). In a bucket the key's
-    /// bytes stay until the bucket goes.
-    fn remove(&mut self, time: i64, key: &[u8], window: Window) {
-        match self {
-            TimerQueue::ByTime(by_time) => {
-                if let Some(due) = by_time.get_mut(&time)
-                    && let Some(at) = due.timers.iter().position(|t| due.key(t) == key && t.window == window)
-                {
-                    due.timers.swap_remove(at);
-                    if due.timers.is_empty() {
-                        by_time.remove(&time);
-                    }
-                }
-            }
-            TimerQueue::Ordered(set, probe) => {
-                probe.0 = time;
-                probe.1.clear();
-                probe.1.extend_from_slice(key);
-                probe.2 = window;
-                set.remove(probe);
             }
         }
     }
@@ -159,7 +141,7 @@ impl TimerQueue {
                 };
                 Due::ByTime(due.into_iter().map(|(time, bucket)| (time, bucket.sorted())).collect())
             }
-            TimerQueue::Ordered(set, _) => {
+            TimerQueue::Ordered(set) => {
                 let due = match watermark.checked_add(1) {
                     Some(bound) => {
                         let later = set.split_off(&(bound, Vec::new(), Window { start: i64::MIN, end: i64::MIN }));
@@ -169,6 +151,35 @@ impl TimerQueue {
                 };
                 Due::Ordered(due.into_iter().collect())
             }
+        }
+    }
+
+    /// Sessions' timers taken as due, as of their sessions now (see the module docs): `now`
+    /// gives the session a timer's window lies in and its time in this queue, or `None` once
+    /// that session is purged (its other timers came due with it).
+    fn settle<E>(
+        &mut self,
+        due: Due,
+        watermark: i64,
+        mut now: impl FnMut(&[u8], Window) -> Result<Option<(Window, i64)>, E>,
+    ) -> Result<Due, E> {
+        match (self, due) {
+            (TimerQueue::Ordered(set), Due::Ordered(timers)) => {
+                let mut settled = Vec::with_capacity(timers.len());
+                for (_, key, window) in timers {
+                    match now(&key, window)? {
+                        Some((session, at)) if at <= watermark => settled.push((at, key, session)),
+                        Some((session, at)) => {
+                            set.insert((at, key, session));
+                        }
+                        None => {}
+                    }
+                }
+                settled.sort_unstable();
+                settled.dedup();
+                Ok(Due::Ordered(settled))
+            }
+            (_, due) => Ok(due),
         }
     }
 }
@@ -223,19 +234,25 @@ impl Timers {
         }
     }
 
-    /// Removes a window's pending timers (a session absorbed by a merge).
-    pub(super) fn remove(&mut self, fire_time: i64, cleanup_time: i64, key: &[u8], window: Window) {
-        self.fire.remove(fire_time, key, window);
-        if let Some(cleanup) = &mut self.cleanup {
-            cleanup.remove(cleanup_time, key, window);
-        }
-    }
-
-    /// Removes and returns the timers due at `watermark`.
-    pub(super) fn take_due(&mut self, watermark: i64) -> DueTimers {
-        let fire = self.fire.take_due(watermark);
-        let cleanup = self.cleanup.as_mut().map(|queue| queue.take_due(watermark));
-        DueTimers { fire, cleanup }
+    /// Removes and returns the windows due at `watermark`. For sessions, `session_of` gives the
+    /// session a timer's window now lies in (`None` once purged) and `times` its firing and
+    /// cleanup times: a session's timers stay where they were set as it grows (module docs).
+    pub(super) fn take_due<E>(
+        &mut self,
+        watermark: i64,
+        mut session_of: impl FnMut(&[u8], Window) -> Result<Option<Window>, E>,
+        times: impl Fn(&Window) -> (i64, i64),
+    ) -> Result<DueTimers, E> {
+        let due = self.fire.take_due(watermark);
+        let fire = self.fire.settle(due, watermark, |key, w| Ok(session_of(key, w)?.map(|s| (s, times(&s).0))))?;
+        let cleanup = match &mut self.cleanup {
+            Some(queue) => {
+                let due = queue.take_due(watermark);
+                Some(queue.settle(due, watermark, |key, w| Ok(session_of(key, w)?.map(|s| (s, times(&s).1))))?)
+            }
+            None => None,
+        };
+        Ok(DueTimers { fire, cleanup })
     }
 }
 
@@ -250,8 +267,8 @@ mod tests {
     /// Both layouts hand out the same timers in the same order: by time, then key, then window.
     #[test]
     fn both_layouts_take_due_timers_in_time_then_key_order() {
-        let inserts: [(i64, &[u8], i64); 7] =
-            [(9, b"b", 0), (19, b"a", 10), (9, b"a", 0), (29, b"c", 20), (19, b"b", 10), (9, b"a", -5), (19, b"c", 10)];
+        let inserts: [(i64, &[u8], i64); 6] =
+            [(9, b"b", 0), (19, b"a", 10), (9, b"a", 0), (29, b"c", 20), (9, b"a", -5), (19, b"c", 10)];
         let expected: Vec<Timer> = vec![
             (9, b"a".to_vec(), w(-5)),
             (9, b"a".to_vec(), w(0)),
@@ -264,12 +281,53 @@ mod tests {
             for (time, key, start) in inserts {
                 queue.insert(time, key, w(start));
             }
-            queue.remove(19, b"b", w(10));
-            queue.remove(19, b"b", w(10));
             let taken = |due: Due| -> Vec<Timer> { due.iter().map(|(t, k, w)| (t, k.to_vec(), w)).collect() };
             assert_eq!(taken(queue.take_due(19)), expected, "{kind:?}");
             assert_eq!(taken(queue.take_due(28)), Vec::new(), "{kind:?}");
             assert_eq!(taken(queue.take_due(i64::MAX)), vec![(29, b"c".to_vec(), w(20))], "{kind:?}");
+        }
+    }
+
+    /// A session's timer hands out the session its window has grown into, once however many
+    /// timers name it, when that is due; sets one at the session's own time when it is not;
+    /// and goes when no session holds its window any more.
+    #[test]
+    fn a_sessions_timer_follows_what_its_session_grew_into() {
+        let w = |start, end| Window { start, end };
+        // Key a: [0, 10) grew to [0, 25). Key b: [0, 10) and [5, 15) merged into [0, 15).
+        // Key c: [0, 10) is no session any more.
+        let now = |key: &[u8], _: Window| -> Result<Option<Window>, ()> {
+            Ok(match key {
+                b"a" => Some(w(0, 25)),
+                b"b" => Some(w(0, 15)),
+                _ => None,
+            })
+        };
+        for lateness in [0, 5] {
+            let times = |s: &Window| (s.end - 1, s.end - 1 + lateness);
+            let mut timers = Timers::new(WindowKind::Session { gap_ms: 10 }, lateness);
+            for (key, window) in [(b"a", w(0, 10)), (b"b", w(0, 10)), (b"b", w(5, 15)), (b"c", w(0, 10))] {
+                let (fire, cleanup) = times(&window);
+                timers.insert(fire, cleanup, key, window, false);
+            }
+            let mut take = |watermark| {
+                let due = timers.take_due(watermark, now, times).expect("no lookup fails");
+                let listed = |due: &Due| -> Vec<Timer> { due.iter().map(|(t, k, w)| (t, k.to_vec(), w)).collect() };
+                (listed(&due.fire), listed(due.cleanup()))
+            };
+            let b = vec![(14, b"b".to_vec(), w(0, 15))];
+            let a = vec![(24, b"a".to_vec(), w(0, 25))];
+            if lateness == 0 {
+                assert_eq!(take(14), (b.clone(), b));
+                assert_eq!(take(23), (vec![], vec![]));
+                assert_eq!(take(24), (a.clone(), a));
+            } else {
+                assert_eq!(take(14), (b, vec![]));
+                assert_eq!(take(19), (vec![], vec![(19, b"b".to_vec(), w(0, 15))]));
+                assert_eq!(take(24), (a, vec![]));
+                assert_eq!(take(28), (vec![], vec![]));
+                assert_eq!(take(29), (vec![], vec![(29, b"a".to_vec(), w(0, 25))]));
+            }
         }
     }
 
