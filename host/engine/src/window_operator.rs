@@ -51,7 +51,7 @@ mod store;
 mod tests;
 mod timers;
 
-use store::WindowStore;
+use store::{KeyEntries, WindowStore};
 use timers::Timers;
 
 pub use eddy_plan::window_state::{ACC_STATE, SESSIONS_STATE, encode_window};
@@ -729,51 +729,29 @@ impl<A: AggregateFn> WindowOperator<A> {
                 break;
             }
         }
+        let empty = self.empty_accumulator()?;
         let mut updates = Updates::default();
+        // Absorbed sessions the backend may hold, deleted there once every key is done: each
+        // key is found once for its merges and its session list.
+        let mut stored_gone: Vec<(&[u8], Window)> = Vec::new();
+        let Self { store, aggregate, .. } = self;
         for KeySessions { key, sessions, pending } in keys {
+            let mut entries = store.key(key);
             for (window, mut session) in pending {
-                let (acc, timed) = self.merge_stored(key, &window, &session.stored)?;
+                let (acc, timed) = merge_stored(&mut entries, aggregate, &window, &session.stored, &empty, |part| {
+                    stored_gone.push((key, part));
+                })?;
                 // Merged pending sessions interleave; `add` wants arrival order.
                 session.records.sort_unstable();
                 let run = updates.run(session.records.iter().copied());
                 updates.push(key, window, &acc, run, !timed);
             }
-            self.store.put_sessions(key, sessions.sessions())?;
+            entries.put_sessions(sessions.sessions());
+        }
+        for (key, part) in stored_gone {
+            self.store.delete_stored_acc(key, &part)?;
         }
         Ok((self.apply(batch, updates)?, next))
-    }
-
-    /// The accumulator of session `window` from the stored sessions it absorbed (empty if
-    /// none), whose state gives way to it; and whether one of them has not fired, so that its
-    /// timers, pending, come due for `window` (see `timers`).
-    fn merge_stored(
-        &mut self,
-        key: &[u8],
-        window: &Window,
-        stored: &[Window],
-    ) -> Result<(Vec<u8>, bool), OperatorError> {
-        let mut acc: Option<Vec<u8>> = None;
-        let mut timed = false;
-        for part in stored {
-            let Some((fired, part_acc)) = self.store.key(key).acc(part)?.map(|(fired, acc)| (fired, acc.to_vec())) else {
-                return Err(self.store.corrupt(format!(
-                    "session [{}, {}) is in the session set but has no accumulator",
-                    part.start, part.end
-                )));
-            };
-            timed |= !fired;
-            acc = Some(match acc {
-                None => part_acc,
-                Some(a) => self.aggregate.merge(&a, &part_acc)?,
-            });
-            if part != window {
-                self.store.delete_acc(key, part)?;
-            }
-        }
-        match acc {
-            Some(acc) => Ok((acc, timed)),
-            None => Ok((self.empty_accumulator()?, false)),
-        }
     }
 
     /// Appends one window result to `out`; a result that would take the output past what one
@@ -810,6 +788,39 @@ impl<A: AggregateFn> WindowOperator<A> {
         }
         Ok(())
     }
+}
+
+/// The accumulator of session `window` from the stored sessions it absorbed (`empty` if
+/// none), whose state gives way to it (`gone` gets those the backend may hold); and whether
+/// one of them has not fired, so that its timers, pending, come due for `window` (see
+/// `timers`).
+fn merge_stored<A: AggregateFn>(
+    entries: &mut KeyEntries<'_>,
+    aggregate: &mut A,
+    window: &Window,
+    stored: &[Window],
+    empty: &[u8],
+    mut gone: impl FnMut(Window),
+) -> Result<(Vec<u8>, bool), OperatorError> {
+    let mut acc: Option<Vec<u8>> = None;
+    let mut timed = false;
+    for part in stored {
+        let Some((fired, part_acc)) = entries.acc(part)?.map(|(fired, acc)| (fired, acc.to_vec())) else {
+            return Err(entries.corrupt(format!(
+                "session [{}, {}) is in the session set but has no accumulator",
+                part.start, part.end
+            )));
+        };
+        timed |= !fired;
+        acc = Some(match acc {
+            None => part_acc,
+            Some(a) => aggregate.merge(&a, &part_acc)?,
+        });
+        if part != window && entries.remove_acc(part) {
+            gone(*part);
+        }
+    }
+    Ok((acc.unwrap_or_else(|| empty.to_vec()), timed))
 }
 
 impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {

@@ -233,6 +233,31 @@ impl KeyEntries<'_> {
         }
     }
 
+    /// Drops the window's accumulator from the buffer. True if the backend may hold one, which
+    /// the caller then deletes there ([`WindowStore::delete_stored_acc`]).
+    pub(super) fn remove_acc(&mut self, window: &Window) -> bool {
+        let Ok(at) = self.held.accs.binary_search_by(|(w, _)| w.cmp(window)) else { return true };
+        let (_, held) = self.held.accs.remove(at);
+        *self.used = self.used.saturating_sub(held.bytes());
+        held.stored
+    }
+
+    /// Sets the key's open sessions, at least one (none is [`WindowStore::put_sessions`]'s).
+    pub(super) fn put_sessions(&mut self, sessions: &[Window]) {
+        match &mut self.held.sessions {
+            Some(held) => held.set(sessions, self.used),
+            slot @ None => {
+                let held = Held::fresh(sessions);
+                *self.used += held.bytes();
+                *slot = Some(held);
+            }
+        }
+    }
+
+    pub(super) fn corrupt(&self, problem: String) -> OperatorError {
+        error(self.operator, StateError::Corrupt(problem))
+    }
+
     /// Puts `held` at `at` of the key's window array, counting it and the array's growth.
     fn insert_acc(&mut self, at: usize, window: Window, held: Held) {
         let before = self.held.accs_bytes();
@@ -304,17 +329,13 @@ impl WindowStore {
     /// Deletes the window's accumulator: from the buffer, and from the backend if it ever got
     /// it.
     pub(super) fn delete_acc(&mut self, key: &[u8], window: &Window) -> Result<(), OperatorError> {
-        let removed = self.held.get_mut(key).and_then(|held| {
-            let at = held.accs.binary_search_by(|(w, _)| w.cmp(window)).ok()?;
-            Some(held.accs.remove(at).1)
-        });
-        if let Some(held) = &removed {
-            self.used = self.used.saturating_sub(held.bytes());
-        }
+        let stored = self.key(key).remove_acc(window);
         self.forget_if_empty(key);
-        if matches!(removed, Some(Held { stored: false, .. })) {
-            return Ok(());
-        }
+        if stored { self.delete_stored_acc(key, window) } else { Ok(()) }
+    }
+
+    /// Deletes the window's accumulator from the backend (after [`KeyEntries::remove_acc`]).
+    pub(super) fn delete_stored_acc(&mut self, key: &[u8], window: &Window) -> Result<(), OperatorError> {
         let entry =
             self.entry.encode(HashedKey::new(key, self.max_parallelism), self.acc_state, &encode_window(window));
         self.backend.delete(entry).map_err(|e| error(&self.operator, e))
@@ -351,15 +372,7 @@ impl WindowStore {
             let entry = self.entry.encode(HashedKey::new(key, self.max_parallelism), self.sessions_state, b"");
             return self.backend.delete(entry).map_err(|e| error(&self.operator, e));
         }
-        let entries = self.key(key);
-        match &mut entries.held.sessions {
-            Some(held) => held.set(sessions, entries.used),
-            slot @ None => {
-                let held = Held::fresh(sessions);
-                *entries.used += held.bytes();
-                *slot = Some(held);
-            }
-        }
+        self.key(key).put_sessions(sessions);
         Ok(())
     }
 
