@@ -150,6 +150,9 @@ impl SessionWindows {
     /// The session `window` would belong to if added: its cover with every session it
     /// overlaps or touches. Nothing changes; the window operator judges lateness on this.
     pub fn cover(&self, window: Window) -> Window {
+        if let Some(only) = self.only_touching(&window) {
+            return self.sessions[only].cover(&window);
+        }
         let mut result = window;
         // Under the contract one pass finds every such session; repeat until stable anyway,
         // so the answer never rests on it.
@@ -164,6 +167,13 @@ impl SessionWindows {
 
     /// Adds a record's window and merges it with every session it overlaps or touches.
     pub fn add(&mut self, window: Window) -> Merge {
+        // Most records fall in or extend one session, which grows where it lies.
+        if let Some(only) = self.only_touching(&window) {
+            let session = self.sessions[only];
+            let result = session.cover(&window);
+            self.sessions[only] = result;
+            return Merge { result, absorbed: smallvec::smallvec![session] };
+        }
         let result = self.cover(window);
         // Every session touching the stable cover lies inside it. In place, without a new list
         // per record: the sessions stay in start order, and so do the absorbed ones.
@@ -178,6 +188,17 @@ impl SessionWindows {
         let at = self.sessions.partition_point(|s| *s < result);
         self.sessions.insert(at, result);
         Merge { result, absorbed }
+    }
+
+    /// The one session `window` overlaps or touches, if exactly one does. Their cover is then
+    /// the session `window` belongs to, and it reaches no other session: an interval that
+    /// touches the cover of two touching intervals touches one of them.
+    fn only_touching(&self, window: &Window) -> Option<usize> {
+        let mut touching = self.sessions.iter().enumerate().filter(|(_, s)| s.overlaps_or_touches(window));
+        match (touching.next(), touching.next()) {
+            (Some((only, _)), None) => Some(only),
+            _ => None,
+        }
     }
 
     /// Removes and returns the sessions the watermark has passed (ready to fire).
