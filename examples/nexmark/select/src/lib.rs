@@ -155,7 +155,7 @@ impl Kept {
                     "`{kind}.where.{field}` lists no value: name those to keep (e.g. `[10]`)"
                 )));
             }
-            let texts = values.iter().map(|v| eddy_sdk::codec::encode(v)).collect::<Result<_>>()?;
+            let texts = values.iter().map(eddy_sdk::codec::encode).collect::<Result<_>>()?;
             checked.push((top_field(&field), texts));
         }
         let code = type_code(kind.as_bytes());

@@ -18,7 +18,7 @@
 //!
 //! A session's timers are set when it first takes records and are not moved as it grows: a
 //! session of q11 grows by ~25 records, and moving its timer each time (a removal and an
-//! insertion in the ordered set, a key copy and a free) was a tenth of its window step. So a
+//! insertion in the ordered set, a key copy and a free) was a fifth of its window step. So a
 //! session's timer names the window it had then, due no later than the session is (sessions
 //! only grow). When such a timer comes due, [`Timers::take_due`] looks up the session that
 //! window now lies in: due by its own times, it is handed out (once, however many timers named
