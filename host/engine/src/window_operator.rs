@@ -339,6 +339,12 @@ fn fire_time(kind: WindowKind, window: &Window) -> i64 {
     }
 }
 
+/// When `window` of `kind` fires, and when its state is purged `lateness` ms later.
+fn window_times(kind: WindowKind, lateness: i64, window: &Window) -> (i64, i64) {
+    let fire = fire_time(kind, window);
+    (fire, fire.saturating_add(lateness))
+}
+
 /// Event-time windows of keyed records over an aggregate (see the module docs).
 ///
 /// An error from the aggregate or the state backend can leave a batch or a watermark half
@@ -454,7 +460,7 @@ impl<A: AggregateFn> WindowOperator<A> {
 
     /// When `window`'s state is purged; from then on it takes no records.
     fn cleanup_time(&self, window: &Window) -> i64 {
-        self.fire_time(window).saturating_add(self.allowed_lateness_ms)
+        window_times(self.kind, self.allowed_lateness_ms, window).1
     }
 
     fn past_cleanup(&self, window: &Window) -> bool {
@@ -531,8 +537,7 @@ impl<A: AggregateFn> WindowOperator<A> {
             let key = run[0].0;
             let mut entries = store.key(key);
             for (&(_, window), (acc, needs_timers)) in run.iter().zip(accs.by_ref()) {
-                let fire_time = fire_time(*kind, &window);
-                let cleanup_time = fire_time.saturating_add(*allowed_lateness_ms);
+                let (fire_time, cleanup_time) = window_times(*kind, *allowed_lateness_ms, &window);
                 let fires_now = fire_time <= *watermark;
                 entries.put_acc(&window, fires_now, acc);
                 if fires_now {
@@ -862,10 +867,7 @@ impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
                 let sessions = store.sessions(key)?;
                 Ok::<_, OperatorError>(sessions.into_iter().find(|s| s.start <= window.start && window.end <= s.end))
             },
-            |session| {
-                let fire = fire_time(kind, session);
-                (fire, fire.saturating_add(lateness))
-            },
+            |session| window_times(kind, lateness, session),
         )?;
         // Already in (firing time, key) order.
         let mut due = Due::default();
