@@ -7,7 +7,8 @@
 
 use std::borrow::Cow;
 
-use eddy_core::{KeyGroupRange, RecordBatch, RecordView, key_group_of};
+use eddy_core::{KeyGroup, KeyGroupRange, RecordBatch, RecordView, key_group_of};
+use eddy_wire::row::Kind;
 use eddy_wire::schema::FieldSlots;
 
 use crate::buffer::BufferBuilder;
@@ -56,6 +57,13 @@ struct RowField {
     /// The field's name; none for a `key_by` this path does not serve.
     name: Option<String>,
     slots: FieldSlots,
+    /// The last key rendered (reused: no allocation per record).
+    key: Vec<u8>,
+    /// What `key` was rendered from when that was a fixed-width field (its kind and slot), and
+    /// the key's group: neighbouring records often hold the same value (every result of one
+    /// q5 window firing has the same `end`), and then the key is neither rendered nor hashed
+    /// again.
+    last: Option<((Kind, [u8; 8]), KeyGroup)>,
 }
 
 impl RowField {
@@ -64,22 +72,35 @@ impl RowField {
             KeyBy::Field(pointer) => pointer.strip_prefix('/').filter(|n| !n.contains(['/', '~'])).map(str::to_owned),
             KeyBy::Key | KeyBy::Value => None,
         };
-        Self { name, slots: FieldSlots::default() }
+        Self { name, ..Self::default() }
     }
 
-    /// The JSON text of the field in row `value`; `None` where this path does not answer (no
-    /// one-step field, not a row, a schema without the field, a damaged row): [`extract_key`]
-    /// then reads it, or says what is wrong.
-    fn key(&mut self, value: &[u8]) -> Option<Vec<u8>> {
+    /// The JSON text of the field in row `value` and its key group; `None` where this path
+    /// does not answer (no one-step field, not a row, a schema without the field, a damaged
+    /// row): [`extract_key`] then reads it, or says what is wrong.
+    fn key(&mut self, value: &[u8], max_parallelism: u32) -> Option<(&[u8], KeyGroup)> {
         let name = self.name.as_deref()?;
         if !eddy_wire::row::is_row(value) {
             return None;
         }
         let row = eddy_wire::row::RowRef::new(value).ok()?;
         let index = self.slots.slot_of(&row, name, eddy_runtime::schemas())?;
-        let mut key = Vec::new();
-        eddy_wire::json::field_to_json(&row, index, eddy_runtime::schemas(), &mut key).ok()?;
-        Some(key)
+        // A fixed-width field's JSON follows from its kind and slot alone.
+        let fixed = match row.kind(index).ok()? {
+            kind @ (Kind::Bool | Kind::I64 | Kind::U64 | Kind::F64) => row.fixed(index).ok()?.map(|slot| (kind, slot)),
+            _ => None,
+        };
+        if let (Some(now), Some((seen, group))) = (fixed, self.last)
+            && now == seen
+        {
+            return Some((&self.key, group));
+        }
+        self.last = None;
+        self.key.clear();
+        eddy_wire::json::field_to_json(&row, index, eddy_runtime::schemas(), &mut self.key).ok()?;
+        let group = key_group_of(&self.key, max_parallelism);
+        self.last = fixed.map(|f| (f, group));
+        Some((&self.key, group))
     }
 }
 
@@ -227,20 +248,24 @@ impl OutputRouter {
             // a downstream window step woke and folded ~170 records at a time at parallelism 2
             // where it got ~1 900 at parallelism 1.
             Partitioning::Hash(key_by) => {
-                let parallelism = self.outlets.senders.len() as u32;
+                let Self { outlets, row_field, max_parallelism, step, .. } = self;
+                let parallelism = outlets.senders.len() as u32;
                 for record in batch.iter() {
-                    let key = match self.row_field.key(record.value).map(Cow::Owned) {
-                        Some(key) => key,
-                        None => extract_key(key_by, &record)
-                            .map_err(|problem| RouteError::Key { step: self.step.clone(), problem })?,
+                    let extracted;
+                    let (key, group) = match row_field.key(record.value, *max_parallelism) {
+                        Some(found) => found,
+                        None => {
+                            extracted = extract_key(key_by, &record)
+                                .map_err(|problem| RouteError::Key { step: step.clone(), problem })?;
+                            (&*extracted, key_group_of(&extracted, *max_parallelism))
+                        }
                     };
-                    let group = key_group_of(&key, self.max_parallelism);
-                    let channel = KeyGroupRange::subtask_of(group, self.max_parallelism, parallelism) as usize;
-                    let keyed = RecordView { key: Some(&key), value: record.value, timestamp: record.timestamp };
-                    self.outlets.add(channel, &keyed, now_ms)?;
+                    let channel = KeyGroupRange::subtask_of(group, *max_parallelism, parallelism) as usize;
+                    let keyed = RecordView { key: Some(key), value: record.value, timestamp: record.timestamp };
+                    outlets.add(channel, &keyed, now_ms)?;
                 }
-                for channel in 0..self.outlets.senders.len() {
-                    self.outlets.ship_ready(channel, now_ms)?;
+                for channel in 0..outlets.senders.len() {
+                    outlets.ship_ready(channel, now_ms)?;
                 }
             }
             Partitioning::Forward | Partitioning::Rebalance => {
@@ -561,12 +586,33 @@ pub(crate) mod tests {
             row.i64(&mut out, 2, 8);
             out
         };
+        // One field of every fixed kind, neighbours alike and not: equal slot bytes of another
+        // kind are another key (u64::MAX and -1, 1 and true), so a remembered key must be
+        // remembered with its kind.
+        let single = eddy_runtime::schemas().declare(&Schema::new("router-memo", &["end"])).expect("declared");
+        let fixed = |write: &dyn Fn(&RowFrame, &mut Vec<u8>)| {
+            let mut out = Vec::new();
+            let row = RowFrame::begin(&mut out, 1, single);
+            write(&row, &mut out);
+            out
+        };
         let values = [
             eddy_connectors::values::window_row(0, 10, &other_row("a")),
             other_row("b\"c"),
             eddy_connectors::values::window_row(-5, i64::MAX, &other_row("d")),
             other_row(""),
             br#"{"end": 3}"#.to_vec(),
+            fixed(&|r, b| r.u64(b, 0, 5)),
+            fixed(&|r, b| r.u64(b, 0, 5)),
+            fixed(&|r, b| r.i64(b, 0, 5)),
+            fixed(&|r, b| r.u64(b, 0, u64::MAX)),
+            fixed(&|r, b| r.i64(b, 0, -1)),
+            fixed(&|r, b| r.u64(b, 0, 1)),
+            fixed(&|r, b| r.bool(b, 0, true)),
+            fixed(&|r, b| r.f64(b, 0, 2.5)),
+            fixed(&|r, b| r.f64(b, 0, 2.5)),
+            fixed(&|r, b| r.null(b, 0)),
+            fixed(&|r, b| r.u64(b, 0, 1)),
         ];
         for pointer in ["/end", "/x", "/start", "/result/end"] {
             let key_by = KeyBy::Field(pointer.into());
@@ -574,16 +620,35 @@ pub(crate) mod tests {
             // Twice over, so the second pass reads from what the first cached.
             for value in values.iter().chain(&values) {
                 let general = extract_key(&key_by, &view(None, value)).ok();
-                if let Some(fast) = slot.key(value) {
-                    assert_eq!(Some(fast.as_slice()), general.as_deref(), "{pointer} of {value:?}");
+                if let Some((fast, group)) = slot.key(value, 128) {
+                    assert_eq!(Some(fast), general.as_deref(), "{pointer} of {value:?}");
+                    assert_eq!(group, key_group_of(fast, 128), "{pointer} of {value:?}");
                 }
             }
         }
         let mut end = RowField::new(&KeyBy::Field("/end".into()));
-        assert_eq!(end.key(&values[0]).as_deref(), Some(&b"10"[..]));
-        assert_eq!(end.key(&values[1]).as_deref(), Some(&br#""b\"c""#[..]));
-        assert_eq!(end.key(&values[4]), None, "JSON goes to the general reader");
-        assert_eq!(RowField::new(&KeyBy::Field("/result/end".into())).key(&values[0]), None, "one step only");
+        let mut key = |value: &[u8]| end.key(value, 128).map(|(k, _)| String::from_utf8_lossy(k).into_owned());
+        let keys: Vec<_> = values.iter().map(|v| key(v)).collect();
+        let expected = [
+            Some("10"),
+            Some(r#""b\"c""#),
+            Some("9223372036854775807"),
+            Some(r#""""#),
+            None, // JSON goes to the general reader
+            Some("5"),
+            Some("5"),
+            Some("5"),
+            Some("18446744073709551615"),
+            Some("-1"),
+            Some("1"),
+            Some("true"),
+            Some("2.5"),
+            Some("2.5"),
+            Some("null"),
+            Some("1"),
+        ];
+        assert_eq!(keys, expected.map(|k| k.map(str::to_owned)));
+        assert_eq!(RowField::new(&KeyBy::Field("/result/end".into())).key(&values[0], 128), None, "one step only");
     }
 
     #[test]
