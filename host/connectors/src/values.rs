@@ -35,15 +35,20 @@ pub fn pointer_text(value: &[u8], pointer: &str) -> Result<Option<Vec<u8>>, Stri
 /// A window's result that is a row, as the row `{"start", "end", "result"}` (the result
 /// nested), the shape a JSON result gets as an object.
 pub fn window_row(start: i64, end: i64, result: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(result.len() + 64);
+    write_window_row(&mut out, start, end, result);
+    out
+}
+
+/// [`window_row`] appended to `out` (a batch's buffer: no buffer per result).
+pub fn write_window_row(out: &mut Vec<u8>, start: i64, end: i64, result: &[u8]) {
     static SCHEMA: std::sync::LazyLock<u32> = std::sync::LazyLock::new(|| {
         let schema = Schema::new("window", &["start", "end", "result"]);
         // Three short names: within every limit and, as a fixed shape, its id is stable.
         eddy_runtime::schemas().declare(&schema).unwrap_or_else(|_| schema.id())
     });
-    let mut out = Vec::with_capacity(result.len() + 64);
-    let row = RowFrame::begin(&mut out, 3, *SCHEMA);
-    row.i64(&mut out, 0, start);
-    row.i64(&mut out, 1, end);
-    row.variable(&mut out, 2, Kind::Row, result);
-    out
+    let row = RowFrame::begin(out, 3, *SCHEMA);
+    row.i64(out, 0, start);
+    row.i64(out, 1, end);
+    row.variable(out, 2, Kind::Row, result);
 }

@@ -127,6 +127,31 @@ impl RecordBatch {
         }
     }
 
+    /// Appends a record whose value `write` appends to the batch's buffer in place (no buffer
+    /// of its own per record), or refuses it (changing nothing) if the batch would then pass
+    /// [`MAX_BATCH_BYTES`]. `write` may only append.
+    pub fn try_push_written(
+        &mut self,
+        key: Option<&[u8]>,
+        timestamp: Option<i64>,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<(), BatchFull> {
+        let held = self.data.len();
+        self.room_for(key.map_or(0, <[u8]>::len))?;
+        let key = key.map(|k| self.append(k));
+        let start = self.data.len();
+        write(&mut self.data);
+        let len = self.data.len().checked_sub(start).expect("a record's writer may only append to its batch");
+        if self.data.len() > MAX_BATCH_BYTES {
+            let adding = self.data.len() - held;
+            self.data.truncate(held);
+            return Err(BatchFull { held, adding });
+        }
+        let value = Span { offset: start as u32, len: len as u32 };
+        self.records.push(RecordMeta { key, value, timestamp });
+        Ok(())
+    }
+
     /// Appends a record without a key whose value `write` appends to the batch's buffer in
     /// place (a source saves the copy out of a buffer of its own); `write` returns the record's
     /// event time and may only append.
@@ -322,6 +347,21 @@ mod tests {
             got,
             vec![record(Some(b"k1"), b"v1", Some(1)), record(None, b"v2", None), record(Some(b"k3"), b"", Some(3))]
         );
+    }
+
+    #[test]
+    fn a_record_written_in_place_reads_back_after_those_before_it() {
+        let mut b = RecordBatch::default();
+        b.push(Some(b"k1"), b"v1", Some(1));
+        b.try_push_written(Some(b"k2"), Some(2), |data| data.extend_from_slice(b"written")).expect("room");
+        b.try_push_written(None, None, |_| {}).expect("room");
+        let got: Vec<_> = b.iter().map(|r| (r.key.map(<[u8]>::to_vec), r.value.to_vec(), r.timestamp)).collect();
+        let expected = [
+            (Some(b"k1".to_vec()), b"v1".to_vec(), Some(1)),
+            (Some(b"k2".to_vec()), b"written".to_vec(), Some(2)),
+            (None, Vec::new(), None),
+        ];
+        assert_eq!(got, expected);
     }
 
     #[test]

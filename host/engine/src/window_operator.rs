@@ -763,8 +763,10 @@ impl<A: AggregateFn> WindowOperator<A> {
     /// batch can address (results come from the guest) fails the step instead of the host.
     fn result_record(&self, out: &mut Output, key: &[u8], window: &Window, result: &[u8]) -> Result<(), OperatorError> {
         if eddy_wire::row::is_row(result) {
-            let value = eddy_connectors::values::window_row(window.start, window.end, result);
-            return out.main.try_push(Some(key), &value, Some(window.max_timestamp())).map_err(|full| {
+            let write = |data: &mut Vec<u8>| {
+                eddy_connectors::values::write_window_row(data, window.start, window.end, result);
+            };
+            return out.main.try_push_written(Some(key), Some(window.max_timestamp()), write).map_err(|full| {
                 OperatorError::BadRecord {
                     operator: self.name.clone(),
                     problem: format!("window results of one call are too large: {full}"),
