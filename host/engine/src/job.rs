@@ -972,14 +972,14 @@ impl Job {
                             Node::Step(i) => spec.steps[*i].name.clone(),
                             _ => plan.label(*n).to_string(),
                         });
-                        Tail::Exchange(OutputRouter::new(
+                        Tail::Exchange(Box::new(OutputRouter::new(
                             edge.partitioning.clone(),
                             std::mem::take(&mut senders[task.id][index as usize]),
                             spec.max_parallelism,
                             options.buffer_bytes,
                             spec.buffer_timeout_ms,
                             next_step,
-                        ))
+                        )))
                     }
                     None if sink_given => match given_sink.take() {
                         Some(sink) => Tail::Sink(sink),

@@ -104,8 +104,8 @@ pub(crate) enum Head {
 
 /// Where the chain's records leave.
 pub(crate) enum Tail {
-    /// Towards the next task.
-    Exchange(OutputRouter),
+    /// Towards the next task (boxed: a router is ten times a sink's handle).
+    Exchange(Box<OutputRouter>),
     /// Into the sink (the last task).
     Sink(Box<dyn Sink>),
 }
@@ -855,7 +855,7 @@ mod tests {
         );
         let (mut runner, _senders, _reports) = aligning_subtask(std::path::Path::new("/nonexistent"));
         runner.operators = vec![Box::new(FiresAt(100))];
-        runner.tail = Tail::Exchange(router);
+        runner.tail = Tail::Exchange(Box::new(router));
         runner.advance_watermark(50).expect("watermark 50");
         assert!(matches!(sent.lock().expect("collector").as_slice(), [Message::Watermark(50)]));
         runner.advance_watermark(100).expect("watermark 100");
