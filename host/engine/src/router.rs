@@ -190,6 +190,8 @@ pub struct OutputRouter {
     outlets: Outlets,
     row_field: RowField,
     max_parallelism: u32,
+    /// Per record of the batch being routed by `key`, its channel (reused).
+    channels: Vec<u32>,
     next: usize,
     step: String,
 }
@@ -225,6 +227,7 @@ impl OutputRouter {
             outlets: Outlets { senders, builders, pending_watermarks },
             row_field,
             max_parallelism,
+            channels: Vec::new(),
             next: 0,
             step,
         }
@@ -237,16 +240,36 @@ impl OutputRouter {
             return Ok(());
         }
         match &self.partitioning {
-            // One channel, and the keys stay: the batch goes whole (its keys checked).
-            Partitioning::Hash(KeyBy::Key)
-                if self.outlets.senders.len() == 1 && batch.iter().all(|r| r.key.is_some()) =>
-            {
-                self.outlets.push_given(0, batch, now_ms)?;
+            // The keys stay: where every record's key goes to one channel (one channel; one
+            // key, as q7's), the batch goes whole, otherwise each record to its channel.
+            Partitioning::Hash(KeyBy::Key) => {
+                let Self { outlets, max_parallelism, step, channels, .. } = self;
+                let parallelism = outlets.senders.len() as u32;
+                channels.clear();
+                for record in batch.iter() {
+                    let key = extract_key(&KeyBy::Key, &record)
+                        .map_err(|problem| RouteError::Key { step: step.clone(), problem })?;
+                    if parallelism > 1 {
+                        let group = key_group_of(&key, *max_parallelism);
+                        channels.push(KeyGroupRange::subtask_of(group, *max_parallelism, parallelism));
+                    }
+                }
+                match channels.first() {
+                    // One channel: no key is hashed.
+                    None => outlets.push_given(0, batch, now_ms)?,
+                    Some(&first) if channels.iter().all(|&c| c == first) => {
+                        outlets.push_given(first as usize, batch, now_ms)?;
+                    }
+                    Some(_) => {
+                        for (record, &channel) in batch.iter().zip(channels.iter()) {
+                            outlets.add(channel as usize, &record, now_ms)?;
+                        }
+                        for channel in 0..outlets.senders.len() {
+                            outlets.ship_ready(channel, now_ms)?;
+                        }
+                    }
+                }
             }
-            // Each channel's share of the batch goes as one message (past the buffer's size if
-            // need be), as the whole batch goes to a single channel: cut into 32 KiB buffers,
-            // a downstream window step woke and folded ~170 records at a time at parallelism 2
-            // where it got ~1 900 at parallelism 1.
             Partitioning::Hash(key_by) => {
                 let Self { outlets, row_field, max_parallelism, step, .. } = self;
                 let parallelism = outlets.senders.len() as u32;
@@ -534,6 +557,53 @@ pub(crate) mod tests {
         assert_eq!(values, vec![vec![&b"abcd"[..], b"efgh"], vec![b"i", b"jklmnopq"], vec![b"rstuvwxy"]]);
         let Message::Data { batch: first, .. } = &sent[0] else { unreachable!() };
         assert_eq!(first.parts().0.as_ptr(), at, "the given batch itself, not a copy");
+    }
+
+    #[test]
+    fn by_key_a_batch_whose_keys_one_subtask_owns_goes_whole_and_a_mixed_one_record_by_record() {
+        let outs: Vec<_> = (0..3).map(|_| std::sync::Arc::new(std::sync::Mutex::new(Vec::new()))).collect();
+        let senders: Vec<Box<dyn ChannelSender>> =
+            outs.iter().map(|o| Box::new(Collect(o.clone())) as Box<dyn ChannelSender>).collect();
+        // Buffers of 8 bytes: a given batch of more fills one by itself and ships as it is.
+        let mut router = OutputRouter::new(Partitioning::Hash(KeyBy::Key), senders, 128, 8, 1_000, "s".into());
+        let owned_by = |subtask: usize| OWNERS.iter().filter(move |(.., owner)| *owner == subtask).map(|(k, ..)| *k);
+        let mut whole = RecordBatch::default();
+        for (i, key) in owned_by(2).chain(owned_by(2)).enumerate() {
+            whole.push(Some(key.as_bytes()), format!("w{i}").as_bytes(), Some(i as i64));
+        }
+        router.emit(Cow::Owned(whole.clone()), 0).unwrap();
+        let mut mixed = RecordBatch::default();
+        for (i, (key, ..)) in OWNERS.iter().enumerate() {
+            mixed.push(Some(key.as_bytes()), format!("m{i}").as_bytes(), Some(i as i64));
+        }
+        router.emit(Cow::Borrowed(&mixed), 0).unwrap();
+        let mut keyless = RecordBatch::default();
+        keyless.push(Some(b"carol"), b"x", None);
+        keyless.push(None, b"y", None);
+        let err = router.emit(Cow::Borrowed(&keyless), 0).unwrap_err().to_string();
+        assert!(err.contains("no key"), "{err}");
+        router.broadcast(Message::EndOfStream).unwrap();
+        for (subtask, out) in outs.iter().enumerate() {
+            let out = out.lock().unwrap();
+            let batches: Vec<&RecordBatch> = out
+                .iter()
+                .filter_map(|m| match m {
+                    Message::Data { batch, .. } => Some(batch),
+                    _ => None,
+                })
+                .collect();
+            let records = |b: &RecordBatch| {
+                b.iter().map(|r| (r.key.map(<[u8]>::to_vec), r.value.to_vec(), r.timestamp)).collect::<Vec<_>>()
+            };
+            let got: Vec<_> = batches.iter().flat_map(|b| records(b)).collect();
+            let mut expected = if subtask == 2 { records(&whole) } else { Vec::new() };
+            expected
+                .extend(records(&mixed).into_iter().zip(OWNERS).filter(|(_, (.., o))| *o == subtask).map(|(r, _)| r));
+            assert_eq!(got, expected, "subtask {subtask}: its keys, in order, and nothing of the refused batch");
+            if subtask == 2 {
+                assert_eq!(batches.first().map(|b| records(b)), Some(records(&whole)), "the one-owner batch as it was");
+            }
+        }
     }
 
     #[test]
