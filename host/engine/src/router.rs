@@ -151,6 +151,11 @@ impl Outlets {
         }
     }
 
+    /// [`Self::ship_ready`] for every channel, once a batch's records are all added.
+    fn ship_all_ready(&mut self, now_ms: i64) -> Result<(), Disconnected> {
+        (0..self.senders.len()).try_for_each(|channel| self.ship_ready(channel, now_ms))
+    }
+
     /// [`Self::push_batch`] for a batch the caller gives up: one that fills a buffer by itself
     /// while the channel has nothing buffered (so no watermark waits either) ships as it is.
     fn push_given(&mut self, channel: usize, batch: Cow<'_, RecordBatch>, now_ms: i64) -> Result<(), Disconnected> {
@@ -265,9 +270,7 @@ impl OutputRouter {
                         for (record, &channel) in batch.iter().zip(channels.iter()) {
                             outlets.add(channel as usize, &record, now_ms)?;
                         }
-                        for channel in 0..outlets.senders.len() {
-                            outlets.ship_ready(channel, now_ms)?;
-                        }
+                        outlets.ship_all_ready(now_ms)?;
                     }
                 }
             }
@@ -292,9 +295,7 @@ impl OutputRouter {
                     let keyed = RecordView { key: Some(key), value: record.value, timestamp: record.timestamp };
                     outlets.add(channel, &keyed, now_ms)?;
                 }
-                for channel in 0..outlets.senders.len() {
-                    outlets.ship_ready(channel, now_ms)?;
-                }
+                outlets.ship_all_ready(now_ms)?;
             }
             Partitioning::Forward | Partitioning::Rebalance => {
                 // Whole batches rotate over the channels: records stay together, and a forward
