@@ -28,6 +28,7 @@ const RUST_GUESTS: &[(&str, &str, &str)] = &[
     ("NEXMARK_Q7", "nexmark-q7", "nexmark_q7"),
     ("NEXMARK_WINDOW_ROW", "nexmark-window-row", "nexmark_window_row"),
     ("NEXMARK_Q8", "nexmark-q8", "nexmark_q8"),
+    ("NEXMARK_Q8_ROWS", "nexmark-q8-rows", "nexmark_q8_rows"),
     ("HOSTILE", "hostile", "hostile"),
     ("RUNNING_COUNT", "running-count", "running_count"),
     ("RUNNING_COUNT_V2", "running-count-v2", "running_count_v2"),

@@ -1,7 +1,7 @@
 //! A write-back buffer in front of a disk backend, for a guest's keyed state.
 //!
-//! A guest that reads and rewrites a key's value per record (Nexmark q8 keeps each person's
-//! open windows in one value) paid RocksDB's write path per record: a memtable insert per
+//! A guest that reads and rewrites a key's value per record (Nexmark q8's join did, keeping
+//! each person's open windows in one value) paid RocksDB's write path per record: a memtable insert per
 //! write and per delete, and a lookup through the memtable and the files per read, half of
 //! q8's CPU. Here writes land in a map and reach the backend only when a snapshot is taken
 //! (the barrier: the snapshot is taken after the write-back, so state stays exactly once), when
