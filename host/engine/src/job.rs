@@ -473,6 +473,22 @@ fn other_code<'a>(meta: &'a CheckpointMetadata, running: &[(&'a str, &'a str)]) 
     found
 }
 
+/// The steps whose state (entries or timers) the checkpoint holds but the spec has no step of,
+/// each once: state follows step names, so a restore leaves theirs out.
+fn left_out<'a>(meta: &'a CheckpointMetadata, steps: &[&str]) -> Vec<&'a str> {
+    let mut found: Vec<&str> = Vec::new();
+    for op in meta.subtasks.iter().flat_map(|s| &s.operators) {
+        let step = op.step.as_str();
+        // A RocksDB step's files are never empty; its recorded count says whether it held any.
+        let counted_none =
+            op.usage.as_ref().is_some_and(|u| u.entries == 0) && op.timers.is_empty() && op.timer_files.is_empty();
+        if !op.is_empty() && !counted_none && !steps.contains(&step) && !found.contains(&step) {
+            found.push(step);
+        }
+    }
+    found
+}
+
 pub(crate) fn load_step(runtime: &Runtime, step: &StepSpec) -> Result<Component, RunError> {
     let component = runtime
         .load_file(&step.name, Path::new(&step.wasm))
@@ -881,6 +897,16 @@ impl Job {
                     "the checkpoint's state of this step went on with other code than the spec gives: a \
                      restart-mode upgrade does this on purpose; after a live swap, point the step at the swapped \
                      artifact"
+                );
+            }
+            let names: Vec<&str> = digests.iter().map(|(name, _)| *name).collect();
+            for step in left_out(point.metadata(), &names) {
+                tracing::warn!(
+                    job = %spec.name,
+                    step,
+                    checkpoint = point.id(),
+                    "the checkpoint holds state of a step this spec has no step of, so that state is left out: \
+                     give the step its old name to keep it"
                 );
             }
             // Sources continue from the restored positions, so barriers continue after its id.
@@ -1409,5 +1435,37 @@ mod tests {
         .expect("metadata");
         let running = [("count", "v1"), ("sum", "s1"), ("old", "o1")];
         assert_eq!(other_code(&meta, &running), vec![("count", "v2", "v1")]);
+    }
+
+    /// Steps renamed or removed since the checkpoint: those that held entries or timers are
+    /// named once each; one that held nothing (a stateless step's empty file) is not.
+    #[test]
+    fn a_restore_names_each_step_whose_state_no_step_of_the_spec_takes_once() {
+        let file = |bytes: u64| serde_json::json!({"path": "f", "bytes": bytes, "crc32": 0});
+        let empty = eddy_checkpoint::format::EMPTY_FILE_BYTES;
+        let op = |step: &str, bytes: u64, timers: bool| {
+            let timer = serde_json::json!({"event_time": true, "timestamp": 9, "key_group": 0, "key": [1]});
+            serde_json::json!({"step": step, "state": {"entries": [file(bytes)]},
+                "timers": if timers { vec![timer] } else { vec![] }})
+        };
+        let rocksdb = |step: &str, entries: u64| {
+            serde_json::json!({"step": step, "state": {"rocksdb": [["CURRENT", file(16)]]},
+                "usage": {"bytes": entries * 10, "entries": entries}})
+        };
+        let subtask = |i: u32| {
+            serde_json::json!({"task": 1, "subtask": i, "parallelism": 2, "keyed": true, "source": null, "sink": null,
+                "operators": [op("kept", 90, false), op("renamed", 90, false), op("stateless", empty, false),
+                    op("timed", empty, true), rocksdb("rocks-stateless", 0), rocksdb("rocks-renamed", 3)]})
+        };
+        let meta: CheckpointMetadata = serde_json::from_value(serde_json::json!({
+            "version": eddy_checkpoint::metadata::FORMAT_VERSION, "job": "j", "id": 4, "completed_ms": 0,
+            "finished": false, "subtasks": [subtask(0), subtask(1)],
+            "stats": {"alignment_ms": 0.0, "sync_ms": 0.0, "async_ms": 0.0, "total_ms": 0.0, "full_bytes": 0,
+                "incremental_bytes": 0}
+        }))
+        .expect("metadata");
+        assert_eq!(left_out(&meta, &["kept", "new-name"]), vec!["renamed", "timed", "rocks-renamed"]);
+        let all = ["kept", "renamed", "stateless", "timed", "rocks-stateless", "rocks-renamed"];
+        assert_eq!(left_out(&meta, &all), Vec::<&str>::new());
     }
 }
