@@ -1417,22 +1417,27 @@ fn internal(task: usize, subtask: u32, message: &str) -> RunError {
 mod tests {
     use super::*;
 
-    /// Two subtasks of `count` recorded `v2` (a live swap), `sum` recorded what runs, `old`
-    /// recorded nothing (a checkpoint from before artifacts were recorded).
-    #[test]
-    fn a_restore_names_each_step_whose_recorded_code_differs_once() {
-        let op = |step: &str, artifact: Option<&str>| serde_json::json!({"step": step, "state": {"entries": []}, "artifact": artifact});
+    /// A checkpoint's metadata with two subtasks of one task, each holding `operators`.
+    fn two_subtasks(operators: serde_json::Value) -> CheckpointMetadata {
         let subtask = |i: u32| {
             serde_json::json!({"task": 1, "subtask": i, "parallelism": 2, "keyed": true, "source": null, "sink": null,
-                "operators": [op("count", Some("v2")), op("sum", Some("s1")), op("old", None)]})
+                "operators": operators})
         };
-        let meta: CheckpointMetadata = serde_json::from_value(serde_json::json!({
+        serde_json::from_value(serde_json::json!({
             "version": eddy_checkpoint::metadata::FORMAT_VERSION, "job": "j", "id": 4, "completed_ms": 0,
             "finished": false, "subtasks": [subtask(0), subtask(1)],
             "stats": {"alignment_ms": 0.0, "sync_ms": 0.0, "async_ms": 0.0, "total_ms": 0.0, "full_bytes": 0,
                 "incremental_bytes": 0}
         }))
-        .expect("metadata");
+        .expect("metadata")
+    }
+
+    /// Two subtasks of `count` recorded `v2` (a live swap), `sum` recorded what runs, `old`
+    /// recorded nothing (a checkpoint from before artifacts were recorded).
+    #[test]
+    fn a_restore_names_each_step_whose_recorded_code_differs_once() {
+        let op = |step: &str, artifact: Option<&str>| serde_json::json!({"step": step, "state": {"entries": []}, "artifact": artifact});
+        let meta = two_subtasks(serde_json::json!([op("count", Some("v2")), op("sum", Some("s1")), op("old", None)]));
         let running = [("count", "v1"), ("sum", "s1"), ("old", "o1")];
         assert_eq!(other_code(&meta, &running), vec![("count", "v2", "v1")]);
     }
@@ -1452,18 +1457,14 @@ mod tests {
             serde_json::json!({"step": step, "state": {"rocksdb": [["CURRENT", file(16)]]},
                 "usage": {"bytes": entries * 10, "entries": entries}})
         };
-        let subtask = |i: u32| {
-            serde_json::json!({"task": 1, "subtask": i, "parallelism": 2, "keyed": true, "source": null, "sink": null,
-                "operators": [op("kept", 90, false), op("renamed", 90, false), op("stateless", empty, false),
-                    op("timed", empty, true), rocksdb("rocks-stateless", 0), rocksdb("rocks-renamed", 3)]})
-        };
-        let meta: CheckpointMetadata = serde_json::from_value(serde_json::json!({
-            "version": eddy_checkpoint::metadata::FORMAT_VERSION, "job": "j", "id": 4, "completed_ms": 0,
-            "finished": false, "subtasks": [subtask(0), subtask(1)],
-            "stats": {"alignment_ms": 0.0, "sync_ms": 0.0, "async_ms": 0.0, "total_ms": 0.0, "full_bytes": 0,
-                "incremental_bytes": 0}
-        }))
-        .expect("metadata");
+        let meta = two_subtasks(serde_json::json!([
+            op("kept", 90, false),
+            op("renamed", 90, false),
+            op("stateless", empty, false),
+            op("timed", empty, true),
+            rocksdb("rocks-stateless", 0),
+            rocksdb("rocks-renamed", 3)
+        ]));
         assert_eq!(left_out(&meta, &["kept", "new-name"]), vec!["renamed", "timed", "rocks-renamed"]);
         let all = ["kept", "renamed", "stateless", "timed", "rocks-stateless", "rocks-renamed"];
         assert_eq!(left_out(&meta, &all), Vec::<&str>::new());
