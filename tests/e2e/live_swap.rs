@@ -338,3 +338,57 @@ fn a_window_count_swapped_live_counts_by_the_new_code_from_the_swaps_barrier_on(
     }
     assert!(got == expected, "the window counts differ from the oracle for a swap at event {swap_at}");
 }
+
+/// A two-phase window (its first phase in the generator's subtask, keyed by a field) counts
+/// what a one-phase window counts, and refuses a live swap: its code runs upstream too.
+#[test]
+fn a_two_phase_window_counts_per_key_and_window_and_refuses_a_live_swap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "name: two-phase\nparallelism: 2\nsources:\n  - {{type: generator, name: purchases, seed: 11, events: 12000, \
+         keys: 30, key_field: user_id, key_prefix: user-, value_field: amount_cents, min_value: 1, max_value: 100, \
+         start_ms: 0, interval_ms: 5, rate_per_sec: 6000, parallelism: 2}}\nbatch_size: 64\nsteps:\n  - {{name: count, \
+         wasm: {count}, key_by: /user_id, window: {{type: tumbling, size_ms: 1000, two_phase: true, drop_late: true}}, \
+         config: {{key_as: user, count_as: n}}}}\ncheckpoints: {{dir: {dir}/checkpoints, interval_ms: 200}}\n\
+         restart: {{strategy: none}}\nsink: {{type: print}}\n",
+        count = guests::NEXMARK_COUNT,
+        dir = dir.path().display(),
+    );
+    let path = dir.path().join("pipeline.yaml");
+    std::fs::write(&path, yaml).expect("write pipeline");
+    let v2 = runtime().load_file("count", guests::COUNT_PER_KEY_V2.as_ref()).expect("load v2");
+    let sink = eddy_tests::MemorySink::default();
+    let received = sink.received.clone();
+    let options = JobOptions { sink: Some(Box::new(sink)), ..JobOptions::default() };
+    let (spec, job) = start_with(&path, options);
+    // The source's task sends partials on, so what it read counts here.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while job.metrics().tasks.first().map_or(0, |t| t.records_in) < 1_000 {
+        if job.is_done() {
+            panic!("the job ended before its source read 1 000 records: {:?}", job.wait().map(|e| e.finished));
+        }
+        assert!(Instant::now() < deadline, "the source read 1 000 records within a minute");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let refused = job.swap_live("count", v2, Duration::from_secs(30)).expect_err("a two-phase window");
+    assert!(refused.to_string().contains("two-phase") && refused.to_string().contains("restart"), "{refused}");
+    assert!(job.wait().expect("the job finishes").finished);
+
+    let SourceSpec::Generator(g) = &spec.sources[0] else { panic!("generator source") };
+    let mut expected: BTreeMap<(String, i64), u64> = BTreeMap::new();
+    for i in 0..g.events.expect("bounded") {
+        let event = generator_event(g, i);
+        let value: Value = eddy_tests::value_json(&event.value);
+        let ts = event.timestamp.expect("an event time");
+        let user = value["user_id"].as_str().expect("user").to_owned();
+        *expected.entry((user, ts - ts.rem_euclid(1_000))).or_default() += 1;
+    }
+    let mut got: BTreeMap<(String, i64), u64> = BTreeMap::new();
+    for (_, record) in received.lock().expect("lock").iter() {
+        let v: Value = eddy_tests::value_json(&record.value);
+        let user = v["result"]["user"].as_str().expect("the key in the result").to_owned();
+        let previous = got.insert((user, v["start"].as_i64().expect("start")), v["result"]["n"].as_u64().expect("n"));
+        assert!(previous.is_none(), "each window fires once: {v}");
+    }
+    assert!(got == expected, "the two-phase counts differ from the oracle");
+}

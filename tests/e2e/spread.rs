@@ -112,6 +112,12 @@ fn q5_spread_over_two_workers_equals_the_native_baseline() {
     spread("q5", eddy_nexmark::native::q5);
 }
 
+/// q7's window is two-phase: each worker's source subtasks send partials across.
+#[test]
+fn q7_spread_over_two_workers_equals_the_native_baseline() {
+    spread("q7", eddy_nexmark::native::q7);
+}
+
 #[test]
 fn q8_spread_over_two_workers_equals_the_native_baseline() {
     spread("q8", eddy_nexmark::native::q8);

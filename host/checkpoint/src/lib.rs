@@ -99,6 +99,9 @@ pub struct OperatorSnapshot {
     /// The digest of the code that goes on from this state: after a live swap at this
     /// checkpoint's barrier, the new artifact's (`None` for host operators).
     pub artifact: Option<String>,
+    /// The operator reads partial accumulators (a two-phase window), not records: what was in
+    /// flight into it at an unaligned checkpoint can only go on into the same kind of input.
+    pub partial_input: bool,
 }
 
 /// Why a checkpoint could not be written or read.

@@ -87,6 +87,10 @@ pub struct OperatorState {
     /// with; absent for host operators and in older checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact: Option<String>,
+    /// The step read partial accumulators (a two-phase window), not records; absent (false)
+    /// otherwise and in checkpoints from before two-phase windows.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial_input: bool,
 }
 
 /// A row schema as a checkpoint stores it ([`eddy_wire::schema::Schema`]).

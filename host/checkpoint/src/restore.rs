@@ -475,6 +475,7 @@ mod tests {
                     step.to_string(),
                     OperatorSnapshot {
                         timers: Vec::new(),
+                        partial_input: false,
                         state,
                         usage: None,
                         states: Vec::new(),

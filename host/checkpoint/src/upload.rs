@@ -193,6 +193,7 @@ impl Uploader {
                 states: snapshot.states,
                 schemas,
                 artifact: snapshot.artifact,
+                partial_input: snapshot.partial_input,
             });
         }
         drop(taken.staging);
@@ -329,6 +330,7 @@ mod tests {
         }
         let snapshot = crate::OperatorSnapshot {
             timers: Vec::new(),
+            partial_input: false,
             state: BackendSnapshot::Directory(dir.path().to_path_buf()),
             usage: None,
             states: Vec::new(),

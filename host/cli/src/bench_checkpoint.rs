@@ -116,7 +116,15 @@ fn checkpoint(
     let sync_ms = sync_started.elapsed().as_secs_f64() * 1e3;
     let operators = vec![(
         "totals".into(),
-        OperatorSnapshot { timers: Vec::new(), state, usage, states: Vec::new(), schemas: Vec::new(), artifact: None },
+        OperatorSnapshot {
+            timers: Vec::new(),
+            state,
+            usage,
+            states: Vec::new(),
+            schemas: Vec::new(),
+            artifact: None,
+            partial_input: false,
+        },
     )];
     let taken = TakenSnapshot { sync_ms, staging: Some(staging), ..TakenSnapshot::of_keyed_subtask(0, 1, operators) };
     let (store, uploader) = (store.clone(), uploader.clone());

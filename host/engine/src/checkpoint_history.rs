@@ -109,6 +109,7 @@ mod tests {
                 states: Vec::new(),
                 schemas: Vec::new(),
                 artifact: None,
+                partial_input: false,
             }],
             in_flight,
         };

@@ -507,6 +507,7 @@ mod tests {
             "count".into(),
             OperatorSnapshot {
                 timers: Vec::new(),
+                partial_input: false,
                 state,
                 usage: None,
                 states: Vec::new(),

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 
 use eddy_core::{BoundedOutOfOrderness, HeapTimerService, TimeDomain, TimerService, WATERMARK_MIN, WatermarkTracker};
-use eddy_runtime::{CallError, Component, LoadError, Runtime, RuntimeError, Subtask, World};
+use eddy_runtime::{AggregateInstance, CallError, Component, LoadError, Runtime, RuntimeError, Subtask, World};
 use eddy_state::{
     BoundedBackend, HeapStateBackend, RocksDbBackend, RocksDbConfig, STATE_WRITE_BACK_BYTES, StateBackend, StateLimits,
     TtlBackend, TtlClock, WriteBackBackend,
@@ -27,6 +27,7 @@ use eddy_state::{
 use eddy_checkpoint::restore::Share;
 use eddy_checkpoint::store::StoreFaults;
 use eddy_checkpoint::upload::Uploader;
+use eddy_checkpoint::metadata::OperatorState;
 use eddy_checkpoint::{CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint};
 use eddy_connectors::{
     Blackhole, FilesSink, FilesSinkState, JsonLinesSink, KafkaSink, KafkaSinkState, LocalDir, OutputDir, PostgresSink,
@@ -45,9 +46,9 @@ use crate::replay::trace::{Trace, TracingBackend, TracingTimers};
 use crate::router::OutputRouter;
 use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError};
 use crate::wasm_operator::{Reopen, WasmOperator};
-use crate::window_operator::{LateData, WindowConfig, WindowOperator};
+use crate::window_operator::{LateData, LocalWindowAggregate, WindowConfig, WindowOperator};
 use eddy_plan::{CheckpointMode, PipelineSpec, SinkSpec, StateBackendKind, StepSpec, StoreLocation};
-use eddy_plan::{Node, Partitioning, PhysicalPlan};
+use eddy_plan::{KeyBy, Node, Partitioning, PhysicalPlan};
 use eddy_transport::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
 
 mod live_swap;
@@ -505,6 +506,15 @@ pub(crate) fn load_step(runtime: &Runtime, step: &StepSpec) -> Result<Component,
     }
 }
 
+/// The first window step whose records in flight (an unaligned checkpoint's) are partial
+/// accumulators while the step now reads records, or the other way round (its `two_phase`
+/// changed): neither kind can be read as the other. `two_phase` lists the spec's two-phase
+/// steps.
+fn misread_in_flight<'a>(meta: &'a CheckpointMetadata, two_phase: &[&str]) -> Option<&'a OperatorState> {
+    let entries = meta.subtasks.iter().filter(|s| !s.in_flight.is_empty()).filter_map(|s| s.operators.first());
+    entries.into_iter().find(|op| op.partial_input != two_phase.contains(&op.step.as_str()))
+}
+
 /// Everything needed to build one subtask's operators.
 pub(crate) struct StepContext<'a> {
     pub spec: &'a PipelineSpec,
@@ -667,6 +677,20 @@ impl StepContext<'_> {
         Ok(Box::new(Journaled::new(operator, writer)))
     }
 
+    /// The first phase of step `step` when it is a two-phase window (each upstream subtask of
+    /// the step runs one, at the end of its chain), with its aggregate opened.
+    fn local_phase(&self, step: usize) -> Result<Option<Box<LocalWindowAggregate<AggregateInstance>>>, RunError> {
+        let s = &self.spec.steps[step];
+        let Some(window) = s.window.as_ref().filter(|w| w.two_phase) else { return Ok(None) };
+        let kind = window.kind().map_err(|(_, problem)| RunError::WrongKind { step: s.name.clone(), problem })?;
+        let Some(key_by) = s.key_by.clone() else { return Ok(None) };
+        let mut aggregate = self.components[step].instantiate_aggregate()?;
+        aggregate
+            .open(&s.config.to_string())
+            .map_err(|source| RunError::Open { step: s.name.clone(), error: Box::new(source) })?;
+        Ok(Some(Box::new(LocalWindowAggregate::new(s.name.clone(), kind, key_by, aggregate))))
+    }
+
     /// Step `step`'s operator for `slot`, running `component`.
     pub(crate) fn operator_with(
         &self,
@@ -695,6 +719,7 @@ impl StepContext<'_> {
                     LateData::SideOutput(window.late_output.clone())
                 },
                 max_parallelism: self.spec.max_parallelism,
+                partial_input: window.two_phase,
             };
             let operator = WindowOperator::new(s.name.clone(), config, aggregate, backend)
                 .with_code(s.config.to_string(), component.digest().to_owned());
@@ -928,6 +953,21 @@ impl Job {
                     point.id()
                 ))));
             }
+            let two_phase: Vec<&str> = spec
+                .steps
+                .iter()
+                .filter(|s| s.window.as_ref().is_some_and(|w| w.two_phase))
+                .map(|s| s.name.as_str())
+                .collect();
+            if let Some(op) = misread_in_flight(point.metadata(), &two_phase) {
+                let (was, is) = if op.partial_input { ("partial accumulators", "records") } else { ("records", "partial accumulators") };
+                return Err(RunError::Checkpoint(CheckpointError::Incompatible(format!(
+                    "unaligned checkpoint {} holds {was} in flight into step `{}`, which now reads {is} (a window's \
+                     `two_phase` changed); restore with the old `two_phase`, or from an aligned checkpoint or savepoint",
+                    point.id(),
+                    op.step
+                ))));
+            }
         }
         // Bounded: a checkpoint thread that falls behind slows the snapshots, not the memory.
         let (reports, reports_rx) = mpsc::sync_channel(2 * plan.subtasks() as usize + 4);
@@ -992,14 +1032,23 @@ impl Job {
                     Head::Input { gate, .. } => Some(gate.channels()),
                     Head::Source { .. } => None,
                 };
+                let mut local_phase = None;
                 let tail = match plan.output(task.id) {
                     Some(edge) => {
                         let next_step = plan.tasks[edge.to].nodes.first().map_or("sink".to_string(), |n| match n {
                             Node::Step(i) => spec.steps[*i].name.clone(),
                             _ => plan.label(*n).to_string(),
                         });
+                        let mut partitioning = edge.partitioning.clone();
+                        if let Some(Node::Step(next)) = plan.tasks[edge.to].nodes.first() {
+                            local_phase = steps.local_phase(*next)?;
+                            // The partials carry the key the step's `key_by` selected.
+                            if local_phase.is_some() {
+                                partitioning = Partitioning::Hash(KeyBy::Key);
+                            }
+                        }
                         Tail::Exchange(Box::new(OutputRouter::new(
-                            edge.partitioning.clone(),
+                            partitioning,
                             std::mem::take(&mut senders[task.id][index as usize]),
                             spec.max_parallelism,
                             options.buffer_bytes,
@@ -1024,6 +1073,7 @@ impl Job {
                     SubtaskRunner {
                         head,
                         operators,
+                        local_phase,
                         tail,
                         metrics: subtask_metrics[task.id][index as usize].clone(),
                         cancel: control.cancel.clone(),
@@ -1173,6 +1223,7 @@ impl Job {
                 name: s.name.clone(),
                 config: s.config.to_string(),
                 component: Arc::new(c),
+                two_phase: s.window.as_ref().is_some_and(|w| w.two_phase),
             })
             .collect();
         Ok(Job {
@@ -1468,5 +1519,32 @@ mod tests {
         assert_eq!(left_out(&meta, &["kept", "new-name"]), vec!["renamed", "timed", "rocks-renamed"]);
         let all = ["kept", "renamed", "stateless", "timed", "rocks-stateless", "rocks-renamed"];
         assert_eq!(left_out(&meta, &all), Vec::<&str>::new());
+    }
+
+    /// Records in flight into a window step read back only as what the step reads now.
+    #[test]
+    fn records_in_flight_into_a_window_whose_two_phase_changed_are_refused() {
+        let op = |step: &str, partial_input: bool| {
+            serde_json::json!({"step": step, "state": {"entries": []}, "partial_input": partial_input})
+        };
+        let mut meta = two_subtasks(serde_json::json!([op("highest", true), op("row", false)]));
+        let step = |found: Option<&OperatorState>| found.map(|o| o.step.clone());
+        // Nothing in flight: whatever the setting.
+        assert_eq!(step(misread_in_flight(&meta, &[])), None);
+        meta.subtasks[1].in_flight = vec![serde_json::from_value(serde_json::json!({"path": "f", "bytes": 9, "crc32": 0})).expect("file")];
+        assert_eq!(step(misread_in_flight(&meta, &["highest"])), None, "still two-phase");
+        assert_eq!(step(misread_in_flight(&meta, &[])), Some("highest".into()), "two-phase turned off");
+        let meta = {
+            let mut m = two_subtasks(serde_json::json!([op("highest", false)]));
+            m.subtasks[0].in_flight = meta.subtasks[1].in_flight.clone();
+            m
+        };
+        assert_eq!(step(misread_in_flight(&meta, &["highest"])), Some("highest".into()), "two-phase turned on");
+        assert_eq!(step(misread_in_flight(&meta, &["other"])), None, "records into a one-phase step");
+        // Written before two-phase windows: no flag, so records.
+        let mut old = two_subtasks(serde_json::json!([{"step": "highest", "state": {"entries": []}}]));
+        old.subtasks[0].in_flight = meta.subtasks[0].in_flight.clone();
+        assert_eq!(step(misread_in_flight(&old, &["highest"])), Some("highest".into()));
+        assert_eq!(step(misread_in_flight(&old, &[])), None);
     }
 }

@@ -14,7 +14,7 @@ use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
 use eddy_core::{BoundedOutOfOrderness, RecordBatch, WatermarkTracker};
-use eddy_runtime::Output;
+use eddy_runtime::{AggregateInstance, Output};
 use eddy_state::TtlClock;
 
 use eddy_checkpoint::format::InFlightBatch;
@@ -26,6 +26,7 @@ use crate::messages::{FaultHook, FaultPoint, Report, Signals, now_ms};
 use crate::metrics::SubtaskMetrics;
 use crate::operator::{OperatorError, StreamOperator};
 use crate::router::{OutputRouter, RouteError};
+use crate::window_operator::LocalWindowAggregate;
 use eddy_connectors::Sink;
 use eddy_connectors::{Source, SourceError, SourceStatus};
 use eddy_transport::channel::{InputGate, Message};
@@ -170,6 +171,9 @@ pub enum Ended {
 pub(crate) struct SubtaskRunner {
     pub(crate) head: Head,
     pub(crate) operators: Vec<Box<dyn StreamOperator>>,
+    /// The first phase of the two-phase window behind the exchange, if it is one: what leaves
+    /// the chain is folded into partial accumulators before the tail routes it.
+    pub(crate) local_phase: Option<Box<LocalWindowAggregate<AggregateInstance>>>,
     pub(crate) tail: Tail,
     pub(crate) metrics: Arc<SubtaskMetrics>,
     pub(crate) cancel: Arc<AtomicBool>,
@@ -610,7 +614,8 @@ impl SubtaskRunner {
             let out = self.operators[i].on_processing_time(now)?;
             self.forward(i, out)?;
         }
-        let memory: u64 = self.operators.iter_mut().map(|o| o.wasm_memory_bytes()).sum();
+        let memory: u64 = self.operators.iter_mut().map(|o| o.wasm_memory_bytes()).sum::<u64>()
+            + self.local_phase.as_mut().map_or(0, |l| l.memory_bytes());
         self.metrics.wasm_memory_bytes.store(memory, Ordering::Relaxed);
         self.record_cpu();
         self.tail.tick(now)
@@ -641,6 +646,10 @@ impl SubtaskRunner {
                 self.forward(from, out)
             }
             None => {
+                let batch = match &mut self.local_phase {
+                    Some(local) => Cow::Owned(local.fold(&batch)?),
+                    None => batch,
+                };
                 SubtaskMetrics::add(&self.metrics.records_out, batch.len());
                 self.tail.main(batch, now_ms())
             }
@@ -721,6 +730,7 @@ mod tests {
         }
         let (reports, received) = mpsc::sync_channel(16);
         let runner = SubtaskRunner {
+            local_phase: None,
             head: Head::Input {
                 gate: Box::new(gate),
                 tracker: WatermarkTracker::new(2, None, 0),

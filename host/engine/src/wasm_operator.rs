@@ -97,7 +97,7 @@ impl StreamOperator for WasmOperator {
             backend.snapshot(staging).map_err(|source| OperatorError::State { operator: self.name.clone(), source })?;
         let (states, schemas) = (self.declared_states(), self.instance.declared_schemas());
         let artifact = Some(self.reopen.artifact.clone());
-        Ok(OperatorSnapshot { timers, state, usage, states, schemas, artifact })
+        Ok(OperatorSnapshot { timers, state, usage, states, schemas, artifact, partial_input: false })
     }
 
     fn artifact(&self) -> Option<&str> {

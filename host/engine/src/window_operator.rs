@@ -46,10 +46,13 @@ use eddy_checkpoint::OperatorSnapshot;
 use crate::operator::{OperatorError, StreamOperator};
 use eddy_plan::window::{SessionWindows, Window, WindowKind};
 
+mod local;
 mod store;
 #[cfg(test)]
 mod tests;
 mod timers;
+
+pub use local::LocalWindowAggregate;
 
 use store::{KeyEntries, WindowStore};
 use timers::Timers;
@@ -146,6 +149,9 @@ pub struct WindowConfig {
     pub late_data: LateData,
     /// Number of key groups of the job (`1..=MAX_PARALLELISM_LIMIT`), for the state keys.
     pub max_parallelism: u32,
+    /// The records are partial accumulators of a two-phase window's first phase
+    /// ([`LocalWindowAggregate`]), merged in, instead of records added.
+    pub partial_input: bool,
 }
 
 /// The records of `batch` from index `from` on, with their indices (without walking the
@@ -364,6 +370,8 @@ pub struct WindowOperator<A: AggregateFn> {
     late_records: u64,
     /// The aggregate's code and config, when it is Wasm (what a live swap needs).
     code: Option<Code>,
+    /// See [`WindowConfig::partial_input`].
+    partial_input: bool,
 }
 
 /// The code a window step's aggregate runs, and the config its `open` got.
@@ -405,6 +413,7 @@ impl<A: AggregateFn> WindowOperator<A> {
             timers: None,
             late_records: 0,
             code: None,
+            partial_input: config.partial_input,
         }
     }
 
@@ -527,13 +536,24 @@ impl<A: AggregateFn> WindowOperator<A> {
         if accs.len() != updates.windows.len() {
             return Err(self.miscounted("accumulators", accs.len(), updates.windows.len()));
         }
+        self.store_accs(&updates.windows, &accs, &updates.needs_timers)
+    }
+
+    /// Stores each window's new accumulator (`accs`, one per window) with its timers where
+    /// it may lack them; a window whose firing time the watermark already passed fires now.
+    fn store_accs(
+        &mut self,
+        windows: &[(&[u8], Window)],
+        accs: &Items,
+        needs_timers: &[bool],
+    ) -> Result<Vec<Fired>, OperatorError> {
         self.timers()?;
         let Self { store, timers, kind, allowed_lateness_ms, watermark, .. } = self;
         let timers = timers.get_or_insert_with(|| Timers::new(*kind, *allowed_lateness_ms));
         let mut due = Due::default();
-        let mut accs = accs.iter().zip(updates.needs_timers);
+        let mut accs = accs.iter().zip(needs_timers.iter().copied());
         // Updates come key by key: each key is found once.
-        for run in updates.windows.chunk_by(|a, b| a.0 == b.0) {
+        for run in windows.chunk_by(|a, b| a.0 == b.0) {
             let key = run[0].0;
             let mut entries = store.key(key);
             for (&(_, window), (acc, needs_timers)) in run.iter().zip(accs.by_ref()) {
@@ -664,6 +684,48 @@ impl<A: AggregateFn> WindowOperator<A> {
             }
         }
         Ok((self.apply(batch, updates)?, next))
+    }
+
+    /// [`Self::process_fixed`] for a two-phase window: each record is a partial accumulator
+    /// of one key and pane (timestamped with the pane's start), merged into every window
+    /// holding the pane that still takes records; a window without state takes the partial as
+    /// it is (it was folded from the empty accumulator). One `merge` crossing per partial and
+    /// window already holding one: a batch of the first phase gives a key a partial or two.
+    fn process_partials(&mut self, batch: &RecordBatch, out: &mut Output) -> Result<Vec<Fired>, OperatorError> {
+        let mut at: foldhash::HashMap<(&[u8], Window), usize> = foldhash::HashMap::default();
+        let mut windows: Vec<(&[u8], Window)> = Vec::new();
+        let mut merged: Vec<Vec<u8>> = Vec::new();
+        let mut needs_timers = Vec::new();
+        let mut live = Vec::new();
+        for (_, r) in records_from(batch, 0) {
+            let (Some(key), Some(t)) = (r.key, r.timestamp) else { continue };
+            match pane_start(self.kind, t) {
+                Some(pane) => self.live_windows(pane, &mut live),
+                None => live.clear(),
+            }
+            if live.is_empty() {
+                self.emit_late(out, &r);
+                continue;
+            }
+            let Self { store, aggregate, .. } = self;
+            let mut entries = store.key(key);
+            for &window in &live {
+                if let Some(&i) = at.get(&(key, window)) {
+                    merged[i] = aggregate.merge(&merged[i], r.value)?;
+                    continue;
+                }
+                let (acc, new) = match entries.acc(&window)? {
+                    Some((_, stored)) => (aggregate.merge(stored, r.value)?, false),
+                    None => (r.value.to_vec(), true),
+                };
+                at.insert((key, window), windows.len());
+                windows.push((key, window));
+                merged.push(acc);
+                needs_timers.push(new);
+            }
+        }
+        let accs: Items = merged.iter().map(Vec::as_slice).collect();
+        self.store_accs(&windows, &accs, &needs_timers)
     }
 
     /// [`Self::process_fixed`] for sessions: each record is merged with its key's sessions
@@ -843,6 +905,9 @@ impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
         while from < batch.len() {
             let (fired, next) = match self.kind {
                 WindowKind::Session { .. } => self.process_sessions(batch, from, &mut out)?,
+                WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } if self.partial_input => {
+                    (self.process_partials(batch, &mut out)?, batch.len())
+                }
                 WindowKind::Tumbling { .. } | WindowKind::Sliding { .. } => {
                     self.process_fixed(batch, from, &mut out)?
                 }
@@ -945,7 +1010,7 @@ impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
         let state = self.store.backend.snapshot(staging).map_err(|e| self.store.error(e))?;
         let (states, schemas) = (self.declared_states(), self.aggregate.declared_schemas());
         let artifact = self.code.as_ref().map(|c| c.artifact.clone());
-        Ok(OperatorSnapshot { timers: Vec::new(), state, usage, states, schemas, artifact })
+        Ok(OperatorSnapshot { timers: Vec::new(), state, usage, states, schemas, artifact, partial_input: self.partial_input })
     }
 
     fn artifact(&self) -> Option<&str> {

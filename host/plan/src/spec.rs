@@ -766,6 +766,14 @@ pub struct WindowSpec {
     /// Drop late records instead (still counted in metrics).
     #[serde(default)]
     pub drop_late: bool,
+    /// Two-phase aggregation (Flink SQL's local-global): each upstream subtask folds every
+    /// batch it emits into one partial accumulator per (key, pane) before the exchange, and
+    /// the window merges those. Fewer, smaller records cross, which pays where a batch holds
+    /// many records per key (a global or a hot key). Tumbling and sliding windows only, with
+    /// `drop_late` and no allowed lateness: a partial stands for many records, so it cannot
+    /// go to a late output or re-fire a window once per record.
+    #[serde(default)]
+    pub two_phase: bool,
 }
 
 fn default_late_output() -> String {
@@ -800,6 +808,27 @@ impl WindowSpec {
         };
         kind.validate().map_err(|problem| ("type".to_string(), problem))?;
         Ok(kind)
+    }
+
+    /// Why `two_phase` cannot apply to this window, as (field, problem).
+    fn check_two_phase(&self) -> Result<(), (String, String)> {
+        let refuse = |field: &str, problem: &str| Err((field.to_string(), format!("with `two_phase`, {problem}")));
+        if self.kind == WindowType::Session {
+            return refuse("type", "the window must be tumbling or sliding (sessions merge by gaps no upstream subtask sees)");
+        }
+        if self.allowed_lateness_ms != 0 {
+            return refuse(
+                "allowed_lateness_ms",
+                "allowed lateness must be 0 (a partial stands for many records, so a late one cannot re-fire the window once per record)",
+            );
+        }
+        if !self.drop_late {
+            return refuse(
+                "drop_late",
+                "set `drop_late: true` (a late partial is an accumulator, not records a late output could carry)",
+            );
+        }
+        Ok(())
     }
 }
 
@@ -1248,6 +1277,11 @@ impl PipelineSpec {
                 if window.allowed_lateness_ms < 0 {
                     return Err(invalid(field("window.allowed_lateness_ms"), "must not be negative"));
                 }
+                if window.two_phase {
+                    window.check_two_phase().map_err(|(f, problem)| {
+                        invalid(field(&format!("window.{f}")), format!("step `{}`: {problem}", step.name))
+                    })?;
+                }
                 if step.key_by.is_none() {
                     return Err(invalid(
                         field("key_by"),
@@ -1352,6 +1386,30 @@ mod tests {
         let window = step.window.as_ref().unwrap();
         assert_eq!(window.kind().unwrap(), WindowKind::Sliding { size_ms: 60_000, slide_ms: 10_000 });
         assert_eq!(window.late_output, "late");
+    }
+
+    #[test]
+    fn two_phase_windows_are_tumbling_or_sliding_drop_late_records_and_allow_no_lateness() {
+        let with = |window: &str| {
+            PipelineSpec::from_yaml(&OK.replace("{name: a, wasm: a.wasm}", &format!("{{name: a, wasm: a.wasm, key_by: key, window: {{{window}}}}}")))
+        };
+        let spec = with("type: sliding, size_ms: 10, slide_ms: 5, two_phase: true, drop_late: true").unwrap();
+        assert!(spec.steps[0].window.as_ref().unwrap().two_phase);
+        assert!(!with("type: tumbling, size_ms: 10").unwrap().steps[0].window.as_ref().unwrap().two_phase, "off by default");
+        // (window, the field named, a word of the reason)
+        let refused = [
+            ("type: session, gap_ms: 10, two_phase: true, drop_late: true", "steps[0].window.type", "sessions"),
+            ("type: tumbling, size_ms: 10, two_phase: true", "steps[0].window.drop_late", "drop_late: true"),
+            (
+                "type: tumbling, size_ms: 10, two_phase: true, drop_late: true, allowed_lateness_ms: 5",
+                "steps[0].window.allowed_lateness_ms",
+                "must be 0",
+            ),
+        ];
+        for (window, field, why) in refused {
+            let err = with(window).unwrap_err().to_string();
+            assert!(err.contains(field) && err.contains(why) && err.contains("two_phase"), "{window}: {err}");
+        }
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub(super) struct SwappableStep {
     pub config: String,
     /// The code it runs now (the newest swap's, once one completed).
     pub component: Arc<Component>,
+    /// A two-phase window: its code runs in the upstream subtasks too, which a swap at one
+    /// step's barrier does not reach.
+    pub two_phase: bool,
 }
 
 /// What a completed live swap did.
@@ -111,6 +114,12 @@ impl Job {
                 if steps.is_empty() { "none".into() } else { steps.join(", ") }
             )));
         };
+        if current.two_phase {
+            return Err(refused(format!(
+                "step `{step}` is a two-phase window, whose first phase runs in its upstream subtasks too; \
+                 change its code with a restart-mode upgrade (`mode: restart`)"
+            )));
+        }
         if component.world() != current.component.world() {
             let runs = |world: World| match world {
                 World::KeyedOperator => "a keyed operator",

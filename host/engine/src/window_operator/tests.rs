@@ -13,6 +13,7 @@ use super::*;
 
 mod differential;
 mod reference;
+mod two_phase;
 
 fn test_error(problem: String) -> OperatorError {
     OperatorError::BadRecord { operator: "test-aggregate".into(), problem }
@@ -157,7 +158,13 @@ impl AggregateFn for Fixed {
 const LATE: &str = "late";
 
 fn config(kind: WindowKind, allowed_lateness_ms: i64) -> WindowConfig {
-    WindowConfig { kind, allowed_lateness_ms, late_data: LateData::SideOutput(LATE.into()), max_parallelism: 128 }
+    WindowConfig {
+        kind,
+        allowed_lateness_ms,
+        late_data: LateData::SideOutput(LATE.into()),
+        max_parallelism: 128,
+        partial_input: false,
+    }
 }
 
 fn operator<A: AggregateFn>(kind: WindowKind, allowed_lateness_ms: i64, aggregate: A) -> WindowOperator<A> {
@@ -880,6 +887,7 @@ fn dropped_late_records_are_counted_and_no_side_output_is_declared() {
             allowed_lateness_ms: 0,
             late_data: LateData::Drop,
             max_parallelism: 128,
+            partial_input: false,
         },
         SumCount::default(),
         Box::new(HeapStateBackend::default()),

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use super::reference::Reference;
+use super::two_phase::drive_two_phase;
 use super::{Emitted, Ev, Restarts, Run, drive, drive_with};
 use eddy_plan::window::{Window, WindowKind};
 
@@ -120,4 +121,31 @@ fn the_window_operator_equals_the_reference_over_seeded_random_inputs() {
     assert!(late > 0, "no late records generated");
     assert!(fired_by_a_record > 0, "no re-fires generated");
     assert!(rescued_by_a_session > 0, "no late session record joined an open session");
+}
+
+#[test]
+fn a_two_phase_window_equals_the_reference_over_seeded_random_inputs() {
+    let kinds = [WindowKind::Tumbling { size_ms: 1_000 }, WindowKind::Sliding { size_ms: 1_000, slide_ms: 250 }];
+    let mut late = 0;
+    for kind in kinds {
+        for batch_size in [1, 7, 64] {
+            // The window gets the partials of one or of three first-phase batches at a time
+            // (a channel buffer holds several): those of one (key, window) merge in one call.
+            for gather in [1, 3] {
+                for seed in 0..SEEDS {
+                    let events = arrivals(seed);
+                    // Watermarks come after each window batch, so the reference's batches
+                    // are as long.
+                    let expected = reference(kind, 0, &events, batch_size * gather);
+                    let case = format!("seed {seed}, {kind:?}, batch size {batch_size}, gathered {gather}");
+                    let (results, late_partials, left) = drive_two_phase(kind, BOUND_MS, &events, batch_size, gather, 3);
+                    assert_eq!(per_window(&results), per_window(&expected.emitted), "results, {case}");
+                    assert_eq!(left, 0, "state left, {case}");
+                    assert_eq!(late_partials > 0, !expected.late.is_empty(), "late partials, {case}");
+                    late += expected.late.len();
+                }
+            }
+        }
+    }
+    assert!(late > 0, "no late records generated");
 }
