@@ -24,10 +24,10 @@ use eddy_state::{
     TtlBackend, TtlClock, WriteBackBackend,
 };
 
+use eddy_checkpoint::metadata::OperatorState;
 use eddy_checkpoint::restore::Share;
 use eddy_checkpoint::store::StoreFaults;
 use eddy_checkpoint::upload::Uploader;
-use eddy_checkpoint::metadata::OperatorState;
 use eddy_checkpoint::{CheckpointError, CheckpointId, CheckpointMetadata, CheckpointStore, RestorePoint};
 use eddy_connectors::{
     Blackhole, FilesSink, FilesSinkState, JsonLinesSink, KafkaSink, KafkaSinkState, LocalDir, OutputDir, PostgresSink,
@@ -960,7 +960,11 @@ impl Job {
                 .map(|s| s.name.as_str())
                 .collect();
             if let Some(op) = misread_in_flight(point.metadata(), &two_phase) {
-                let (was, is) = if op.partial_input { ("partial accumulators", "records") } else { ("records", "partial accumulators") };
+                let (was, is) = if op.partial_input {
+                    ("partial accumulators", "records")
+                } else {
+                    ("records", "partial accumulators")
+                };
                 return Err(RunError::Checkpoint(CheckpointError::Incompatible(format!(
                     "unaligned checkpoint {} holds {was} in flight into step `{}`, which now reads {is} (a window's \
                      `two_phase` changed); restore with the old `two_phase`, or from an aligned checkpoint or savepoint",
@@ -1524,14 +1528,13 @@ mod tests {
     /// Records in flight into a window step read back only as what the step reads now.
     #[test]
     fn records_in_flight_into_a_window_whose_two_phase_changed_are_refused() {
-        let op = |step: &str, partial_input: bool| {
-            serde_json::json!({"step": step, "state": {"entries": []}, "partial_input": partial_input})
-        };
+        let op = |step: &str, partial_input: bool| serde_json::json!({"step": step, "state": {"entries": []}, "partial_input": partial_input});
         let mut meta = two_subtasks(serde_json::json!([op("highest", true), op("row", false)]));
         let step = |found: Option<&OperatorState>| found.map(|o| o.step.clone());
         // Nothing in flight: whatever the setting.
         assert_eq!(step(misread_in_flight(&meta, &[])), None);
-        meta.subtasks[1].in_flight = vec![serde_json::from_value(serde_json::json!({"path": "f", "bytes": 9, "crc32": 0})).expect("file")];
+        meta.subtasks[1].in_flight =
+            vec![serde_json::from_value(serde_json::json!({"path": "f", "bytes": 9, "crc32": 0})).expect("file")];
         assert_eq!(step(misread_in_flight(&meta, &["highest"])), None, "still two-phase");
         assert_eq!(step(misread_in_flight(&meta, &[])), Some("highest".into()), "two-phase turned off");
         let meta = {

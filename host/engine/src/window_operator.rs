@@ -1010,7 +1010,15 @@ impl<A: AggregateFn + 'static> StreamOperator for WindowOperator<A> {
         let state = self.store.backend.snapshot(staging).map_err(|e| self.store.error(e))?;
         let (states, schemas) = (self.declared_states(), self.aggregate.declared_schemas());
         let artifact = self.code.as_ref().map(|c| c.artifact.clone());
-        Ok(OperatorSnapshot { timers: Vec::new(), state, usage, states, schemas, artifact, partial_input: self.partial_input })
+        Ok(OperatorSnapshot {
+            timers: Vec::new(),
+            state,
+            usage,
+            states,
+            schemas,
+            artifact,
+            partial_input: self.partial_input,
+        })
     }
 
     fn artifact(&self) -> Option<&str> {

@@ -814,7 +814,10 @@ impl WindowSpec {
     fn check_two_phase(&self) -> Result<(), (String, String)> {
         let refuse = |field: &str, problem: &str| Err((field.to_string(), format!("with `two_phase`, {problem}")));
         if self.kind == WindowType::Session {
-            return refuse("type", "the window must be tumbling or sliding (sessions merge by gaps no upstream subtask sees)");
+            return refuse(
+                "type",
+                "the window must be tumbling or sliding (sessions merge by gaps no upstream subtask sees)",
+            );
         }
         if self.allowed_lateness_ms != 0 {
             return refuse(
@@ -1391,11 +1394,17 @@ mod tests {
     #[test]
     fn two_phase_windows_are_tumbling_or_sliding_drop_late_records_and_allow_no_lateness() {
         let with = |window: &str| {
-            PipelineSpec::from_yaml(&OK.replace("{name: a, wasm: a.wasm}", &format!("{{name: a, wasm: a.wasm, key_by: key, window: {{{window}}}}}")))
+            PipelineSpec::from_yaml(&OK.replace(
+                "{name: a, wasm: a.wasm}",
+                &format!("{{name: a, wasm: a.wasm, key_by: key, window: {{{window}}}}}"),
+            ))
         };
         let spec = with("type: sliding, size_ms: 10, slide_ms: 5, two_phase: true, drop_late: true").unwrap();
         assert!(spec.steps[0].window.as_ref().unwrap().two_phase);
-        assert!(!with("type: tumbling, size_ms: 10").unwrap().steps[0].window.as_ref().unwrap().two_phase, "off by default");
+        assert!(
+            !with("type: tumbling, size_ms: 10").unwrap().steps[0].window.as_ref().unwrap().two_phase,
+            "off by default"
+        );
         // (window, the field named, a word of the reason)
         let refused = [
             ("type: session, gap_ms: 10, two_phase: true, drop_late: true", "steps[0].window.type", "sessions"),

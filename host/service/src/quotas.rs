@@ -148,6 +148,14 @@ impl Demand {
             let host_caches = eddy_state::entry_caches_bytes(on_disk, step.window.is_some()) as u64;
             let instance = per_subtask.saturating_add(host_caches).saturating_add(instance_memory);
             memory_bytes = memory_bytes.saturating_add(instance.saturating_mul(parallelism));
+            // A two-phase window's first phase: one more instance in each upstream subtask.
+            if step.window.as_ref().is_some_and(|w| w.two_phase) {
+                let upstream: u64 = match i.checked_sub(1) {
+                    Some(before) => u64::from(spec.step_parallelism(before)),
+                    None => spec.sources.iter().map(|s| u64::from(s.parallelism())).sum(),
+                };
+                memory_bytes = memory_bytes.saturating_add(instance_memory.saturating_mul(upstream));
+            }
         }
         Self { slots: crate::supervisor::slots_of(spec), state_bytes, memory_bytes }
     }
@@ -314,5 +322,18 @@ mod tests {
         // RocksDB's caches, and beside it the host's lengths (4 MiB) and write-back buffer of
         // keyed state (4 MiB); no window.
         assert_eq!(d, Demand { slots: 3, state_bytes: 15, memory_bytes: 3 * ((16 << 20) + (4 << 20) + (4 << 20)) });
+        // A two-phase window's first phase is one more instance per upstream subtask: the
+        // three source readers, or step s's two subtasks when s comes first.
+        let with = |first: &str, two_phase: bool| {
+            let yaml = format!(
+                "name: a\nparallelism: 2\nsources: [{{type: generator, name: g, parallelism: 3}}]\nsteps:\n{first}  - \
+                 {{name: w, wasm: z, key_by: key, window: {{type: tumbling, size_ms: 10, two_phase: {two_phase}, \
+                 drop_late: true}}}}\nsink: {{type: print}}\n"
+            );
+            Demand::of(&spec(&yaml), 10).memory_bytes
+        };
+        assert_eq!(with("", true) - with("", false), 3 * 10);
+        let s = "  - {name: s, wasm: x}\n";
+        assert_eq!(with(s, true) - with(s, false), 2 * 10);
     }
 }

@@ -138,7 +138,8 @@ fn a_two_phase_window_equals_the_reference_over_seeded_random_inputs() {
                     // are as long.
                     let expected = reference(kind, 0, &events, batch_size * gather);
                     let case = format!("seed {seed}, {kind:?}, batch size {batch_size}, gathered {gather}");
-                    let (results, late_partials, left) = drive_two_phase(kind, BOUND_MS, &events, batch_size, gather, 3);
+                    let (results, late_partials, left) =
+                        drive_two_phase(kind, BOUND_MS, &events, batch_size, gather, 3);
                     assert_eq!(per_window(&results), per_window(&expected.emitted), "results, {case}");
                     assert_eq!(left, 0, "state left, {case}");
                     assert_eq!(late_partials > 0, !expected.late.is_empty(), "late partials, {case}");

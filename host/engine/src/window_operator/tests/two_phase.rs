@@ -28,8 +28,7 @@ fn the_first_phase_folds_a_batch_into_one_partial_per_key_and_pane_in_one_add() 
     let out = local.fold(&batch(&events)).expect("fold");
     // Panes are slides: [0, 10) and [10, 20), and [-10, 0) for the event at -1.
     let k = |n: u8| format!("\"k{n}\"");
-    let expected =
-        vec![(k(1), 0, 2, 5), (k(1), 10, 2, 9), (k(2), -10, 1, 5), (k(2), 0, 1, 2)];
+    let expected = vec![(k(1), 0, 2, 5), (k(1), 10, 2, 9), (k(2), -10, 1, 5), (k(2), 0, 1, 2)];
     assert_eq!(partials(&out), expected);
     assert_eq!((local.aggregate.adds.calls, local.aggregate.adds.groups), (1, 4), "one add for the batch");
 
