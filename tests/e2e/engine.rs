@@ -305,6 +305,54 @@ fn a_stalled_input_stalls_windows_without_idleness_and_not_with_it() {
     }
 }
 
+/// `watermarks.interval_ms`: the watermark after a reader's first batch goes on at once, the
+/// next is held for the interval: a record behind it that arrives meanwhile is on time. The
+/// followed file then goes quiet, so only the reader's idle polls can pass the held one on,
+/// and the window fires while the job runs.
+#[test]
+fn a_watermark_interval_holds_the_newest_watermark_until_a_later_poll_passes_it_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = |user: &str, ts: i64| format!("{{\"user_id\": \"{user}\", \"amount_cents\": 1, \"ts\": {ts}}}\n");
+    // a@1500 is behind the watermark b@5000 makes (4999), and on time only while that is held.
+    let lines = [record("a", 1000), record("b", 5000), record("a", 1500)].concat();
+    std::fs::write(dir.path().join("in.jsonl"), lines).expect("input");
+    let yaml = |interval: i64| {
+        format!(
+            "name: interval\nbatch_size: 1\nwatermarks: {{out_of_orderness_ms: 0, interval_ms: {interval}}}\n\
+             sources:\n  - {{type: file, name: in, path: in.jsonl, format: json_lines, timestamp: /ts, follow: true}}\n\
+             steps:\n  - {{name: totals, wasm: {}, key_by: /user_id, window: {{type: tumbling, size_ms: 1000}}}}\n\
+             sink: {{type: blackhole}}\n",
+            guests::PURCHASE_TOTALS
+        )
+    };
+    // (interval, purchases in a's window [1000, 2000), late records)
+    for (interval, purchases, late) in [(0, 1, 1), (400, 2, 0)] {
+        let spec = spec_in(dir.path(), &yaml(interval));
+        let sink = MemorySink::default();
+        let received: Received = sink.received.clone();
+        let job = start(&spec, sink, JobOptions::default());
+        let a_window = || {
+            received.lock().expect("lock").iter().find_map(|(side, r)| {
+                let v: serde_json::Value = eddy_tests::value_json(&r.value);
+                (side.is_none() && v["start"] == 1000).then(|| v["result"]["purchases"].as_u64())
+            })
+        };
+        let lates =
+            || received.lock().expect("lock").iter().filter(|(side, _)| side.as_deref() == Some("late")).count();
+        // Each record comes before the watermark after it, so once the window fired (and, at
+        // interval 0, the late record went by) nothing of it is still on its way.
+        wait_for("a's window to fire while the job runs", Duration::from_secs(30), || {
+            a_window().is_some() && lates() == late
+        });
+        assert_eq!(a_window(), Some(Some(purchases)), "interval {interval}");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(lates(), late, "late records, interval {interval}");
+        assert!(!job.is_done(), "the followed file keeps the job running");
+        job.cancel();
+        job.wait().expect("cancelled cleanly");
+    }
+}
+
 #[test]
 fn task_threads_run_under_sched_batch() {
     let dir = tempfile::tempdir().expect("tempdir");

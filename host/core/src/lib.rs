@@ -29,4 +29,4 @@ pub use key_group::{KeyGroup, KeyGroupRange, MAX_PARALLELISM_LIMIT, key_group_of
 pub use record::{BatchFull, MAX_BATCH_BYTES, Record, RecordBatch, RecordMeta, RecordView, Span};
 pub use time::{TimeDomain, WATERMARK_MIN};
 pub use timers::{FiredTimer, HeapTimerService, TimerService};
-pub use watermark::{BoundedOutOfOrderness, WatermarkTracker};
+pub use watermark::{BoundedOutOfOrderness, WatermarkInterval, WatermarkTracker};

@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 use std::path::PathBuf;
 use std::sync::mpsc;
 
-use eddy_core::{BoundedOutOfOrderness, HeapTimerService, TimeDomain, TimerService, WATERMARK_MIN, WatermarkTracker};
+use eddy_core::{
+    BoundedOutOfOrderness, HeapTimerService, TimeDomain, TimerService, WATERMARK_MIN, WatermarkInterval,
+    WatermarkTracker,
+};
 use eddy_runtime::{AggregateInstance, CallError, Component, LoadError, Runtime, RuntimeError, Subtask, World};
 use eddy_state::{
     BoundedBackend, HeapStateBackend, RocksDbBackend, RocksDbConfig, STATE_WRITE_BACK_BYTES, StateBackend, StateLimits,
@@ -1007,6 +1010,7 @@ impl Job {
                             open_source(&spec.sources[source], index, task.parallelism, start.as_ref())?
                         },
                         watermarks: BoundedOutOfOrderness::new(spec.watermarks.out_of_orderness_ms),
+                        interval: WatermarkInterval::new(spec.watermarks.interval_ms),
                         batch_size: spec.batch_size,
                         buffer: eddy_core::RecordBatch::with_capacity(spec.batch_size, spec.batch_size * 64),
                         observer: options.source_observer.clone().map(|o| (source, index, o)),

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
-use eddy_core::{BoundedOutOfOrderness, RecordBatch, WatermarkTracker};
+use eddy_core::{BoundedOutOfOrderness, RecordBatch, WatermarkInterval, WatermarkTracker};
 use eddy_runtime::{AggregateInstance, Output};
 use eddy_state::TtlClock;
 
@@ -93,6 +93,8 @@ pub(crate) enum Head {
     Source {
         source: Box<dyn Source>,
         watermarks: BoundedOutOfOrderness,
+        /// How often its watermark is passed on (`watermarks.interval_ms`).
+        interval: WatermarkInterval,
         batch_size: usize,
         /// Reused for every read, so the hot loop does not allocate a batch per poll.
         buffer: RecordBatch,
@@ -271,7 +273,7 @@ impl SubtaskRunner {
         batch: &mut RecordBatch,
         idle_wait: Duration,
     ) -> Result<bool, TaskError> {
-        let Head::Source { source, watermarks, observer, .. } = &mut self.head else { return Ok(false) };
+        let Head::Source { source, watermarks, observer, interval, .. } = &mut self.head else { return Ok(false) };
         let status = status?;
         if status == SourceStatus::Ready {
             for r in batch.iter() {
@@ -290,6 +292,9 @@ impl SubtaskRunner {
         // A source that tracks event time per split says its watermark; others get theirs from
         // the batches' times.
         let watermark = source.watermark().unwrap_or_else(|| watermarks.current());
+        // Offered on every poll, an idle one too: a quiet reader passes a held watermark on
+        // once its interval ran out.
+        let watermark = if watermark > self.watermark { interval.offer(watermark, now_ms()) } else { None };
         let side = source.take_side();
         for (name, rejected) in side {
             SubtaskMetrics::add(&self.metrics.records_out, rejected.len());
@@ -303,7 +308,7 @@ impl SubtaskRunner {
                 self.process(0, batch)?;
             }
         }
-        if watermark > self.watermark {
+        if let Some(watermark) = watermark {
             self.advance_watermark(watermark)?;
         }
         Ok(false)

@@ -82,6 +82,10 @@ pub struct DebugSpec {
 /// What one subtask's journal may fill on disk unless `debug.journal_max_mb` says otherwise.
 pub const DEFAULT_JOURNAL_MAX_MB: u64 = 1024;
 
+/// The longest `watermarks.interval_ms`: a minute, past which windows would wait longer for
+/// their watermark than any latency a stream processor is run for.
+pub const MAX_WATERMARK_INTERVAL_MS: i64 = 60_000;
+
 /// How a journal stores the batches it records.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -669,6 +673,12 @@ pub struct WatermarkSpec {
     /// none = a silent input stalls event time (correct when every input matters).
     #[serde(default)]
     pub idleness_ms: Option<i64>,
+    /// A source reader passes its watermark on at most once per this much processing time
+    /// (Flink's auto-watermark interval), the newest then; 0 passes it on after every batch.
+    /// Results a watermark fires come up to this much later; fewer watermarks wake the
+    /// subtasks behind the exchanges less often.
+    #[serde(default)]
+    pub interval_ms: i64,
 }
 
 /// Which bytes of a record become its key (and decide its key group).
@@ -1087,6 +1097,15 @@ impl PipelineSpec {
         if self.watermarks.out_of_orderness_ms < 0 {
             return Err(invalid("watermarks.out_of_orderness_ms", "must not be negative"));
         }
+        if !(0..=MAX_WATERMARK_INTERVAL_MS).contains(&self.watermarks.interval_ms) {
+            return Err(invalid(
+                "watermarks.interval_ms",
+                format!(
+                    "must be 0 (after every batch) to {MAX_WATERMARK_INTERVAL_MS} ms (MAX_WATERMARK_INTERVAL_MS); \
+                     windows fire that much later"
+                ),
+            ));
+        }
         if self.watermarks.idleness_ms.is_some_and(|ms| ms <= 0) {
             return Err(invalid("watermarks.idleness_ms", "must be positive (omit it to disable idleness)"));
         }
@@ -1361,7 +1380,7 @@ mod tests {
         assert_eq!(spec.max_parallelism, 128);
         assert_eq!(spec.batch_size, 256);
         assert_eq!(spec.step_parallelism(0), 1);
-        assert_eq!(spec.watermarks, WatermarkSpec { out_of_orderness_ms: 0, idleness_ms: None });
+        assert_eq!(spec.watermarks, WatermarkSpec { out_of_orderness_ms: 0, idleness_ms: None, interval_ms: 0 });
         assert_eq!(
             spec.sources[0],
             SourceSpec::File {
@@ -1487,6 +1506,8 @@ mod tests {
             (OK.replace("path: in.txt}", "path: ../in.txt, s3: {bucket: b}}"), "sources[0].path"),
             (OK.replace("path: in.txt}", "path: /in.txt, s3: {bucket: b}}"), "sources[0].path"),
             (OK.replace("steps:", "watermarks: {idleness_ms: 0}\nsteps:"), "watermarks.idleness_ms"),
+            (OK.replace("steps:", "watermarks: {interval_ms: -1}\nsteps:"), "watermarks.interval_ms"),
+            (OK.replace("steps:", "watermarks: {interval_ms: 60001}\nsteps:"), "watermarks.interval_ms"),
             (
                 OK.replace("{type: file, name: in, path: in.txt}", "{type: generator, name: g, keys: 0}"),
                 "sources[0].keys",
