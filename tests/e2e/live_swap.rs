@@ -320,6 +320,14 @@ fn a_window_count_swapped_live_counts_by_the_new_code_from_the_swaps_barrier_on(
     assert_eq!(artifacts, vec![Some(digest); 2], "the metadata names the new code for the window step");
     assert!(swap_at > 0 && swap_at < 12_000, "the swap fell inside the input ({swap_at})");
 
+    let expected = window_counts_oracle(&spec, |i| if i < swap_at { 1 } else { 2 });
+    let got = window_counts(&received.lock().expect("lock"));
+    assert!(got == expected, "the window counts differ from the oracle for a swap at event {swap_at}");
+}
+
+/// Per (user, one-second window start), the generator's events of `spec`, event `i` counted
+/// `weight(i)` times.
+fn window_counts_oracle(spec: &PipelineSpec, weight: impl Fn(u64) -> u64) -> BTreeMap<(String, i64), u64> {
     let SourceSpec::Generator(g) = &spec.sources[0] else { panic!("generator source") };
     let mut expected: BTreeMap<(String, i64), u64> = BTreeMap::new();
     for i in 0..g.events.expect("bounded") {
@@ -327,16 +335,21 @@ fn a_window_count_swapped_live_counts_by_the_new_code_from_the_swaps_barrier_on(
         let value: Value = eddy_tests::value_json(&event.value);
         let ts = event.timestamp.expect("an event time");
         let user = value["user_id"].as_str().expect("user").to_owned();
-        *expected.entry((user, ts - ts.rem_euclid(1_000))).or_default() += if i < swap_at { 1 } else { 2 };
+        *expected.entry((user, ts - ts.rem_euclid(1_000))).or_default() += weight(i);
     }
+    expected
+}
+
+/// The window counts the sink received, per (user, window start); each window fires once.
+fn window_counts(received: &[(Option<String>, eddy_core::Record)]) -> BTreeMap<(String, i64), u64> {
     let mut got: BTreeMap<(String, i64), u64> = BTreeMap::new();
-    for (_, record) in received.lock().expect("lock").iter() {
+    for (_, record) in received {
         let v: Value = eddy_tests::value_json(&record.value);
         let user = v["result"]["user"].as_str().expect("the key in the result").to_owned();
         let previous = got.insert((user, v["start"].as_i64().expect("start")), v["result"]["n"].as_u64().expect("n"));
         assert!(previous.is_none(), "each window fires once: {v}");
     }
-    assert!(got == expected, "the window counts differ from the oracle for a swap at event {swap_at}");
+    got
 }
 
 /// A two-phase window (its first phase in the generator's subtask, keyed by a field) counts
@@ -374,21 +387,6 @@ fn a_two_phase_window_counts_per_key_and_window_and_refuses_a_live_swap() {
     assert!(refused.to_string().contains("two-phase") && refused.to_string().contains("restart"), "{refused}");
     assert!(job.wait().expect("the job finishes").finished);
 
-    let SourceSpec::Generator(g) = &spec.sources[0] else { panic!("generator source") };
-    let mut expected: BTreeMap<(String, i64), u64> = BTreeMap::new();
-    for i in 0..g.events.expect("bounded") {
-        let event = generator_event(g, i);
-        let value: Value = eddy_tests::value_json(&event.value);
-        let ts = event.timestamp.expect("an event time");
-        let user = value["user_id"].as_str().expect("user").to_owned();
-        *expected.entry((user, ts - ts.rem_euclid(1_000))).or_default() += 1;
-    }
-    let mut got: BTreeMap<(String, i64), u64> = BTreeMap::new();
-    for (_, record) in received.lock().expect("lock").iter() {
-        let v: Value = eddy_tests::value_json(&record.value);
-        let user = v["result"]["user"].as_str().expect("the key in the result").to_owned();
-        let previous = got.insert((user, v["start"].as_i64().expect("start")), v["result"]["n"].as_u64().expect("n"));
-        assert!(previous.is_none(), "each window fires once: {v}");
-    }
-    assert!(got == expected, "the two-phase counts differ from the oracle");
+    let expected = window_counts_oracle(&spec, |_| 1);
+    assert!(window_counts(&received.lock().expect("lock")) == expected, "the two-phase counts differ from the oracle");
 }

@@ -54,18 +54,17 @@ fn the_first_phase_refuses_a_batch_without_keys_or_event_time_naming_the_step() 
     assert!(local.fold(&RecordBatch::default()).expect("empty").is_empty());
 }
 
+/// A two-phase window's config: partials in, no allowed lateness, late partials dropped.
+fn partials_config(kind: WindowKind) -> WindowConfig {
+    WindowConfig { kind, allowed_lateness_ms: 0, late_data: LateData::Drop, max_parallelism: 128, partial_input: true }
+}
+
 #[test]
 fn a_window_reading_partials_merges_them_and_judges_lateness_per_pane() {
     let kind = WindowKind::Tumbling { size_ms: 10 };
-    let config = WindowConfig {
-        kind,
-        allowed_lateness_ms: 0,
-        late_data: LateData::Drop,
-        max_parallelism: 128,
-        partial_input: true,
-    };
     let mut local = LocalWindowAggregate::new("win", kind, KeyBy::Key, SumCount::default());
-    let mut window = WindowOperator::new("win", config, SumCount::default(), Box::new(HeapStateBackend::default()));
+    let mut window =
+        WindowOperator::new("win", partials_config(kind), SumCount::default(), Box::new(HeapStateBackend::default()));
     // Two first-phase batches in one window batch: the second's partial of [0, 10) merges
     // with the first's before anything is stored, the third's with the stored accumulator.
     let mut input = local.fold(&batch(&[ev(1, 1, 1), ev(1, 2, 2), ev(2, 12, 10)])).expect("fold");
@@ -96,15 +95,8 @@ pub(super) fn drive_two_phase(
     gather: usize,
     restart_every: usize,
 ) -> (Vec<Emitted>, u64, usize) {
-    let config = WindowConfig {
-        kind,
-        allowed_lateness_ms: 0,
-        late_data: LateData::Drop,
-        max_parallelism: 128,
-        partial_input: true,
-    };
     let new = |state: Box<dyn StateBackend>| {
-        WindowOperator::new("win", config.clone(), SumCount::default(), state).with_write_back_budget(2_048)
+        WindowOperator::new("win", partials_config(kind), SumCount::default(), state).with_write_back_budget(2_048)
     };
     let mut local = LocalWindowAggregate::new("win", kind, KeyBy::Key, SumCount::default());
     let mut window = new(Box::<HeapStateBackend>::default());
