@@ -289,18 +289,7 @@ fn a_part_told_to_swap_to_code_it_was_not_given_fails_instead_of_running_the_old
 #[test]
 fn a_window_count_swapped_live_counts_by_the_new_code_from_the_swaps_barrier_on() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let yaml = format!(
-        "name: live-window\nparallelism: 2\nsources:\n  - {{type: generator, name: purchases, seed: 7, events: 12000, \
-         keys: 30, key_field: user_id, key_prefix: user-, value_field: amount_cents, min_value: 1, max_value: 100, \
-         start_ms: 0, interval_ms: 5, rate_per_sec: 6000, parallelism: 1}}\nsteps:\n  - {{name: count, wasm: {count}, \
-         key_by: /user_id, window: {{type: tumbling, size_ms: 1000}}, config: {{key_as: user, count_as: n}}}}\n\
-         checkpoints: {{dir: {dir}/checkpoints, interval_ms: 200, retained: 50}}\nrestart: {{strategy: none}}\n\
-         sink: {{type: print}}\n",
-        count = guests::NEXMARK_COUNT,
-        dir = dir.path().display(),
-    );
-    let path = dir.path().join("pipeline.yaml");
-    std::fs::write(&path, yaml).expect("write pipeline");
+    let path = window_count_pipeline(dir.path(), 1, "");
     // Both loaded before the job starts: compiling them under a loaded test run once took
     // longer than the paced input's 2 s, and the job ended before the swap.
     let operator = runtime().load_file("count", guests::RUNNING_COUNT_V2.as_ref()).expect("load");
@@ -323,6 +312,25 @@ fn a_window_count_swapped_live_counts_by_the_new_code_from_the_swaps_barrier_on(
     let expected = window_counts_oracle(&spec, |i| if i < swap_at { 1 } else { 2 });
     let got = window_counts(&received.lock().expect("lock"));
     assert!(got == expected, "the window counts differ from the oracle for a swap at event {swap_at}");
+}
+
+/// A count per user in tumbling one-second windows over 12 000 generated purchases paced at
+/// 6 000 a second from `readers` readers, at parallelism 2 with checkpoints every 200 ms;
+/// `window` adds fields to the window (after `size_ms`).
+fn window_count_pipeline(dir: &Path, readers: u32, window: &str) -> PathBuf {
+    let yaml = format!(
+        "name: window-count\nparallelism: 2\nsources:\n  - {{type: generator, name: purchases, seed: 7, events: 12000, \
+         keys: 30, key_field: user_id, key_prefix: user-, value_field: amount_cents, min_value: 1, max_value: 100, \
+         start_ms: 0, interval_ms: 5, rate_per_sec: 6000, parallelism: {readers}}}\nsteps:\n  - {{name: count, \
+         wasm: {count}, key_by: /user_id, window: {{type: tumbling, size_ms: 1000{window}}}, config: {{key_as: user, \
+         count_as: n}}}}\ncheckpoints: {{dir: {dir}/checkpoints, interval_ms: 200, retained: 50}}\n\
+         restart: {{strategy: none}}\nsink: {{type: print}}\n",
+        count = guests::NEXMARK_COUNT,
+        dir = dir.display(),
+    );
+    let path = dir.join("pipeline.yaml");
+    std::fs::write(&path, yaml).expect("write pipeline");
+    path
 }
 
 /// Per (user, one-second window start), the generator's events of `spec`, event `i` counted
@@ -357,18 +365,7 @@ fn window_counts(received: &[(Option<String>, eddy_core::Record)]) -> BTreeMap<(
 #[test]
 fn a_two_phase_window_counts_per_key_and_window_and_refuses_a_live_swap() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let yaml = format!(
-        "name: two-phase\nparallelism: 2\nsources:\n  - {{type: generator, name: purchases, seed: 11, events: 12000, \
-         keys: 30, key_field: user_id, key_prefix: user-, value_field: amount_cents, min_value: 1, max_value: 100, \
-         start_ms: 0, interval_ms: 5, rate_per_sec: 6000, parallelism: 2}}\nbatch_size: 64\nsteps:\n  - {{name: count, \
-         wasm: {count}, key_by: /user_id, window: {{type: tumbling, size_ms: 1000, two_phase: true, drop_late: true}}, \
-         config: {{key_as: user, count_as: n}}}}\ncheckpoints: {{dir: {dir}/checkpoints, interval_ms: 200}}\n\
-         restart: {{strategy: none}}\nsink: {{type: print}}\n",
-        count = guests::NEXMARK_COUNT,
-        dir = dir.path().display(),
-    );
-    let path = dir.path().join("pipeline.yaml");
-    std::fs::write(&path, yaml).expect("write pipeline");
+    let path = window_count_pipeline(dir.path(), 2, ", two_phase: true, drop_late: true");
     let v2 = runtime().load_file("count", guests::COUNT_PER_KEY_V2.as_ref()).expect("load v2");
     let sink = eddy_tests::MemorySink::default();
     let received = sink.received.clone();
