@@ -51,7 +51,7 @@ use crate::task::{Checkpointing, Ended, Head, SubtaskRunner, Tail, TaskError};
 use crate::wasm_operator::{Reopen, WasmOperator};
 use crate::window_operator::{LateData, LocalWindowAggregate, WindowConfig, WindowOperator};
 use eddy_plan::{CheckpointMode, PipelineSpec, SinkSpec, StateBackendKind, StepSpec, StoreLocation};
-use eddy_plan::{KeyBy, Node, Partitioning, PhysicalPlan};
+use eddy_plan::{Node, Partitioning, PhysicalPlan};
 use eddy_transport::channel::{ChannelConfig, ChannelSender, InputGate, LocalGateShared, local_gate};
 
 mod live_swap;
@@ -680,18 +680,19 @@ impl StepContext<'_> {
         Ok(Box::new(Journaled::new(operator, writer)))
     }
 
-    /// The first phase of step `step` when it is a two-phase window (each upstream subtask of
-    /// the step runs one, at the end of its chain), with its aggregate opened.
-    fn local_phase(&self, step: usize) -> Result<Option<Box<LocalWindowAggregate<AggregateInstance>>>, RunError> {
+    /// The first phase of two-phase window step `step`, which each subtask of a chain in front
+    /// of it runs at its end ([`eddy_plan::TaskPlan::first_phase`]), with its aggregate opened.
+    fn local_phase(&self, step: usize) -> Result<Box<LocalWindowAggregate<AggregateInstance>>, RunError> {
         let s = &self.spec.steps[step];
-        let Some(window) = s.window.as_ref().filter(|w| w.two_phase) else { return Ok(None) };
-        let kind = window.kind().map_err(|(_, problem)| RunError::WrongKind { step: s.name.clone(), problem })?;
-        let Some(key_by) = s.key_by.clone() else { return Ok(None) };
+        let wrong = |problem: String| RunError::WrongKind { step: s.name.clone(), problem };
+        let window = s.window.as_ref().ok_or_else(|| wrong("a first phase needs a window step".into()))?;
+        let kind = window.kind().map_err(|(_, problem)| wrong(problem))?;
+        let key_by = s.key_by.clone().ok_or_else(|| wrong("a window step needs `key_by`".into()))?;
         let mut aggregate = self.components[step].instantiate_aggregate()?;
         aggregate
             .open(&s.config.to_string())
             .map_err(|source| RunError::Open { step: s.name.clone(), error: Box::new(source) })?;
-        Ok(Some(Box::new(LocalWindowAggregate::new(s.name.clone(), kind, key_by, aggregate))))
+        Ok(Box::new(LocalWindowAggregate::new(s.name.clone(), kind, key_by, aggregate)))
     }
 
     /// Step `step`'s operator for `slot`, running `component`.
@@ -1040,23 +1041,15 @@ impl Job {
                     Head::Input { gate, .. } => Some(gate.channels()),
                     Head::Source { .. } => None,
                 };
-                let mut local_phase = None;
+                let local_phase = task.first_phase.map(|step| steps.local_phase(step)).transpose()?;
                 let tail = match plan.output(task.id) {
                     Some(edge) => {
                         let next_step = plan.tasks[edge.to].nodes.first().map_or("sink".to_string(), |n| match n {
                             Node::Step(i) => spec.steps[*i].name.clone(),
                             _ => plan.label(*n).to_string(),
                         });
-                        let mut partitioning = edge.partitioning.clone();
-                        if let Some(Node::Step(next)) = plan.tasks[edge.to].nodes.first() {
-                            local_phase = steps.local_phase(*next)?;
-                            // The partials carry the key the step's `key_by` selected.
-                            if local_phase.is_some() {
-                                partitioning = Partitioning::Hash(KeyBy::Key);
-                            }
-                        }
                         Tail::Exchange(Box::new(OutputRouter::new(
-                            partitioning,
+                            edge.partitioning.clone(),
                             std::mem::take(&mut senders[task.id][index as usize]),
                             spec.max_parallelism,
                             options.buffer_bytes,

@@ -60,6 +60,9 @@ pub struct TaskPlan {
     pub parallelism: u32,
     /// Whether a step of the chain sits behind a `hash` exchange (its subtasks own key groups).
     pub keyed: bool,
+    /// The two-phase window step (`two_phase`) whose first phase ends this chain: what leaves
+    /// it is folded into partial accumulators, routed by the key they carry.
+    pub first_phase: Option<usize>,
 }
 
 impl TaskPlan {
@@ -151,7 +154,7 @@ impl PhysicalPlan {
         let mut edges = Vec::new();
         let new_task = |tasks: &mut Vec<TaskPlan>, node: Node, parallelism: u32, keyed: bool| {
             let id = tasks.len();
-            tasks.push(TaskPlan { id, nodes: vec![node], parallelism, keyed });
+            tasks.push(TaskPlan { id, nodes: vec![node], parallelism, keyed, first_phase: None });
             id
         };
         // Tasks that feed the next node; several only in front of the first step (one per source).
@@ -168,7 +171,13 @@ impl PhysicalPlan {
                     _ => (1, None),
                 },
             };
+            let two_phase = match node {
+                Node::Step(i) => spec.steps[i].window.as_ref().is_some_and(|w| w.two_phase),
+                _ => false,
+            };
             let partitioning = |up: u32| match &key_by {
+                // The first phase keys its partials with what `key_by` selects.
+                Some(_) if two_phase => Partitioning::Hash(KeyBy::Key),
                 Some(k) => Partitioning::Hash(k.clone()),
                 None if up == parallelism => Partitioning::Forward,
                 None => Partitioning::Rebalance,
@@ -181,6 +190,9 @@ impl PhysicalPlan {
             }
             let id = new_task(&mut tasks, node, parallelism, key_by.is_some());
             for from in upstream {
+                if let (true, Node::Step(i)) = (two_phase, node) {
+                    tasks[from].first_phase = Some(i);
+                }
                 edges.push(EdgePlan { from, to: id, partitioning: partitioning(tasks[from].parallelism) });
             }
             upstream = vec![id];
@@ -193,9 +205,13 @@ impl PhysicalPlan {
         self.labels.iter().find(|(n, _)| *n == node).map_or("?", |(_, l)| l.as_str())
     }
 
-    /// The chain's label: its nodes joined by `->`.
+    /// The chain's label: its nodes joined by `->`, and the first phase of a two-phase window
+    /// ending it (`first-phase:step`).
     pub fn task_label(&self, task: usize) -> String {
-        self.tasks[task].nodes.iter().map(|n| self.label(*n)).collect::<Vec<_>>().join(" -> ")
+        let t = &self.tasks[task];
+        let first_phase =
+            t.first_phase.map(|i| format!("first-phase:{}", self.label(Node::Step(i)).trim_start_matches("window:")));
+        t.nodes.iter().map(|n| self.label(*n).to_string()).chain(first_phase).collect::<Vec<_>>().join(" -> ")
     }
 
     /// The edges into `task`.
@@ -313,6 +329,23 @@ mod tests {
         assert_eq!(p.subtasks(), 1 + 2 + 4 + 1);
         let text = p.to_string();
         assert!(text.contains("subtask 3: key groups 96..=127"), "{text}");
+    }
+
+    /// Each chain in front of a two-phase window ends in its first phase, named in the label,
+    /// and sends partials keyed by what the window's `key_by` selected.
+    #[test]
+    fn chains_in_front_of_a_two_phase_window_end_in_its_first_phase() {
+        let sources = "[{type: file, name: a, path: x}, {type: generator, name: g, parallelism: 2}]";
+        let window = "window: {type: tumbling, size_ms: 10, two_phase: true, drop_late: true}";
+        let p = plan(&format!("  - {{name: w, wasm: a, key_by: /user, parallelism: 2, {window}}}\n"), sources);
+        let labels: Vec<String> = (0..p.tasks.len()).map(|t| p.task_label(t)).collect();
+        assert_eq!(labels, ["source:a -> first-phase:w", "source:g -> first-phase:w", "window:w", "sink:print"]);
+        let parts: Vec<String> = p.edges.iter().map(|e| e.partitioning.to_string()).collect();
+        assert_eq!(parts, ["hash(key)", "hash(key)", "rebalance"]);
+        assert_eq!(p.tasks.iter().map(|t| t.first_phase).collect::<Vec<_>>(), [Some(0), Some(0), None, None]);
+        // One phase: the window keys by the field itself.
+        let p = plan("  - {name: w, wasm: a, key_by: /user, window: {type: tumbling, size_ms: 10}}\n", ONE_FILE);
+        assert_eq!((p.task_label(0), p.edges[0].partitioning.to_string()), ("source:in".into(), "hash(/user)".into()));
     }
 
     #[test]
