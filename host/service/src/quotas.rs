@@ -148,15 +148,16 @@ impl Demand {
             let host_caches = eddy_state::entry_caches_bytes(on_disk, step.window.is_some()) as u64;
             let instance = per_subtask.saturating_add(host_caches).saturating_add(instance_memory);
             memory_bytes = memory_bytes.saturating_add(instance.saturating_mul(parallelism));
-            // A two-phase window's first phase: one more instance in each upstream subtask.
-            if step.window.as_ref().is_some_and(|w| w.two_phase) {
-                let upstream: u64 = match i.checked_sub(1) {
-                    Some(before) => u64::from(spec.step_parallelism(before)),
-                    None => spec.sources.iter().map(|s| u64::from(s.parallelism())).sum(),
-                };
-                memory_bytes = memory_bytes.saturating_add(instance_memory.saturating_mul(upstream));
-            }
         }
+        // A two-phase window's first phase: one more instance in each subtask of a chain in
+        // front of it.
+        let first_phases: u64 = eddy_plan::PhysicalPlan::new(spec)
+            .tasks
+            .iter()
+            .filter(|t| t.first_phase.is_some())
+            .map(|t| u64::from(t.parallelism))
+            .sum();
+        memory_bytes = memory_bytes.saturating_add(instance_memory.saturating_mul(first_phases));
         Self { slots: crate::supervisor::slots_of(spec), state_bytes, memory_bytes }
     }
 }
