@@ -38,6 +38,9 @@ pub(crate) struct CheckpointThread {
     /// Whether a step journals its input into the store (whose segments follow the retained
     /// checkpoints).
     pub journaled: bool,
+    /// The spec's two-phase window steps: what an operator of another part read (partials or
+    /// records) is set from these, not taken on the part's word.
+    pub two_phase: Vec<String>,
     /// Every subtask of the plan, numbered as in every part, with the part that runs it.
     pub participants: Vec<Participant>,
     pub first_id: CheckpointId,
@@ -185,6 +188,7 @@ impl CheckpointThread {
                 // a part speaks for its own subtasks only.
                 match report {
                     PartReport::Acknowledged { id, participant, state, stats } => {
+                        let state = self.as_given(state);
                         let speaker = part_speaker(&part, participant, Some(&state));
                         match coordinator.acknowledge(id, &speaker, now_ms()) {
                             Ok(decision) => {
@@ -204,6 +208,7 @@ impl CheckpointThread {
                         }
                     }
                     PartReport::Finished { participant, state } => {
+                        let state = self.as_given(state);
                         match coordinator.finish(&part_speaker(&part, participant, Some(&state)), now_ms()) {
                             Ok(done) => {
                                 decisions.extend(self.finished(&mut in_flight, participant, &state, done));
@@ -283,6 +288,15 @@ impl CheckpointThread {
             flight.parts[participant] = Some(state.clone());
         }
         done.decision
+    }
+
+    /// A part's subtask state with what each operator read set from the spec the part was
+    /// given: a restore refuses or replays in-flight records by it.
+    fn as_given(&self, mut state: SubtaskState) -> SubtaskState {
+        for op in &mut state.operators {
+            op.partial_input = self.two_phase.contains(&op.step);
+        }
+        state
     }
 
     /// Whether a savepoint request has no checkpoint yet.
@@ -541,6 +555,7 @@ mod tests {
             spec,
             store: CheckpointStore::local(dir).expect("store"),
             journaled: false,
+            two_phase: Vec::new(),
             participants: vec![
                 Participant { task: 0, subtask: 0, part: None },
                 Participant { task: 0, subtask: 1, part: master.is_some().then(|| "part-0".to_owned()) },
@@ -631,11 +646,15 @@ mod tests {
         reports.send(Report::Taken { id, snapshot: snapshot(0, b"zero") }).expect("send");
         // The other part uploads its own snapshot and reports the state.
         let mut uploader = Uploader::default();
-        let (state, stats) = upload_snapshot(&store, &mut uploader, Some(id), snapshot(1, b"one")).expect("upload");
+        let (mut state, stats) = upload_snapshot(&store, &mut uploader, Some(id), snapshot(1, b"one")).expect("upload");
+        // A claim the spec does not back: `count` is no two-phase window.
+        state.operators[0].partial_input = true;
         (part.report)(PartReport::Acknowledged { id, participant: 1, state, stats });
         assert_eq!(next(), MasterCommand::Completed { id });
         let meta = CheckpointMetadata::read(&store, id).expect("metadata");
         assert_eq!(meta.subtasks.len(), 2, "the metadata holds both parts' subtasks");
+        let read_partials = meta.subtasks.iter().flat_map(|s| &s.operators).any(|o| o.partial_input);
+        assert!(!read_partials, "what a part's operator read comes from the spec, not the part");
         // Both end; the master writes the final checkpoint and tells the part.
         let sink = |participant: usize| serde_json::json!({ "pending": [[1, format!("{participant}.jsonl")]] });
         let mut own = snapshot(0, b"zero at the end");

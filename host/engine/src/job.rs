@@ -957,12 +957,7 @@ impl Job {
                     point.id()
                 ))));
             }
-            let two_phase: Vec<&str> = spec
-                .steps
-                .iter()
-                .filter(|s| s.window.as_ref().is_some_and(|w| w.two_phase))
-                .map(|s| s.name.as_str())
-                .collect();
+            let two_phase: Vec<&str> = spec.steps.iter().filter(|s| s.two_phase()).map(|s| s.name.as_str()).collect();
             if let Some(op) = misread_in_flight(point.metadata(), &two_phase) {
                 let (was, is) = if op.partial_input {
                     ("partial accumulators", "records")
@@ -1132,6 +1127,7 @@ impl Job {
                             spec: checkpoints.clone(),
                             store: recovery.store,
                             journaled: (0..spec.steps.len()).any(|i| spec.journals(i)),
+                            two_phase: spec.steps.iter().filter(|s| s.two_phase()).map(|s| s.name.clone()).collect(),
                             participants: plan
                                 .tasks
                                 .iter()
@@ -1224,7 +1220,7 @@ impl Job {
                 name: s.name.clone(),
                 config: s.config.to_string(),
                 component: Arc::new(c),
-                two_phase: s.window.as_ref().is_some_and(|w| w.two_phase),
+                two_phase: s.two_phase(),
             })
             .collect();
         Ok(Job {

@@ -171,10 +171,7 @@ impl PhysicalPlan {
                     _ => (1, None),
                 },
             };
-            let two_phase = match node {
-                Node::Step(i) => spec.steps[i].window.as_ref().is_some_and(|w| w.two_phase),
-                _ => false,
-            };
+            let two_phase = matches!(node, Node::Step(i) if spec.steps[i].two_phase());
             let partitioning = |up: u32| match &key_by {
                 // The first phase keys its partials with what `key_by` selects.
                 Some(_) if two_phase => Partitioning::Hash(KeyBy::Key),

@@ -751,6 +751,13 @@ pub struct StepSpec {
     pub debug: DebugSpec,
 }
 
+impl StepSpec {
+    /// Whether the step is a two-phase window (`window.two_phase`).
+    pub fn two_phase(&self) -> bool {
+        self.window.as_ref().is_some_and(|w| w.two_phase)
+    }
+}
+
 /// A window step's assigner, lateness and late-data handling.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
