@@ -289,9 +289,21 @@ fn a_keyed_count_written_to_kafka_holds_every_count_once_at_least_and_exactly_on
         .wait()
         .expect("job ends");
         assert!(summary.finished);
+        // Which side a shortfall is on: what the job read and handed its sink, then the topic.
+        let n = produced.len() as u64;
+        assert_eq!((summary.metrics.source_records, summary.metrics.sink_records), (n, n), "{delivery}: read, sunk");
         let written = broker.consume(&topic, produced.len());
+        let (expected, got) = (oracle(&produced), written_counts(&written));
+        let short: Vec<String> = expected
+            .iter()
+            .filter_map(|(user, want)| {
+                let have = got.get(user).map_or(0, Vec::len);
+                (have < want.len()).then(|| format!("{user}: {have} of {}", want.len()))
+            })
+            .collect();
+        assert!(short.is_empty(), "{delivery}: counts missing from the topic, per user: {short:?}");
         assert_eq!(written.len(), produced.len(), "{delivery}: no count twice");
-        assert_eq!(written_counts(&written), oracle(&produced), "{delivery}");
+        assert_eq!(got, expected, "{delivery}");
     }
 }
 
