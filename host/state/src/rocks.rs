@@ -161,15 +161,6 @@ impl RocksDbBackend {
         }
         Ok(())
     }
-
-    /// Writes many entries in one batch (restores).
-    pub fn put_all(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(), StateError> {
-        let mut batch = WriteBatch::default();
-        for (k, v) in entries {
-            batch.put(k, v);
-        }
-        self.db.write_opt(batch, &self.write).map_err(storage)
-    }
 }
 
 /// The smallest key greater than every key starting with `prefix` (`None`: no bound).
